@@ -1,0 +1,1 @@
+"""The broker role: partition replicas, produce and fetch, purgatories, zero-copy data port."""

@@ -1,0 +1,119 @@
+"""The broker process: log manager, replica manager, gRPC server, data port and metrics, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+from gregor.broker.data_port import DataPortServer
+from gregor.broker.local_admin import LocalTopicStore
+from gregor.broker.log_manager import LogManager
+from gregor.broker.replica_manager import ReplicaManager
+from gregor.broker.server import BrokerServicer, LocalAdminServicer
+from gregor.common import errors
+from gregor.common.config import BrokerConfig
+from gregor.common.metrics import serve_metrics
+from gregor.common.rpc import add_health_and_reflection, make_server
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    """One broker process. Concurrency: everything on one asyncio loop; disk I/O in native code."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.log_manager = LogManager(config)
+        self.replica_manager = ReplicaManager(config, self.log_manager)
+        self.topic_store = LocalTopicStore(self.log_manager.log_dirs[0])
+        self.grpc_port = config.port
+        self.data_port: DataPortServer | None = None
+        self.metrics_port = -1
+        self._server = make_server()
+        self._stopped = asyncio.Event()
+
+    def open_topic(self, name: str, entry: dict[str, Any]) -> None:
+        """Open (or create) every partition log of a topic and lead it (standalone mode)."""
+        for partition in range(entry["partitions"]):
+            p = self.replica_manager.create_partition(name, partition, entry["configs"])
+            p.make_standalone_leader()
+
+    def endpoint(self) -> common_pb2.BrokerEndpoint:
+        return common_pb2.BrokerEndpoint(
+            broker_id=self.config.broker_id, host=self.config.host, grpc_port=self.grpc_port,
+            data_port=self.data_port.port if self.data_port else 0, broker_epoch=-1)
+
+    def metadata_response(self, topics: list[str]) -> broker_pb2.MetadataResponse:
+        names = topics or sorted(self.topic_store.topics)
+        out = []
+        for name in names:
+            entry = self.topic_store.topics.get(name)
+            if entry is None:
+                out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            parts = []
+            for i in range(entry["partitions"]):
+                p = self.replica_manager.partitions.get((name, i))
+                if p is None:
+                    parts.append(broker_pb2.PartitionMetadata(partition=i, leader=-1,
+                                                              error=errors.Code.LEADER_NOT_AVAILABLE))
+                    continue
+                parts.append(broker_pb2.PartitionMetadata(
+                    partition=i, leader=p.leader_id, leader_epoch=p.leader_epoch, replicas=p.replicas,
+                    isr=sorted(p.isr)))
+            out.append(broker_pb2.TopicMetadata(name=name, partitions=parts, is_internal=name.startswith("__")))
+        return broker_pb2.MetadataResponse(brokers=[self.endpoint()], cluster_id=self.config.cluster_id,
+                                           controller_id=-1, topics=out)
+
+    async def start(self) -> None:
+        for name, entry in sorted(self.topic_store.topics.items()):
+            self.open_topic(name, entry)
+        self.log_manager.start()
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
+        controller_pb2_grpc.add_AdminServiceServicer_to_server(LocalAdminServicer(self), self._server)
+        add_health_and_reflection(self._server, [
+            broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name,
+            "gregor.rpc.v1.AdminService",
+        ])
+        self.grpc_port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
+        await self._server.start()
+        if self.config.data_port >= 0:
+            self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port)
+            await self.data_port.start()
+        if self.config.metrics_port >= 0:
+            self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
+        log.info("broker %d serving gRPC on %s:%d, data port %s, metrics %d", self.config.broker_id,
+                 self.config.host, self.grpc_port, self.data_port.port if self.data_port else "off",
+                 self.metrics_port)
+
+    def ready_info(self) -> dict[str, Any]:
+        return {
+            "broker_id": self.config.broker_id,
+            "grpc": f"{self.config.host}:{self.grpc_port}",
+            "data": f"{self.config.host}:{self.data_port.port}" if self.data_port else "",
+            "metrics": f"http://{self.config.host}:{self.metrics_port}/metrics" if self.metrics_port >= 0 else "",
+            "pid": os.getpid(),
+        }
+
+    def write_ready_file(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.ready_info(), f)
+        os.replace(tmp, path)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        self.replica_manager.shutdown()
+        if self.data_port is not None:
+            await self.data_port.stop()
+        await self._server.stop(grace_s)
+        self.log_manager.close()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

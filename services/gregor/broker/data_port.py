@@ -1,0 +1,109 @@
+"""The zero-copy fetch port: record batches go from segment files to the socket with sendfile(2).
+
+gRPC must copy a response into a protobuf message, so consumers that want the
+seed's zero-copy path (seed 003) use this raw TCP port instead. Framing
+(also in broker.proto, DataFetchResponseHeader):
+
+    request:  [u32 BE n][n bytes FetchRequest]
+    response: [u32 BE h][h bytes DataFetchResponseHeader][records_length bytes of batches]
+
+The fetch goes through the same ReplicaManager path as gRPC (DelayedFetch
+included); only the transfer differs. The header and the file range leave in
+one native call that releases the GIL on a worker thread.
+Concurrency: one asyncio task per connection, requests on a connection served in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter
+
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2
+
+if TYPE_CHECKING:
+    from gregor.broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+FRAME = struct.Struct(">I")
+REQUEST_FRAME_MAX_BYTES = 1 << 20  # a FetchRequest is a few dozen bytes; anything huge is garbage
+ZERO_COPY_BYTES = Counter("gregor_broker_zero_copy_bytes_total", "Record bytes sent with sendfile on the data port")
+BAD_FRAMES = Counter("gregor_broker_data_port_bad_frames_total", "Malformed frames received on the data port")
+
+
+class DataPortServer:
+    """Raw TCP fetch server over the ReplicaManager (event-loop owned)."""
+
+    def __init__(self, replica_manager: "ReplicaManager", host: str, port: int) -> None:
+        self.replicas = replica_manager
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            while True:
+                try:
+                    (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+                except asyncio.IncompleteReadError:
+                    return  # client closed between requests
+                if size == 0 or size > REQUEST_FRAME_MAX_BYTES:
+                    await self._reject(writer, f"request frame of {size} bytes is outside 1..{REQUEST_FRAME_MAX_BYTES}")
+                    return
+                try:
+                    request = broker_pb2.FetchRequest.FromString(await reader.readexactly(size))
+                except (DecodeError, asyncio.IncompleteReadError) as exc:
+                    await self._reject(writer, f"not a FetchRequest: {exc}")
+                    return
+                await self._fetch(request, writer, sock.fileno())
+        except (ConnectionError, OSError):
+            return
+        finally:
+            writer.close()
+
+    async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int) -> None:
+        try:
+            result = await self.replicas.handle_fetch(
+                request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
+                request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
+                request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+        except errors.GregorError as err:
+            await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
+            return
+        header = broker_pb2.DataFetchResponseHeader(
+            response=broker_pb2.FetchResponse(
+                high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
+                log_start_offset=result.log_start_offset, leader_epoch=result.leader_epoch),
+            records_length=result.slice.length).SerializeToString()
+        await writer.drain()  # nothing of ours may sit in the transport buffer before the raw send
+        sent = await asyncio.get_running_loop().run_in_executor(
+            None, result.slice.send_to, fd, FRAME.pack(len(header)) + header)
+        ZERO_COPY_BYTES.inc(sent)
+
+    async def _reject(self, writer: asyncio.StreamWriter, why: str) -> None:
+        BAD_FRAMES.inc()
+        err = errors.error_for(errors.Code.INVALID_REQUEST, why)
+        await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
+
+    @staticmethod
+    async def _write_header(writer: asyncio.StreamWriter, header: broker_pb2.DataFetchResponseHeader) -> None:
+        data = header.SerializeToString()
+        writer.write(FRAME.pack(len(data)) + data)
+        await writer.drain()

@@ -1,0 +1,100 @@
+"""Topic administration for a standalone broker, until the controller owns topics.
+
+Topic definitions persist in `<first log.dir>/__gregor_topics.json` (written
+atomically). With a controller, the same AdminService is served by the
+controller and this module is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from gregor.common import errors
+from gregor.common.config import validate_topic_configs
+
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+TOPIC_NAME_MAX = 249  # Kafka's limit, so directory names stay under 255 bytes
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or name in (".", "..") or len(name) > TOPIC_NAME_MAX or not LEGAL_TOPIC.match(name):
+        raise errors.error_for(
+            errors.Code.INVALID_TOPIC_EXCEPTION,
+            f"Topic name {name!r} is illegal: use up to {TOPIC_NAME_MAX} of [a-zA-Z0-9._-], not '.' or '..'",
+            topic=name)
+
+
+class LocalTopicStore:
+    """Topics of a standalone broker: name -> {partitions, configs} (event-loop owned)."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.path = os.path.join(log_dir, "__gregor_topics.json")
+        self.topics: dict[str, dict[str, Any]] = {}
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                self.topics = json.load(f)
+
+    def _save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.topics, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def create(self, name: str, partitions: int, replication_factor: int, configs: dict[str, str],
+               validate_only: bool = False) -> dict[str, Any]:
+        validate_topic_name(name)
+        if name in self.topics:
+            raise errors.error_for(errors.Code.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.", topic=name)
+        if partitions <= 0:
+            raise errors.error_for(errors.Code.INVALID_PARTITIONS, "Number of partitions must be larger than 0.",
+                                   topic=name)
+        if replication_factor != 1:
+            raise errors.error_for(
+                errors.Code.INVALID_REPLICATION_FACTOR,
+                f"Replication factor: {replication_factor} larger than available brokers: 1.", topic=name)
+        validate_topic_configs(configs)
+        entry = {"partitions": partitions, "replication_factor": 1, "configs": dict(configs)}
+        if not validate_only:
+            self.topics[name] = entry
+            self._save()
+        return entry
+
+    def delete(self, name: str) -> dict[str, Any]:
+        entry = self.get(name)
+        del self.topics[name]
+        self._save()
+        return entry
+
+    def get(self, name: str) -> dict[str, Any]:
+        entry = self.topics.get(name)
+        if entry is None:
+            raise errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                                   f"Topic '{name}' does not exist.", topic=name)
+        return entry
+
+    def add_partitions(self, name: str, count: int, validate_only: bool = False) -> dict[str, Any]:
+        entry = self.get(name)
+        if count <= entry["partitions"]:
+            raise errors.error_for(
+                errors.Code.INVALID_PARTITIONS,
+                f"Topic currently has {entry['partitions']} partitions, {count} would not be an increase.",
+                topic=name)
+        if not validate_only:
+            entry["partitions"] = count
+            self._save()
+        return entry
+
+    def alter_configs(self, name: str, set_: dict[str, str], delete: list[str], validate_only: bool) -> dict[str, Any]:
+        entry = self.get(name)
+        configs = {k: v for k, v in entry["configs"].items() if k not in delete}
+        configs.update(set_)
+        validate_topic_configs(configs)
+        if not validate_only:
+            entry["configs"] = configs
+            self._save()
+        return entry

@@ -1,0 +1,122 @@
+"""One partition replica on a broker: its log, leader epoch, ISR and high watermark.
+
+Concurrency: owned by the broker's event loop; no locks. The native Log is
+thread-safe on its own, so zero-copy sends may run on worker threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gregor_native as native
+
+from gregor.common import errors
+from gregor.common.clock import now_ms
+
+
+def native_error(exc: Exception, topic: str, partition: int) -> errors.GregorError:
+    """Map an exception from the native engine to its Kafka error."""
+    where = {"topic": topic, "partition": partition}
+    if isinstance(exc, native.CorruptRecordError):
+        return errors.error_for(errors.Code.CORRUPT_MESSAGE, str(exc), **where)
+    if isinstance(exc, native.RecordTooLargeError):
+        return errors.error_for(errors.Code.MESSAGE_TOO_LARGE, str(exc), **where)
+    if isinstance(exc, native.InvalidRecordError):
+        return errors.error_for(errors.Code.INVALID_RECORD, str(exc), **where)
+    if isinstance(exc, native.OffsetOutOfRangeError):
+        return errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, str(exc), **where)
+    if isinstance(exc, (OSError, native.LogClosedError)):
+        return errors.error_for(errors.Code.KAFKA_STORAGE_ERROR, str(exc), **where)
+    return errors.error_for(errors.Code.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}", **where)
+
+
+@dataclass
+class Partition:
+    """Replica state of one partition on this broker (seed 000's Partition)."""
+
+    topic: str
+    partition: int
+    log: native.Log
+    local_broker_id: int
+    configs: dict
+    leader_id: int = -1
+    leader_epoch: int = -1
+    replicas: list[int] = field(default_factory=list)
+    isr: set[int] = field(default_factory=set)
+    high_watermark: int = 0
+    # Followers' log end offsets as seen from their fetches (leader only).
+    remote_leos: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_id == self.local_broker_id
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return int(self.configs["min.insync.replicas"])
+
+    def make_standalone_leader(self) -> None:
+        """A single-broker cluster: this broker leads with an ISR of itself."""
+        self.leader_id = self.local_broker_id
+        self.leader_epoch = max(self.leader_epoch, self.log.latest_epoch() or 0)
+        self.replicas = [self.local_broker_id]
+        self.isr = {self.local_broker_id}
+        self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
+        self.maybe_increment_leader_hw()
+
+    def check_leader(self, current_leader_epoch: int = -1) -> None:
+        """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""
+        where = {"topic": self.topic, "partition": self.partition,
+                 "leader_id": self.leader_id, "leader_epoch": self.leader_epoch}
+        if current_leader_epoch >= 0 and current_leader_epoch < self.leader_epoch:
+            raise errors.error_for(errors.Code.FENCED_LEADER_EPOCH,
+                                   f"leader epoch {current_leader_epoch} is older than {self.leader_epoch}", **where)
+        if current_leader_epoch > self.leader_epoch:
+            raise errors.error_for(errors.Code.UNKNOWN_LEADER_EPOCH,
+                                   f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch}", **where)
+        if not self.is_leader:
+            raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER,
+                                   f"broker {self.local_broker_id} is not the leader", **where)
+
+    def append_records_to_leader(self, records: bytes, required_acks: int) -> native.AppendInfo:
+        """Validate and append as leader; offsets are assigned in the native engine."""
+        self.check_leader()
+        if required_acks == -1 and len(self.isr) < self.min_insync_replicas:
+            raise errors.error_for(
+                errors.Code.NOT_ENOUGH_REPLICAS,
+                f"ISR size {len(self.isr)} is below min.insync.replicas {self.min_insync_replicas}",
+                topic=self.topic, partition=self.partition)
+        try:
+            info = self.log.append_as_leader(records, self.leader_epoch, now_ms())
+        except Exception as exc:
+            raise native_error(exc, self.topic, self.partition) from exc
+        self.maybe_increment_leader_hw()
+        return info
+
+    def maybe_increment_leader_hw(self) -> bool:
+        """HW = min LEO over the ISR (seed 000); it never moves backwards."""
+        leos = [self.log.log_end_offset]
+        leos += [self.remote_leos.get(r, 0) for r in self.isr if r != self.local_broker_id]
+        new_hw = min(leos)
+        if new_hw > self.high_watermark:
+            self.high_watermark = new_hw
+            return True
+        return False
+
+    def fetch_upper_bound(self, is_follower: bool) -> int:
+        """Followers read up to the LEO; consumers only below the high watermark."""
+        return self.log.log_end_offset if is_follower else self.high_watermark
+
+    def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool) -> native.FileSlice:
+        try:
+            return self.log.read_slice(fetch_offset, max_bytes, self.fetch_upper_bound(is_follower), True)
+        except Exception as exc:
+            raise native_error(exc, self.topic, self.partition) from exc

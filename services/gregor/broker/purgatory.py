@@ -1,0 +1,126 @@
+"""Delayed operations and their purgatory, as Kafka's DelayedOperationPurgatory.
+
+A request that cannot be answered yet (acks=all before the ISR caught up, a
+fetch before min_bytes arrived) parks here, watched under the keys of the
+partitions it waits on. Whoever changes a partition calls check_and_complete
+for its key; the operation completes when its condition holds, or expires on
+its timer. Concurrency: single event loop, no locks; everything runs on the
+loop that created the purgatory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Generic, Hashable, TypeVar
+
+from prometheus_client import Gauge
+
+T = TypeVar("T")
+
+PURGATORY_SIZE = Gauge(
+    "gregor_broker_purgatory_size", "Operations waiting in a purgatory", ["purgatory"]
+)
+
+
+class DelayedOperation(Generic[T]):
+    """An operation that completes when try_complete() says so or its delay expires.
+
+    Subclasses implement try_complete() (call force_complete() when done) and
+    on_complete() (compute the result); on_expiration() runs before an expired
+    operation's on_complete().
+    """
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+        self.future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def try_complete(self) -> bool:
+        raise NotImplementedError
+
+    def on_complete(self) -> T:
+        raise NotImplementedError
+
+    def on_expiration(self) -> None:
+        """Hook for expiry metrics; the result still comes from on_complete()."""
+
+    def force_complete(self) -> bool:
+        """Complete now (once); returns False if it already was."""
+        if self.future.done():
+            return False
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            self.future.set_result(self.on_complete())
+        except Exception as exc:  # the waiter gets the error instead of hanging
+            self.future.set_exception(exc)
+        return True
+
+    def _expire(self) -> None:
+        if not self.future.done():
+            self.on_expiration()
+            self.force_complete()
+
+
+class DelayedOperationPurgatory(Generic[T]):
+    """Watch lists of delayed operations keyed by partition (one event loop)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._watchers: dict[Hashable, list[DelayedOperation[T]]] = defaultdict(list)
+        self._gauge = PURGATORY_SIZE.labels(purgatory=name)
+        self._gauge.set_function(self.size)
+
+    def size(self) -> int:
+        return sum(1 for ops in self._watchers.values() for op in ops if not op.is_completed)
+
+    def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable]) -> bool:
+        """Complete op at once if it can; otherwise watch it under keys and arm its timer."""
+        if op.try_complete():
+            return True
+        for key in keys:
+            self._watchers[key].append(op)
+        # The condition may have become true between the check and the watch.
+        if op.try_complete():
+            return True
+        op._timer = asyncio.get_running_loop().call_later(op.delay_ms / 1000.0, op._expire)
+        op.future.add_done_callback(lambda _f: self._unwatch(op, keys))
+        return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try to complete every operation watching key; returns how many completed."""
+        ops = self._watchers.get(key)
+        if not ops:
+            return 0
+        completed = 0
+        for op in list(ops):
+            if not op.is_completed and op.try_complete():
+                completed += 1
+        return completed
+
+    def _unwatch(self, op: DelayedOperation[T], keys: list[Hashable]) -> None:
+        for key in keys:
+            ops = self._watchers.get(key)
+            if ops is None:
+                continue
+            try:
+                ops.remove(op)
+            except ValueError:
+                pass
+            if not ops:
+                del self._watchers[key]
+
+    def cancel_all(self, exc: BaseException) -> None:
+        """Fail every waiting operation (shutdown), so nothing hangs."""
+        for ops in list(self._watchers.values()):
+            for op in list(ops):
+                if not op.future.done():
+                    if op._timer is not None:
+                        op._timer.cancel()
+                    op.future.set_exception(exc)
+        self._watchers.clear()

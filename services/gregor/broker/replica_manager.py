@@ -1,0 +1,261 @@
+"""ReplicaManager: the broker's partitions, the produce and fetch paths and their purgatories.
+
+handle_produce appends through the leader Partition (offsets assigned in the
+native engine, no per-record Python work) and parks acks=all requests in the
+DelayedProduce purgatory until the high watermark passes them. handle_fetch
+answers at once when enough bytes are there, no wait was asked, or an error
+happened; otherwise a DelayedFetch waits for an append (seed 004).
+Concurrency: event-loop owned; no locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import gregor_native as native
+from prometheus_client import Counter, Gauge
+
+from gregor.broker.log_manager import LogManager
+from gregor.broker.partition import Partition, native_error
+from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from gregor.common import errors
+from gregor.common.config import BrokerConfig, effective_topic_configs
+
+BYTES_IN = Counter("gregor_broker_topic_bytes_in_total", "Bytes appended by produce requests", ["topic"])
+MESSAGES_IN = Counter("gregor_broker_topic_messages_in_total", "Records appended by produce requests", ["topic"])
+BYTES_OUT = Counter("gregor_broker_topic_bytes_out_total", "Bytes returned by fetch requests", ["topic"])
+FAILED_PRODUCE = Counter("gregor_broker_failed_produce_requests_total", "Produce requests that failed", ["error"])
+FAILED_FETCH = Counter("gregor_broker_failed_fetch_requests_total", "Fetch requests that failed", ["error"])
+PARTITION_COUNT = Gauge("gregor_broker_partitions", "Partition replicas hosted by this broker")
+LEADER_COUNT = Gauge("gregor_broker_leader_partitions", "Partitions this broker leads")
+UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led partitions whose ISR is smaller than the replica set")
+UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
+
+ACKS_VALUES = (0, 1, -1)
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    base_offset: int
+    last_offset: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    slice: native.FileSlice
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    leader_epoch: int
+
+
+class DelayedProduce(DelayedOperation[ProduceResult]):
+    """acks=all: done once the high watermark passes the append (seed 004)."""
+
+    def __init__(self, delay_ms: int, partition: Partition, info: native.AppendInfo) -> None:
+        super().__init__(delay_ms)
+        self.partition = partition
+        self.info = info
+        self.expired = False
+
+    def try_complete(self) -> bool:
+        p = self.partition
+        if not p.is_leader or p.high_watermark > self.info.last_offset:
+            return self.force_complete()
+        return False
+
+    def on_expiration(self) -> None:
+        self.expired = True
+
+    def on_complete(self) -> ProduceResult:
+        p = self.partition
+        where = {"topic": p.topic, "partition": p.partition}
+        if p.high_watermark > self.info.last_offset:
+            if len(p.isr) < p.min_insync_replicas:
+                raise errors.error_for(errors.Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                                       "ISR shrank below min.insync.replicas after the append", **where)
+            return ProduceResult(self.info.first_offset, self.info.last_offset, p.log.log_start_offset)
+        if not p.is_leader:
+            raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "leadership moved before replication",
+                                   leader_id=p.leader_id, leader_epoch=p.leader_epoch, **where)
+        raise errors.error_for(errors.Code.REQUEST_TIMED_OUT,
+                               f"ISR did not replicate offset {self.info.last_offset} within {self.delay_ms} ms",
+                               **where)
+
+
+class DelayedFetch(DelayedOperation[FetchResult]):
+    """A fetch waiting for min_bytes (or its max wait); completes on append or HW change."""
+
+    def __init__(self, delay_ms: int, read: Callable[[], FetchResult], min_bytes: int) -> None:
+        super().__init__(delay_ms)
+        self._read = read
+        self.min_bytes = min_bytes
+        self._result: FetchResult | None = None
+
+    def try_complete(self) -> bool:
+        try:
+            result = self._read()
+        except errors.GregorError:
+            return self.force_complete()  # on_complete re-raises it for the waiter
+        if result.slice.length >= self.min_bytes:
+            self._result = result
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> FetchResult:
+        return self._result if self._result is not None else self._read()
+
+
+class ReplicaManager:
+    """The partitions of this broker and the produce/fetch paths (event-loop owned)."""
+
+    def __init__(self, config: BrokerConfig, log_manager: LogManager) -> None:
+        self.config = config
+        self.log_manager = log_manager
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
+        self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
+        PARTITION_COUNT.set_function(lambda: len(self.partitions))
+        LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
+        UNDER_REPLICATED.set_function(
+            lambda: sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < len(p.replicas)))
+        UNDER_MIN_ISR.set_function(
+            lambda: sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < p.min_insync_replicas))
+
+    # ------------------------------------------------------------------ partitions
+    def create_partition(self, topic: str, partition: int, overrides: dict[str, Any]) -> Partition:
+        configs = effective_topic_configs(overrides, self.config.topic_defaults)
+        existing = self.partitions.get((topic, partition))
+        if existing is not None:
+            return existing
+        lg = self.log_manager.get_or_create_log(topic, partition, configs)
+        p = Partition(topic, partition, lg, self.config.broker_id, configs)
+        self.partitions[p.key] = p
+        return p
+
+    def update_topic_configs(self, topic: str, overrides: dict[str, Any]) -> None:
+        configs = effective_topic_configs(overrides, self.config.topic_defaults)
+        for p in self.partitions.values():
+            if p.topic == topic:
+                p.configs = configs
+        self.log_manager.update_config(topic, configs)
+
+    def delete_partitions(self, topic: str) -> None:
+        for key in [k for k in self.partitions if k[0] == topic]:
+            p = self.partitions.pop(key)
+            p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER instead of reading a deleted log
+            self.produce_purgatory.check_and_complete(key)
+            self.fetch_purgatory.check_and_complete(key)
+            self.log_manager.delete_log(*key)
+
+    def get_partition(self, topic: str, partition: int) -> Partition:
+        p = self.partitions.get((topic, partition))
+        if p is None:
+            raise errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                                   f"This server does not host this topic-partition: {topic}-{partition}",
+                                   topic=topic, partition=partition)
+        return p
+
+    def partitions_of(self, topics: Iterable[str]) -> list[Partition]:
+        wanted = set(topics)
+        return [p for p in self.partitions.values() if p.topic in wanted]
+
+    # ------------------------------------------------------------------ produce
+    async def handle_produce(self, topic: str, partition: int, records: bytes, acks: int,
+                             timeout_ms: int) -> ProduceResult:
+        try:
+            if acks not in ACKS_VALUES:
+                raise errors.error_for(errors.Code.INVALID_REQUIRED_ACKS,
+                                       f"acks must be 0, 1 or -1 (all), got {acks}", topic=topic, partition=partition)
+            if len(records) == 0:
+                raise errors.error_for(errors.Code.CORRUPT_MESSAGE, "produce request carries no record batch",
+                                       topic=topic, partition=partition)
+            p = self.get_partition(topic, partition)
+            info = p.append_records_to_leader(records, acks)
+        except errors.GregorError as err:
+            FAILED_PRODUCE.labels(error=err.name).inc()
+            raise
+        BYTES_IN.labels(topic=topic).inc(info.valid_bytes)
+        MESSAGES_IN.labels(topic=topic).inc(info.num_records)
+        # New data may satisfy waiting fetches (followers at once, consumers once the HW moves).
+        self.fetch_purgatory.check_and_complete(p.key)
+        self.produce_purgatory.check_and_complete(p.key)
+        result = ProduceResult(info.first_offset, info.last_offset, p.log.log_start_offset)
+        if acks != -1:
+            return result
+        op = DelayedProduce(max(timeout_ms, 0), p, info)
+        self.produce_purgatory.try_complete_else_watch(op, [p.key])
+        return await op.future
+
+    def on_high_watermark_change(self, p: Partition) -> None:
+        """Wake requests that wait on this partition's HW."""
+        self.produce_purgatory.check_and_complete(p.key)
+        self.fetch_purgatory.check_and_complete(p.key)
+
+    # ------------------------------------------------------------------ fetch
+    def _read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
+              current_leader_epoch: int) -> FetchResult:
+        p.check_leader(current_leader_epoch)
+        sl = p.read_slice(fetch_offset, max_bytes, is_follower)
+        return FetchResult(sl, p.high_watermark, p.high_watermark, p.log.log_start_offset, p.leader_epoch)
+
+    async def handle_fetch(self, topic: str, partition: int, fetch_offset: int, max_bytes: int,
+                           min_bytes: int, max_wait_ms: int, replica_id: int = -1,
+                           current_leader_epoch: int = -1) -> FetchResult:
+        try:
+            if max_bytes <= 0 or min_bytes < 0 or max_wait_ms < 0:
+                raise errors.error_for(
+                    errors.Code.INVALID_FETCH_SIZE if max_bytes <= 0 or min_bytes < 0 else errors.Code.INVALID_REQUEST,
+                    f"invalid fetch bounds: max_bytes={max_bytes} min_bytes={min_bytes} max_wait_ms={max_wait_ms}",
+                    topic=topic, partition=partition)
+            if fetch_offset < 0:
+                raise errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, f"negative fetch offset {fetch_offset}",
+                                       topic=topic, partition=partition)
+            max_bytes = min(max_bytes, self.config.fetch_max_bytes)
+            p = self.get_partition(topic, partition)
+            is_follower = replica_id >= 0
+
+            def read() -> FetchResult:
+                return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch)
+
+            result = read()
+            if max_wait_ms == 0 or result.slice.length >= max(min_bytes, 1):
+                BYTES_OUT.labels(topic=topic).inc(result.slice.length)
+                return result
+            op = DelayedFetch(max_wait_ms, read, max(min_bytes, 1))
+            self.fetch_purgatory.try_complete_else_watch(op, [p.key])
+            result = await op.future
+            BYTES_OUT.labels(topic=topic).inc(result.slice.length)
+            return result
+        except errors.GregorError as err:
+            FAILED_FETCH.labels(error=err.name).inc()
+            raise
+
+    # ------------------------------------------------------------------ offsets
+    def list_offsets(self, topic: str, partition: int, timestamp_ms: int,
+                     current_leader_epoch: int = -1) -> tuple[int, int, int]:
+        """(offset, timestamp, leader_epoch) for -2 earliest, -1 latest (HW) or a timestamp."""
+        p = self.get_partition(topic, partition)
+        p.check_leader(current_leader_epoch)
+        if timestamp_ms == -2:
+            return p.log.log_start_offset, -1, p.leader_epoch
+        if timestamp_ms == -1:
+            return p.high_watermark, -1, p.leader_epoch
+        if timestamp_ms < 0:
+            raise errors.error_for(errors.Code.INVALID_REQUEST,
+                                   f"timestamp must be -2, -1 or >= 0, got {timestamp_ms}", topic=topic,
+                                   partition=partition)
+        try:
+            found = p.log.offset_for_timestamp(timestamp_ms)
+        except Exception as exc:
+            raise native_error(exc, topic, partition) from exc
+        if found is None or found[0] >= p.high_watermark:
+            return -1, -1, p.leader_epoch
+        return found[0], found[1], p.leader_epoch
+
+    def shutdown(self) -> None:
+        closing = errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "broker is shutting down")
+        self.produce_purgatory.cancel_all(closing)
+        self.fetch_purgatory.cancel_all(closing)

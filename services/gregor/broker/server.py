@@ -1,0 +1,178 @@
+"""gRPC servicers of the broker: proto <-> domain, nothing else."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import grpc
+
+from gregor.common import errors
+from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
+from gregor.common.rpc import rpc_method
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
+
+if TYPE_CHECKING:
+    from gregor.broker.broker import Broker
+
+Ctx = grpc.aio.ServicerContext
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
+    """BrokerService over the ReplicaManager."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.replicas = broker.replica_manager
+
+    @rpc_method("BrokerService")
+    async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
+        result = await self.replicas.handle_produce(request.topic, request.partition, request.records,
+                                                    request.acks, request.timeout_ms)
+        if request.acks == 0:
+            return broker_pb2.ProduceResponse(base_offset=-1, last_offset=-1, log_append_time_ms=-1,
+                                              log_start_offset=result.log_start_offset)
+        return broker_pb2.ProduceResponse(base_offset=result.base_offset, last_offset=result.last_offset,
+                                          log_append_time_ms=-1, log_start_offset=result.log_start_offset)
+
+    @rpc_method("BrokerService")
+    async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
+        result = await self.replicas.handle_fetch(
+            request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
+            request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
+            request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+        return broker_pb2.FetchResponse(
+            high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
+            log_start_offset=result.log_start_offset, records=result.slice.read(),
+            leader_epoch=result.leader_epoch)
+
+    @rpc_method("BrokerService")
+    async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,
+                          context: Ctx) -> broker_pb2.ListOffsetsResponse:
+        offset, ts, epoch = self.replicas.list_offsets(
+            request.topic, request.partition, request.timestamp_ms,
+            request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+        return broker_pb2.ListOffsetsResponse(offset=offset, timestamp_ms=ts, leader_epoch=epoch)
+
+    @rpc_method("BrokerService")
+    async def Metadata(self, request: broker_pb2.MetadataRequest, context: Ctx) -> broker_pb2.MetadataResponse:
+        return self.broker.metadata_response(list(request.topics))
+
+    @rpc_method("BrokerService")
+    async def OffsetForLeaderEpoch(self, request: broker_pb2.OffsetForLeaderEpochRequest,
+                                   context: Ctx) -> broker_pb2.OffsetForLeaderEpochResponse:
+        p = self.replicas.get_partition(request.topic, request.partition)
+        if request.HasField("current_leader_epoch"):
+            p.check_leader(request.current_leader_epoch)
+        epoch, end_offset = p.log.end_offset_for_epoch(request.leader_epoch)
+        return broker_pb2.OffsetForLeaderEpochResponse(leader_epoch=epoch, end_offset=end_offset)
+
+
+def _topic_error(name: str, err: errors.GregorError | None) -> controller_pb2.TopicResult:
+    return controller_pb2.TopicResult(name=name, error=err.to_detail() if err else None)
+
+
+class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
+    """AdminService of a standalone broker (no controller yet): topics live in LocalTopicStore."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.store = broker.topic_store
+
+    @rpc_method("AdminService")
+    async def CreateTopics(self, request: controller_pb2.CreateTopicsRequest,
+                           context: Ctx) -> controller_pb2.CreateTopicsResponse:
+        results = []
+        cfg = self.broker.config
+        for t in request.topics:
+            try:
+                if t.assignments:
+                    n = len(t.assignments)
+                    rf = len(next(iter(t.assignments.values())).broker_ids)
+                else:
+                    n = t.num_partitions if t.num_partitions > 0 else (
+                        cfg.num_partitions if t.num_partitions == -1 else t.num_partitions)
+                    rf = t.replication_factor if t.replication_factor > 0 else (
+                        cfg.default_replication_factor if t.replication_factor == -1 else t.replication_factor)
+                entry = self.store.create(t.name, n, rf, dict(t.configs), request.validate_only)
+                if not request.validate_only:
+                    self.broker.open_topic(t.name, entry)
+                results.append(controller_pb2.TopicResult(name=t.name, num_partitions=n, replication_factor=rf))
+            except errors.GregorError as err:
+                results.append(_topic_error(t.name, err))
+        return controller_pb2.CreateTopicsResponse(results=results)
+
+    @rpc_method("AdminService")
+    async def DeleteTopics(self, request: controller_pb2.DeleteTopicsRequest,
+                           context: Ctx) -> controller_pb2.DeleteTopicsResponse:
+        results = []
+        for name in request.topics:
+            try:
+                if not self.broker.config.delete_topic_enable:
+                    raise errors.error_for(errors.Code.TOPIC_DELETION_DISABLED,
+                                           "Topic deletion is disabled (delete.topic.enable=false).", topic=name)
+                self.store.delete(name)
+                self.broker.replica_manager.delete_partitions(name)
+                results.append(_topic_error(name, None))
+            except errors.GregorError as err:
+                results.append(_topic_error(name, err))
+        return controller_pb2.DeleteTopicsResponse(results=results)
+
+    @rpc_method("AdminService")
+    async def CreatePartitions(self, request: controller_pb2.CreatePartitionsRequest,
+                               context: Ctx) -> controller_pb2.CreatePartitionsResponse:
+        entry = self.store.add_partitions(request.topic, request.count, request.validate_only)
+        if not request.validate_only:
+            self.broker.open_topic(request.topic, entry)
+        return controller_pb2.CreatePartitionsResponse(
+            result=controller_pb2.TopicResult(name=request.topic, num_partitions=entry["partitions"],
+                                              replication_factor=entry["replication_factor"]))
+
+    def _describe(self, name: str) -> controller_pb2.TopicConfigs:
+        try:
+            overrides = self.store.get(name)["configs"]
+        except errors.GregorError as err:
+            return controller_pb2.TopicConfigs(topic=name, error=err.to_detail())
+        effective = effective_topic_configs(overrides, self.broker.config.topic_defaults)
+        entries = [
+            controller_pb2.ConfigEntry(name=k, value=_config_str(v), is_default=k not in overrides,
+                                       documentation=TOPIC_CONFIGS[k].doc)
+            for k, v in sorted(effective.items())
+        ]
+        return controller_pb2.TopicConfigs(topic=name, entries=entries)
+
+    @rpc_method("AdminService")
+    async def DescribeConfigs(self, request: controller_pb2.DescribeConfigsRequest,
+                              context: Ctx) -> controller_pb2.DescribeConfigsResponse:
+        names = list(request.topics) or sorted(self.store.topics)
+        return controller_pb2.DescribeConfigsResponse(results=[self._describe(n) for n in names])
+
+    @rpc_method("AdminService")
+    async def AlterConfigs(self, request: controller_pb2.AlterConfigsRequest,
+                           context: Ctx) -> controller_pb2.AlterConfigsResponse:
+        entry = self.store.alter_configs(request.topic, dict(request.set), list(request.delete),
+                                         request.validate_only)
+        if not request.validate_only:
+            self.broker.replica_manager.update_topic_configs(request.topic, entry["configs"])
+        return controller_pb2.AlterConfigsResponse(result=self._describe(request.topic))
+
+    @rpc_method("AdminService")
+    async def ElectLeaders(self, request: controller_pb2.ElectLeadersRequest,
+                           context: Ctx) -> controller_pb2.ElectLeadersResponse:
+        results = []
+        for p in self.broker.replica_manager.partitions.values():
+            err = errors.error_for(errors.Code.ELECTION_NOT_NEEDED, "a standalone broker always leads")
+            results.append(controller_pb2.ElectionResult(
+                partition=common_pb2.TopicPartition(topic=p.topic, partition=p.partition),
+                error=err.to_detail(), leader=p.leader_id))
+        return controller_pb2.ElectLeadersResponse(results=results)
+
+    @rpc_method("AdminService")
+    async def DescribeCluster(self, request: controller_pb2.DescribeClusterRequest,
+                              context: Ctx) -> controller_pb2.DescribeClusterResponse:
+        return controller_pb2.DescribeClusterResponse(
+            cluster_id=self.broker.config.cluster_id, controller_id=-1, controller_epoch=-1,
+            brokers=[self.broker.endpoint()])
+
+
+def _config_str(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

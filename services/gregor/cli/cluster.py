@@ -1,0 +1,111 @@
+"""`gregor cluster up/down/describe`: a local cluster of background processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from gregor.cli.local_cluster import ClusterError, LocalCluster
+
+
+def _data_dir(ctx: click.Context, value: str | None) -> str:
+    if value:
+        return value
+    root = ctx.find_root().params if ctx.find_root() else {}
+    return str(root.get("data_dir") or os.environ.get("GREGOR_DATA_DIR") or "./.gregor")
+
+
+def _json_output(ctx: click.Context) -> bool:
+    obj = ctx.find_root().obj
+    output = getattr(obj, "output", None) if obj is not None else None
+    if output is None and isinstance(obj, dict):
+        output = obj.get("output")
+    return output == "json"
+
+
+@click.group()
+def cluster() -> None:
+    """Run a local cluster (etcd + services) as background processes."""
+
+
+@cluster.command()
+@click.option("--data-dir", help="where logs, data and cluster.json go (default ./.gregor)")
+@click.option("--brokers", type=int, default=1, show_default=True)
+@click.option("--controllers", type=int, default=0, show_default=True)
+@click.option("--coordinators", type=int, default=0, show_default=True)
+@click.option("--gateways", type=int, default=0, show_default=True)
+@click.option("--broker-property", "broker_props", multiple=True, metavar="KEY=VALUE",
+              help="server.properties override for every broker (repeatable)")
+@click.pass_context
+def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, coordinators: int,
+       gateways: int, broker_props: tuple[str, ...]) -> None:
+    """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it."""
+    if controllers or coordinators or gateways:
+        raise click.UsageError("controllers, coordinators and gateways are not available yet "
+                               "(this build runs a standalone broker)")
+    overrides = {}
+    for item in broker_props:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--broker-property")
+        overrides[key] = value
+    try:
+        c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides)
+    except ClusterError as exc:
+        raise click.ClickException(str(exc))
+    click.echo(json.dumps(c.to_json(), indent=2))
+
+
+@cluster.command()
+@click.option("--data-dir", help="the cluster's directory (default ./.gregor)")
+@click.pass_context
+def down(ctx: click.Context, data_dir: str | None) -> None:
+    """Stop every process of the local cluster (SIGTERM, then SIGKILL after a grace period)."""
+    try:
+        c = LocalCluster.load(_data_dir(ctx, data_dir))
+    except ClusterError as exc:
+        raise click.ClickException(str(exc))
+    c.down()
+    click.echo(f"stopped {len(c.processes)} processes")
+
+
+@cluster.command()
+@click.option("--data-dir", help="the cluster's directory (default ./.gregor)")
+@click.pass_context
+def describe(ctx: click.Context, data_dir: str | None) -> None:
+    """Controller id and epoch, and brokers with id, epoch and endpoint."""
+    import asyncio
+
+    from gregor.common import errors
+    from gregor.common.rpc import channel
+    from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+
+    try:
+        c = LocalCluster.load(_data_dir(ctx, data_dir))
+    except ClusterError as exc:
+        raise click.ClickException(str(exc))
+
+    async def ask() -> controller_pb2.DescribeClusterResponse:
+        last: Exception | None = None
+        for target in c.bootstrap.split(","):
+            async with channel(target) as ch:
+                try:
+                    return await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(
+                        controller_pb2.DescribeClusterRequest(), timeout=10)
+                except Exception as exc:  # try the next broker
+                    last = exc
+        raise click.ClickException(f"no broker answered: {errors.from_rpc_error(last) if last else 'none'}")
+
+    resp = asyncio.run(ask())
+    brokers = [{"id": b.broker_id, "epoch": b.broker_epoch, "grpc": f"{b.host}:{b.grpc_port}",
+                "data": f"{b.host}:{b.data_port}" if b.data_port else ""} for b in resp.brokers]
+    if _json_output(ctx):
+        click.echo(json.dumps({"cluster_id": resp.cluster_id, "controller_id": resp.controller_id,
+                               "controller_epoch": resp.controller_epoch, "brokers": brokers}))
+        return
+    click.echo(f"ClusterId: {resp.cluster_id}\tController: {resp.controller_id}\t"
+               f"ControllerEpoch: {resp.controller_epoch}")
+    for b in brokers:
+        click.echo(f"Broker: {b['id']}\tEpoch: {b['epoch']}\tEndpoint: {b['grpc']}\tDataPort: {b['data']}")

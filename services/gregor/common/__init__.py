@@ -1,0 +1,1 @@
+"""Shared layer below every role: config, errors, metrics, records, etcd."""

@@ -1,0 +1,193 @@
+"""Broker and topic configuration with Kafka's names, defaults and validation.
+
+Every limit lives here with its default and a one-line reason, so the broker,
+the controller and the CLI agree on what `retention.ms` means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+
+LONG_MAX = 9223372036854775807
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    """One config key: its type, default, check and documentation."""
+
+    name: str
+    type: type
+    default: Any
+    doc: str
+    check: Callable[[Any], bool] = lambda v: True
+    choices: tuple[str, ...] = ()
+
+    def parse(self, raw: Any) -> Any:
+        try:
+            if self.type is bool:
+                if isinstance(raw, bool):
+                    value: Any = raw
+                elif str(raw).lower() in ("true", "false"):
+                    value = str(raw).lower() == "true"
+                else:
+                    raise ValueError(raw)
+            elif self.type is float:
+                value = float(raw)
+            elif self.type is int:
+                value = int(raw)
+            else:
+                value = str(raw)
+        except (TypeError, ValueError):
+            raise InvalidConfigError(f"Invalid value {raw!r} for configuration {self.name}: expected {self.type.__name__}")
+        if self.choices and value not in self.choices:
+            raise InvalidConfigError(f"Invalid value {value!r} for configuration {self.name}: must be one of {list(self.choices)}")
+        if not self.check(value):
+            raise InvalidConfigError(f"Invalid value {value!r} for configuration {self.name}: {self.doc}")
+        return value
+
+
+def _nonneg(v: int) -> bool:
+    return v >= 0
+
+
+def _pos(v: int) -> bool:
+    return v > 0
+
+
+def _unlimited_or_nonneg(v: int) -> bool:
+    return v >= -1
+
+
+# Topic-level configs (kafka-topics --config), Kafka's defaults.
+TOPIC_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("cleanup.policy", str, "delete", "delete, compact or compact,delete",
+                  choices=("delete", "compact", "compact,delete", "delete,compact")),
+        ConfigDef("compression.type", str, "producer", "codec the broker keeps; producer keeps the producer's",
+                  choices=("producer", "uncompressed", "none", "gzip", "snappy", "lz4", "zstd")),
+        ConfigDef("delete.retention.ms", int, 86400000, "how long tombstones are kept (compacted topics)", _nonneg),
+        ConfigDef("flush.messages", int, LONG_MAX, "fsync after this many messages", _pos),
+        ConfigDef("flush.ms", int, LONG_MAX, "fsync when the last flush is older than this", _nonneg),
+        ConfigDef("index.interval.bytes", int, 4096, "bytes between offset index entries", _nonneg),
+        ConfigDef("max.message.bytes", int, 1048588, "largest record batch accepted", _pos),
+        ConfigDef("message.timestamp.type", str, "CreateTime", "CreateTime only for now", choices=("CreateTime",)),
+        ConfigDef("min.cleanable.dirty.ratio", float, 0.5, "between 0 and 1", lambda v: 0 <= v <= 1),
+        ConfigDef("min.compaction.lag.ms", int, 0, "must be >= 0", _nonneg),
+        ConfigDef("min.insync.replicas", int, 1, "acks=all needs this many in-sync replicas", _pos),
+        ConfigDef("retention.bytes", int, -1, "-1 for unlimited, else >= 0", _unlimited_or_nonneg),
+        ConfigDef("retention.ms", int, 604800000, "-1 for unlimited, else >= 0", _unlimited_or_nonneg),
+        ConfigDef("segment.bytes", int, 1073741824, "at least 14 bytes", lambda v: v >= 14),
+        ConfigDef("segment.index.bytes", int, 10485760, "at least one 8-byte entry", lambda v: v >= 8),
+        ConfigDef("segment.ms", int, 604800000, "at least 1", _pos),
+        ConfigDef("unclean.leader.election.enable", bool, False, "true or false"),
+    ]
+}
+
+# Broker-level names of the topic defaults (server.properties), Kafka's mapping.
+BROKER_TOPIC_DEFAULT_KEYS: dict[str, str] = {
+    "log.cleanup.policy": "cleanup.policy",
+    "compression.type": "compression.type",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "min.insync.replicas": "min.insync.replicas",
+    "log.retention.bytes": "retention.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.segment.bytes": "segment.bytes",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.roll.ms": "segment.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+
+
+def validate_topic_configs(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Parse topic overrides; unknown keys and bad values raise InvalidConfigError."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        definition = TOPIC_CONFIGS.get(key)
+        if definition is None:
+            raise InvalidConfigError(f"Unknown topic config name: {key}")
+        out[key] = definition.parse(value)
+    return out
+
+
+def effective_topic_configs(overrides: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every topic config: overrides over broker defaults over Kafka's defaults."""
+    merged = {name: d.default for name, d in TOPIC_CONFIGS.items()}
+    merged.update(defaults or {})
+    merged.update(validate_topic_configs(overrides))
+    return merged
+
+
+@dataclass
+class BrokerConfig:
+    """A broker's settings, server.properties names in snake case."""
+
+    broker_id: int = 0
+    log_dirs: str = "/tmp/gregor-logs"
+    host: str = "127.0.0.1"
+    port: int = 9092
+    data_port: int = 0  # raw zero-copy fetch port; 0 picks a free one, -1 disables
+    metrics_port: int = 0  # Prometheus /metrics; 0 picks a free one, -1 disables
+    cluster_id: str = "gregor"
+    num_partitions: int = 1  # num.partitions
+    default_replication_factor: int = 1  # default.replication.factor
+    delete_topic_enable: bool = True  # delete.topic.enable
+    auto_create_topics_enable: bool = False  # deliberate deviation: explicit topics only
+    log_retention_check_interval_ms: int = 300000  # log.retention.check.interval.ms
+    log_flush_scheduler_interval_ms: int = LONG_MAX  # log.flush.scheduler.interval.ms
+    replica_lag_time_max_ms: int = 30000  # replica.lag.time.max.ms
+    socket_request_max_bytes: int = 104857600  # socket.request.max.bytes: largest gRPC message
+    fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
+    topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str], **base: Any) -> "BrokerConfig":
+        """Build from Kafka-style dotted keys (`log.retention.ms=...`)."""
+        cfg = cls(**base)
+        names = {f.name for f in dataclasses.fields(cls)}
+        topic_defaults: dict[str, Any] = {}
+        for key, value in props.items():
+            if key == "log.retention.hours":
+                topic_defaults["retention.ms"] = int(value) * 3600 * 1000
+            elif key == "log.roll.hours":
+                topic_defaults.setdefault("segment.ms", int(value) * 3600 * 1000)
+            elif key in BROKER_TOPIC_DEFAULT_KEYS:
+                topic_name = BROKER_TOPIC_DEFAULT_KEYS[key]
+                topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(value)
+            elif key.replace(".", "_") in names:
+                attr = key.replace(".", "_")
+                current = getattr(cfg, attr)
+                try:
+                    parsed: Any = (str(value).lower() == "true") if isinstance(current, bool) else type(current)(value)
+                except ValueError:
+                    raise InvalidConfigError(f"Invalid value {value!r} for broker configuration {key}")
+                setattr(cfg, attr, parsed)
+            else:
+                raise InvalidConfigError(f"Unknown broker configuration: {key}")
+        cfg.topic_defaults = {**cfg.topic_defaults, **topic_defaults}
+        return cfg
+
+
+def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, int]:
+    """The native LogConfig arguments for a topic's effective configs."""
+    c = topic_configs
+    return {
+        "segment_bytes": int(c["segment.bytes"]),
+        "segment_ms": int(c["segment.ms"]),
+        "segment_index_bytes": int(c["segment.index.bytes"]),
+        "index_interval_bytes": int(c["index.interval.bytes"]),
+        "retention_bytes": int(c["retention.bytes"]),
+        "retention_ms": int(c["retention.ms"]),
+        "flush_messages": int(c["flush.messages"]),
+        "flush_ms": int(c["flush.ms"]),
+        "max_message_bytes": int(c["max.message.bytes"]),
+    }

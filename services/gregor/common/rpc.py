@@ -1,0 +1,94 @@
+"""gRPC plumbing shared by every service: server options, health, reflection, error mapping, latency metrics."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Counter, Histogram
+
+from gregor.common import errors
+from gregor.common.metrics import LATENCY_BUCKETS_S
+
+log = logging.getLogger(__name__)
+
+REQUEST_LATENCY = Histogram("gregor_request_latency_seconds", "Server-side latency per RPC",
+                            ["service", "api"], buckets=LATENCY_BUCKETS_S)
+REQUESTS = Counter("gregor_requests_total", "RPCs served, by result code", ["service", "api", "code"])
+
+# gRPC's 4 MiB default is too small for produce and fetch; Kafka's socket.request.max.bytes is 100 MiB.
+MAX_MESSAGE_BYTES = 104857600
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30000),
+    ("grpc.so_reuseport", 0),
+]
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
+    """Decorate a servicer method: time it, count it, and turn errors into typed statuses.
+
+    A GregorError becomes its gRPC status with an ErrorDetail; anything else is
+    logged and answered as UNKNOWN_SERVER_ERROR, so a bug never kills the server.
+    """
+
+    def wrap(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
+        api = fn.__name__
+        latency = REQUEST_LATENCY.labels(service=service, api=api)
+
+        @functools.wraps(fn)
+        async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+            start = time.perf_counter()
+            code = "NONE"
+            try:
+                return await fn(self, request, context)
+            except errors.GregorError as err:
+                code = err.name
+                await errors.abort_with(context, err)
+                raise  # unreachable: abort raises
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                code = "ABORTED"
+                raise
+            except Exception as exc:
+                code = "UNKNOWN_SERVER_ERROR"
+                log.exception("%s.%s failed", service, api)
+                await errors.abort_with(context, errors.GregorError(f"{type(exc).__name__}: {exc}"))
+                raise
+            finally:
+                latency.observe(time.perf_counter() - start)
+                REQUESTS.labels(service=service, api=api, code=code).inc()
+
+        return handler
+
+    return wrap
+
+
+def make_server() -> grpc.aio.Server:
+    return grpc.aio.server(options=CHANNEL_OPTIONS, maximum_concurrent_rpcs=None)
+
+
+def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> health.HealthServicer:
+    """Standard grpc.health.v1 (every service SERVING) and server reflection."""
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = list(service_names)
+    for name in names:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME, health.SERVICE_NAME], server)
+    return health_servicer
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    """An insecure aio channel with Gregor's message limits."""
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)

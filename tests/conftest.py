@@ -1,0 +1,16 @@
+"""Shared fixtures: real broker processes on loopback, started through gregor's own launcher."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.helpers.cluster import Process, broker_process
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
+    """A standalone broker subprocess with its own data dir; .grpc is its address."""
+    with broker_process(str(tmp_path / "cluster")) as proc:
+        yield proc

@@ -1,0 +1,43 @@
+"""Topic and broker configs keep Kafka's names and defaults and reject bad values clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from gregor.common import errors
+from gregor.common.config import BrokerConfig, effective_topic_configs, log_config_kwargs, validate_topic_configs
+
+
+def test_kafka_defaults() -> None:
+    c = effective_topic_configs({})
+    assert c["segment.bytes"] == 1073741824 and c["segment.ms"] == 604800000
+    assert c["index.interval.bytes"] == 4096 and c["segment.index.bytes"] == 10485760
+    assert c["retention.ms"] == 604800000 and c["retention.bytes"] == -1
+    assert c["min.insync.replicas"] == 1 and c["unclean.leader.election.enable"] is False
+    assert c["max.message.bytes"] == 1048588 and c["cleanup.policy"] == "delete"
+
+
+def test_overrides_beat_broker_defaults_beat_kafka_defaults() -> None:
+    broker = BrokerConfig.from_properties({"log.retention.hours": "1", "log.segment.bytes": "1024"})
+    c = effective_topic_configs({"segment.bytes": "2048"}, broker.topic_defaults)
+    assert c["retention.ms"] == 3600000 and c["segment.bytes"] == 2048
+    assert log_config_kwargs(c)["segment_bytes"] == 2048
+
+
+@pytest.mark.parametrize("raw", [{"retention.ms": "soon"}, {"segment.bytes": "3"}, {"cleanup.policy": "keep"},
+                                 {"min.insync.replicas": "0"}, {"unclean.leader.election.enable": "maybe"},
+                                 {"not.a.config": "1"}])
+def test_bad_topic_configs_raise_invalid_config(raw: dict[str, str]) -> None:
+    with pytest.raises(errors.GregorError) as info:
+        validate_topic_configs(raw)
+    assert info.value.code == errors.Code.INVALID_CONFIG
+    assert list(raw)[0] in str(info.value)
+
+
+def test_broker_properties() -> None:
+    cfg = BrokerConfig.from_properties({"delete.topic.enable": "false", "num.partitions": "3"}, broker_id=4)
+    assert cfg.delete_topic_enable is False and cfg.num_partitions == 3 and cfg.broker_id == 4
+    with pytest.raises(errors.GregorError):
+        BrokerConfig.from_properties({"no.such.key": "1"})
+    with pytest.raises(errors.GregorError):
+        BrokerConfig.from_properties({"num.partitions": "many"})

@@ -49,7 +49,9 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
 
 async def run(config: BrokerConfig, ready_file: str | None) -> None:
     from gregor.broker.broker import Broker
+    from gregor.common.memory import tune_allocator
 
+    tune_allocator()
     broker = Broker(config)
     await broker.start()
     if ready_file:

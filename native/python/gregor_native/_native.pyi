@@ -5,7 +5,7 @@ services. Offsets are i64, timestamps are milliseconds since the epoch (i64),
 sizes are bytes. All functions that do disk or socket I/O release the GIL.
 """
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, final
 
 # ---------------------------------------------------------------- errors
 class NativeError(Exception):
@@ -49,6 +49,7 @@ CONTROL_FLAG_MASK: int  # 0x20
 def crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli) of data, as Kafka's v2 batch CRC."""
 
+@final
 class BatchHeader:
     """The fixed 61-byte header of one v2 record batch (immutable)."""
 
@@ -90,18 +91,20 @@ def parse_batches(data: bytes, verify_crc: bool = True) -> list[BatchHeader]:
     other than 2. Empty input returns []."""
 
 def encode_records(
-    records: Sequence[tuple[Optional[bytes], Optional[bytes], Sequence[tuple[str, bytes]], int]],
+    records: Sequence[tuple[Optional[bytes], Optional[bytes], Sequence[tuple[str, Optional[bytes]]], int]],
 ) -> bytes:
     """Encode the records section of a batch (uncompressed).
 
     Each record is (key, value, headers, timestamp_delta); offset deltas are
-    0, 1, 2, ... in order. None key/value is encoded as length -1."""
+    0, 1, 2, ... in order. None key/value is encoded as length -1 (so is a
+    None header value, which Kafka's wire format allows)."""
 
 def decode_records(
     section: bytes, count: int
-) -> list[tuple[int, int, Optional[bytes], Optional[bytes], list[tuple[str, bytes]]]]:
+) -> list[tuple[int, int, Optional[bytes], Optional[bytes], list[tuple[str, Optional[bytes]]]]]:
     """Decode an (uncompressed) records section into
-    (offset_delta, timestamp_delta, key, value, headers) tuples.
+    (offset_delta, timestamp_delta, key, value, headers) tuples. A header value
+    written as null (length -1, e.g. by a Java client) decodes as None.
     Raises CorruptRecordError if the section does not hold exactly count records."""
 
 def build_batch(
@@ -122,6 +125,7 @@ def build_batch(
     batch, computing batchLength and the CRC-32C over attributes..end."""
 
 # ---------------------------------------------------------------- the partition log
+@final
 class LogConfig:
     """Per-log settings, Kafka's topic config names in snake case. -1 means unlimited
     for retention_*; flush_* default to never (i64::MAX)."""
@@ -149,6 +153,7 @@ class LogConfig:
         max_message_bytes: int = 1048588,
     ) -> None: ...
 
+@final
 class AppendInfo:
     """What an append wrote."""
 
@@ -161,6 +166,7 @@ class AppendInfo:
     valid_bytes: int
     log_end_offset: int  # after the append
 
+@final
 class SegmentInfo:
     base_offset: int
     next_offset: int  # offset after the last batch in the segment
@@ -171,6 +177,7 @@ class SegmentInfo:
     offset_index_entries: int
     time_index_entries: int
 
+@final
 class FileSlice:
     """A byte range of one segment file holding whole batches; keeps the file
     open, so a segment deleted by retention after read_slice stays readable."""
@@ -185,6 +192,7 @@ class FileSlice:
         poll(2) on EAGAIN, so non-blocking sockets work. Releases the GIL.
         Returns the file bytes sent (not counting prefix)."""
 
+@final
 class Log:
     """One partition's log: segments named by base offset in `dir`
     (00000000000000000000.log/.index/.timeindex) plus leader-epoch-checkpoint.

@@ -28,6 +28,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30000),
     ("grpc.so_reuseport", 0),
+    # A 16 MiB stream window so one 1-8 MiB produce or fetch message needs no window updates mid-way.
     ("grpc.http2.lookahead_bytes", 16 << 20),
 ]
 

@@ -236,7 +236,10 @@ class Log:
     ) -> FileSlice:
         """Whole batches from the batch containing start_offset, up to max_bytes
         (at least one batch when min_one_batch, even if larger), never including a
-        batch whose base offset is >= max_offset (the high watermark bound).
+        batch whose base offset is >= max_offset (the high watermark bound); a
+        batch that starts below max_offset but ends at or above it is left out
+        too, as Kafka does (a consumer only sees fully committed batches; the
+        high watermark normally sits on a batch boundary).
         start_offset == log_end_offset gives an empty slice; outside
         [log_start_offset, log_end_offset] raises OffsetOutOfRangeError. Only the
         segment holding start_offset is read (a slice never spans segments)."""

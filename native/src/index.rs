@@ -1,0 +1,210 @@
+//! Sparse offset and time indexes: fixed-size big-endian entries in a file,
+//! mirrored in a Vec for binary search.
+//!
+//! Offset index entry (8 bytes): relative_offset u32 | position u32.
+//! Time index entry (12 bytes): timestamp i64 | relative_offset u32.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// One fixed-size index entry.
+pub trait Entry: Copy + std::fmt::Debug + PartialEq {
+    const SIZE: usize;
+    /// The search key (relative offset or timestamp).
+    fn key(&self) -> i64;
+    fn encode(&self) -> Vec<u8>;
+    fn decode(b: &[u8]) -> Self;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetEntry {
+    pub relative_offset: u32,
+    pub position: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeEntry {
+    pub timestamp: i64,
+    pub relative_offset: u32,
+}
+
+impl Entry for OffsetEntry {
+    const SIZE: usize = 8;
+    fn key(&self) -> i64 {
+        self.relative_offset as i64
+    }
+    fn encode(&self) -> Vec<u8> {
+        let mut v = self.relative_offset.to_be_bytes().to_vec();
+        v.extend_from_slice(&self.position.to_be_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Self {
+        OffsetEntry {
+            relative_offset: u32::from_be_bytes(b[0..4].try_into().unwrap()),
+            position: u32::from_be_bytes(b[4..8].try_into().unwrap()),
+        }
+    }
+}
+
+impl Entry for TimeEntry {
+    const SIZE: usize = 12;
+    fn key(&self) -> i64 {
+        self.timestamp
+    }
+    fn encode(&self) -> Vec<u8> {
+        let mut v = self.timestamp.to_be_bytes().to_vec();
+        v.extend_from_slice(&self.relative_offset.to_be_bytes());
+        v
+    }
+    fn decode(b: &[u8]) -> Self {
+        TimeEntry {
+            timestamp: i64::from_be_bytes(b[0..8].try_into().unwrap()),
+            relative_offset: u32::from_be_bytes(b[8..12].try_into().unwrap()),
+        }
+    }
+}
+
+/// An index file and its in-memory copy; not thread-safe (owned by a segment).
+#[derive(Debug)]
+pub struct Index<E: Entry> {
+    path: PathBuf,
+    file: File,
+    entries: Vec<E>,
+    max_entries: usize,
+}
+
+impl<E: Entry> Index<E> {
+    /// Opens (creating if missing) and loads the file. Returns `Ok(None)` in
+    /// the second slot when the content is damaged (size not a multiple of
+    /// the entry size or keys going backwards), so the caller rebuilds it.
+    pub fn open(path: &Path, max_index_bytes: usize) -> io::Result<(Self, bool)> {
+        let existed = path.exists();
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let len = file.metadata()?.len() as usize;
+        let mut idx = Index { path: path.to_owned(), file, entries: Vec::new(), max_entries: 0 };
+        idx.set_max_bytes(max_index_bytes);
+        if !existed || !len.is_multiple_of(E::SIZE) {
+            return Ok((idx, false));
+        }
+        let mut raw = vec![0u8; len];
+        idx.file.read_exact_at(&mut raw, 0)?;
+        idx.entries = raw.chunks_exact(E::SIZE).map(E::decode).collect();
+        let ok = idx.entries.windows(2).all(|w| w[0].key() <= w[1].key());
+        Ok((idx, ok))
+    }
+
+    pub fn set_max_bytes(&mut self, max_index_bytes: usize) {
+        self.max_entries = (max_index_bytes / E::SIZE).max(1);
+    }
+
+    pub fn entries(&self) -> &[E] {
+        &self.entries
+    }
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    pub fn is_full(&self) -> bool {
+        self.entries.len() >= self.max_entries
+    }
+    pub fn last(&self) -> Option<E> {
+        self.entries.last().copied()
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one entry to memory and file; a full index ignores it.
+    pub fn append(&mut self, e: E) -> io::Result<()> {
+        if self.is_full() {
+            return Ok(());
+        }
+        let at = (self.entries.len() * E::SIZE) as u64;
+        self.file.write_all_at(&e.encode(), at)?;
+        self.entries.push(e);
+        Ok(())
+    }
+
+    /// The last entry whose key is <= `key`.
+    pub fn floor(&self, key: i64) -> Option<E> {
+        let n = self.entries.partition_point(|e| e.key() <= key);
+        n.checked_sub(1).map(|i| self.entries[i])
+    }
+
+    /// Keeps only entries for which `keep` holds (a prefix) and cuts the file.
+    pub fn truncate_where(&mut self, keep: impl Fn(&E) -> bool) -> io::Result<()> {
+        let n = self.entries.partition_point(keep);
+        self.entries.truncate(n);
+        self.file.set_len((n * E::SIZE) as u64)
+    }
+
+    /// Replaces the whole content (used when rebuilding).
+    pub fn reset(&mut self, entries: Vec<E>) -> io::Result<()> {
+        let raw: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
+        self.file.set_len(0)?;
+        self.file.write_all_at(&raw, 0)?;
+        self.entries = entries;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oe(o: u32, p: u32) -> OffsetEntry {
+        OffsetEntry { relative_offset: o, position: p }
+    }
+
+    #[test]
+    fn append_lookup_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.index");
+        let (mut idx, ok) = Index::<OffsetEntry>::open(&p, 1024).unwrap();
+        assert!(!ok, "a new file counts as needing a rebuild");
+        for i in 0..10 {
+            idx.append(oe(i * 10, i * 100)).unwrap();
+        }
+        assert_eq!(idx.floor(0), Some(oe(0, 0)));
+        assert_eq!(idx.floor(55), Some(oe(50, 500)));
+        assert_eq!(idx.floor(1000), Some(oe(90, 900)));
+        drop(idx);
+        let (mut idx, ok) = Index::<OffsetEntry>::open(&p, 1024).unwrap();
+        assert!(ok);
+        assert_eq!(idx.len(), 10);
+        idx.truncate_where(|e| e.relative_offset < 45).unwrap();
+        assert_eq!(idx.len(), 5);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 40);
+    }
+
+    #[test]
+    fn garbled_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.timeindex");
+        std::fs::write(&p, [1u8; 13]).unwrap();
+        assert!(!Index::<TimeEntry>::open(&p, 1024).unwrap().1);
+        let mut raw = TimeEntry { timestamp: 10, relative_offset: 1 }.encode();
+        raw.extend(TimeEntry { timestamp: 5, relative_offset: 2 }.encode());
+        std::fs::write(&p, raw).unwrap();
+        assert!(!Index::<TimeEntry>::open(&p, 1024).unwrap().1);
+    }
+
+    #[test]
+    fn full_index_ignores_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut idx, _) = Index::<OffsetEntry>::open(&dir.path().join("i"), 16).unwrap();
+        for i in 0..5 {
+            idx.append(oe(i, i)).unwrap();
+        }
+        assert!(idx.is_full());
+        assert_eq!(idx.len(), 2);
+    }
+}

@@ -1,0 +1,640 @@
+//! PyO3 bindings of the Gregor log engine: the only module that touches Python.
+//! Thin wrappers: every disk or socket operation runs with the thread detached
+//! (GIL released); engine errors map to the exception classes of `_native.pyi`.
+
+pub mod batch;
+pub mod epoch;
+pub mod error;
+pub mod index;
+pub mod log;
+pub mod records;
+pub mod retention;
+pub mod segment;
+pub mod sendfile;
+
+#[cfg(test)]
+mod tests;
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+
+use crate::batch::{BatchHeader, BatchSpec};
+use crate::error::Error;
+use crate::log::{wall_clock_ms, AppendInfo, LogConfig, SegmentInfo, Slice};
+use crate::records::Record;
+
+create_exception!(gregor_native._native, NativeError, PyException, "Base class of every error raised by the native module.");
+create_exception!(gregor_native._native, CorruptRecordError, NativeError, "A batch failed validation (CORRUPT_MESSAGE).");
+create_exception!(gregor_native._native, InvalidRecordError, NativeError, "A batch is well formed but not acceptable (INVALID_RECORD).");
+create_exception!(gregor_native._native, RecordTooLargeError, NativeError, "A batch is larger than max.message.bytes (MESSAGE_TOO_LARGE).");
+create_exception!(gregor_native._native, OffsetOutOfRangeError, NativeError, "A read outside [log_start_offset, log_end_offset] (OFFSET_OUT_OF_RANGE).");
+create_exception!(gregor_native._native, LogClosedError, NativeError, "The log was closed (or deleted) and cannot be used any more.");
+
+fn to_py(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::Corrupt(_) => CorruptRecordError::new_err(msg),
+        Error::Invalid(_) => InvalidRecordError::new_err(msg),
+        Error::TooLarge(_) => RecordTooLargeError::new_err(msg),
+        Error::OutOfRange(_) => OffsetOutOfRangeError::new_err(msg),
+        Error::Closed => LogClosedError::new_err(msg),
+        Error::Io(io) => PyErr::from(io),
+    }
+}
+
+type NResult<T> = std::result::Result<T, Error>;
+
+// ------------------------------------------------------------ record batches
+
+#[pyfunction]
+#[pyo3(name = "crc32c")]
+fn py_crc32c(py: Python<'_>, data: &[u8]) -> u32 {
+    py.detach(|| batch::crc32c(data))
+}
+
+/// The fixed 61-byte header of one v2 record batch (immutable).
+#[pyclass(name = "BatchHeader", module = "gregor_native._native", frozen, eq)]
+#[derive(Clone, PartialEq)]
+struct PyBatchHeader(BatchHeader);
+
+#[pymethods]
+impl PyBatchHeader {
+    #[getter]
+    fn base_offset(&self) -> i64 { self.0.base_offset }
+    #[getter]
+    fn batch_length(&self) -> i32 { self.0.batch_length }
+    #[getter]
+    fn partition_leader_epoch(&self) -> i32 { self.0.partition_leader_epoch }
+    #[getter]
+    fn magic(&self) -> i8 { self.0.magic }
+    #[getter]
+    fn crc(&self) -> u32 { self.0.crc }
+    #[getter]
+    fn attributes(&self) -> i16 { self.0.attributes }
+    #[getter]
+    fn last_offset_delta(&self) -> i32 { self.0.last_offset_delta }
+    #[getter]
+    fn base_timestamp(&self) -> i64 { self.0.base_timestamp }
+    #[getter]
+    fn max_timestamp(&self) -> i64 { self.0.max_timestamp }
+    #[getter]
+    fn producer_id(&self) -> i64 { self.0.producer_id }
+    #[getter]
+    fn producer_epoch(&self) -> i16 { self.0.producer_epoch }
+    #[getter]
+    fn base_sequence(&self) -> i32 { self.0.base_sequence }
+    #[getter]
+    fn records_count(&self) -> i32 { self.0.records_count }
+    #[getter]
+    fn size_bytes(&self) -> usize { self.0.size_bytes() }
+    #[getter]
+    fn last_offset(&self) -> i64 { self.0.last_offset() }
+    #[getter]
+    fn next_offset(&self) -> i64 { self.0.next_offset() }
+    #[getter]
+    fn compression(&self) -> i16 { self.0.compression() }
+    #[getter]
+    fn timestamp_type(&self) -> i16 { self.0.timestamp_type() }
+    #[getter]
+    fn is_transactional(&self) -> bool { self.0.is_transactional() }
+    #[getter]
+    fn is_control(&self) -> bool { self.0.is_control() }
+    #[getter]
+    fn last_sequence(&self) -> i32 { self.0.last_sequence() }
+
+    fn __repr__(&self) -> String {
+        let h = &self.0;
+        format!(
+            "BatchHeader(base_offset={}, last_offset_delta={}, records_count={}, size_bytes={}, partition_leader_epoch={}, attributes={}, max_timestamp={})",
+            h.base_offset, h.last_offset_delta, h.records_count, h.size_bytes(), h.partition_leader_epoch, h.attributes, h.max_timestamp
+        )
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (data, verify_crc = true))]
+fn parse_batches(py: Python<'_>, data: &[u8], verify_crc: bool) -> PyResult<Vec<PyBatchHeader>> {
+    let parsed = py.detach(|| batch::parse_batches(data, verify_crc)).map_err(to_py)?;
+    Ok(parsed.into_iter().map(|(_, h)| PyBatchHeader(h)).collect())
+}
+
+/// bytes or bytearray (or any buffer-less bytes-like rejected with TypeError).
+fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    Err(PyTypeError::new_err(format!("expected bytes, got {}", obj.get_type().name()?)))
+}
+
+fn optional_bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    if obj.is_none() { Ok(None) } else { bytes_of(obj).map(Some) }
+}
+
+fn record_of(i: usize, item: &Bound<'_, PyAny>) -> PyResult<Record> {
+    let (key, value, headers, timestamp_delta): (Bound<PyAny>, Bound<PyAny>, Bound<PyAny>, i64) = item.extract()?;
+    let mut hs = Vec::new();
+    for h in headers.try_iter()? {
+        let (k, v): (String, Bound<PyAny>) = h?.extract()?;
+        hs.push((k, optional_bytes_of(&v)?));
+    }
+    Ok(Record {
+        offset_delta: i as i32,
+        timestamp_delta,
+        key: optional_bytes_of(&key)?,
+        value: optional_bytes_of(&value)?,
+        headers: hs,
+    })
+}
+
+#[pyfunction]
+fn encode_records<'py>(py: Python<'py>, records: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::new();
+    for (i, item) in records.try_iter()?.enumerate() {
+        records::encode_record(&mut out, &record_of(i, &item?)?);
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+type DecodedRecord<'py> = (i32, i64, Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>, Vec<(String, Option<Bound<'py, PyBytes>>)>);
+
+#[pyfunction]
+fn decode_records<'py>(py: Python<'py>, section: &[u8], count: usize) -> PyResult<Vec<DecodedRecord<'py>>> {
+    let recs = records::decode_records(section, count).map_err(to_py)?;
+    let b = |v: Option<Vec<u8>>| v.map(|v| PyBytes::new(py, &v));
+    Ok(recs
+        .into_iter()
+        .map(|r| {
+            let headers = r.headers.into_iter().map(|(k, v)| (k, b(v))).collect();
+            (r.offset_delta, r.timestamp_delta, b(r.key), b(r.value), headers)
+        })
+        .collect())
+}
+
+#[pyfunction]
+#[pyo3(signature = (section, records_count, *, base_offset = 0, partition_leader_epoch = -1, attributes = 0,
+    last_offset_delta = None, base_timestamp = 0, max_timestamp = 0, producer_id = -1, producer_epoch = -1,
+    base_sequence = -1))]
+#[pyo3(text_signature = "(section, records_count, *, base_offset=0, partition_leader_epoch=-1, attributes=0, last_offset_delta=None, base_timestamp=0, max_timestamp=0, producer_id=-1, producer_epoch=-1, base_sequence=-1)")]
+#[allow(clippy::too_many_arguments)]
+fn build_batch<'py>(
+    py: Python<'py>,
+    section: &[u8],
+    records_count: i32,
+    base_offset: i64,
+    partition_leader_epoch: i32,
+    attributes: i16,
+    last_offset_delta: Option<i32>,
+    base_timestamp: i64,
+    max_timestamp: i64,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let spec = BatchSpec {
+        base_offset,
+        partition_leader_epoch,
+        attributes,
+        last_offset_delta: last_offset_delta.unwrap_or(records_count - 1),
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        records_count,
+    };
+    let b = py.detach(|| batch::build_batch(section, &spec)).map_err(to_py)?;
+    Ok(PyBytes::new(py, &b))
+}
+
+// ------------------------------------------------------------ config and results
+
+/// Per-log settings, Kafka's topic config names in snake case.
+#[pyclass(name = "LogConfig", module = "gregor_native._native", get_all, set_all)]
+#[derive(Clone)]
+struct PyLogConfig {
+    segment_bytes: i64,
+    segment_ms: i64,
+    segment_index_bytes: i64,
+    index_interval_bytes: i64,
+    retention_bytes: i64,
+    retention_ms: i64,
+    flush_messages: i64,
+    flush_ms: i64,
+    max_message_bytes: i64,
+}
+
+#[pymethods]
+impl PyLogConfig {
+    #[new]
+    #[pyo3(signature = (*, segment_bytes = 1073741824, segment_ms = 604800000, segment_index_bytes = 10485760,
+        index_interval_bytes = 4096, retention_bytes = -1, retention_ms = 604800000,
+        flush_messages = 9223372036854775807, flush_ms = 9223372036854775807, max_message_bytes = 1048588))]
+    #[pyo3(text_signature = "(*, segment_bytes=1073741824, segment_ms=604800000, segment_index_bytes=10485760, index_interval_bytes=4096, retention_bytes=-1, retention_ms=604800000, flush_messages=9223372036854775807, flush_ms=9223372036854775807, max_message_bytes=1048588)")]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        segment_bytes: i64,
+        segment_ms: i64,
+        segment_index_bytes: i64,
+        index_interval_bytes: i64,
+        retention_bytes: i64,
+        retention_ms: i64,
+        flush_messages: i64,
+        flush_ms: i64,
+        max_message_bytes: i64,
+    ) -> Self {
+        PyLogConfig {
+            segment_bytes,
+            segment_ms,
+            segment_index_bytes,
+            index_interval_bytes,
+            retention_bytes,
+            retention_ms,
+            flush_messages,
+            flush_ms,
+            max_message_bytes,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.to_config();
+        format!(
+            "LogConfig(segment_bytes={}, segment_ms={}, segment_index_bytes={}, index_interval_bytes={}, retention_bytes={}, retention_ms={}, flush_messages={}, flush_ms={}, max_message_bytes={})",
+            c.segment_bytes, c.segment_ms, c.segment_index_bytes, c.index_interval_bytes, c.retention_bytes,
+            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes
+        )
+    }
+}
+
+impl PyLogConfig {
+    fn to_config(&self) -> LogConfig {
+        LogConfig {
+            segment_bytes: self.segment_bytes,
+            segment_ms: self.segment_ms,
+            segment_index_bytes: self.segment_index_bytes,
+            index_interval_bytes: self.index_interval_bytes,
+            retention_bytes: self.retention_bytes,
+            retention_ms: self.retention_ms,
+            flush_messages: self.flush_messages,
+            flush_ms: self.flush_ms,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
+    fn from_config(c: LogConfig) -> Self {
+        PyLogConfig::new(
+            c.segment_bytes, c.segment_ms, c.segment_index_bytes, c.index_interval_bytes, c.retention_bytes,
+            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes,
+        )
+    }
+}
+
+/// What an append wrote.
+#[pyclass(name = "AppendInfo", module = "gregor_native._native", frozen, get_all)]
+struct PyAppendInfo {
+    first_offset: i64,
+    last_offset: i64,
+    max_timestamp: i64,
+    offset_of_max_timestamp: i64,
+    num_batches: usize,
+    num_records: i64,
+    valid_bytes: usize,
+    log_end_offset: i64,
+}
+
+#[pymethods]
+impl PyAppendInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "AppendInfo(first_offset={}, last_offset={}, num_batches={}, num_records={}, log_end_offset={})",
+            self.first_offset, self.last_offset, self.num_batches, self.num_records, self.log_end_offset
+        )
+    }
+}
+
+impl From<AppendInfo> for PyAppendInfo {
+    fn from(a: AppendInfo) -> Self {
+        PyAppendInfo {
+            first_offset: a.first_offset,
+            last_offset: a.last_offset,
+            max_timestamp: a.max_timestamp,
+            offset_of_max_timestamp: a.offset_of_max_timestamp,
+            num_batches: a.num_batches,
+            num_records: a.num_records,
+            valid_bytes: a.valid_bytes,
+            log_end_offset: a.log_end_offset,
+        }
+    }
+}
+
+/// One segment's description.
+#[pyclass(name = "SegmentInfo", module = "gregor_native._native", frozen, get_all)]
+struct PySegmentInfo {
+    base_offset: i64,
+    next_offset: i64,
+    size_bytes: u64,
+    largest_timestamp: i64,
+    created_ms: i64,
+    log_path: String,
+    offset_index_entries: usize,
+    time_index_entries: usize,
+}
+
+#[pymethods]
+impl PySegmentInfo {
+    fn __repr__(&self) -> String {
+        format!("SegmentInfo(base_offset={}, next_offset={}, size_bytes={})", self.base_offset, self.next_offset, self.size_bytes)
+    }
+}
+
+impl From<SegmentInfo> for PySegmentInfo {
+    fn from(s: SegmentInfo) -> Self {
+        PySegmentInfo {
+            base_offset: s.base_offset,
+            next_offset: s.next_offset,
+            size_bytes: s.size_bytes,
+            largest_timestamp: s.largest_timestamp,
+            created_ms: s.created_ms,
+            log_path: s.log_path,
+            offset_index_entries: s.offset_index_entries,
+            time_index_entries: s.time_index_entries,
+        }
+    }
+}
+
+// ------------------------------------------------------------ file slices
+
+/// A byte range of one segment file holding whole batches; keeps the file open.
+#[pyclass(name = "FileSlice", module = "gregor_native._native", frozen)]
+struct PyFileSlice(Slice);
+
+impl PyFileSlice {
+    fn read_bytes<'py>(py: Python<'py>, s: &Slice) -> PyResult<Bound<'py, PyBytes>> {
+        let Some(file) = &s.file else {
+            return Ok(PyBytes::new(py, b""));
+        };
+        PyBytes::new_with(py, s.length as usize, |buf| {
+            py.detach(|| file.read_exact_at(buf, s.position)).map_err(PyErr::from)
+        })
+    }
+}
+
+#[pymethods]
+impl PyFileSlice {
+    #[getter]
+    fn length(&self) -> u64 { self.0.length }
+    #[getter]
+    fn position(&self) -> u64 { self.0.position }
+    #[getter]
+    fn start_offset(&self) -> i64 { self.0.start_offset }
+
+    fn read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        Self::read_bytes(py, &self.0)
+    }
+
+    #[pyo3(signature = (fd, prefix = b"".as_slice()), text_signature = "($self, fd, prefix=b'')")]
+    fn send_to(&self, py: Python<'_>, fd: i32, prefix: &[u8]) -> PyResult<u64> {
+        let s = &self.0;
+        py.detach(|| match &s.file {
+            Some(f) => sendfile::send_range(fd, prefix, f, s.position, s.length),
+            None => sendfile::write_all_fd(fd, prefix).map(|_| 0),
+        })
+        .map_err(PyErr::from)
+    }
+
+    fn __len__(&self) -> usize {
+        self.0.length as usize
+    }
+
+    fn __repr__(&self) -> String {
+        format!("FileSlice(start_offset={}, position={}, length={})", self.0.start_offset, self.0.position, self.0.length)
+    }
+}
+
+// ------------------------------------------------------------ the partition log
+
+/// One partition's log. Concurrency: one internal Mutex serialises every
+/// operation; the GIL is released while it is held, and slices do their I/O
+/// without it.
+#[pyclass(name = "Log", module = "gregor_native._native")]
+struct PyLog {
+    dir: PathBuf,
+    inner: Mutex<Option<log::Log>>,
+}
+
+impl PyLog {
+    fn guard(&self) -> MutexGuard<'_, Option<log::Log>> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the open log with the thread detached from Python.
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut log::Log) -> NResult<T> + Send) -> PyResult<T> {
+        py.detach(|| {
+            let mut g = self.guard();
+            let log = g.as_mut().ok_or(Error::Closed)?;
+            f(log)
+        })
+        .map_err(to_py)
+    }
+}
+
+fn now_or_wall(now_ms: Option<i64>) -> i64 {
+    now_ms.unwrap_or_else(wall_clock_ms)
+}
+
+#[pymethods]
+impl PyLog {
+    #[new]
+    #[pyo3(signature = (dir, config, now_ms = None))]
+    fn new(py: Python<'_>, dir: PathBuf, config: PyRef<'_, PyLogConfig>, now_ms: Option<i64>) -> PyResult<Self> {
+        let cfg = config.to_config();
+        let log = py.detach(|| log::Log::open(&dir, cfg, now_or_wall(now_ms))).map_err(to_py)?;
+        Ok(PyLog { dir, inner: Mutex::new(Some(log)) })
+    }
+
+    #[getter]
+    fn dir(&self) -> String {
+        self.dir.to_string_lossy().into_owned()
+    }
+    #[getter]
+    fn config(&self, py: Python<'_>) -> PyResult<PyLogConfig> {
+        self.with(py, |l| Ok(l.config())).map(PyLogConfig::from_config)
+    }
+    fn update_config(&self, py: Python<'_>, config: PyRef<'_, PyLogConfig>) -> PyResult<()> {
+        let cfg = config.to_config();
+        self.with(py, |l| {
+            l.update_config(cfg);
+            Ok(())
+        })
+    }
+    #[getter]
+    fn log_start_offset(&self, py: Python<'_>) -> PyResult<i64> {
+        self.with(py, |l| Ok(l.log_start_offset()))
+    }
+    #[getter]
+    fn log_end_offset(&self, py: Python<'_>) -> PyResult<i64> {
+        self.with(py, |l| Ok(l.log_end_offset()))
+    }
+    #[getter]
+    fn recovery_point(&self, py: Python<'_>) -> PyResult<i64> {
+        self.with(py, |l| Ok(l.recovery_point()))
+    }
+    #[getter]
+    fn size_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |l| Ok(l.size_bytes()))
+    }
+    #[getter]
+    fn num_segments(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |l| Ok(l.num_segments()))
+    }
+    #[getter]
+    fn recovered_bytes_truncated(&self, py: Python<'_>) -> PyResult<u64> {
+        self.with(py, |l| Ok(l.recovered_bytes_truncated()))
+    }
+    fn segments(&self, py: Python<'_>) -> PyResult<Vec<PySegmentInfo>> {
+        let infos = self.with(py, |l| Ok(l.segments_info()))?;
+        Ok(infos.into_iter().map(PySegmentInfo::from).collect())
+    }
+
+    #[pyo3(signature = (data, leader_epoch, now_ms = None))]
+    fn append_as_leader(&self, py: Python<'_>, data: &[u8], leader_epoch: i32, now_ms: Option<i64>) -> PyResult<PyAppendInfo> {
+        self.with(py, |l| l.append_as_leader(data, leader_epoch, now_or_wall(now_ms))).map(Into::into)
+    }
+
+    #[pyo3(signature = (data, now_ms = None))]
+    fn append_as_follower(&self, py: Python<'_>, data: &[u8], now_ms: Option<i64>) -> PyResult<PyAppendInfo> {
+        self.with(py, |l| l.append_as_follower(data, now_or_wall(now_ms))).map(Into::into)
+    }
+
+    #[pyo3(signature = (start_offset, max_bytes, max_offset = None, min_one_batch = true))]
+    fn read_slice(&self, py: Python<'_>, start_offset: i64, max_bytes: i64, max_offset: Option<i64>, min_one_batch: bool) -> PyResult<PyFileSlice> {
+        let max_bytes = max_bytes.max(0) as u64;
+        self.with(py, |l| l.read_slice(start_offset, max_bytes, max_offset, min_one_batch)).map(PyFileSlice)
+    }
+
+    #[pyo3(signature = (start_offset, max_bytes, max_offset = None, min_one_batch = true))]
+    fn read<'py>(&self, py: Python<'py>, start_offset: i64, max_bytes: i64, max_offset: Option<i64>, min_one_batch: bool) -> PyResult<Bound<'py, PyBytes>> {
+        let slice = self.read_slice(py, start_offset, max_bytes, max_offset, min_one_batch)?;
+        PyFileSlice::read_bytes(py, &slice.0)
+    }
+
+    fn offset_for_timestamp(&self, py: Python<'_>, timestamp_ms: i64) -> PyResult<Option<(i64, i64)>> {
+        self.with(py, |l| l.offset_for_timestamp(timestamp_ms))
+    }
+
+    #[pyo3(signature = (now_ms = None))]
+    fn roll(&self, py: Python<'_>, now_ms: Option<i64>) -> PyResult<i64> {
+        self.with(py, |l| l.roll(now_or_wall(now_ms)))
+    }
+
+    fn truncate_to(&self, py: Python<'_>, offset: i64) -> PyResult<bool> {
+        self.with(py, |l| l.truncate_to(offset, wall_clock_ms()))
+    }
+
+    fn truncate_fully_and_start_at(&self, py: Python<'_>, offset: i64) -> PyResult<()> {
+        self.with(py, |l| l.truncate_fully_and_start_at(offset, wall_clock_ms()))
+    }
+
+    #[pyo3(signature = (now_ms = None))]
+    fn delete_old_segments(&self, py: Python<'_>, now_ms: Option<i64>) -> PyResult<usize> {
+        self.with(py, |l| l.delete_old_segments(now_or_wall(now_ms)))
+    }
+
+    fn maybe_increment_log_start_offset(&self, py: Python<'_>, offset: i64) -> PyResult<bool> {
+        self.with(py, |l| l.maybe_increment_log_start_offset(offset))
+    }
+
+    #[pyo3(signature = (now_ms = None))]
+    fn maybe_flush(&self, py: Python<'_>, now_ms: Option<i64>) -> PyResult<bool> {
+        self.with(py, |l| l.maybe_flush(now_or_wall(now_ms)))
+    }
+
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |l| l.flush_at(wall_clock_ms()))
+    }
+
+    /// Idempotent: closing a closed log does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut g = self.guard();
+            match g.take() {
+                Some(mut log) => log.close(),
+                None => Ok(()),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    fn delete(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut g = self.guard();
+            match g.take() {
+                Some(log) => log.delete(),
+                None => match std::fs::remove_dir_all(&self.dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                    _ => Ok(()),
+                },
+            }
+        })
+        .map_err(to_py)
+    }
+
+    fn latest_epoch(&self, py: Python<'_>) -> PyResult<Option<i32>> {
+        self.with(py, |l| Ok(l.epochs().latest_epoch()))
+    }
+    fn epoch_entries(&self, py: Python<'_>) -> PyResult<Vec<(i32, i64)>> {
+        self.with(py, |l| Ok(l.epochs().entries().to_vec()))
+    }
+    fn assign_epoch_start_offset(&self, py: Python<'_>, epoch: i32, start_offset: i64) -> PyResult<()> {
+        self.with(py, |l| l.epochs_mut().assign(epoch, start_offset).map(|_| ()))
+    }
+    fn end_offset_for_epoch(&self, py: Python<'_>, epoch: i32) -> PyResult<(i32, i64)> {
+        self.with(py, |l| Ok(l.epochs().end_offset_for(epoch, l.log_end_offset())))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Log({:?})", self.dir)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("NativeError", py.get_type::<NativeError>())?;
+    m.add("CorruptRecordError", py.get_type::<CorruptRecordError>())?;
+    m.add("InvalidRecordError", py.get_type::<InvalidRecordError>())?;
+    m.add("RecordTooLargeError", py.get_type::<RecordTooLargeError>())?;
+    m.add("OffsetOutOfRangeError", py.get_type::<OffsetOutOfRangeError>())?;
+    m.add("LogClosedError", py.get_type::<LogClosedError>())?;
+    m.add("BATCH_HEADER_SIZE", batch::BATCH_HEADER_SIZE)?;
+    m.add("RECORD_BATCH_OVERHEAD", batch::BATCH_HEADER_SIZE)?;
+    m.add("MAGIC_V2", batch::MAGIC_V2)?;
+    m.add("COMPRESSION_NONE", 0)?;
+    m.add("COMPRESSION_GZIP", 1)?;
+    m.add("COMPRESSION_SNAPPY", 2)?;
+    m.add("COMPRESSION_LZ4", 3)?;
+    m.add("COMPRESSION_ZSTD", 4)?;
+    m.add("COMPRESSION_CODEC_MASK", batch::COMPRESSION_CODEC_MASK)?;
+    m.add("TIMESTAMP_TYPE_MASK", batch::TIMESTAMP_TYPE_MASK)?;
+    m.add("TRANSACTIONAL_FLAG_MASK", batch::TRANSACTIONAL_FLAG_MASK)?;
+    m.add("CONTROL_FLAG_MASK", batch::CONTROL_FLAG_MASK)?;
+    m.add_function(wrap_pyfunction!(py_crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(build_batch, m)?)?;
+    m.add_class::<PyBatchHeader>()?;
+    m.add_class::<PyLogConfig>()?;
+    m.add_class::<PyAppendInfo>()?;
+    m.add_class::<PySegmentInfo>()?;
+    m.add_class::<PyFileSlice>()?;
+    m.add_class::<PyLog>()?;
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! The records section of a v2 batch: zigzag varints and per-record encoding.
+
+use crate::error::{corrupt, Result};
+
+/// One decoded record; offsets and timestamps are deltas from the batch header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub offset_delta: i32,
+    pub timestamp_delta: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// Header values may be null on the wire (Java clients allow it).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+pub fn put_varlong(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+pub fn put_varint(out: &mut Vec<u8>, v: i32) {
+    put_varlong(out, v as i64)
+}
+
+/// A cursor over a byte slice that reports truncation as corruption.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn unsigned(&mut self, max_bytes: usize) -> Result<u64> {
+        let mut v: u64 = 0;
+        for i in 0..max_bytes {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return corrupt("truncated varint");
+            };
+            self.pos += 1;
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        corrupt("varint too long")
+    }
+
+    pub fn varlong(&mut self) -> Result<i64> {
+        let z = self.unsigned(10)?;
+        Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
+    }
+
+    pub fn varint(&mut self) -> Result<i32> {
+        let z = self.unsigned(5)?;
+        if z > u32::MAX as u64 {
+            return corrupt("varint overflows 32 bits");
+        }
+        let z = z as u32;
+        Ok(((z >> 1) as i32) ^ -((z & 1) as i32))
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return corrupt(format!("needs {n} bytes, {} left", self.remaining()));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    /// A length-prefixed byte string; length -1 is null.
+    pub fn nullable_bytes(&mut self) -> Result<Option<Vec<u8>>> {
+        let len = self.varint()?;
+        if len < -1 {
+            return corrupt(format!("negative length {len}"));
+        }
+        if len == -1 {
+            return Ok(None);
+        }
+        Ok(Some(self.take(len as usize)?.to_vec()))
+    }
+}
+
+fn put_nullable(out: &mut Vec<u8>, b: Option<&[u8]>) {
+    match b {
+        None => put_varint(out, -1),
+        Some(b) => {
+            put_varint(out, b.len() as i32);
+            out.extend_from_slice(b);
+        }
+    }
+}
+
+/// Appends one record (length-prefixed) to `out`.
+pub fn encode_record(out: &mut Vec<u8>, r: &Record) {
+    let mut body = Vec::with_capacity(32);
+    body.push(0); // record attributes, unused in v2
+    put_varlong(&mut body, r.timestamp_delta);
+    put_varint(&mut body, r.offset_delta);
+    put_nullable(&mut body, r.key.as_deref());
+    put_nullable(&mut body, r.value.as_deref());
+    put_varint(&mut body, r.headers.len() as i32);
+    for (k, v) in &r.headers {
+        put_nullable(&mut body, Some(k.as_bytes()));
+        put_nullable(&mut body, v.as_deref());
+    }
+    put_varint(out, body.len() as i32);
+    out.extend_from_slice(&body);
+}
+
+fn decode_body(body: &[u8]) -> Result<Record> {
+    let mut r = Reader::new(body);
+    r.take(1)?; // attributes
+    let timestamp_delta = r.varlong()?;
+    let offset_delta = r.varint()?;
+    let key = r.nullable_bytes()?;
+    let value = r.nullable_bytes()?;
+    let n = r.varint()?;
+    if n < 0 {
+        return corrupt(format!("negative header count {n}"));
+    }
+    let mut headers = Vec::new();
+    for _ in 0..n {
+        let Some(k) = r.nullable_bytes()? else {
+            return corrupt("null header key");
+        };
+        let Ok(k) = String::from_utf8(k) else {
+            return corrupt("header key is not utf-8");
+        };
+        headers.push((k, r.nullable_bytes()?));
+    }
+    if r.remaining() != 0 {
+        return corrupt(format!("{} bytes left inside a record", r.remaining()));
+    }
+    Ok(Record { offset_delta, timestamp_delta, key, value, headers })
+}
+
+/// Decodes exactly `count` records from an uncompressed section.
+pub fn decode_records(section: &[u8], count: usize) -> Result<Vec<Record>> {
+    let mut r = Reader::new(section);
+    let mut out = Vec::with_capacity(count.min(section.len() / 7 + 1));
+    for _ in 0..count {
+        let len = r.varint()?;
+        if len < 0 {
+            return corrupt(format!("negative record length {len}"));
+        }
+        out.push(decode_body(r.take(len as usize)?)?);
+    }
+    if r.remaining() != 0 {
+        return corrupt(format!("{} bytes after {count} records", r.remaining()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rec(i: i32) -> Record {
+        Record {
+            offset_delta: i,
+            timestamp_delta: i as i64 * 3,
+            key: if i % 2 == 0 { None } else { Some(vec![i as u8; 3]) },
+            value: Some(vec![]),
+            headers: vec![("h".into(), Some(b"v".to_vec())), ("n".into(), None)],
+        }
+    }
+
+    #[test]
+    fn varint_known_encodings() {
+        let mut v = Vec::new();
+        put_varint(&mut v, -1);
+        put_varint(&mut v, 1);
+        put_varint(&mut v, 300);
+        assert_eq!(v, vec![0x01, 0x02, 0xd8, 0x04]);
+        let mut r = Reader::new(&v);
+        assert_eq!((r.varint().unwrap(), r.varint().unwrap(), r.varint().unwrap()), (-1, 1, 300));
+    }
+
+    #[test]
+    fn records_round_trip_and_count_mismatch() {
+        let mut s = Vec::new();
+        for i in 0..5 {
+            encode_record(&mut s, &rec(i));
+        }
+        assert_eq!(decode_records(&s, 5).unwrap(), (0..5).map(rec).collect::<Vec<_>>());
+        assert!(decode_records(&s, 4).is_err());
+        assert!(decode_records(&s, 6).is_err());
+        assert!(decode_records(&s[..s.len() - 1], 5).is_err());
+    }
+
+    #[test]
+    fn bad_varint_is_corrupt() {
+        assert!(decode_records(&[0xff; 12], 1).is_err());
+    }
+
+    fn arb_record() -> impl Strategy<Value = Record> {
+        let bytes = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40));
+        let header = ("[a-z]{0,8}", proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)));
+        (any::<i64>(), bytes.clone(), bytes, proptest::collection::vec(header, 0..4)).prop_map(
+            |(ts, key, value, headers)| Record { offset_delta: 0, timestamp_delta: ts, key, value, headers },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn prop_round_trip(mut recs in proptest::collection::vec(arb_record(), 0..20)) {
+            for (i, r) in recs.iter_mut().enumerate() { r.offset_delta = i as i32; }
+            let mut s = Vec::new();
+            for r in &recs { encode_record(&mut s, r); }
+            prop_assert_eq!(decode_records(&s, recs.len()).unwrap(), recs);
+        }
+
+        #[test]
+        fn prop_varlong(v in any::<i64>()) {
+            let mut b = Vec::new();
+            put_varlong(&mut b, v);
+            prop_assert_eq!(Reader::new(&b).varlong().unwrap(), v);
+        }
+    }
+}

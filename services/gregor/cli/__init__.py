@@ -1,0 +1,1 @@
+"""The `gregor` command line."""

@@ -1,0 +1,129 @@
+"""Shared plumbing of the `gregor` commands: connection settings, output, key=value flags, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Awaitable, Iterable, Optional, TypeVar
+
+import click
+
+from gregor.common import errors
+
+T = TypeVar("T")
+
+DEFAULT_DATA_DIR = "./.gregor"
+
+
+@dataclass
+class CliContext:
+    """What the global options decided; commands read it through `obj(ctx)`."""
+
+    bootstrap_flag: Optional[str]
+    data_dir: str
+    output: str  # "text" or "json"
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def bootstrap(self) -> str:
+        """--bootstrap / GREGOR_BOOTSTRAP, else the "bootstrap" of DATA_DIR/cluster.json."""
+        if self.bootstrap_flag:
+            return self.bootstrap_flag
+        path = os.path.join(self.data_dir, "cluster.json")
+        try:
+            with open(path) as f:
+                value = json.load(f).get("bootstrap")
+        except FileNotFoundError:
+            raise click.ClickException(
+                f"no broker to talk to: pass --bootstrap HOST:PORT, set GREGOR_BOOTSTRAP, "
+                f"or start a local cluster with `gregor cluster up` (looked for {path})") from None
+        except (OSError, ValueError, AttributeError) as exc:
+            raise click.ClickException(f"cannot read {path}: {exc}") from None
+        if not value:
+            raise click.ClickException(f"{path} has no \"bootstrap\" entry; is the cluster up?")
+        return str(value)
+
+
+def obj(ctx: click.Context) -> CliContext:
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliContext):
+        params = root.params
+        root.obj = CliContext(params.get("bootstrap"), params.get("data_dir") or DEFAULT_DATA_DIR,
+                              params.get("output") or "text")
+    return root.obj
+
+
+def parse_kv(items: Iterable[str], option: str) -> dict[str, str]:
+    """['k=v', ...] -> {'k': 'v'}; a bad item is a usage error naming the option."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
+        out[key.strip()] = value
+    return out
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def text(data: Optional[bytes]) -> Optional[str]:
+    """Record bytes as the UTF-8 text the command line shows (invalid bytes replaced)."""
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run a command's coroutine; GregorErrors and connection failures become clean CLI errors."""
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except errors.GregorError as err:
+        raise click.ClickException(describe_error(err)) from None
+    except (ConnectionError, OSError) as exc:
+        raise click.ClickException(f"connection failed: {exc}") from None
+
+
+def describe_error(err: errors.GregorError) -> str:
+    if err.code in (errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT) and "answered" in err.message:
+        return f"cannot reach the cluster: {err.message}"
+    return str(err)
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+class VariadicOption(click.Option):
+    """An option that, like Kafka's tools, takes several space-separated values: `--producer-props a=1 b=2`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("multiple", True)
+        super().__init__(*args, **kwargs)
+
+
+class VariadicCommand(click.Command):
+    """Rewrites `--opt a b c` into `--opt a --opt b --opt c` for its VariadicOptions before parsing."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = {n for p in self.params if isinstance(p, VariadicOption) for n in p.opts}
+        out: list[str] = []
+        current: Optional[str] = None
+        for arg in args:
+            if arg in names:
+                current = arg
+                continue
+            if current is not None and not arg.startswith("-"):
+                out += [current, arg]
+                continue
+            if current is not None and not out[-2:-1] == [current]:
+                out.append(current)  # flag with no value: let click report it
+            current = None
+            out.append(arg)
+        if current is not None and not (out and out[-2:-1] == [current]):
+            out.append(current)
+        return super().parse_args(ctx, out)

@@ -1,0 +1,140 @@
+"""`gregor consume TOPIC`: print records, like kafka-console-consumer (manual assignment, no group yet)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import click
+
+from gregor.cli.common import emit_json, obj, parse_kv, run, text
+from gregor.client.admin import AdminClient
+from gregor.client.config import ConfigError, consumer_config
+from gregor.client.consumer import Consumer, ConsumerRecord
+
+# kafka-console-consumer's DefaultMessageFormatter properties.
+FORMATTER_PROPERTIES = {"print.timestamp": "false", "print.key": "false", "print.value": "true",
+                        "print.partition": "false", "print.offset": "false", "print.headers": "false",
+                        "key.separator": "\t", "line.separator": "\n", "headers.separator": ",",
+                        "null.literal": "null"}
+
+
+def format_text(rec: ConsumerRecord, p: dict[str, str]) -> str:
+    """One record in DefaultMessageFormatter's layout (timestamp, partition, offset, headers, key, value)."""
+    sep = p["key.separator"]
+    parts: list[str] = []
+    if p["print.timestamp"] == "true":
+        parts.append(f"CreateTime:{rec.timestamp}")
+    if p["print.partition"] == "true":
+        parts.append(f"Partition:{rec.partition}")
+    if p["print.offset"] == "true":
+        parts.append(f"Offset:{rec.offset}")
+    if p["print.headers"] == "true":
+        parts.append(p["headers.separator"].join(f"{k}:{text(v)}" for k, v in rec.headers) or "NO_HEADERS")
+    if p["print.key"] == "true":
+        parts.append(p["null.literal"] if rec.key is None else str(text(rec.key)))
+    if p["print.value"] == "true":
+        parts.append(p["null.literal"] if rec.value is None else str(text(rec.value)))
+    return sep.join(parts)
+
+
+def record_json(rec: ConsumerRecord) -> dict[str, Any]:
+    return {"partition": rec.partition, "offset": rec.offset, "key": text(rec.key), "value": text(rec.value),
+            "timestamp": rec.timestamp, "headers": {k: text(v) for k, v in rec.headers}}
+
+
+async def _consume(bootstrap: str, topic: str, config: dict[str, Any], partition: Optional[int],
+                   offset: Optional[str], from_beginning: bool, max_messages: Optional[int],
+                   timeout_ms: Optional[int], props: dict[str, str], as_json: bool) -> int:
+    async with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        info = (await admin.describe_topics([topic]))[topic]
+    all_parts = [p.partition for p in info.partitions]
+    if partition is not None and partition not in all_parts:
+        raise click.ClickException(f"topic {topic} has no partition {partition} (partitions: {all_parts})")
+    count = 0
+    async with Consumer(config) as consumer:
+        tps = [(topic, partition)] if partition is not None else [(topic, p) for p in all_parts]
+        consumer.assign(tps)
+        if offset == "earliest" or (offset is None and from_beginning):
+            consumer.seek_to_beginning(*tps)
+        elif offset == "latest" or offset is None:
+            consumer.seek_to_end(*tps)
+        else:
+            consumer.seek(tps[0], int(offset))
+        last_record = time.monotonic()
+        while max_messages is None or count < max_messages:
+            wait_ms = 1000 if timeout_ms is None else max(0, int(timeout_ms - (time.monotonic() - last_record) * 1000))
+            limit = None if max_messages is None else max_messages - count
+            records = await consumer.poll(wait_ms, limit)
+            if records:
+                last_record = time.monotonic()
+            elif timeout_ms is not None and (time.monotonic() - last_record) * 1000 >= timeout_ms:
+                break
+            for rec in records:
+                if as_json:
+                    emit_json(record_json(rec))
+                else:
+                    click.echo(format_text(rec, props), nl=False)
+                    click.echo(props["line.separator"], nl=False)
+            count += len(records)
+    return count
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--group", help="consumer group (not available yet: groups arrive with the coordinator)")
+@click.option("--from-beginning", is_flag=True, help="start at the earliest offset instead of the end")
+@click.option("--offset", help="start offset: a number, earliest or latest (needs --partition for a number)")
+@click.option("--partition", type=int, help="consume only this partition")
+@click.option("--max-messages", type=int, help="exit after this many records")
+@click.option("--timeout-ms", type=int, help="exit when no record arrives for this long")
+@click.option("--isolation-level", type=click.Choice(["read_uncommitted", "read_committed"]),
+              default="read_uncommitted", show_default=True)
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="formatter property: print.key, print.offset, print.partition, print.timestamp, key.separator ...")
+@click.option("--consumer-property", "consumer_properties", multiple=True, metavar="KEY=VALUE",
+              help="consumer config, e.g. fetch.max.wait.ms=100 (repeatable)")
+@click.pass_context
+def consume(ctx: click.Context, topic: str, group: Optional[str], from_beginning: bool, offset: Optional[str],
+            partition: Optional[int], max_messages: Optional[int], timeout_ms: Optional[int], isolation_level: str,
+            properties: tuple[str, ...], consumer_properties: tuple[str, ...]) -> None:
+    """Print records of TOPIC (one per line; --output json: one JSON object per record)."""
+    if group is not None:
+        raise click.ClickException("consumer groups are not available yet (they arrive with the group "
+                                   "coordinator); consume without --group, using --from-beginning or "
+                                   "--partition/--offset")
+    if offset is not None:
+        if offset not in ("earliest", "latest"):
+            try:
+                if int(offset) < 0:
+                    raise ValueError
+            except ValueError:
+                raise click.BadParameter(f"{offset!r} is not an offset, earliest or latest",
+                                         param_hint="--offset") from None
+            if partition is None:
+                raise click.UsageError("--offset N needs --partition P")
+        if from_beginning:
+            raise click.UsageError("--from-beginning and --offset are mutually exclusive")
+    if max_messages is not None and max_messages <= 0:
+        raise click.BadParameter("must be positive", param_hint="--max-messages")
+    props = dict(FORMATTER_PROPERTIES)
+    extra = parse_kv(properties, "--property")
+    unknown = sorted(set(extra) - set(FORMATTER_PROPERTIES))
+    if unknown:
+        raise click.BadParameter(f"unknown formatter properties {unknown}; known: {sorted(FORMATTER_PROPERTIES)}",
+                                 param_hint="--property")
+    props.update(extra)
+    config: dict[str, Any] = {"bootstrap.servers": obj(ctx).bootstrap(), "isolation.level": isolation_level,
+                              "auto.offset.reset": "earliest" if from_beginning else "latest"}
+    config.update(parse_kv(consumer_properties, "--consumer-property"))
+    try:
+        consumer_config(config)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="--consumer-property") from None
+    try:
+        count = run(_consume(config["bootstrap.servers"], topic, config, partition, offset, from_beginning,
+                             max_messages, timeout_ms, props, obj(ctx).json))
+    except KeyboardInterrupt:
+        count = -1
+    if not obj(ctx).json and count >= 0:
+        click.echo(f"Processed a total of {count} messages", err=True)

@@ -1,0 +1,76 @@
+"""The `gregor` command: one entry point modelled on Kafka's tools and kcat (contract in shared/DESIGN.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+import click
+
+from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, describe_error
+from gregor.cli.consume import consume
+from gregor.cli.logdump import log_group
+from gregor.cli.perf import perf
+from gregor.cli.produce import produce
+from gregor.cli.topics import topics
+from gregor.common import errors
+
+
+class GregorGroup(click.Group):
+    """Maps every failure to a message on stderr and a non-zero exit, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except errors.GregorError as err:
+            raise click.ClickException(describe_error(err)) from None
+        except (ConnectionError, OSError) as exc:
+            raise click.ClickException(f"connection failed: {exc}") from None
+
+
+@click.group(cls=GregorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--bootstrap", envvar="GREGOR_BOOTSTRAP", metavar="HOST:PORT[,...]",
+              help="any broker of the cluster [env GREGOR_BOOTSTRAP; default: DATA_DIR/cluster.json]")
+@click.option("--data-dir", envvar="GREGOR_DATA_DIR", default=DEFAULT_DATA_DIR, show_default=True,
+              help="local cluster directory holding cluster.json [env GREGOR_DATA_DIR]")
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: machine-readable output, one JSON document per line")
+@click.version_option(package_name="gregor", prog_name="gregor")
+@click.pass_context
+def cli(ctx: click.Context, bootstrap: Optional[str], data_dir: str, output: str) -> None:
+    """Gregor: a partitioned, replicated commit log with Kafka's semantics."""
+    ctx.obj = CliContext(bootstrap, data_dir, output)
+
+
+cli.add_command(topics)
+cli.add_command(produce)
+cli.add_command(consume)
+cli.add_command(log_group)
+cli.add_command(perf)
+
+try:  # `gregor cluster ...` lives with the local-cluster launcher
+    from gregor.cli.cluster import cluster
+except ImportError:  # pragma: no cover - only while that module is missing
+    pass
+else:
+    cli.add_command(cluster)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point."""
+    try:
+        cli.main(args=argv, prog_name="gregor")
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: still no traceback unless asked for
+        if os.environ.get("GREGOR_DEBUG"):
+            raise
+        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (set GREGOR_DEBUG=1 for a traceback)",
+                   err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

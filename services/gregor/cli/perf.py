@@ -1,0 +1,220 @@
+"""`gregor perf produce|consume`: kafka-producer-perf-test and kafka-consumer-perf-test, same flags and output."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import random
+import time
+from datetime import datetime
+from typing import Any, Optional
+
+import click
+
+from gregor.cli.common import VariadicCommand, VariadicOption, emit_json, obj, parse_kv, run
+from gregor.client.admin import AdminClient
+from gregor.client.config import ConfigError, consumer_config, producer_config
+from gregor.client.consumer import Consumer
+from gregor.client.producer import Producer
+
+REPORT_INTERVAL_S = 5.0  # ProducerPerformance's reportingInterval
+
+
+@click.group()
+def perf() -> None:
+    """Performance tools with the flags and output of Kafka's perf tests."""
+
+
+class Stats:
+    """ProducerPerformance.Stats: windowed progress lines and the final summary (latencies in ms)."""
+
+    def __init__(self, num_records: int, echo: bool) -> None:
+        self.start = time.monotonic()
+        self.window_start = self.start
+        self.latencies = array.array("l")
+        self.count = self.bytes = self.max_latency = self.total_latency = 0
+        self.w_count = self.w_bytes = self.w_max = self.w_total = 0
+        self.echo = echo
+
+    def record(self, latency_ms: int, size: int, now: float) -> None:
+        self.count += 1
+        self.bytes += size
+        self.total_latency += latency_ms
+        self.max_latency = max(self.max_latency, latency_ms)
+        self.latencies.append(latency_ms)
+        self.w_count += 1
+        self.w_bytes += size
+        self.w_total += latency_ms
+        self.w_max = max(self.w_max, latency_ms)
+        if now - self.window_start >= REPORT_INTERVAL_S:
+            self.print_window(now)
+
+    def print_window(self, now: float) -> None:
+        elapsed = now - self.window_start
+        if self.echo and self.w_count:
+            rate = self.w_count / elapsed
+            click.echo(f"{self.w_count} records sent, {rate:.1f} records/sec ({self.w_bytes / elapsed / 1048576:.2f} "
+                       f"MB/sec), {self.w_total / self.w_count:.1f} ms avg latency, {float(self.w_max):.1f} ms max "
+                       f"latency.")
+        self.window_start = now
+        self.w_count = self.w_bytes = self.w_max = self.w_total = 0
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        lat = sorted(self.latencies)
+
+        def pct(p: float) -> int:
+            return lat[int(p * len(lat))] if lat else 0
+
+        return {"records": self.count, "records_per_sec": self.count / elapsed,
+                "mb_per_sec": self.bytes / elapsed / 1048576,
+                "avg_latency_ms": self.total_latency / self.count if self.count else 0.0,
+                "max_latency_ms": float(self.max_latency), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
+                "p99_ms": pct(0.99), "p999_ms": pct(0.999)}
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    """Kafka's final line, e.g. '100000 records sent, 26723.677178 records/sec (26.10 MB/sec), ...'."""
+    return (f"{s['records']} records sent, {s['records_per_sec']:f} records/sec ({s['mb_per_sec']:.2f} MB/sec), "
+            f"{s['avg_latency_ms']:.2f} ms avg latency, {s['max_latency_ms']:.2f} ms max latency, "
+            f"{s['p50_ms']} ms 50th, {s['p95_ms']} ms 95th, {s['p99_ms']} ms 99th, {s['p999_ms']} ms 99.9th.")
+
+
+async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, record_size: int,
+                        throughput: float, echo: bool) -> dict[str, Any]:
+    async with AdminClient({"bootstrap.servers": config["bootstrap.servers"]}) as admin:
+        await admin.describe_topics([topic])
+    # Kafka's payload: random uppercase letters, one payload reused for every record.
+    rng = random.Random()
+    payload = bytes(rng.randrange(65, 91) for _ in range(record_size))
+    stats = Stats(num_records, echo)
+    failures: list[BaseException] = []
+    monotonic = time.monotonic
+
+    async with Producer(config) as producer:
+        start = monotonic()
+        for i in range(num_records):
+            sent_at = monotonic()
+
+            def done(md: Any, exc: Optional[BaseException], sent_at: float = sent_at) -> None:
+                if exc is not None:
+                    failures.append(exc)
+                    return
+                now = monotonic()
+                stats.record(int((now - sent_at) * 1000), record_size, now)
+
+            await producer.send(topic, payload, callback=done)
+            if throughput > 0:
+                # ThroughputThrottler: sleep whenever we are ahead of the target rate.
+                ahead = (i + 1) / throughput - (monotonic() - start)
+                if ahead > 0.002:
+                    await asyncio.sleep(ahead)
+        await producer.flush()
+    stats.print_window(monotonic())
+    if failures:
+        raise click.ClickException(f"{len(failures)} record(s) failed, first: {failures[0]}")
+    return stats.summary()
+
+
+@perf.command("produce", cls=VariadicCommand)
+@click.option("--topic", required=True)
+@click.option("--num-records", type=int, required=True)
+@click.option("--record-size", type=int, required=True, help="bytes per record value")
+@click.option("--throughput", type=float, required=True, help="records/sec cap; -1 for none")
+@click.option("--producer-props", cls=VariadicOption, metavar="KEY=VALUE ...",
+              help="producer configs, space separated after one flag (Kafka style) or repeated")
+@click.pass_context
+def perf_produce(ctx: click.Context, topic: str, num_records: int, record_size: int, throughput: float,
+                 producer_props: tuple[str, ...]) -> None:
+    """Produce NUM_RECORDS records of RECORD_SIZE bytes and report throughput and latency percentiles."""
+    if num_records <= 0 or record_size <= 0:
+        raise click.UsageError("--num-records and --record-size must be positive")
+    config: dict[str, Any] = {"bootstrap.servers": obj(ctx).bootstrap()}
+    config.update(parse_kv(producer_props, "--producer-props"))
+    try:
+        producer_config(config)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="--producer-props") from None
+    as_json = obj(ctx).json
+    summary = run(_perf_produce(config, topic, num_records, record_size, throughput, echo=not as_json))
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(summary_line(summary))
+
+
+CONSUMER_HEADER = ("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
+                   "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec")
+
+
+def _kafka_time(t: float) -> str:
+    d = datetime.fromtimestamp(t)
+    return d.strftime("%Y-%m-%d %H:%M:%S:") + f"{d.microsecond // 1000:03d}"
+
+
+def consumer_row(r: dict[str, Any]) -> str:
+    return (f"{_kafka_time(r['start'])}, {_kafka_time(r['end'])}, {r['mb']:.4f}, {r['mb_sec']:.4f}, {r['messages']}, "
+            f"{r['msg_sec']:.4f}, {r['rebalance_ms']}, {r['fetch_ms']}, {r['fetch_mb_sec']:.4f}, "
+            f"{r['fetch_msg_sec']:.4f}")
+
+
+async def _perf_consume(config: dict[str, Any], topic: str, messages: int, timeout_ms: int) -> dict[str, Any]:
+    start = time.time()
+    async with AdminClient({"bootstrap.servers": config["bootstrap.servers"]}) as admin:
+        info = (await admin.describe_topics([topic]))[topic]
+    count = nbytes = 0
+    async with Consumer(config) as consumer:
+        tps = [(topic, p.partition) for p in info.partitions]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        assigned = time.time()
+        last = time.monotonic()
+        while count < messages:
+            records = await consumer.poll(min(1000, timeout_ms), messages - count)
+            if records:
+                last = time.monotonic()
+                count += len(records)
+                nbytes += sum(len(r.value or b"") + len(r.key or b"") for r in records)
+            elif (time.monotonic() - last) * 1000 >= timeout_ms:
+                break
+    end = time.time()
+    elapsed = max(end - start, 1e-9)
+    rebalance_ms = int((assigned - start) * 1000)
+    fetch_s = max(elapsed - rebalance_ms / 1000, 1e-9)
+    mb = nbytes / 1048576
+    return {"start": start, "end": end, "mb": mb, "mb_sec": mb / elapsed, "messages": count,
+            "msg_sec": count / elapsed, "rebalance_ms": rebalance_ms, "fetch_ms": int(fetch_s * 1000),
+            "fetch_mb_sec": mb / fetch_s, "fetch_msg_sec": count / fetch_s}
+
+
+@perf.command("consume", cls=VariadicCommand)
+@click.option("--topic", required=True)
+@click.option("--messages", type=int, required=True, help="records to consume")
+@click.option("--fetch-size", type=int, default=1048576, show_default=True, help="bytes per partition fetch")
+@click.option("--timeout", "timeout_ms", type=int, default=10000, show_default=True,
+              help="ms without a record before giving up")
+@click.option("--hide-header", is_flag=True, help="skip the header line")
+@click.option("--consumer-props", cls=VariadicOption, metavar="KEY=VALUE ...", help="consumer configs")
+@click.pass_context
+def perf_consume(ctx: click.Context, topic: str, messages: int, fetch_size: int, timeout_ms: int,
+                 hide_header: bool, consumer_props: tuple[str, ...]) -> None:
+    """Consume MESSAGES records from the beginning and report throughput like kafka-consumer-perf-test."""
+    if messages <= 0:
+        raise click.UsageError("--messages must be positive")
+    config: dict[str, Any] = {"bootstrap.servers": obj(ctx).bootstrap(), "max.partition.fetch.bytes": fetch_size,
+                              "auto.offset.reset": "earliest"}
+    config.update(parse_kv(consumer_props, "--consumer-props"))
+    try:
+        consumer_config(config)
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint="--consumer-props") from None
+    result = run(_perf_consume(config, topic, messages, timeout_ms))
+    if obj(ctx).json:
+        emit_json({k: (_kafka_time(v) if k in ("start", "end") else v) for k, v in result.items()})
+        return
+    if not hide_header:
+        click.echo(CONSUMER_HEADER)
+    click.echo(consumer_row(result))
+    if result["messages"] < messages:
+        click.echo(f"WARNING: Exiting before consuming the expected number of messages: timeout ({timeout_ms} ms) "
+                   f"exceeded.", err=True)

@@ -1,0 +1,202 @@
+"""AdminClient: topics, partitions, configs and cluster description (Kafka's Admin API over AdminService).
+
+Every method raises a GregorError subclass on failure, never a raw RpcError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVar
+
+import grpc
+
+from gregor.client.config import admin_config, parse_bootstrap
+from gregor.client.loop_thread import LoopThread
+from gregor.client.metadata import BrokerInfo, ClusterMetadata, TopicInfo, call_error
+from gregor.common import errors
+from gregor.rpc.v1 import controller_pb2
+
+T = TypeVar("T")
+
+
+@dataclass
+class NewTopic:
+    name: str
+    num_partitions: int = -1  # -1: the broker's num.partitions
+    replication_factor: int = -1  # -1: default.replication.factor
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ConfigEntry:
+    name: str
+    value: str
+    is_default: bool
+    documentation: str = ""
+
+
+@dataclass
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    controller_epoch: int
+    brokers: list[BrokerInfo]
+
+
+def _check(detail: Any, topic: str = "") -> None:
+    """Raise the GregorError an ErrorDetail field carries (code NONE means success)."""
+    if detail is not None and detail.code != 0:
+        err = errors.from_detail(detail)
+        if not err.topic:
+            err.topic = topic
+        raise err
+
+
+class AdminClient:
+    """Asyncio admin client (event-loop owned; stateless apart from the metadata cache)."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.config = cfg = admin_config(config, **kwargs)
+        self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
+                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        retry_backoff_ms=cfg["retry.backoff.ms"])
+        self.timeout_s = cfg["request.timeout.ms"] / 1000
+
+    async def __aenter__(self) -> "AdminClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.metadata.close()
+
+    async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        try:
+            return await fn(self.metadata.admin_stub())
+        except (grpc.RpcError, asyncio.TimeoutError) as exc:
+            raise call_error(exc) from None
+
+    # ------------------------------------------------------------ topics
+    async def create_topics(self, topics: Iterable[NewTopic], validate_only: bool = False) -> dict[
+            str, Optional[errors.GregorError]]:
+        """Create topics; per topic None on success or the error it got."""
+        req = controller_pb2.CreateTopicsRequest(validate_only=validate_only, topics=[
+            controller_pb2.CreatableTopic(name=t.name, num_partitions=t.num_partitions,
+                                          replication_factor=t.replication_factor,
+                                          configs={k: str(v) for k, v in t.configs.items()})
+            for t in topics])
+        resp = await self._call(lambda s: s.CreateTopics(req, timeout=self.timeout_s))
+        return {r.name: (errors.from_detail(r.error) if r.error.code else None) for r in resp.results}
+
+    async def create_topic(self, name: str, num_partitions: int = -1, replication_factor: int = -1,
+                           configs: Mapping[str, str] | None = None, validate_only: bool = False) -> None:
+        """Create one topic or raise its error (e.g. TopicAlreadyExistsError)."""
+        result = await self.create_topics([NewTopic(name, num_partitions, replication_factor, dict(configs or {}))],
+                                          validate_only)
+        err = result.get(name)
+        if err is not None:
+            raise err
+
+    async def delete_topics(self, names: Iterable[str]) -> dict[str, Optional[errors.GregorError]]:
+        req = controller_pb2.DeleteTopicsRequest(topics=list(names))
+        resp = await self._call(lambda s: s.DeleteTopics(req, timeout=self.timeout_s))
+        return {r.name: (errors.from_detail(r.error) if r.error.code else None) for r in resp.results}
+
+    async def delete_topic(self, name: str) -> None:
+        err = (await self.delete_topics([name])).get(name)
+        if err is not None:
+            raise err
+
+    async def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicInfo]:
+        """Partitions, leaders, replicas and ISR per topic (all topics when names is None).
+
+        A named topic that does not exist raises UnknownTopicOrPartitionError.
+        """
+        wanted = list(names or [])
+        self.metadata.topics.clear()
+        await self.metadata.refresh(wanted or None)
+        if not wanted:
+            return dict(sorted(self.metadata.topics.items()))
+        out: dict[str, TopicInfo] = {}
+        for name in wanted:
+            info = self.metadata.topics.get(name)
+            if info is None or info.error == errors.Code.UNKNOWN_TOPIC_OR_PARTITION:
+                raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                    f"topic {name!r} does not exist")
+            if info.error:
+                raise errors.error_for(info.error, f"topic {name!r}")
+            out[name] = info
+        return out
+
+    async def list_topics(self, include_internal: bool = False) -> list[str]:
+        topics = await self.describe_topics()
+        return sorted(n for n, t in topics.items() if include_internal or not t.is_internal)
+
+    async def create_partitions(self, topic: str, new_total: int, validate_only: bool = False) -> None:
+        req = controller_pb2.CreatePartitionsRequest(topic=topic, count=new_total, validate_only=validate_only)
+        resp = await self._call(lambda s: s.CreatePartitions(req, timeout=self.timeout_s))
+        _check(resp.result.error, topic)
+
+    # ------------------------------------------------------------ configs
+    async def describe_configs(self, topics: Iterable[str] | None = None) -> dict[str, list[ConfigEntry]]:
+        req = controller_pb2.DescribeConfigsRequest(topics=list(topics or []))
+        resp = await self._call(lambda s: s.DescribeConfigs(req, timeout=self.timeout_s))
+        out: dict[str, list[ConfigEntry]] = {}
+        for r in resp.results:
+            _check(r.error, r.topic)
+            out[r.topic] = [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in r.entries]
+        return out
+
+    async def alter_configs(self, topic: str, set_: Mapping[str, str] | None = None,
+                            delete: Iterable[str] = (), validate_only: bool = False) -> list[ConfigEntry]:
+        """Set and/or reset topic configs (incremental); returns the topic's configs afterwards."""
+        req = controller_pb2.AlterConfigsRequest(topic=topic, set={k: str(v) for k, v in (set_ or {}).items()},
+                                                 delete=list(delete), validate_only=validate_only)
+        resp = await self._call(lambda s: s.AlterConfigs(req, timeout=self.timeout_s))
+        _check(resp.result.error, topic)
+        return [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in resp.result.entries]
+
+    async def describe_cluster(self) -> ClusterDescription:
+        resp = await self._call(lambda s: s.DescribeCluster(controller_pb2.DescribeClusterRequest(),
+                                                            timeout=self.timeout_s))
+        return ClusterDescription(resp.cluster_id, resp.controller_id, resp.controller_epoch,
+                                  [BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
+                                   for b in resp.brokers])
+
+
+class SyncAdminClient:
+    """Blocking facade over AdminClient: every method of AdminClient, run on a private loop thread."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self._loop = LoopThread("gregor-admin")
+
+        async def make() -> AdminClient:
+            return AdminClient(config, **kwargs)
+
+        try:
+            self._admin = self._loop.run(make())
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._admin, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._loop.run(method(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._admin.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "SyncAdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,424 @@
+"""The Gregor consumer with manual assignment: asyncio `Consumer` and thread-backed `SyncConsumer`.
+
+    async with Consumer({"bootstrap.servers": "127.0.0.1:9092", "auto.offset.reset": "earliest"}) as c:
+        c.assign([("orders", 0)])
+        for rec in await c.poll(timeout_ms=1000):
+            print(rec.offset, rec.value)
+
+Consumer groups (subscribe, commits) arrive with the group coordinator; until
+then only assign() is offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
+
+import grpc
+
+from gregor.client.config import consumer_config, parse_bootstrap
+from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
+from gregor.client.loop_thread import LoopThread
+from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.common import errors
+from gregor.common.records import records_of_batches, split_batches
+from gregor.rpc.v1 import broker_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+EARLIEST, LATEST = -2, -1
+
+
+class ConsumerRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: list[tuple[str, bytes]]
+
+
+class _PartitionState:
+    """Position and prefetched records of one assigned partition."""
+
+    __slots__ = ("position", "fetch_offset", "buffer", "buffered_bytes", "task", "error", "high_watermark",
+                 "log_start_offset", "generation", "reset")
+
+    def __init__(self) -> None:
+        self.position: Optional[int] = None  # next offset poll() returns
+        self.fetch_offset: Optional[int] = None  # next offset to fetch (>= position)
+        self.buffer: list[ConsumerRecord] = []
+        self.buffered_bytes = 0
+        self.task: Optional[asyncio.Task[None]] = None
+        self.error: Optional[errors.GregorError] = None
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.generation = 0  # bumped by seek: results of older fetches are dropped
+        self.reset: Optional[int] = None  # EARLIEST/LATEST requested by seek_to_*
+
+
+class Consumer:
+    """Asyncio consumer (event-loop owned). One fetch task per assigned partition.
+
+    Each task long-polls the partition leader (fetch.min.bytes, fetch.max.wait.ms,
+    max.partition.fetch.bytes) and keeps at most about one fetch of records
+    buffered ahead of poll(); all tasks together stay under fetch.max.bytes.
+    A task that hits a non-retriable error parks it for poll() to raise.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.config = cfg = consumer_config(config, **kwargs)
+        self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
+                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        retry_backoff_ms=cfg["retry.backoff.ms"],
+                                        metadata_max_age_ms=cfg["metadata.max.age.ms"])
+        self.request_timeout_ms = int(cfg["request.timeout.ms"])
+        self.backoff_s = cfg["retry.backoff.ms"] / 1000
+        self.max_poll_records = int(cfg["max.poll.records"])
+        self.partition_bytes = int(cfg["max.partition.fetch.bytes"])
+        self.fetch_max_bytes = int(cfg["fetch.max.bytes"])
+        self.check_crcs = bool(cfg["check.crcs"])
+        self.isolation = (common_pb2.READ_COMMITTED if cfg["isolation.level"] == "read_committed"
+                          else common_pb2.READ_UNCOMMITTED)
+        self._states: dict[TopicPartition, _PartitionState] = {}
+        self._order: list[TopicPartition] = []
+        self._rr = 0
+        self._data_ready = asyncio.Event()
+        self._space_freed = asyncio.Event()
+        self._buffered_total = 0
+        self._closed = False
+
+    async def __aenter__(self) -> "Consumer":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [s.task for s in self._states.values() if s.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.metadata.close()
+
+    # ------------------------------------------------------------ assignment and positions
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly these partitions (replaces any previous assignment)."""
+        wanted = list(dict.fromkeys((str(t), int(p)) for t, p in partitions))
+        for tp in list(self._states):
+            if tp not in wanted:
+                self._stop(self._states.pop(tp))
+        for tp in wanted:
+            if tp not in self._states:
+                self._states[tp] = _PartitionState()
+                self.metadata.add_topics(tp[0])
+                self._start(tp)
+        self._order = wanted
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._order)
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        raise errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
+            "consumer groups (subscribe) arrive with the group coordinator; use assign() for now")
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Next poll() returns records of tp from offset (fetching restarts there)."""
+        state = self._state(tp)
+        if offset < 0:
+            raise errors.OffsetOutOfRangeError(f"cannot seek to negative offset {offset}")  # type: ignore[attr-defined]
+        self._restart(tp, state, position=offset)
+
+    def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        for tp in tps or self._order:
+            self._restart(tp, self._state(tp), reset=EARLIEST)
+
+    def seek_to_end(self, *tps: TopicPartition) -> None:
+        for tp in tps or self._order:
+            self._restart(tp, self._state(tp), reset=LATEST)
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record poll() returns (resolving a pending reset)."""
+        state = self._state(tp)
+        if state.position is None:
+            await self._reset_position(tp, state)
+        assert state.position is not None
+        return state.position
+
+    async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: await self.list_offset(tp, EARLIEST) for tp in tps}
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: await self.list_offset(tp, LATEST) for tp in tps}
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        parts = await self.metadata.wait_for_topic(topic, self.request_timeout_ms)
+        return [p.partition for p in parts]
+
+    def highwater(self, tp: TopicPartition) -> int:
+        """The high watermark seen by the last fetch of tp (-1 before the first)."""
+        return self._state(tp).high_watermark
+
+    async def list_offset(self, tp: TopicPartition, timestamp_ms: int) -> int:
+        """ListOffsets on the leader: -2 earliest, -1 latest, else the first offset at or after the time."""
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while True:
+            try:
+                _, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+                resp = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
+                    topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms, isolation_level=self.isolation),
+                    timeout=self.request_timeout_ms / 1000)
+                return int(resp.offset)
+            except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+                err = call_error(exc)
+                if not err.retriable or time.monotonic() >= deadline:
+                    raise err from None
+                self.metadata.request_update(err)
+                await asyncio.sleep(self.backoff_s)
+
+    # ------------------------------------------------------------ poll
+    async def poll(self, timeout_ms: int = 0, max_records: Optional[int] = None) -> list[ConsumerRecord]:
+        """Records from the assigned partitions, waiting up to timeout_ms for the first ones.
+
+        Raises the GregorError a partition's fetch hit (e.g. OFFSET_OUT_OF_RANGE
+        with auto.offset.reset=none); that partition then waits for a seek().
+        """
+        limit = max_records or self.max_poll_records
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._data_ready.clear()
+            out = self._drain(limit)
+            if out:
+                return out
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._states:
+                return out
+            try:
+                await asyncio.wait_for(self._data_ready.wait(), remaining)
+            except asyncio.TimeoutError:
+                return []
+
+    def _drain(self, limit: int) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        n = len(self._order)
+        for i in range(n):
+            tp = self._order[(self._rr + i) % n]
+            state = self._states[tp]
+            if state.error is not None and not state.buffer:
+                err, state.error = state.error, None
+                if out:  # return what we have; raise on the next poll
+                    state.error = err
+                    break
+                raise err
+            if not state.buffer:
+                continue
+            take = state.buffer[:limit - len(out)]
+            del state.buffer[:len(take)]
+            freed = sum(len(r.value or b"") + len(r.key or b"") for r in take)
+            state.buffered_bytes -= freed
+            self._buffered_total -= freed
+            out.extend(take)
+            state.position = take[-1].offset + 1
+            if len(out) >= limit:
+                break
+        if n:
+            self._rr = (self._rr + 1) % n
+        if out:
+            self._space_freed.set()
+        return out
+
+    # ------------------------------------------------------------ fetch tasks
+    def _state(self, tp: TopicPartition) -> _PartitionState:
+        state = self._states.get((tp[0], tp[1]))
+        if state is None:
+            raise errors.InvalidRequestError(f"partition {tp[0]}-{tp[1]} is not assigned")  # type: ignore[attr-defined]
+        return state
+
+    def _start(self, tp: TopicPartition) -> None:
+        state = self._states[tp]
+        state.task = asyncio.ensure_future(self._fetch_loop(tp, state, state.generation))
+
+    def _stop(self, state: _PartitionState) -> None:
+        state.generation += 1
+        if state.task is not None:
+            state.task.cancel()
+            state.task = None
+        self._buffered_total -= state.buffered_bytes
+        state.buffer.clear()
+        state.buffered_bytes = 0
+
+    def _restart(self, tp: TopicPartition, state: _PartitionState, *, position: Optional[int] = None,
+                 reset: Optional[int] = None) -> None:
+        self._stop(state)
+        state.error = None
+        state.position = state.fetch_offset = position
+        state.reset = reset
+        self._start(tp)
+
+    async def _reset_position(self, tp: TopicPartition, state: _PartitionState) -> None:
+        strategy = state.reset
+        if strategy is None:
+            policy = self.config["auto.offset.reset"]
+            if policy == "none":
+                raise errors.OffsetOutOfRangeError(  # type: ignore[attr-defined]
+                    f"no position for {tp[0]}-{tp[1]} and auto.offset.reset=none", topic=tp[0], partition=tp[1])
+            strategy = EARLIEST if policy == "earliest" else LATEST
+        offset = await self.list_offset(tp, strategy)
+        state.position = state.fetch_offset = offset
+        state.reset = None
+
+    async def _fetch_loop(self, tp: TopicPartition, state: _PartitionState, gen: int) -> None:
+        fetcher = make_fetcher(self.config["fetch.transport"], self.metadata, self.config)
+        try:
+            while state.generation == gen:
+                if state.position is None:
+                    await self._with_retry(state, gen, self._reset_position(tp, state))
+                    continue
+                while state.buffered_bytes >= self.partition_bytes or self._buffered_total >= self.fetch_max_bytes:
+                    self._space_freed.clear()
+                    await self._space_freed.wait()
+                assert state.fetch_offset is not None
+                try:
+                    result = await fetcher.fetch(tp, state.fetch_offset, self.isolation)
+                except errors.GregorError as err:
+                    if state.generation != gen:
+                        return
+                    await self._on_fetch_error(tp, state, err)
+                    if state.error is not None:
+                        return
+                    continue
+                if state.generation != gen:
+                    return
+                self._on_fetch_result(tp, state, result)
+        except errors.GregorError as err:
+            if state.generation == gen:
+                state.error = err
+                self._data_ready.set()
+        finally:
+            await fetcher.close()
+
+    async def _with_retry(self, state: _PartitionState, gen: int, coro: Any) -> None:
+        try:
+            await coro
+        except errors.GregorError as err:
+            if not err.retriable:
+                raise
+            self.metadata.request_update(err)
+            await asyncio.sleep(self.backoff_s)
+
+    async def _on_fetch_error(self, tp: TopicPartition, state: _PartitionState, err: errors.GregorError) -> None:
+        if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
+            if self.config["auto.offset.reset"] == "none":
+                state.error = err
+                self._data_ready.set()
+            else:
+                log.info("%s-%s: offset %s out of range, resetting (%s)", *tp, state.fetch_offset,
+                         self.config["auto.offset.reset"])
+                # Records already buffered stay valid; fetching restarts from the reset point.
+                state.position = None if not state.buffer else state.position
+                state.fetch_offset = None
+                if not state.buffer:
+                    await self._reset_position(tp, state)
+                else:
+                    state.fetch_offset = await self.list_offset(
+                        tp, EARLIEST if self.config["auto.offset.reset"] == "earliest" else LATEST)
+            return
+        if err.retriable:
+            self.metadata.request_update(err)
+            await asyncio.sleep(self.backoff_s)
+            return
+        state.error = err
+        self._data_ready.set()
+
+    def _on_fetch_result(self, tp: TopicPartition, state: _PartitionState, result: FetchResult) -> None:
+        state.high_watermark = result.high_watermark
+        state.log_start_offset = result.log_start_offset
+        known = self.metadata.partition(*tp)
+        if known is not None and result.leader_epoch > known.leader_epoch:
+            self.metadata.request_update()  # a new leader epoch: our view is old
+        if not result.records:
+            return
+        assert state.fetch_offset is not None
+        batches = split_batches(result.records, self.check_crcs)
+        start = state.fetch_offset
+        recs = [ConsumerRecord(tp[0], tp[1], r.offset, r.timestamp, r.key, r.value, r.headers)
+                for r in records_of_batches(batches, min_offset=start)]
+        state.fetch_offset = max(start, batches[-1][0].base_offset + batches[-1][0].last_offset_delta + 1)
+        if recs:
+            size = sum(len(r.value or b"") + len(r.key or b"") for r in recs)
+            state.buffer.extend(recs)
+            state.buffered_bytes += size
+            self._buffered_total += size
+            self._data_ready.set()
+        elif state.position is not None and not state.buffer:
+            state.position = state.fetch_offset  # only control batches / skipped records
+
+
+class SyncConsumer:
+    """Blocking facade over Consumer; its event loop runs on a private thread."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self._loop = LoopThread("gregor-consumer")
+        try:
+            self._consumer: Consumer = self._loop.run(self._make(config, kwargs))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    @staticmethod
+    async def _make(config: Mapping[str, Any] | None, kwargs: dict[str, Any]) -> Consumer:
+        return Consumer(config, **kwargs)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        async def run() -> Any:
+            return fn(*args)
+        return self._loop.run(run())
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._call(self._consumer.assign, list(partitions))
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._consumer.assignment()
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._call(self._consumer.seek, tp, offset)
+
+    def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        self._call(self._consumer.seek_to_beginning, *tps)
+
+    def seek_to_end(self, *tps: TopicPartition) -> None:
+        self._call(self._consumer.seek_to_end, *tps)
+
+    def position(self, tp: TopicPartition) -> int:
+        return self._loop.run(self._consumer.position(tp))
+
+    def poll(self, timeout_ms: int = 0, max_records: Optional[int] = None) -> list[ConsumerRecord]:
+        return self._loop.run(self._consumer.poll(timeout_ms, max_records))
+
+    def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._loop.run(self._consumer.end_offsets(list(tps)))
+
+    def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._loop.run(self._consumer.beginning_offsets(list(tps)))
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._consumer.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "SyncConsumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Consumer", "SyncConsumer", "ConsumerRecord", "GrpcFetcher"]

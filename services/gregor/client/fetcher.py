@@ -1,0 +1,126 @@
+"""One partition's fetch transport: gRPC Fetch (default) or the broker's zero-copy data port.
+
+`fetch.transport=data` reads from the raw TCP port that sends segment bytes
+with sendfile(2) (framing in gregor/broker/data_port.py); the answer is the
+same FetchResponse fields plus whole record batches, so the consumer does not
+care which one it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Protocol
+
+import grpc
+
+from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2
+
+FRAME = struct.Struct(">I")
+TopicPartition = tuple[str, int]
+
+
+@dataclass
+class FetchResult:
+    records: bytes
+    high_watermark: int
+    log_start_offset: int
+    leader_epoch: int
+
+
+class Fetcher(Protocol):
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult: ...
+
+    async def close(self) -> None: ...
+
+
+class GrpcFetcher:
+    """BrokerService.Fetch against the partition leader (stateless apart from the config)."""
+
+    def __init__(self, metadata: ClusterMetadata, cfg: Mapping[str, Any]) -> None:
+        self.metadata = metadata
+        self.max_bytes = int(cfg["max.partition.fetch.bytes"])
+        self.min_bytes = int(cfg["fetch.min.bytes"])
+        self.max_wait_ms = int(cfg["fetch.max.wait.ms"])
+        self.request_timeout_ms = int(cfg["request.timeout.ms"])
+
+    def request(self, tp: TopicPartition, offset: int, isolation: int) -> broker_pb2.FetchRequest:
+        return broker_pb2.FetchRequest(topic=tp[0], partition=tp[1], fetch_offset=offset, max_bytes=self.max_bytes,
+                                       min_bytes=self.min_bytes, max_wait_ms=self.max_wait_ms,
+                                       isolation_level=isolation)  # type: ignore[arg-type]
+
+    @property
+    def timeout_s(self) -> float:
+        # The broker may legitimately hold the request for max_wait_ms.
+        return (self.max_wait_ms + self.request_timeout_ms) / 1000
+
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
+        _, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+        try:
+            resp = await stub.Fetch(self.request(tp, offset, isolation), timeout=self.timeout_s)
+        except (grpc.RpcError, asyncio.TimeoutError) as exc:
+            raise call_error(exc) from None
+        return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch)
+
+    async def close(self) -> None:
+        pass
+
+
+class DataPortFetcher(GrpcFetcher):
+    """Fetch over the leader's raw data port; one connection, reopened when the leader moves."""
+
+    def __init__(self, metadata: ClusterMetadata, cfg: Mapping[str, Any]) -> None:
+        super().__init__(metadata, cfg)
+        self._conn: Optional[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = None
+
+    async def _connect(self, tp: TopicPartition) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        leader, _ = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+        broker = self.metadata.brokers[leader]
+        if not broker.data_port:
+            raise errors.BrokerNotAvailableError(  # type: ignore[attr-defined]
+                f"broker {leader} has no data port; use fetch.transport=grpc")
+        address = f"{broker.host}:{broker.data_port}"
+        if self._conn is not None and self._conn[0] != address:
+            await self.close()
+        if self._conn is None:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(broker.host, broker.data_port), self.request_timeout_ms / 1000)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise errors.NetworkExceptionError(f"data port {address}: {exc}") from None  # type: ignore[attr-defined]
+            self._conn = (address, reader, writer)
+        return self._conn[1], self._conn[2]
+
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
+        reader, writer = await self._connect(tp)
+        body = self.request(tp, offset, isolation).SerializeToString()
+        try:
+            writer.write(FRAME.pack(len(body)) + body)
+            await writer.drain()
+            (size,) = FRAME.unpack(await asyncio.wait_for(reader.readexactly(FRAME.size), self.timeout_s))
+            header = broker_pb2.DataFetchResponseHeader.FromString(await reader.readexactly(size))
+            records = await reader.readexactly(header.records_length) if header.records_length else b""
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            await self.close()
+            raise errors.NetworkExceptionError(f"data port fetch failed: {exc!r}") from None  # type: ignore[attr-defined]
+        if header.HasField("error") and header.error.code != 0:
+            raise errors.from_detail(header.error)
+        r = header.response
+        return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            writer = self._conn[2]
+            self._conn = None
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+
+def make_fetcher(transport: str, metadata: ClusterMetadata, cfg: Mapping[str, Any]) -> GrpcFetcher:
+    return DataPortFetcher(metadata, cfg) if transport == "data" else GrpcFetcher(metadata, cfg)

@@ -1,0 +1,243 @@
+"""Cluster metadata cache of a client: brokers, partition leaders, and one gRPC channel per broker.
+
+Concurrency: event-loop owned; refreshes are coalesced (one Metadata RPC in
+flight at a time, callers share its result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import grpc
+
+from gregor.common import errors
+from gregor.common.rpc import CHANNEL_OPTIONS
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+
+# Errors after which the leader we know is probably wrong (Kafka's invalidMetadata set).
+STALE_METADATA_CODES = frozenset({
+    errors.Code.NOT_LEADER_OR_FOLLOWER, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+    errors.Code.LEADER_NOT_AVAILABLE, errors.Code.FENCED_LEADER_EPOCH,
+    errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.NETWORK_EXCEPTION,
+    errors.Code.BROKER_NOT_AVAILABLE, errors.Code.REPLICA_NOT_AVAILABLE,
+})
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    grpc_port: int
+    data_port: int = 0
+    rack: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...] = ()
+    error: int = 0
+
+
+@dataclass
+class TopicInfo:
+    name: str
+    partitions: list[PartitionInfo] = field(default_factory=list)
+    error: int = 0
+    is_internal: bool = False
+
+
+def call_error(exc: BaseException) -> errors.GregorError:
+    """Any failure of an RPC as a GregorError (never a raw RpcError)."""
+    if isinstance(exc, errors.GregorError):
+        return exc
+    if isinstance(exc, grpc.RpcError):
+        return errors.from_rpc_error(exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        return errors.RequestTimedOutError("request timed out")  # type: ignore[attr-defined]
+    return errors.NetworkExceptionError(f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+
+
+class ClusterMetadata:
+    """Brokers and topics as the last Metadata answer described them (event-loop owned)."""
+
+    def __init__(self, bootstrap: Sequence[str], *, request_timeout_ms: int = 30000,
+                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000) -> None:
+        if not bootstrap:
+            raise errors.InvalidConfigError("bootstrap.servers is empty")  # type: ignore[attr-defined]
+        self.bootstrap = list(bootstrap)
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.max_age_s = metadata_max_age_ms / 1000
+        self.cluster_id = ""
+        self.controller_id = -1
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self.updated_at = 0.0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._refresh: Optional[asyncio.Task[None]] = None
+        self._wanted: set[str] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------ channels
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The pooled channel to host:port (100 MiB message limits, as the servers)."""
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return ch
+
+    def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:
+        broker = self.brokers.get(broker_id)
+        if broker is None:
+            raise errors.BrokerNotAvailableError(f"broker {broker_id} is not in the metadata")  # type: ignore[attr-defined]
+        return broker_pb2_grpc.BrokerServiceStub(self.channel(broker.address))
+
+    def any_address(self) -> str:
+        known = [b.address for b in self.brokers.values()]
+        return random.choice(known or self.bootstrap)
+
+    def admin_stub(self) -> controller_pb2_grpc.AdminServiceStub:
+        """AdminService of any broker (brokers forward to the active controller)."""
+        return controller_pb2_grpc.AdminServiceStub(self.channel(self.any_address()))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._refresh is not None:
+            self._refresh.cancel()
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(ch.close() for ch in channels), return_exceptions=True)
+
+    # ------------------------------------------------------------ lookups
+    def partitions_for(self, topic: str) -> list[PartitionInfo]:
+        info = self.topics.get(topic)
+        return info.partitions if info is not None and not info.error else []
+
+    def partition(self, topic: str, partition: int) -> Optional[PartitionInfo]:
+        for p in self.partitions_for(topic):
+            if p.partition == partition:
+                return p
+        return None
+
+    def leader_for(self, topic: str, partition: int) -> int:
+        """Leader broker id, -1 when unknown or offline."""
+        p = self.partition(topic, partition)
+        return p.leader if p is not None and p.leader in self.brokers else -1
+
+    @property
+    def stale(self) -> bool:
+        return time.monotonic() - self.updated_at > self.max_age_s
+
+    # ------------------------------------------------------------ refresh
+    def add_topics(self, *topics: str) -> None:
+        self._wanted.update(topics)
+
+    async def refresh(self, topics: Sequence[str] | None = None) -> None:
+        """One Metadata round trip (shared with concurrent callers); GregorError if no broker answers."""
+        if topics:
+            self._wanted.update(topics)
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._do_refresh())
+        await asyncio.shield(self._refresh)
+
+    def request_update(self, err: errors.GregorError | None = None) -> None:
+        """Mark metadata stale after err (refreshed by the next caller that needs it)."""
+        if err is None or err.code in STALE_METADATA_CODES:
+            self.updated_at = 0.0
+
+    async def _do_refresh(self) -> None:
+        addresses = [b.address for b in self.brokers.values()] + self.bootstrap
+        last: errors.GregorError | None = None
+        # Every known broker, then the bootstrap list: the first answer wins.
+        for address in dict.fromkeys(addresses):
+            stub = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
+            try:
+                resp = await stub.Metadata(broker_pb2.MetadataRequest(topics=sorted(self._wanted)),
+                                           timeout=self.request_timeout_s)
+            except (grpc.RpcError, asyncio.TimeoutError) as exc:
+                last = call_error(exc)
+                continue
+            self._apply(resp)
+            return
+        raise errors.NetworkExceptionError(  # type: ignore[attr-defined]
+            f"no broker of {','.join(self.bootstrap)} answered Metadata: {last.message if last else ''}")
+
+    def _apply(self, resp: broker_pb2.MetadataResponse) -> None:
+        self.cluster_id = resp.cluster_id
+        self.controller_id = resp.controller_id
+        self.brokers = {b.broker_id: BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
+                        for b in resp.brokers}
+        for t in resp.topics:
+            self.topics[t.name] = TopicInfo(
+                t.name,
+                sorted((PartitionInfo(t.name, p.partition, p.leader, p.leader_epoch, tuple(p.replicas),
+                                      tuple(p.isr), tuple(p.offline_replicas), p.error)
+                        for p in t.partitions), key=lambda p: p.partition),
+                t.error, t.is_internal)
+        self.updated_at = time.monotonic()
+
+    async def wait_for_topic(self, topic: str, max_wait_ms: int) -> list[PartitionInfo]:
+        """Partitions of topic, refreshing until known or max_wait_ms passed (Kafka's waitOnMetadata)."""
+        deadline = time.monotonic() + max_wait_ms / 1000
+        if topic not in self._wanted:
+            self._wanted.add(topic)
+            self.updated_at = 0.0
+        while True:
+            parts = self.partitions_for(topic)
+            if parts and not self.stale:
+                return parts
+            try:
+                await self.refresh([topic])
+            except errors.GregorError:
+                if time.monotonic() >= deadline:
+                    raise
+            parts = self.partitions_for(topic)
+            if parts:
+                return parts
+            if time.monotonic() >= deadline:
+                info = self.topics.get(topic)
+                code = info.error if info is not None and info.error else errors.Code.UNKNOWN_TOPIC_OR_PARTITION
+                raise errors.error_for(code, f"topic {topic!r} not present in metadata after {max_wait_ms} ms",
+                                       topic=topic)
+            await asyncio.sleep(self.retry_backoff_s)
+
+    async def leader_stub(self, topic: str, partition: int, max_wait_ms: int) -> tuple[
+            int, broker_pb2_grpc.BrokerServiceStub]:
+        """(leader id, stub) of a partition, refreshing metadata until a leader is known."""
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            leader = self.leader_for(topic, partition)
+            if leader >= 0 and not self.stale:
+                return leader, self.broker_stub(leader)
+            try:
+                await self.refresh([topic])
+            except errors.GregorError:
+                if time.monotonic() >= deadline:
+                    raise
+            leader = self.leader_for(topic, partition)
+            if leader >= 0:
+                return leader, self.broker_stub(leader)
+            if time.monotonic() >= deadline:
+                if self.topics.get(topic) is None or not self.partitions_for(topic):
+                    raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                        f"unknown topic {topic!r}", topic=topic, partition=partition)
+                if self.partition(topic, partition) is None:
+                    raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                        f"topic {topic!r} has no partition {partition}", topic=topic, partition=partition)
+                raise errors.LeaderNotAvailableError(  # type: ignore[attr-defined]
+                    "no leader", topic=topic, partition=partition)
+            await asyncio.sleep(self.retry_backoff_s)
+

@@ -1,0 +1,328 @@
+"""The Gregor producer: asyncio `Producer`, its sender task, and a thread-backed `SyncProducer`.
+
+    async with Producer({"bootstrap.servers": "127.0.0.1:9092"}) as p:
+        handle = await p.send("orders", b"value", key=b"k")   # returns once buffered
+        md = await handle                                      # RecordMetadata once acknowledged
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import grpc
+
+from gregor.client.accumulator import (
+    Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
+)
+from gregor.client.config import parse_bootstrap, producer_config
+from gregor.client.loop_thread import LoopThread
+from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.partitioner import DefaultPartitioner
+from gregor.common import errors
+from gregor.common.records import now_ms
+from gregor.rpc.v1 import broker_pb2
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata"]
+
+
+class Sender:
+    """Drains ready batches to partition leaders (one asyncio task plus one task per request).
+
+    Ordering: at most one produce request per partition is in flight, so a
+    retried batch can never overtake a later one; max.in.flight.requests.per.connection
+    bounds the requests per broker across partitions.
+    """
+
+    def __init__(self, metadata: ClusterMetadata, acc: RecordAccumulator, cfg: Mapping[str, Any]) -> None:
+        self.metadata = metadata
+        self.acc = acc
+        self.acks = int(cfg["acks"])
+        self.max_request_size = int(cfg["max.request.size"])
+        self.max_in_flight = int(cfg["max.in.flight.requests.per.connection"])
+        self.retries = int(cfg["retries"])
+        self.request_timeout_ms = int(cfg["request.timeout.ms"])
+        self.delivery_timeout_s = int(cfg["delivery.timeout.ms"]) / 1000
+        self.in_flight: dict[int, int] = {}
+        self.muted: set[TopicPartition] = set()
+        self.requests: set[asyncio.Task[None]] = set()
+        self.closing = False
+        self.closing_forced = False  # close() timed out: fail instead of retrying
+        self._refresh_task: Optional[asyncio.Task[None]] = None
+
+    async def run(self) -> None:
+        acc = self.acc
+        while True:
+            acc.wakeup.clear()
+            now = time.monotonic()
+            for batch in acc.expire(now):
+                self._fail(batch, errors.RequestTimedOutError(  # type: ignore[attr-defined]
+                    f"Expiring {len(batch.records)} record(s) for {batch.topic}-{batch.partition}: "
+                    f"{int((now - batch.created) * 1000)} ms has passed since batch creation "
+                    f"(delivery.timeout.ms)", topic=batch.topic, partition=batch.partition))
+            ready, delay = acc.ready(now, self.muted)
+            need_metadata = False
+            for tp in ready:
+                leader = self.metadata.leader_for(*tp)
+                if leader < 0:
+                    need_metadata = True
+                    continue
+                if self.in_flight.get(leader, 0) >= self.max_in_flight:
+                    continue
+                batches = acc.drain(tp, self.max_request_size)
+                if not batches:
+                    continue
+                self.muted.add(tp)
+                self.in_flight[leader] = self.in_flight.get(leader, 0) + 1
+                task = asyncio.ensure_future(self._produce(leader, tp, batches))
+                self.requests.add(task)
+                task.add_done_callback(self.requests.discard)
+            if need_metadata or (ready and self.metadata.stale):
+                self._maybe_refresh_metadata()
+                delay = min(delay, self.metadata.retry_backoff_s)
+            if self.closing and not acc.has_undrained() and not self.requests:
+                return
+            if need_metadata or not acc.has_undrained():
+                delay = max(delay, 0.005) if acc.has_undrained() else 1.0
+            try:
+                await asyncio.wait_for(acc.wakeup.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _maybe_refresh_metadata(self) -> None:
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            await self.metadata.refresh()
+        except errors.GregorError as exc:
+            log.warning("metadata refresh failed: %s", exc)
+            await asyncio.sleep(self.metadata.retry_backoff_s)
+        self.acc.wakeup.set()
+
+    async def _produce(self, leader: int, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
+        payload = b"".join(b.encode(self.acc.compression) for b in batches)
+        request = broker_pb2.ProduceRequest(topic=tp[0], partition=tp[1], records=payload, acks=self.acks,
+                                            timeout_ms=self.request_timeout_ms)
+        try:
+            stub = self.metadata.broker_stub(leader)
+            # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
+            resp = await stub.Produce(request, timeout=self.request_timeout_ms / 1000 + 1)
+        except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+            self._on_error(tp, batches, call_error(exc))
+        else:
+            base = resp.base_offset
+            for batch in batches:
+                self.acc.deallocate(batch)
+                batch.complete(base, resp.log_append_time_ms)
+                if base >= 0:  # batches of one request get contiguous offsets
+                    base += len(batch.records)
+        finally:
+            self.in_flight[leader] -= 1
+            self.muted.discard(tp)
+            self.acc.wakeup.set()
+
+    def _on_error(self, tp: TopicPartition, batches: list[ProducerBatch], err: errors.GregorError) -> None:
+        if not err.topic:
+            err.topic, err.partition = tp
+        now = time.monotonic()
+        self.metadata.request_update(err)
+        # Put retriable batches back in order (last first, since each goes to the head).
+        for batch in reversed(batches):
+            expired = now - batch.created >= self.delivery_timeout_s
+            if err.retriable and batch.attempts <= self.retries and not expired and not self.closing_forced:
+                log.debug("retrying %s-%s after %s (attempt %d)", *tp, err.name, batch.attempts)
+                self.acc.reenqueue(batch, now)
+            else:
+                self._fail(batch, err)
+
+    def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        self.acc.deallocate(batch)
+        batch.fail(exc)
+
+
+class Producer:
+    """Asyncio producer (event-loop owned: create, use and close it on one loop).
+
+    send() buffers the record in the RecordAccumulator and returns a handle that
+    resolves to RecordMetadata; one Sender task ships batches. If the sender
+    task dies, every pending record fails with its error (nothing hangs).
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.config = producer_config(config, **kwargs)
+        cfg = self.config
+        self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
+                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        retry_backoff_ms=cfg["retry.backoff.ms"],
+                                        metadata_max_age_ms=cfg["metadata.max.age.ms"])
+        self.partitioner = DefaultPartitioner(ignore_keys=cfg["partitioner.ignore.keys"])
+        self.max_block_ms = int(cfg["max.block.ms"])
+        self.max_request_size = int(cfg["max.request.size"])
+        self._acc: Optional[RecordAccumulator] = None
+        self._sender: Optional[Sender] = None
+        self._sender_task: Optional[asyncio.Task[None]] = None
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._acc is not None:
+            return
+        cfg = self.config
+        self._acc = RecordAccumulator(
+            batch_size=cfg["batch.size"], linger_ms=cfg["linger.ms"], buffer_memory=cfg["buffer.memory"],
+            max_block_ms=cfg["max.block.ms"], delivery_timeout_ms=cfg["delivery.timeout.ms"],
+            retry_backoff_ms=cfg["retry.backoff.ms"], compression=cfg["compression.type"])
+        self._sender = Sender(self.metadata, self._acc, cfg)
+        self._sender_task = asyncio.ensure_future(self._sender.run())
+        self._sender_task.add_done_callback(self._on_sender_done)
+
+    def _on_sender_done(self, task: asyncio.Task[None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or exc is not None:
+            if exc is not None:
+                log.error("producer sender died", exc_info=exc)
+            assert self._acc is not None
+            self._acc.abort_all(errors.GregorError(f"producer sender stopped: {exc or 'cancelled'}"))
+
+    async def __aenter__(self) -> "Producer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def flush(self, timeout: Optional[float] = None) -> None:
+        """Send everything buffered now and wait until each record is acknowledged or failed."""
+        if self._acc is None:
+            return
+        acc = self._acc
+        acc.flushes_in_progress += 1
+        acc.wakeup.set()
+        try:
+            pending = [b.future for b in list(acc.incomplete)]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+        finally:
+            acc.flushes_in_progress -= 1
+
+    async def close(self, timeout: Optional[float] = None) -> None:
+        """Flush (up to timeout seconds, default delivery.timeout.ms), stop the sender, close channels."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._acc is not None and self._sender is not None and self._sender_task is not None:
+            self._acc.closed = True
+            self._sender.closing = True
+            self._acc.wakeup.set()
+            wait_s = timeout if timeout is not None else self.config["delivery.timeout.ms"] / 1000
+            done, _ = await asyncio.wait([self._sender_task], timeout=wait_s)
+            if not done:
+                self._sender.closing_forced = True
+                self._sender_task.cancel()
+                for t in list(self._sender.requests):
+                    t.cancel()
+                self._acc.abort_all(errors.RequestTimedOutError(  # type: ignore[attr-defined]
+                    "producer closed before the record was sent"))
+                await asyncio.gather(self._sender_task, *self._sender.requests, return_exceptions=True)
+        await self.metadata.close()
+
+    # ------------------------------------------------------------ sending
+    async def partitions_for(self, topic: str) -> list[int]:
+        return [p.partition for p in await self.metadata.wait_for_topic(topic, self.max_block_ms)]
+
+    async def send(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,
+                   headers: Optional[Sequence[tuple[str, bytes]]] = None, partition: Optional[int] = None,
+                   timestamp_ms: Optional[int] = None, callback: Optional[Callback] = None) -> FutureRecordMetadata:
+        """Buffer one record; the returned handle resolves to its RecordMetadata (await it).
+
+        Blocks (up to max.block.ms) only for unknown metadata or a full buffer.memory.
+        callback(metadata, exception) runs on the event loop once the record is done.
+        """
+        if self._closed:
+            raise errors.GregorError("cannot send after the producer is closed")
+        if self._acc is None:
+            await self.start()
+        acc = self._acc
+        assert acc is not None
+        parts = self.metadata.partitions_for(topic)
+        if not parts:
+            parts = await self.metadata.wait_for_topic(topic, self.max_block_ms)
+        n = len(parts)
+        hdrs = list(headers) if headers else []
+        size = acc.record_size(key, value, hdrs)
+        if partition is None:
+            available = [p.partition for p in parts if p.leader >= 0]
+            partition = self.partitioner.partition(topic, key, n, available)
+            if (key is None or self.partitioner.ignore_keys) and acc.needs_new_batch((topic, partition), size):
+                # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
+                self.partitioner.on_batch_full(topic, partition, n, available)
+                partition = self.partitioner.partition(topic, key, n, available)
+        elif not 0 <= partition < n:
+            raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
+                topic=topic, partition=partition)
+        if size > self.max_request_size:
+            raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
+                f"The message is {size} bytes when serialized which is larger than max.request.size "
+                f"({self.max_request_size})", topic=topic, partition=partition)
+        handle, _ = await acc.append(topic, partition, key, value, hdrs,
+                                     now_ms() if timestamp_ms is None else timestamp_ms, size)
+        if callback is not None:
+            handle.add_done_callback(callback)
+        return handle
+
+    async def send_and_wait(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,
+                            **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, value, key, **kwargs))
+
+
+class SyncProducer:
+    """Blocking facade over Producer: an event loop on a private thread runs the real one.
+
+    send() returns a concurrent.futures.Future[RecordMetadata]; use it from any thread.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self._loop = LoopThread("gregor-producer")
+        try:
+            self._producer: Producer = self._loop.run(self._make(config, kwargs))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    @staticmethod
+    async def _make(config: Mapping[str, Any] | None, kwargs: dict[str, Any]) -> Producer:
+        p = Producer(config, **kwargs)
+        await p.start()
+        return p
+
+    def send(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,
+             headers: Optional[Sequence[tuple[str, bytes]]] = None, partition: Optional[int] = None,
+             timestamp_ms: Optional[int] = None,
+             callback: Optional[Callable[[Optional[RecordMetadata], Optional[BaseException]], Any]] = None) -> Any:
+        return self._loop.submit(self._producer.send_and_wait(topic, value, key, headers=headers, partition=partition,
+                                                              timestamp_ms=timestamp_ms, callback=callback))
+
+    def partitions_for(self, topic: str) -> list[int]:
+        return self._loop.run(self._producer.partitions_for(topic))
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        self._loop.run(self._producer.flush(timeout))
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        try:
+            self._loop.run(self._producer.close(timeout))
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "SyncProducer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

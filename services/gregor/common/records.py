@@ -1,0 +1,201 @@
+"""Build and read Kafka v2 record batches: the one place that knows the compression codecs.
+
+The producer, the consumer, the CLI and the tools all go through here. Record
+encoding, batch framing and the CRC happen in gregor_native; this module only
+adds what the native module leaves out: compressing the records section
+(cramjam) and walking batches back into records.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Iterator, NamedTuple, Optional, Sequence
+
+import cramjam
+import gregor_native as native
+
+from gregor.common.errors import CorruptMessageError, UnsupportedCompressionTypeError  # type: ignore[attr-defined]
+
+# Kafka's codec ids, as they appear in the low three attribute bits.
+COMPRESSION_CODECS: dict[str, int] = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+CODEC_NAMES: dict[int, str] = {v: k for k, v in COMPRESSION_CODECS.items()}
+
+CODEC_MASK = 0x07
+TIMESTAMP_TYPE_FLAG = 0x08  # set: LogAppendTime, every record has the batch's max timestamp
+TRANSACTIONAL_FLAG = 0x10
+CONTROL_FLAG = 0x20
+BATCH_HEADER_SIZE = 61
+
+# Per-record bytes beyond key and value in the records section (length, attributes,
+# timestamp/offset deltas, key/value lengths, header count as varints): an upper
+# estimate used by the producer to size batches without encoding them.
+RECORD_OVERHEAD_BYTES = 21
+
+# Java clients (and librdkafka) frame snappy the xerial way; accept it when reading.
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+Header = tuple[str, bytes]
+# key, value, headers, timestamp_ms: what a producer hands to build_batch.
+OutRecord = tuple[Optional[bytes], Optional[bytes], Sequence[Header], int]
+
+
+class LogRecord(NamedTuple):
+    """One record read back from a batch; `batch` is its native BatchHeader."""
+
+    offset: int
+    timestamp: int
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: list[Header]
+    batch: "native.BatchHeader"
+
+
+def codec_id(name: str) -> int:
+    """Kafka's codec id for a compression.type name ('none', 'gzip', ...)."""
+    try:
+        return COMPRESSION_CODECS[name.lower()]
+    except KeyError:
+        raise UnsupportedCompressionTypeError(
+            f"unknown compression type {name!r}: expected one of {sorted(COMPRESSION_CODECS)}") from None
+
+
+def codec_name(codec: int) -> str:
+    return CODEC_NAMES.get(codec, f"unknown({codec})")
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    """Compress a records section with Kafka's codec `codec`."""
+    if codec == 0:
+        return data
+    if codec == 1:
+        return bytes(cramjam.gzip.compress(data))
+    if codec == 2:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec == 3:
+        return bytes(cramjam.lz4.compress(data))  # frame format, as Kafka's KafkaLZ4BlockOutputStream
+    if codec == 4:
+        return bytes(cramjam.zstd.compress(data))
+    raise UnsupportedCompressionTypeError(f"compression codec {codec} is not supported")
+
+
+def decompress(codec: int, data: bytes) -> bytes:
+    """Inverse of compress; raises CorruptMessageError on undecodable input."""
+    try:
+        if codec == 0:
+            return data
+        if codec == 1:
+            return bytes(cramjam.gzip.decompress(data))
+        if codec == 2:
+            if data[:8] == _XERIAL_MAGIC:
+                return _xerial_decompress(data)
+            return bytes(cramjam.snappy.decompress_raw(data))
+        if codec == 3:
+            return bytes(cramjam.lz4.decompress(data))
+        if codec == 4:
+            return bytes(cramjam.zstd.decompress(data))
+    except cramjam.DecompressionError as exc:
+        raise CorruptMessageError(f"cannot decompress {codec_name(codec)} records: {exc}") from None
+    raise UnsupportedCompressionTypeError(f"compression codec {codec} is not supported")
+
+
+def _xerial_decompress(data: bytes) -> bytes:
+    # 8 magic + 4 version + 4 compat, then [u32 BE length][raw snappy block]...
+    out, pos = [], 16
+    while pos < len(data):
+        (n,) = struct.unpack_from(">I", data, pos)
+        out.append(bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + n])))
+        pos += 4 + n
+    return b"".join(out)
+
+
+def build_batch(
+    records: Sequence[OutRecord],
+    *,
+    compression: str | int = "none",
+    base_timestamp: Optional[int] = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+) -> bytes:
+    """One v2 batch holding `records` ((key, value, headers, timestamp_ms) tuples).
+
+    Offsets inside the batch are 0..n-1 (the leader rewrites baseOffset); the
+    base timestamp is the first record's unless given. Native code encodes the
+    records and computes the CRC; only the section compression runs here.
+    """
+    if not records:
+        raise ValueError("a record batch holds at least one record")
+    codec = codec_id(compression) if isinstance(compression, str) else compression
+    first_ts = records[0][3]
+    base = first_ts if base_timestamp is None else base_timestamp
+    max_ts = first_ts
+    # Fast path: every record carries the same timestamp (the usual case for a
+    # batch filled within one millisecond), so the deltas are all zero.
+    if all(r[3] == first_ts for r in records) and base == first_ts:
+        section = native.encode_records([(k, v, h, 0) for k, v, h, _ in records])
+    else:
+        max_ts = max(r[3] for r in records)
+        section = native.encode_records([(k, v, h, ts - base) for k, v, h, ts in records])
+    attributes = codec | (TRANSACTIONAL_FLAG if transactional else 0)
+    return native.build_batch(
+        compress(codec, section), len(records), attributes=attributes,
+        base_timestamp=base, max_timestamp=max_ts, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence,
+    )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def split_batches(data: bytes, verify_crc: bool = True) -> list[tuple["native.BatchHeader", memoryview]]:
+    """(header, whole batch bytes) for every batch in data; CorruptMessageError if it is not whole batches."""
+    try:
+        headers = native.parse_batches(data, verify_crc)
+    except native.NativeError as exc:
+        raise CorruptMessageError(f"invalid record batches: {exc}") from None
+    view = memoryview(data)
+    out, pos = [], 0
+    for h in headers:
+        out.append((h, view[pos:pos + h.size_bytes]))
+        pos += h.size_bytes
+    return out
+
+
+def batch_records(header: "native.BatchHeader", batch: bytes | memoryview) -> list[
+        tuple[int, int, Optional[bytes], Optional[bytes], list[Header]]]:
+    """Decoded (offset_delta, timestamp_delta, key, value, headers) of one whole batch."""
+    section = bytes(batch[BATCH_HEADER_SIZE:header.size_bytes])
+    codec = header.attributes & CODEC_MASK
+    try:
+        return native.decode_records(decompress(codec, section), header.records_count)
+    except native.NativeError as exc:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: {exc}") from None
+
+
+def iter_records(data: bytes, *, min_offset: int = -1, skip_control: bool = True,
+                 verify_crc: bool = True) -> Iterator[LogRecord]:
+    """Every record in `data` (whole batches) at or above min_offset, in offset order.
+
+    Control batches (transaction markers) are skipped unless skip_control is False.
+    """
+    return records_of_batches(split_batches(data, verify_crc), min_offset=min_offset, skip_control=skip_control)
+
+
+def records_of_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,
+                       min_offset: int = -1, skip_control: bool = True) -> Iterator[LogRecord]:
+    """iter_records over batches already split by split_batches."""
+    for header, raw in batches:
+        if skip_control and header.attributes & CONTROL_FLAG:
+            continue
+        if header.base_offset + header.last_offset_delta < min_offset:
+            continue  # a fetch from inside a batch returns the whole batch
+        base_offset, base_ts = header.base_offset, header.base_timestamp
+        log_append_time = header.attributes & TIMESTAMP_TYPE_FLAG
+        for delta, ts_delta, key, value, headers in batch_records(header, raw):
+            offset = base_offset + delta
+            if offset >= min_offset:
+                ts = header.max_timestamp if log_append_time else base_ts + ts_delta
+                yield LogRecord(offset, ts, key, value, headers, header)

@@ -1,0 +1,236 @@
+"""The client SDK against a real broker process: producer, consumer and admin client end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gregor.client import AdminClient, Consumer, Producer, SyncAdminClient, SyncConsumer, SyncProducer
+from gregor.client.partitioner import partition_for_key
+from gregor.common import errors
+from tests.helpers.cluster import broker_process, stop_process
+
+
+async def create(bootstrap: str, name: str, partitions: int = 1, **configs: str) -> None:
+    async with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        await admin.create_topic(name, partitions, 1, {k.replace("_", "."): v for k, v in configs.items()})
+
+
+async def consume_all(bootstrap: str, tps: list[tuple[str, int]], expected: int, timeout_s: float = 20,
+                      **config: object) -> list:  # type: ignore[type-arg]
+    out: list = []  # type: ignore[type-arg]
+    async with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest", **config}) as c:
+        c.assign(tps)
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expected and time.monotonic() < deadline:
+            out += await c.poll(timeout_ms=500)
+    return out
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_produce_and_consume_back_identical_in_order_with_every_codec(broker, codec: str) -> None:
+    await create(broker.grpc, "codec", partitions=3)
+    n = 3000
+    sent = []
+    async with Producer({"bootstrap.servers": broker.grpc, "compression.type": codec, "linger.ms": 20}) as p:
+        handles = []
+        for i in range(n):
+            key = f"key-{i % 17}".encode()
+            value = f"value-{i}-".encode() * (1 + i % 5)
+            headers = [("i", str(i).encode())] if i % 7 == 0 else []
+            handles.append(await p.send("codec", value, key=key, headers=headers))
+            sent.append((key, value, headers))
+        mds = [await h for h in handles]
+    # Keys land where Kafka's murmur2 partitioner puts them; offsets per partition are contiguous from 0.
+    for (key, _, _), md in zip(sent, mds):
+        assert md.partition == partition_for_key(key, 3)
+    for part in range(3):
+        assert sorted(md.offset for md in mds if md.partition == part) == list(range(sum(
+            1 for md in mds if md.partition == part)))
+    got = await consume_all(broker.grpc, [("codec", p) for p in range(3)], n)
+    assert len(got) == n
+    by_partition: dict[int, list] = {}  # type: ignore[type-arg]
+    for r in got:
+        by_partition.setdefault(r.partition, []).append(r)
+    for part, recs in by_partition.items():
+        assert [r.offset for r in recs] == list(range(len(recs))), "in offset order, no gaps"
+        expected = [(k, v, h) for (k, v, h), md in zip(sent, mds) if md.partition == part]
+        assert [(r.key, r.value, r.headers) for r in recs] == expected
+
+
+async def test_null_keys_fill_one_partition_batch_at_a_time(broker) -> None:
+    await create(broker.grpc, "sticky", partitions=4)
+    async with Producer({"bootstrap.servers": broker.grpc, "batch.size": 2000, "linger.ms": 1000}) as p:
+        handles = [await p.send("sticky", b"x" * 80) for _ in range(100)]
+        mds = [await h for h in handles]
+    runs = [mds[0].partition]
+    for md in mds[1:]:
+        if md.partition != runs[-1]:
+            runs.append(md.partition)
+    # ~19 records of ~101 bytes fill a 2000-byte batch: long runs, and more than one partition used.
+    assert 3 <= len(runs) <= 8, runs
+    assert all(a != b for a, b in zip(runs, runs[1:]))
+
+
+async def test_consumer_seek_position_and_offset_reset(broker) -> None:
+    await create(broker.grpc, "seek")
+    async with Producer({"bootstrap.servers": broker.grpc}) as p:
+        for i in range(10):
+            await p.send("seek", b"%d" % i)
+        await p.flush()
+    tp = ("seek", 0)
+    async with Consumer({"bootstrap.servers": broker.grpc, "auto.offset.reset": "latest"}) as c:
+        c.assign([tp])
+        assert await c.position(tp) == 10  # latest
+        assert await c.end_offsets([tp]) == {tp: 10}
+        assert await c.beginning_offsets([tp]) == {tp: 0}
+        c.seek(tp, 7)
+        recs = await c.poll(5000)
+        assert [r.value for r in recs] == [b"7", b"8", b"9"]
+        assert await c.position(tp) == 10
+        c.seek_to_beginning(tp)
+        recs = await c.poll(5000, max_records=4)
+        assert [r.offset for r in recs] == [0, 1, 2, 3]
+        assert await c.position(tp) == 4
+        # Out of range: auto.offset.reset=latest moves to the end.
+        c.seek(tp, 1000)
+        assert await c.poll(1500) == []
+        assert await c.position(tp) == 10
+    async with Consumer({"bootstrap.servers": broker.grpc, "auto.offset.reset": "none"}) as c:
+        c.assign([tp])
+        c.seek(tp, 1000)
+        with pytest.raises(errors.OffsetOutOfRangeError):  # type: ignore[attr-defined]
+            for _ in range(10):
+                await c.poll(1000)
+    async with Consumer({"bootstrap.servers": broker.grpc, "auto.offset.reset": "earliest"}) as c:
+        c.assign([tp])
+        c.seek(tp, 1000)
+        recs = []
+        for _ in range(10):
+            recs += await c.poll(1000)
+            if len(recs) >= 10:
+                break
+        assert [r.offset for r in recs] == list(range(10))
+
+
+async def test_poll_long_polls_until_a_record_arrives(broker) -> None:
+    await create(broker.grpc, "wait")
+    async with Consumer({"bootstrap.servers": broker.grpc, "fetch.max.wait.ms": 5000}) as c:
+        c.assign([("wait", 0)])
+        assert await c.position(("wait", 0)) == 0
+
+        async def later() -> None:
+            await asyncio.sleep(0.5)
+            async with Producer({"bootstrap.servers": broker.grpc}) as p:
+                await p.send_and_wait("wait", b"late")
+
+        task = asyncio.ensure_future(later())
+        start = time.monotonic()
+        recs = await c.poll(10_000)
+        await task
+        assert [r.value for r in recs] == [b"late"]
+        assert 0.4 < time.monotonic() - start < 5, "woken by the append, not by fetch.max.wait.ms"
+
+
+async def test_data_port_transport_reads_the_same_records(broker) -> None:
+    await create(broker.grpc, "zc", partitions=2)
+    async with Producer({"bootstrap.servers": broker.grpc, "compression.type": "lz4"}) as p:
+        for i in range(500):
+            await p.send("zc", b"v%d" % i, key=b"%d" % i)
+        await p.flush()
+    grpc_recs = await consume_all(broker.grpc, [("zc", 0), ("zc", 1)], 500)
+    data_recs = await consume_all(broker.grpc, [("zc", 0), ("zc", 1)], 500, **{"fetch.transport": "data"})
+    key = lambda r: (r.partition, r.offset)  # noqa: E731
+    assert sorted(grpc_recs, key=key) == sorted(data_recs, key=key)
+    assert len(data_recs) == 500
+
+
+async def test_producer_errors_are_typed(broker) -> None:
+    await create(broker.grpc, "small")
+    async with Producer({"bootstrap.servers": broker.grpc, "max.block.ms": 500}) as p:
+        with pytest.raises(errors.UnknownTopicOrPartitionError):  # type: ignore[attr-defined]
+            await p.send("no-such-topic", b"x")
+        with pytest.raises(errors.MessageTooLargeError):  # type: ignore[attr-defined]
+            await p.send("small", b"x" * 2_000_000)
+        with pytest.raises(errors.UnknownTopicOrPartitionError):  # type: ignore[attr-defined]
+            await p.send("small", b"x", partition=5)
+
+
+async def test_topic_max_message_bytes_rejection_reaches_the_record(broker) -> None:
+    await create(broker.grpc, "tiny", max_message_bytes="200")
+    async with Producer({"bootstrap.servers": broker.grpc}) as p:
+        handle = await p.send("tiny", b"y" * 500)
+        with pytest.raises(errors.GregorError) as info:
+            await handle
+    assert info.value.name in ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE")
+
+
+async def test_unreachable_bootstrap_is_a_network_error() -> None:
+    async with AdminClient({"bootstrap.servers": "127.0.0.1:1", "request.timeout.ms": 1000}) as admin:
+        with pytest.raises(errors.GregorError) as info:
+            await admin.list_topics()
+    assert info.value.name == "NETWORK_EXCEPTION"
+
+
+async def test_producer_retries_across_a_broker_restart(tmp_path) -> None:
+    data_dir = str(tmp_path / "c")
+    with broker_process(data_dir) as b:
+        await create(b.grpc, "survive")
+        port = int(b.grpc.rsplit(":", 1)[1])
+        async with Producer({"bootstrap.servers": b.grpc, "retry.backoff.ms": 50}) as p:
+            await p.send_and_wait("survive", b"before")
+            stop_process(b)
+            handle = await p.send("survive", b"during")
+            await asyncio.sleep(0.5)
+            assert not handle.done(), "the record waits in the accumulator while the broker is down"
+            with broker_process(data_dir, port=port) as b2:
+                md = await asyncio.wait_for(handle, 30)
+                assert md.offset == 1
+                got = await consume_all(b2.grpc, [("survive", 0)], 2)
+                assert [r.value for r in got] == [b"before", b"during"]
+
+
+def test_admin_client_lifecycle(broker) -> None:
+    with SyncAdminClient({"bootstrap.servers": broker.grpc}) as admin:
+        admin.create_topic("adm", 2, 1, {"retention.ms": "1000"})
+        with pytest.raises(errors.TopicAlreadyExistsError):  # type: ignore[attr-defined]
+            admin.create_topic("adm", 2, 1)
+        assert "adm" in admin.list_topics()
+        info = admin.describe_topics(["adm"])["adm"]
+        assert [p.partition for p in info.partitions] == [0, 1]
+        assert all(p.leader == 0 and p.isr == (0,) for p in info.partitions)
+        configs = {e.name: e for e in admin.describe_configs(["adm"])["adm"]}
+        assert configs["retention.ms"].value == "1000" and not configs["retention.ms"].is_default
+        admin.alter_configs("adm", {"retention.ms": "5000"})
+        configs = {e.name: e for e in admin.describe_configs(["adm"])["adm"]}
+        assert configs["retention.ms"].value == "5000"
+        admin.create_partitions("adm", 4)
+        assert len(admin.describe_topics(["adm"])["adm"].partitions) == 4
+        with pytest.raises(errors.InvalidPartitionsError):  # type: ignore[attr-defined]
+            admin.create_partitions("adm", 2)
+        with pytest.raises(errors.InvalidConfigError):  # type: ignore[attr-defined]
+            admin.alter_configs("adm", {"no.such.config": "1"})
+        cluster = admin.describe_cluster()
+        assert [b.broker_id for b in cluster.brokers] == [0]
+        admin.delete_topic("adm")
+        with pytest.raises(errors.UnknownTopicOrPartitionError):  # type: ignore[attr-defined]
+            admin.describe_topics(["adm"])
+
+
+def test_sync_producer_and_consumer(broker) -> None:
+    with SyncAdminClient({"bootstrap.servers": broker.grpc}) as admin:
+        admin.create_topic("sync", 1, 1)
+    with SyncProducer({"bootstrap.servers": broker.grpc}) as p:
+        futures = [p.send("sync", b"m%d" % i, timestamp_ms=1_000 + i) for i in range(50)]
+        p.flush()
+        mds = [f.result(10) for f in futures]
+    assert [md.offset for md in mds] == list(range(50))
+    assert mds[3].timestamp == 1003
+    with SyncConsumer({"bootstrap.servers": broker.grpc, "auto.offset.reset": "earliest"}) as c:
+        c.assign([("sync", 0)])
+        got = []
+        while len(got) < 50:
+            got += c.poll(2000)
+    assert [(r.value, r.timestamp) for r in got] == [(b"m%d" % i, 1_000 + i) for i in range(50)]

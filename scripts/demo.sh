@@ -26,5 +26,5 @@ echo "== consuming them back"
 
 echo "== a few records through the console tools"
 printf 'k1:hello\nk2:gregor\n' | "$GREGOR" produce "$TOPIC" --property parse.key=true --property key.separator=: --partition 0
-"$GREGOR" consume "$TOPIC" --partition 0 --offset -2 --max-messages 2 --timeout-ms 5000 --property print.key=true >/dev/null
+"$GREGOR" consume "$TOPIC" --partition 0 --offset earliest --max-messages 2 --timeout-ms 5000 --property print.key=true >/dev/null
 echo "demo done; the cluster is stopped on exit (logs in $DATA_DIR/logs)"

@@ -1,0 +1,1 @@
+"""The controller: one active instance owns cluster metadata, elects partition leaders and tracks brokers (seed 001)."""

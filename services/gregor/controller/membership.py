@@ -1,0 +1,143 @@
+"""Broker membership: new/dead/bounced brokers and the pure parts of onBrokerStartup / onBrokerFailure (seed 001)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gregor.controller import partition_state_machine as psm
+from gregor.controller import replica_state_machine as rsm
+from gregor.controller.election import OfflineElection
+from gregor.controller.requests import ControllerActions
+from gregor.controller.state import ControllerContext, PartitionReplica, PartitionState, ReplicaState
+
+
+@dataclass(frozen=True)
+class BrokerChanges:
+    """Sorted broker ids that appeared, disappeared, or re-registered with a newer epoch."""
+
+    new: tuple[int, ...]
+    dead: tuple[int, ...]
+    bounced: tuple[int, ...]
+
+    def is_empty(self) -> bool:
+        return not (self.new or self.dead or self.bounced)
+
+
+def compute_broker_changes(previous: Mapping[int, int], current: Mapping[int, int]) -> BrokerChanges:
+    """Compare registrations {broker id: broker epoch} as processBrokerChange does.
+
+    A broker is bounced when its id is in both maps with a larger epoch now:
+    it restarted (new etcd lease, new creation revision) between two looks.
+    """
+    new = sorted(set(current) - set(previous))
+    dead = sorted(set(previous) - set(current))
+    bounced = sorted(b for b in set(current) & set(previous) if current[b] > previous[b])
+    return BrokerChanges(tuple(new), tuple(dead), tuple(bounced))
+
+
+def on_replicas_become_offline(
+    ctx: ControllerContext,
+    replicas: Iterable[PartitionReplica],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> None:
+    """Offline partitions lose their leader, new leaders are elected, the replicas go Offline."""
+    offline = set(replicas)
+    for_deletion = {r for r in offline if ctx.is_topic_queued_up_for_deletion(r.topic_partition.topic)}
+    not_for_deletion = offline - for_deletion
+    psm.handle_state_changes(ctx, ctx.partitions_with_offline_leader(), PartitionState.OFFLINE, actions)
+    online_results = psm.trigger_online_partition_state_change(ctx, actions, election)
+    rsm.handle_state_changes(ctx, not_for_deletion, ReplicaState.OFFLINE, actions)
+    if for_deletion:
+        rsm.handle_state_changes(
+            ctx,
+            [r for r in for_deletion if ctx.replica_state(r) in rsm.VALID_PREVIOUS_STATES[ReplicaState.DELETION_INELIGIBLE]],
+            ReplicaState.DELETION_INELIGIBLE,
+            actions,
+        )
+        ctx.topics_ineligible_for_deletion.update(r.topic_partition.topic for r in for_deletion)
+    # Nothing changed leader or ISR: tell everyone about the dead brokers anyway.
+    if not not_for_deletion and all(v is None for v in online_results.values()):
+        actions.batch.add_update_metadata(ctx.live_or_shutting_down_broker_ids, [])
+
+
+def on_broker_failure(
+    ctx: ControllerContext,
+    dead_brokers: Iterable[int],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> None:
+    """Forget per-broker bookkeeping and take every replica on the dead brokers offline.
+
+    The caller has already removed the brokers from `live_broker_epochs`.
+    """
+    dead = sorted(set(dead_brokers))
+    for broker_id in dead:
+        ctx.replicas_on_offline_dirs.pop(broker_id, None)
+        ctx.shutting_down_broker_ids.discard(broker_id)
+    on_replicas_become_offline(ctx, ctx.replicas_on_brokers(dead), actions, election)
+
+
+def on_broker_startup(
+    ctx: ControllerContext,
+    new_brokers: Iterable[int],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> None:
+    """Tell everyone about the new brokers, bring their replicas online, elect where possible.
+
+    The caller has already added the brokers to `live_broker_epochs`.
+    """
+    new = sorted(set(new_brokers))
+    for broker_id in new:
+        ctx.replicas_on_offline_dirs.pop(broker_id, None)
+    existing = ctx.live_or_shutting_down_broker_ids - set(new)
+    actions.batch.add_update_metadata(existing, [])
+    actions.batch.add_update_metadata(new, ctx.partitions_with_leaders())
+    replicas = ctx.replicas_on_brokers(new)
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.ONLINE, actions)
+    psm.trigger_online_partition_state_change(ctx, actions, election)
+    actions.topics_to_resume_deletion.update(
+        r.topic_partition.topic for r in replicas if ctx.is_topic_queued_up_for_deletion(r.topic_partition.topic)
+    )
+
+
+def process_broker_change(
+    ctx: ControllerContext,
+    current: Mapping[int, int],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> BrokerChanges:
+    """The BrokerChange event against registrations read from etcd (steps 3 and 7-9 of processBrokerChange).
+
+    Returns the changes so the driver can add and remove channel-manager senders.
+    """
+    changes = compute_broker_changes(ctx.live_broker_epochs, current)
+    if changes.new:
+        ctx.add_live_brokers({b: current[b] for b in changes.new})
+        on_broker_startup(ctx, changes.new, actions, election)
+    if changes.bounced:
+        ctx.remove_live_brokers(changes.bounced)
+        on_broker_failure(ctx, changes.bounced, actions, election)
+        ctx.add_live_brokers({b: current[b] for b in changes.bounced})
+        on_broker_startup(ctx, changes.bounced, actions, election)
+    if changes.dead:
+        ctx.remove_live_brokers(changes.dead)
+        on_broker_failure(ctx, changes.dead, actions, election)
+    return changes
+
+
+def on_controller_failover(ctx: ControllerContext, actions: ControllerActions, election: OfflineElection | None = None) -> None:
+    """The pure part of onControllerFailover, once the driver has loaded the context from etcd.
+
+    Initializes partition and replica states, tells every live broker the full
+    metadata, then brings offline and new partitions online.
+    """
+    live = ctx.live_or_shutting_down_broker_ids
+    actions.batch.add_update_metadata(live, ctx.partitions_with_leaders())
+    rsm.initialize_replica_states(ctx)
+    psm.initialize_partition_states(ctx)
+    online = [r for r, s in ctx.replica_states.items() if s is ReplicaState.ONLINE]
+    rsm.handle_state_changes(ctx, online, ReplicaState.ONLINE, actions)
+    psm.trigger_online_partition_state_change(ctx, actions, election)

@@ -1,0 +1,1 @@
+"""Small, obviously-correct pure-Python references the native engine is tested against."""

@@ -219,3 +219,22 @@ class LocalCluster:
             stop_process(p)
         if os.path.exists(self.path):
             os.remove(self.path)
+
+
+def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host: str = "127.0.0.1",
+                     cluster: str = "gregor", lease_ttl_ms: int | None = None, port: int = 0) -> Process:
+    """A controller process (python -m gregor.controller) against etcd_endpoint ([http://]host:port)."""
+    controller_dir = os.path.join(data_dir, f"controller-{controller_id}")
+    os.makedirs(controller_dir, exist_ok=True)
+    ready = os.path.join(controller_dir, "ready.json")
+    if os.path.exists(ready):
+        os.remove(ready)
+    log_path = os.path.join(data_dir, "logs", f"controller-{controller_id}.log")
+    endpoint = etcd_endpoint if "://" in etcd_endpoint else f"http://{etcd_endpoint}"
+    cmd = [sys.executable, "-m", "gregor.controller", "--controller-id", str(controller_id), "--etcd", endpoint,
+           "--cluster", cluster, "--host", host, "--port", str(port), "--metrics-port", "0", "--ready-file", ready]
+    if lease_ttl_ms is not None:
+        cmd += ["--lease-ttl-ms", str(lease_ttl_ms)]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    return Process("controller", controller_id, proc.pid, info["grpc"], info["metrics"], log_path, controller_dir)

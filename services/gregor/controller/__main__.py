@@ -1,0 +1,116 @@
+"""`python -m gregor.controller`: parse flags, run a Controller with its gRPC server and metrics, stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from gregor.controller.controller import LEASE_TTL_MS_DEFAULT
+
+log = logging.getLogger("gregor.controller")
+
+
+@dataclass(frozen=True)
+class ControllerArgs:
+    controller_id: int
+    etcd: str
+    cluster: str
+    host: str
+    port: int
+    metrics_port: int
+    ready_file: str | None
+    lease_ttl_ms: int
+
+
+def parse_args(argv: list[str]) -> ControllerArgs:
+    ap = argparse.ArgumentParser(prog="python -m gregor.controller", description="Run a Gregor controller.")
+    ap.add_argument("--controller-id", type=int, required=True, help="unique id of this controller instance")
+    ap.add_argument("--etcd", required=True, help="etcd endpoints, e.g. http://127.0.0.1:2379[,http://...]")
+    ap.add_argument("--cluster", default="gregor", help="cluster name: keys live under /gregor/<cluster>/")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
+    ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
+    ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
+    ap.add_argument("--lease-ttl-ms", type=int, default=LEASE_TTL_MS_DEFAULT,
+                    help="etcd lease TTL (rounded up to whole seconds): a dead controller is replaced within it")
+    ap.add_argument("--log-level", default="INFO")
+    a = ap.parse_args(argv)
+    if a.lease_ttl_ms <= 0:
+        ap.error("--lease-ttl-ms must be positive")
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
+                          a.lease_ttl_ms)
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def run(args: ControllerArgs) -> int:
+    from gregor.common.etcd import EtcdClient
+    from gregor.common.metrics import serve_metrics
+    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.controller.controller import Controller
+    from gregor.controller.server import ControllerAdminServicer, ControllerServicer
+    from gregor.rpc.v1 import controller_pb2_grpc
+
+    etcd = EtcdClient(args.etcd, cluster=args.cluster)
+    controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms)
+    server = make_server()
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
+    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
+    add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    if port == 0:
+        raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
+    await server.start()
+    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    await controller.start()
+    if args.ready_file:
+        write_ready_file(args.ready_file, {
+            "controller_id": args.controller_id, "grpc": f"{args.host}:{port}",
+            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "pid": os.getpid()})
+    log.info("controller %d serving gRPC on %s:%d, metrics %d, etcd %s", args.controller_id, args.host, port,
+             metrics_port, args.etcd)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    stopped: asyncio.Future[Any] = controller.stopped
+    await asyncio.wait([stop_wait, stopped], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if controller.stopped.done() and controller.stopped.exception() is not None:
+        log.error("controller failed: %s", controller.stopped.exception())
+        code = 1
+    stop_wait.cancel()
+    # Revoke the lease first: the standby takes over while we finish shutting down.
+    await controller.stop()
+    await server.stop(1.0)
+    await etcd.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return asyncio.run(run(args))
+    except OSError as exc:
+        print(f"gregor.controller: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

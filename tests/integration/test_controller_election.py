@@ -1,0 +1,228 @@
+"""Controller election, failover and fencing (seed 001) with a real etcd and real controller processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gregor.cli.local_cluster import start_controller, stop_process
+from gregor.common import errors
+from gregor.common.etcd import CompareFailed, EtcdClient, Put
+from gregor.controller import elector
+from gregor.controller.controller import PRODUCER_ID_BLOCK_KEY, Controller
+from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import Process, etcd_process
+
+LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
+TAKEOVER_MARGIN_S = 3.0  # lease expiry check interval (0.5 s) + watch + election + slack
+
+
+@pytest.fixture
+def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
+    with etcd_process(str(tmp_path / "cluster")) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def client(etcd: Process) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(f"http://{etcd.grpc}", cluster="gregor") as c:
+        yield c
+
+
+@pytest.fixture
+def controllers(tmp_path, etcd: Process) -> Iterator[list[Process]]:  # type: ignore[no-untyped-def]
+    procs = [start_controller(str(tmp_path / "cluster"), i, etcd.grpc, lease_ttl_ms=LEASE_TTL_MS) for i in (1, 2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.alive():
+                os.kill(p.pid, signal.SIGCONT)
+            stop_process(p, signal.SIGKILL)
+
+
+def scrape(proc: Process) -> dict[str, float]:
+    with urllib.request.urlopen(proc.metrics, timeout=2) as r:
+        lines = r.read().decode().splitlines()
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+
+async def until(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
+    """Poll cond every 20 ms; return the seconds it took, fail after timeout_s."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if await cond():
+            return time.monotonic() - start
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+async def controller_is(client: EtcdClient, controller_id: int) -> bool:
+    return await elector.read_controller_id(client) == controller_id
+
+
+async def active_metric(proc: Process) -> float:
+    return await asyncio.to_thread(lambda: scrape(proc)["gregor_controller_active_controller_count"])
+
+
+async def register_broker(client: EtcdClient, broker_id: int) -> int:
+    """A broker registration as the broker will write it: lease-bound JSON; returns its epoch."""
+    lease = await client.grant_lease(30)
+    key = client.key("brokers", "ids", broker_id)
+    value = json.dumps({"host": "127.0.0.1", "grpc_port": 9000 + broker_id, "data_port": 0}).encode()
+    assert await client.create_if_absent(key, value, lease.id)
+    kv = await client.get(key)
+    assert kv is not None
+    return kv.create_revision
+
+
+async def allocate(proc: Process, broker_id: int, broker_epoch: int) -> int:
+    async with grpc.aio.insecure_channel(proc.grpc) as ch:
+        resp = await controller_pb2_grpc.ControllerServiceStub(ch).AllocateProducerIds(
+            controller_pb2.AllocateProducerIdsRequest(broker_id=broker_id, broker_epoch=broker_epoch), timeout=5)
+    return int(resp.producer_id_start)
+
+
+async def test_one_active_and_sigkill_failover(client: EtcdClient, controllers: list[Process]) -> None:
+    c1, c2 = controllers
+    await until(lambda: _any_registered(client), 5, "a controller registered")
+    active_id = await elector.read_controller_id(client)
+    active, standby = (c1, c2) if active_id == 1 else (c2, c1)
+    epoch_kv = await client.get(client.key("controller_epoch"))
+    assert epoch_kv is not None and (epoch_kv.value, epoch_kv.version) == (b"1", 1)
+    await until(lambda: _eq(active_metric(active), 1.0), 3, "active reports ActiveControllerCount 1")
+    assert scrape(standby)["gregor_controller_active_controller_count"] == 0.0
+    assert scrape(active)["gregor_controller_epoch"] == 1.0
+    epoch_broker = await register_broker(client, 7)
+
+    async with grpc.aio.insecure_channel(standby.grpc) as ch:
+        desc = await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(controller_pb2.DescribeClusterRequest())
+    assert (desc.controller_id, desc.controller_epoch) == (active_id, 1)
+    assert [(b.broker_id, b.broker_epoch, b.grpc_port) for b in desc.brokers] == [(7, epoch_broker, 9007)]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await allocate(standby, 7, epoch_broker)
+    assert errors.from_rpc_error(info.value).code == errors.Code.NOT_CONTROLLER
+
+    stop_process(active, signal.SIGKILL)
+    took = await until(lambda: controller_is(client, standby.id), LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S,
+                       "standby took over after SIGKILL")
+    epoch, _ = await elector.read_controller_epoch(client)
+    assert epoch == 2
+    await until(lambda: _eq(active_metric(standby), 1.0), 2, "new active reports ActiveControllerCount 1")
+    assert scrape(standby)["gregor_controller_epoch"] == 2.0
+    assert await allocate(standby, 7, epoch_broker) == 0  # it loaded the live brokers at failover
+    print(f"takeover after SIGKILL: {took:.2f} s")
+
+
+async def test_zombie_is_fenced_then_sigterm_handover(client: EtcdClient, controllers: list[Process]) -> None:
+    await until(lambda: _any_registered(client), 5, "a controller registered")
+    broker_epoch = await register_broker(client, 1)
+    first_id = await elector.read_controller_id(client)
+    zombie, other = (controllers[0], controllers[1]) if first_id == 1 else (controllers[1], controllers[0])
+    await until(lambda: _eq(active_metric(zombie), 1.0), 3, "first controller active")
+    assert await _retry_allocate(zombie, 1, broker_epoch) == 0
+
+    os.kill(zombie.pid, signal.SIGSTOP)  # frozen past its lease: etcd expires it, the standby takes over
+    await until(lambda: controller_is(client, other.id), LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S,
+                "standby took over from the stopped controller")
+    await until(lambda: _eq(active_metric(other), 1.0), 2, "standby active")
+    assert await allocate(other, 1, broker_epoch) == 1000
+    block_before = await client.get(client.key(PRODUCER_ID_BLOCK_KEY))
+
+    os.kill(zombie.pid, signal.SIGCONT)
+    # Whatever the zombie tries first, nothing it writes may land.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await allocate(zombie, 1, broker_epoch)
+    assert errors.from_rpc_error(info.value).code == errors.Code.NOT_CONTROLLER
+    await until(lambda: _eq(active_metric(zombie), 0.0), 3, "the zombie resigned")
+    assert await elector.read_controller_id(client) == other.id
+    assert (await elector.read_controller_epoch(client))[0] == 2
+    assert await client.get(client.key(PRODUCER_ID_BLOCK_KEY)) == block_before
+    fenced = scrape(zombie)["gregor_controller_fenced_writes_total"]
+    print(f"zombie fenced writes: {fenced:.0f}")
+
+    # A clean shutdown revokes the lease: the resigned zombie, now a standby, takes over at once.
+    started = time.monotonic()
+    os.kill(other.pid, signal.SIGTERM)
+    await until(lambda: controller_is(client, zombie.id), 1.0, "takeover within 1 s of SIGTERM")
+    took = time.monotonic() - started
+    assert (await elector.read_controller_epoch(client))[0] == 3
+    await until(lambda: _eq(active_metric(zombie), 1.0), 2, "former zombie active again")
+    assert await allocate(zombie, 1, broker_epoch) == 2000
+    print(f"takeover after SIGTERM: {took:.3f} s")
+
+
+async def test_guarded_write_of_a_deposed_controller_fails(client: EtcdClient) -> None:
+    """In-process and deterministic: a controller that has not yet heard of its successor is fenced by etcd."""
+    async with EtcdClient(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(1, own, lease_ttl_ms=LEASE_TTL_MS, registry=CollectorRegistry())
+        await ctl.start()
+        try:
+            await until(lambda: _true(ctl.is_active), 3, "controller 1 active")
+            broker_epoch = await register_broker(client, 3)
+            await until(lambda: _true(ctl.ctx.broker_epoch(3) == broker_epoch), 3, "broker 3 seen live")
+            # Deafen it (as a long pause would), then let a successor win behind its back.
+            assert ctl._controller_watch is not None
+            ctl._controller_watch.cancel()
+            await client.delete(client.key("controller"))
+            successor = await client.grant_lease(10)
+            won = await elector.register_controller_and_increment_epoch(client, 2, successor.id)
+            assert won.epoch == 2 and ctl.is_active  # still believes it leads
+            with pytest.raises(errors.GregorError) as info:
+                await ctl.allocate_producer_ids(3, broker_epoch)
+            assert info.value.code == errors.Code.NOT_CONTROLLER
+            assert ctl.metrics.fenced_writes._value.get() == 1.0
+            assert not ctl.is_active and ctl.active_controller_id == 2
+            assert await client.get(client.key(PRODUCER_ID_BLOCK_KEY)) is None
+            # The raw fence: a write guarded by the old epoch's revision never applies.
+            with pytest.raises(CompareFailed):
+                await client.guarded_txn([elector.epoch_guard(client, won.epoch_version - 1)],
+                                         [Put(client.key("x"), b"y")])
+        finally:
+            await ctl.stop()
+
+
+async def test_election_is_exclusive(client: EtcdClient) -> None:
+    leases = [await client.grant_lease(10) for _ in range(5)]
+    results = await asyncio.gather(
+        *(elector.register_controller_and_increment_epoch(client, i, lease.id) for i, lease in enumerate(leases)),
+        return_exceptions=True)
+    winners = [r for r in results if isinstance(r, elector.Election)]
+    assert len(winners) == 1 and winners[0].epoch == 1
+    assert all(isinstance(r, elector.ControllerMovedError) for r in results if r not in winners)
+
+
+async def _any_registered(client: EtcdClient) -> bool:
+    return await elector.read_controller_id(client) != elector.NO_CONTROLLER
+
+
+async def _eq(value: Awaitable[float], expected: float) -> bool:
+    try:
+        return await value == expected
+    except OSError:
+        return False
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _retry_allocate(proc: Process, broker_id: int, broker_epoch: int) -> int:
+    """The active controller learns of a new broker through its watch: retry STALE_BROKER_EPOCH briefly."""
+    for _ in range(50):
+        try:
+            return await allocate(proc, broker_id, broker_epoch)
+        except grpc.aio.AioRpcError as exc:
+            if errors.from_rpc_error(exc).code != errors.Code.STALE_BROKER_EPOCH:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("broker never became live on the controller")

@@ -147,6 +147,24 @@ async def test_data_port_transport_reads_the_same_records(broker) -> None:
     assert len(data_recs) == 500
 
 
+@pytest.mark.parametrize("transport", ["grpc", "data"])
+async def test_consumer_closes_promptly_with_fetches_in_flight(broker, transport: str) -> None:
+    # Regression: with the data port, close() hung when a fetch task missed its cancellation.
+    await create(broker.grpc, "busy", partitions=3)
+    value = b"x" * 1024
+    async with Producer({"bootstrap.servers": broker.grpc, "acks": "1"}) as p:
+        for _ in range(6000):
+            await p.send("busy", value)
+    tps = [("busy", i) for i in range(3)]
+    for _ in range(3):
+        c = Consumer({"bootstrap.servers": broker.grpc, "auto.offset.reset": "earliest", "fetch.transport": transport})
+        c.assign(tps)
+        got = 0
+        while got < 1500:
+            got += len(await c.poll(2000))
+        await asyncio.wait_for(c.close(), 5)
+
+
 async def test_producer_errors_are_typed(broker) -> None:
     await create(broker.grpc, "small")
     async with Producer({"bootstrap.servers": broker.grpc, "max.block.ms": 500}) as p:

@@ -2,7 +2,7 @@
 
 send() appends a (key, value, headers, timestamp) tuple to the open batch of
 its partition and gets a lightweight handle back; the records are encoded once
-per batch (gregor.common.records.build_batch) when the sender drains it.
+per batch (gregor.common.records.build_batch_from_deltas) when the sender drains it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Generator, NamedTuple, Optional, Sequence
 
 from gregor.common import errors
-from gregor.common.records import RECORD_OVERHEAD_BYTES, build_batch
+from gregor.common.records import RECORD_OVERHEAD_BYTES, build_batch_from_deltas
 
 TopicPartition = tuple[str, int]
 Callback = Callable[[Optional["RecordMetadata"], Optional[BaseException]], Any]
@@ -32,12 +32,15 @@ class ProducerBatch:
     """Records of one partition sent together; one future for all of them."""
 
     __slots__ = ("topic", "partition", "records", "size_bytes", "created", "future", "callbacks",
-                 "attempts", "retry_at", "sealed", "payload", "log_append_time")
+                 "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp")
 
-    def __init__(self, topic: str, partition: int, created: float) -> None:
+    def __init__(self, topic: str, partition: int, created: float, base_timestamp: int = 0) -> None:
         self.topic = topic
         self.partition = partition
+        # (key, value, headers, timestamp - base_timestamp): ready for the native encoder as they are.
         self.records: list[tuple[Optional[bytes], Optional[bytes], Sequence[tuple[str, bytes]], int]] = []
+        self.base_timestamp = base_timestamp  # the first record's timestamp
+        self.max_timestamp = base_timestamp
         self.size_bytes = 0
         self.created = created
         # Resolves to the base offset given by the leader (or fails).
@@ -55,12 +58,13 @@ class ProducerBatch:
 
     def encode(self, compression: str) -> bytes:
         if self.payload is None:
-            self.payload = build_batch(self.records, compression=compression)
+            self.payload = build_batch_from_deltas(self.records, self.base_timestamp, self.max_timestamp,
+                                                   compression)
         return self.payload
 
     def metadata(self, index: int) -> RecordMetadata:
         base = self.future.result()
-        ts = self.log_append_time if self.log_append_time >= 0 else self.records[index][3]
+        ts = self.log_append_time if self.log_append_time >= 0 else self.base_timestamp + self.records[index][3]
         return RecordMetadata(self.topic, self.partition, base + index if base >= 0 else -1, ts)
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
@@ -68,8 +72,11 @@ class ProducerBatch:
             return
         self.log_append_time = log_append_time
         self.future.set_result(base_offset)
-        for index, cb in self.callbacks:
-            _call(cb, self.metadata(index), None)
+        if self.callbacks:
+            topic, partition, records, base_ts = self.topic, self.partition, self.records, self.base_timestamp
+            for index, cb in self.callbacks:
+                ts = log_append_time if log_append_time >= 0 else base_ts + records[index][3]
+                _call(cb, RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1, ts), None)
 
     def fail(self, exc: BaseException) -> None:
         if self.future.done():
@@ -121,6 +128,18 @@ class FutureRecordMetadata:
             self.batch.callbacks.append((self.index, cb))
 
 
+class _NewBatch:
+    """Type of NEW_BATCH."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEW_BATCH"
+
+
+NEW_BATCH = _NewBatch()  # try_append(abort_on_new_batch=True): the record would open a new batch
+
+
 class RecordAccumulator:
     """Per-partition batch deques with buffer.memory backpressure (event-loop owned).
 
@@ -161,36 +180,63 @@ class RecordAccumulator:
         last = dq[-1]
         return last.sealed or (bool(last.records) and last.size_bytes + size > self.batch_size)
 
+    def try_append(self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes],
+                   headers: Sequence[tuple[str, bytes]], timestamp_ms: int, size: int,
+                   abort_on_new_batch: bool = False) -> "FutureRecordMetadata | None | _NewBatch":
+        """append() without blocking: None (and nothing appended) when buffer.memory has no room for size.
+
+        With abort_on_new_batch (sticky partitioning), returns NEW_BATCH instead of opening a new
+        batch of a partition whose last batch is complete (what needs_new_batch() says), so the
+        caller can move to another partition first (Kafka's abortOnNewBatch).
+        """
+        if self.closed:
+            raise errors.GregorError("producer is closed")
+        if self.buffered_bytes + size > self.buffer_memory:
+            if size > self.buffer_memory:
+                raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
+                    f"record of {size} bytes is larger than buffer.memory ({self.buffer_memory})")
+            return None
+        dq = self.batches.get((topic, partition))
+        batch = dq[-1] if dq else None
+        if batch is None or batch.sealed or (batch.records and batch.size_bytes + size > self.batch_size):
+            if abort_on_new_batch and dq is not None:  # a brand-new partition does not count
+                return NEW_BATCH
+            batch = self._new_batch(topic, partition, dq, batch, timestamp_ms)
+        elif timestamp_ms > batch.max_timestamp:
+            batch.max_timestamp = timestamp_ms
+        records = batch.records
+        records.append((key, value, headers, timestamp_ms - batch.base_timestamp))
+        batch.size_bytes += size
+        self.buffered_bytes += size
+        if batch.size_bytes >= self.batch_size or self.linger_s == 0:
+            self.wakeup.set()
+        return FutureRecordMetadata(batch, len(records) - 1)
+
+    def _new_batch(self, topic: str, partition: int, dq: Optional[collections.deque[ProducerBatch]],
+                   last: Optional[ProducerBatch], timestamp_ms: int) -> ProducerBatch:
+        if dq is None:
+            dq = self.batches[(topic, partition)] = collections.deque()
+        if last is not None and not last.sealed:
+            self.wakeup.set()  # the previous batch is complete: ready to send
+        batch = ProducerBatch(topic, partition, time.monotonic(), timestamp_ms)
+        dq.append(batch)
+        self.incomplete.add(batch)
+        batch.future.add_done_callback(lambda _f, b=batch: self.incomplete.discard(b))
+        return batch
+
     async def append(self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes],
                      headers: Sequence[tuple[str, bytes]], timestamp_ms: int, size: int) -> tuple[
                          FutureRecordMetadata, bool]:
-        """Add a record to its partition's open batch; returns (handle, that batch is now full)."""
-        if self.closed:
-            raise errors.GregorError("producer is closed")
-        if size > self.buffer_memory:
-            raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
-                f"record of {size} bytes is larger than buffer.memory ({self.buffer_memory})")
-        if self.buffered_bytes + size > self.buffer_memory:
+        """Add a record to its partition's open batch; returns (handle, that batch is now full).
+
+        Blocks up to max.block.ms while buffer.memory is full.
+        """
+        handle = self.try_append(topic, partition, key, value, headers, timestamp_ms, size)
+        while handle is None:
             await self._wait_for_space(size)
-        tp = (topic, partition)
-        dq = self.batches.get(tp)
-        if dq is None:
-            dq = self.batches[tp] = collections.deque()
-        batch = dq[-1] if dq else None
-        if batch is None or batch.sealed or (batch.records and batch.size_bytes + size > self.batch_size):
-            if batch is not None and not batch.sealed:
-                self.wakeup.set()  # the previous batch is complete: ready to send
-            batch = ProducerBatch(topic, partition, time.monotonic())
-            dq.append(batch)
-            self.incomplete.add(batch)
-            batch.future.add_done_callback(lambda _f, b=batch: self.incomplete.discard(b))
-        batch.records.append((key, value, headers, timestamp_ms))
-        batch.size_bytes += size
-        self.buffered_bytes += size
-        full = batch.size_bytes >= self.batch_size
-        if full or self.linger_s == 0:
-            self.wakeup.set()
-        return FutureRecordMetadata(batch, len(batch.records) - 1), full
+            handle = self.try_append(topic, partition, key, value, headers, timestamp_ms, size)
+        assert isinstance(handle, FutureRecordMetadata)
+        return handle, handle.batch.size_bytes >= self.batch_size
 
     async def _wait_for_space(self, size: int) -> None:
         # Kafka's BufferPool: block the caller up to max.block.ms until the sender frees memory.

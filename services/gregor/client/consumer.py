@@ -23,7 +23,7 @@ from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
-from gregor.common.records import records_of_batches, split_batches
+from gregor.common.records import CONTROL_FLAG, TIMESTAMP_TYPE_FLAG, batch_records, split_batches
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,9 @@ class Consumer:
             return
         self._closed = True
         tasks = [s.task for s in self._states.values() if s.task is not None]
-        for t in tasks:
-            t.cancel()
+        for state in self._states.values():
+            self._stop(state)  # new generation too: a task that misses its cancellation still exits
+        self._space_freed.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.metadata.close()
 
@@ -219,9 +220,11 @@ class Consumer:
                 raise err
             if not state.buffer:
                 continue
+            buffered = len(state.buffer)
             take = state.buffer[:limit - len(out)]
             del state.buffer[:len(take)]
-            freed = sum(len(r.value or b"") + len(r.key or b"") for r in take)
+            # The buffer's bytes are accounted per fetch: free them in proportion, exactly at empty.
+            freed = state.buffered_bytes if len(take) == buffered else state.buffered_bytes * len(take) // buffered
             state.buffered_bytes -= freed
             self._buffered_total -= freed
             out.extend(take)
@@ -348,17 +351,51 @@ class Consumer:
         assert state.fetch_offset is not None
         batches = split_batches(result.records, self.check_crcs)
         start = state.fetch_offset
-        recs = [ConsumerRecord(tp[0], tp[1], r.offset, r.timestamp, r.key, r.value, r.headers)
-                for r in records_of_batches(batches, min_offset=start)]
+        recs = _consumer_records(tp[0], tp[1], batches, start)
         state.fetch_offset = max(start, batches[-1][0].base_offset + batches[-1][0].last_offset_delta + 1)
         if recs:
-            size = sum(len(r.value or b"") + len(r.key or b"") for r in recs)
+            # Flow control counts fetched bytes (records plus their framing), not per-record sizes.
+            size = len(result.records)
             state.buffer.extend(recs)
             state.buffered_bytes += size
             self._buffered_total += size
             self._data_ready.set()
         elif state.position is not None and not state.buffer:
             state.position = state.fetch_offset  # only control batches / skipped records
+
+
+_new_tuple = tuple.__new__
+
+
+def _consumer_records(topic: str, partition: int, batches: list[tuple[Any, Any]],
+                      min_offset: int) -> list[ConsumerRecord]:
+    """ConsumerRecords of whole fetched batches at or above min_offset, control batches skipped.
+
+    The hot loop of the consumer: one native decode per batch, one tuple per record.
+    """
+    out: list[ConsumerRecord] = []
+    extend = out.extend
+    cls = ConsumerRecord
+    for header, raw in batches:
+        if header.attributes & CONTROL_FLAG:
+            continue
+        base = header.base_offset
+        if base + header.last_offset_delta < min_offset:
+            continue  # a fetch from inside a batch returns the whole batch
+        decoded = batch_records(header, raw)
+        if header.attributes & TIMESTAMP_TYPE_FLAG:  # LogAppendTime: every record has the batch's time
+            ts = header.max_timestamp
+            extend([_new_tuple(cls, (topic, partition, base + d, ts, k, v, h))
+                    for d, _, k, v, h in decoded if base + d >= min_offset])
+        else:
+            bts = header.base_timestamp
+            if base >= min_offset:
+                extend([_new_tuple(cls, (topic, partition, base + d, bts + td, k, v, h))
+                        for d, td, k, v, h in decoded])
+            else:
+                extend([_new_tuple(cls, (topic, partition, base + d, bts + td, k, v, h))
+                        for d, td, k, v, h in decoded if base + d >= min_offset])
+    return out
 
 
 class SyncConsumer:

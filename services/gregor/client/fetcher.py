@@ -100,16 +100,29 @@ class DataPortFetcher(GrpcFetcher):
         try:
             writer.write(FRAME.pack(len(body)) + body)
             await writer.drain()
-            (size,) = FRAME.unpack(await asyncio.wait_for(reader.readexactly(FRAME.size), self.timeout_s))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that races with the read completing, and close() then waits forever for this task.
+            async with asyncio.timeout(self.timeout_s):
+                (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
             header = broker_pb2.DataFetchResponseHeader.FromString(await reader.readexactly(size))
             records = await reader.readexactly(header.records_length) if header.records_length else b""
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
             await self.close()
             raise errors.NetworkExceptionError(f"data port fetch failed: {exc!r}") from None  # type: ignore[attr-defined]
+        except BaseException:
+            # Cancelled mid-answer: the connection holds an unread response; never reuse it.
+            self._drop()
+            raise
         if header.HasField("error") and header.error.code != 0:
             raise errors.from_detail(header.error)
         r = header.response
         return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            writer = self._conn[2]
+            self._conn = None
+            writer.close()
 
     async def close(self) -> None:
         if self._conn is not None:

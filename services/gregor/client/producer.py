@@ -15,17 +15,19 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import grpc
 
 from gregor.client.accumulator import (
-    Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
+    NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
 )
 from gregor.client.config import parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.partitioner import DefaultPartitioner
 from gregor.common import errors
-from gregor.common.records import now_ms
+from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
+_time = time.time
+_NO_HEADERS: tuple[tuple[str, bytes], ...] = ()  # shared by every record without headers
 
 __all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata"]
 
@@ -168,6 +170,7 @@ class Producer:
         self._sender: Optional[Sender] = None
         self._sender_task: Optional[asyncio.Task[None]] = None
         self._closed = False
+        self._parts_cache: dict[str, tuple[Any, int, list[int]]] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -241,41 +244,76 @@ class Producer:
                    timestamp_ms: Optional[int] = None, callback: Optional[Callback] = None) -> FutureRecordMetadata:
         """Buffer one record; the returned handle resolves to its RecordMetadata (await it).
 
-        Blocks (up to max.block.ms) only for unknown metadata or a full buffer.memory.
+        Blocks (up to max.block.ms) only for unknown metadata or a full buffer.memory;
+        otherwise it never suspends (no await on the common path).
         callback(metadata, exception) runs on the event loop once the record is done.
         """
         if self._closed:
             raise errors.GregorError("cannot send after the producer is closed")
-        if self._acc is None:
-            await self.start()
         acc = self._acc
-        assert acc is not None
-        parts = self.metadata.partitions_for(topic)
-        if not parts:
-            parts = await self.metadata.wait_for_topic(topic, self.max_block_ms)
-        n = len(parts)
-        hdrs = list(headers) if headers else []
-        size = acc.record_size(key, value, hdrs)
+        if acc is None:
+            await self.start()
+            acc = self._acc
+            assert acc is not None
+        cached = self._parts_cache.get(topic)
+        if cached is None or self.metadata.topics.get(topic) is not cached[0]:
+            cached = self._topic_parts(topic)
+            if cached is None:
+                await self.metadata.wait_for_topic(topic, self.max_block_ms)
+                cached = self._topic_parts(topic)
+                assert cached is not None
+        _, n, available = cached
+        if headers:
+            hdrs: Sequence[tuple[str, bytes]] = list(headers)
+            size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+            for hk, hv in hdrs:
+                size += len(hk) + len(hv) + 4
+        else:
+            hdrs = _NO_HEADERS
+            size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+        partitioner = self.partitioner
+        # Null keys (or partitioner.ignore.keys): the sticky partition of KIP-480.
+        sticky = partition is None and (key is None or partitioner.ignore_keys)
         if partition is None:
-            available = [p.partition for p in parts if p.leader >= 0]
-            partition = self.partitioner.partition(topic, key, n, available)
-            if (key is None or self.partitioner.ignore_keys) and acc.needs_new_batch((topic, partition), size):
-                # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
-                self.partitioner.on_batch_full(topic, partition, n, available)
-                partition = self.partitioner.partition(topic, key, n, available)
+            partition = partitioner.partition(topic, None if sticky else key, n, available)
         elif not 0 <= partition < n:
             raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
                 f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
                 topic=topic, partition=partition)
         if size > self.max_request_size:
+            if sticky and acc.needs_new_batch((topic, partition), size):
+                partitioner.on_batch_full(topic, partition, n, available)
+                partition = partitioner.partition(topic, None, n, available)
             raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                 f"The message is {size} bytes when serialized which is larger than max.request.size "
                 f"({self.max_request_size})", topic=topic, partition=partition)
-        handle, _ = await acc.append(topic, partition, key, value, hdrs,
-                                     now_ms() if timestamp_ms is None else timestamp_ms, size)
+        if timestamp_ms is None:
+            timestamp_ms = int(_time() * 1000)
+        handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size, sticky)
+        if handle is NEW_BATCH:
+            # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
+            partitioner.on_batch_full(topic, partition, n, available)
+            partition = partitioner.partition(topic, None, n, available)
+            handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size)
+        if handle is None:  # buffer.memory is full: wait for the sender to free some
+            if sticky and acc.needs_new_batch((topic, partition), size):
+                partitioner.on_batch_full(topic, partition, n, available)
+                partition = partitioner.partition(topic, None, n, available)
+            handle, _ = await acc.append(topic, partition, key, value, hdrs, timestamp_ms, size)
+        assert isinstance(handle, FutureRecordMetadata)
         if callback is not None:
             handle.add_done_callback(callback)
         return handle
+
+    def _topic_parts(self, topic: str) -> Optional[tuple[Any, int, list[int]]]:
+        """(TopicInfo, partition count, partitions with a leader) of topic, cached until the metadata
+        answer for it changes (the cache entry holds the TopicInfo it was computed from); None if unknown."""
+        info = self.metadata.topics.get(topic)
+        parts = self.metadata.partitions_for(topic)
+        if not parts:
+            return None
+        cached = self._parts_cache[topic] = (info, len(parts), [p.partition for p in parts if p.leader >= 0])
+        return cached
 
     async def send_and_wait(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,
                             **kwargs: Any) -> RecordMetadata:

@@ -148,3 +148,39 @@ async def test_needs_new_batch_drives_sticky_partitioning() -> None:
     assert not acc.needs_new_batch(("t", 0), 100)
     await append(acc, b"x" * 100)
     assert acc.needs_new_batch(("t", 0), 150)
+
+
+async def test_try_append_never_blocks_and_leaves_nothing_behind_when_full() -> None:
+    size = 100 + RECORD_OVERHEAD_BYTES
+    acc = make(buffer_memory=size * 2, batch_size=size * 10)
+    assert acc.try_append("t", 0, None, b"x" * 100, [], 1000, size) is not None
+    h = acc.try_append("t", 0, None, b"y" * 100, [], 1001, size)
+    assert h is not None and h.index == 1
+    assert acc.try_append("t", 0, None, b"z" * 100, [], 1002, size) is None, "buffer.memory is full"
+    assert [len(b.records) for b in acc.batches[("t", 0)]] == [2]
+    assert acc.buffered_bytes == size * 2
+    with pytest.raises(errors.GregorError, match="MESSAGE_TOO_LARGE"):
+        acc.try_append("t", 0, None, b"x" * 1000, [], 1000, size * 3)
+
+
+async def test_completion_gives_each_callback_its_own_offset_and_timestamp() -> None:
+    acc = make()
+    handles = [acc.try_append("t", 0, None, b"v", [], 1000 + i, 30) for i in range(3)]
+    seen: list = []  # type: ignore[type-arg]
+    for h in handles:
+        assert h is not None
+        h.add_done_callback(lambda md, exc: seen.append((md, exc)))
+    (batch,) = acc.drain(("t", 0), 1 << 20)
+    batch.complete(10)
+    assert [(md.offset, md.timestamp, exc) for md, exc in seen] == [(10, 1000, None), (11, 1001, None),
+                                                                   (12, 1002, None)]
+    assert [(await h).offset for h in handles if h is not None] == [10, 11, 12]
+
+
+async def test_batch_keeps_each_records_timestamp_in_any_order() -> None:
+    acc = make()
+    for ts in (2000, 1990, 2015, 2000):
+        acc.try_append("t", 0, None, b"v", [], ts, 30)
+    (batch,) = acc.drain(("t", 0), 1 << 20)
+    assert [r.timestamp for r in iter_records(batch.payload)] == [2000, 1990, 2015, 2000]
+    assert batch.max_timestamp == 2015

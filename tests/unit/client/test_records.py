@@ -85,3 +85,14 @@ def test_round_trip_property(recs: list, codec: str) -> None:
     data = records.build_batch(recs, compression=codec)
     out = list(records.iter_records(data))
     assert [(r.key, r.value, r.headers, r.timestamp) for r in out] == [(k, v, list(h), t) for k, v, h, t in recs]
+
+
+def test_build_batch_from_deltas_equals_build_batch() -> None:
+    recs = [(b"k" if i % 2 else None, b"v%d" % i, [("h", b"x")] if i == 3 else [], 5000 + (i * 7) % 5)
+            for i in range(10)]
+    deltas = [(k, v, h, ts - 5000) for k, v, h, ts in recs]
+    for codec in ("none", "lz4"):
+        assert records.build_batch_from_deltas(deltas, 5000, 5004, codec) == records.build_batch(
+            recs, compression=codec)
+    with pytest.raises(ValueError):
+        records.build_batch_from_deltas([], 0, 0)

@@ -24,6 +24,9 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="a server.properties key, e.g. log.retention.ms=60000 (repeatable)")
     ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
+    ap.add_argument("--etcd", help="etcd endpoints (http://HOST:PORT[,...]): run in a cluster with a controller; "
+                                   "without it the broker runs standalone")
+    ap.add_argument("--cluster", help="cluster name: etcd keys live under /gregor/<cluster>/ (default gregor)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     props: dict[str, str] = {}
@@ -44,6 +47,10 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
     cfg = BrokerConfig.from_properties(props, broker_id=args.broker_id, log_dirs=args.log_dirs,
                                        host=args.host, port=args.port, data_port=args.data_port,
                                        metrics_port=args.metrics_port)
+    if args.etcd:
+        cfg.etcd_endpoints = args.etcd
+    if args.cluster:
+        cfg.cluster_id = args.cluster
     return cfg, args.ready_file
 
 

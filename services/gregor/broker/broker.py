@@ -8,11 +8,13 @@ import logging
 import os
 from typing import Any
 
+from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.data_port import DataPortServer
 from gregor.broker.local_admin import LocalTopicStore
 from gregor.broker.log_manager import LogManager
+from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.replica_manager import ReplicaManager
-from gregor.broker.server import BrokerServicer, LocalAdminServicer
+from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import serve_metrics
@@ -23,13 +25,23 @@ log = logging.getLogger(__name__)
 
 
 class Broker:
-    """One broker process. Concurrency: everything on one asyncio loop; disk I/O in native code."""
+    """One broker process. Concurrency: everything on one asyncio loop; disk I/O in native code.
+
+    Standalone (no `etcd_endpoints`): leads every partition of its LocalTopicStore.
+    Cluster mode: registers in etcd, takes LeaderAndIsr / StopReplica / UpdateMetadata
+    from the active controller, answers Metadata from its MetadataCache and forwards
+    AdminService calls to the controller.
+    """
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
+        self.cluster_mode = bool(config.etcd_endpoints)
         self.topic_store = LocalTopicStore(self.log_manager.log_dirs[0])
+        self.metadata_cache = MetadataCache(config.cluster_id)
+        self.membership: ClusterMembership | None = None
+        self._etcd: Any = None
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
@@ -45,9 +57,23 @@ class Broker:
     def endpoint(self) -> common_pb2.BrokerEndpoint:
         return common_pb2.BrokerEndpoint(
             broker_id=self.config.broker_id, host=self.config.host, grpc_port=self.grpc_port,
-            data_port=self.data_port.port if self.data_port else 0, broker_epoch=-1)
+            data_port=self.data_port.port if self.data_port else 0,
+            broker_epoch=self.membership.broker_epoch if self.membership else -1, rack=self.config.broker_rack)
+
+    async def check_control_request(self, controller_epoch: int, broker_epoch: int) -> None:
+        """Fencing (seed 001): STALE_CONTROLLER_EPOCH for an older controller, STALE_BROKER_EPOCH for another incarnation."""
+        if self.membership is None:
+            raise errors.error_for(errors.Code.INVALID_REQUEST, "a standalone broker takes no control requests")
+        current = await self.membership.wait_registered()
+        if broker_epoch != -1 and broker_epoch != current:
+            raise errors.error_for(errors.Code.STALE_BROKER_EPOCH,
+                                   f"broker epoch {broker_epoch} is not this broker's registration ({current})")
+        # Last, so a request refused for its broker epoch never moves the controller epoch we hold.
+        self.replica_manager.check_controller_epoch(controller_epoch)
 
     def metadata_response(self, topics: list[str]) -> broker_pb2.MetadataResponse:
+        if self.cluster_mode:
+            return self.metadata_cache.metadata_response(topics)
         names = topics or sorted(self.topic_store.topics)
         out = []
         for name in names:
@@ -70,15 +96,19 @@ class Broker:
                                            controller_id=-1, topics=out)
 
     async def start(self) -> None:
-        for name, entry in sorted(self.topic_store.topics.items()):
-            self.open_topic(name, entry)
+        if not self.cluster_mode:
+            for name, entry in sorted(self.topic_store.topics.items()):
+                self.open_topic(name, entry)
         self.log_manager.start()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
-        controller_pb2_grpc.add_AdminServiceServicer_to_server(LocalAdminServicer(self), self._server)
-        add_health_and_reflection(self._server, [
-            broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name,
-            "gregor.rpc.v1.AdminService",
-        ])
+        services = [broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name, "gregor.rpc.v1.AdminService"]
+        if self.cluster_mode:
+            broker_pb2_grpc.add_BrokerControlServiceServicer_to_server(BrokerControlServicer(self), self._server)
+            controller_pb2_grpc.add_AdminServiceServicer_to_server(ForwardingAdminServicer(self), self._server)
+            services.append(broker_pb2.DESCRIPTOR.services_by_name["BrokerControlService"].full_name)
+        else:
+            controller_pb2_grpc.add_AdminServiceServicer_to_server(LocalAdminServicer(self), self._server)
+        add_health_and_reflection(self._server, services)
         self.grpc_port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
@@ -88,9 +118,23 @@ class Broker:
             await self.data_port.start()
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
+        if self.cluster_mode:
+            await self._register()
         log.info("broker %d serving gRPC on %s:%d, data port %s, metrics %d", self.config.broker_id,
                  self.config.host, self.grpc_port, self.data_port.port if self.data_port else "off",
                  self.metrics_port)
+
+    async def _register(self) -> None:
+        """Register in etcd once serving, so the controller's first requests find us listening."""
+        from gregor.common.etcd import EtcdClient
+
+        self._etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id)
+        info = {"host": self.config.host, "grpc_port": self.grpc_port,
+                "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
+                "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
+        self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
+                                            self.config.broker_session_timeout_ms)
+        await self.membership.start()
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -99,6 +143,7 @@ class Broker:
             "data": f"{self.config.host}:{self.data_port.port}" if self.data_port else "",
             "metrics": f"http://{self.config.host}:{self.metrics_port}/metrics" if self.metrics_port >= 0 else "",
             "pid": os.getpid(),
+            "broker_epoch": self.membership.broker_epoch if self.membership else -1,
         }
 
     def write_ready_file(self, path: str) -> None:
@@ -108,6 +153,10 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self.membership is not None:
+            await self.membership.close()  # deregister first: the controller moves leadership away
+        if self._etcd is not None:
+            await self._etcd.close()
         self.replica_manager.shutdown()
         if self.data_port is not None:
             await self.data_port.stop()

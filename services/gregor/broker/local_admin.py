@@ -9,22 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
 from gregor.common import errors
 from gregor.common.config import validate_topic_configs
-
-LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-TOPIC_NAME_MAX = 249  # Kafka's limit, so directory names stay under 255 bytes
-
-
-def validate_topic_name(name: str) -> None:
-    if not name or name in (".", "..") or len(name) > TOPIC_NAME_MAX or not LEGAL_TOPIC.match(name):
-        raise errors.error_for(
-            errors.Code.INVALID_TOPIC_EXCEPTION,
-            f"Topic name {name!r} is illegal: use up to {TOPIC_NAME_MAX} of [a-zA-Z0-9._-], not '.' or '..'",
-            topic=name)
+from gregor.common.topics import LEGAL_TOPIC, TOPIC_NAME_MAX, validate_topic_name  # noqa: F401 (re-exported)
 
 
 class LocalTopicStore:

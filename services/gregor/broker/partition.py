@@ -72,6 +72,35 @@ class Partition:
         self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
         self.maybe_increment_leader_hw()
 
+    def make_leader(self, leader_epoch: int, isr: list[int], replicas: list[int]) -> bool:
+        """Become leader at leader_epoch (LeaderAndIsr); False if that epoch is older than ours."""
+        if leader_epoch < self.leader_epoch:
+            return False
+        self.leader_id = self.local_broker_id
+        self.leader_epoch = leader_epoch
+        self.replicas = list(replicas)
+        self.isr = set(isr)
+        # Followers' LEOs are unknown until they fetch under the new epoch.
+        self.remote_leos = {r: 0 for r in replicas if r != self.local_broker_id}
+        self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
+        self.maybe_increment_leader_hw()
+        return True
+
+    def make_follower(self, leader_id: int, leader_epoch: int, isr: list[int], replicas: list[int]) -> bool:
+        """Follow leader_id at leader_epoch (LeaderAndIsr); False if that epoch is older than ours.
+
+        Consumers and producers get NOT_LEADER_OR_FOLLOWER from now on; the replica
+        fetcher that copies the leader's log is not part of this slice.
+        """
+        if leader_epoch < self.leader_epoch:
+            return False
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.replicas = list(replicas)
+        self.isr = set(isr)
+        self.remote_leos = {}
+        return True
+
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""
         where = {"topic": self.topic, "partition": self.partition,

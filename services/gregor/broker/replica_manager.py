@@ -11,7 +11,7 @@ Concurrency: event-loop owned; no locks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import gregor_native as native
 from prometheus_client import Counter, Gauge
@@ -33,6 +33,17 @@ UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led parti
 UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
 
 ACKS_VALUES = (0, 1, -1)
+
+
+class LeaderAndIsrState(Protocol):
+    """One partition of a LeaderAndIsr request (the proto message satisfies it)."""
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    isr: Iterable[int]
+    replicas: Iterable[int]
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,8 @@ class ReplicaManager:
         self.config = config
         self.log_manager = log_manager
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # The newest controller epoch seen in a control request (Kafka's ReplicaManager.controllerEpoch).
+        self.controller_epoch = 0
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
@@ -149,6 +162,54 @@ class ReplicaManager:
             self.produce_purgatory.check_and_complete(key)
             self.fetch_purgatory.check_and_complete(key)
             self.log_manager.delete_log(*key)
+
+    # ------------------------------------------------------------------ control requests (seed 001)
+    def check_controller_epoch(self, controller_epoch: int) -> None:
+        """Refuse requests of a controller older than the latest one seen (STALE_CONTROLLER_EPOCH)."""
+        if controller_epoch < self.controller_epoch:
+            raise errors.error_for(errors.Code.STALE_CONTROLLER_EPOCH,
+                                   f"controller epoch {controller_epoch} is older than {self.controller_epoch}")
+        self.controller_epoch = controller_epoch
+
+    def become_leader_or_follower(self, states: Iterable[LeaderAndIsrState],
+                                  topic_configs: dict[str, dict[str, Any]]) -> dict[tuple[str, int], int]:
+        """Apply LeaderAndIsr: create or open each partition, lead or follow it; returns errors per partition.
+
+        A partition whose leader epoch is older than the one we hold is left alone
+        (STALE_CONTROLLER_EPOCH, as Kafka answers); topic configs always apply.
+        """
+        failed: dict[tuple[str, int], int] = {}
+        for topic, overrides in topic_configs.items():
+            if any(k[0] == topic for k in self.partitions):
+                self.update_topic_configs(topic, overrides)
+        for s in states:
+            try:
+                p = self.create_partition(s.topic, s.partition, topic_configs.get(s.topic, {}))
+            except Exception as exc:  # a log that cannot open fails this partition only
+                failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
+                continue
+            if s.leader == self.config.broker_id:
+                changed = p.make_leader(s.leader_epoch, list(s.isr), list(s.replicas))
+            else:
+                changed = p.make_follower(s.leader, s.leader_epoch, list(s.isr), list(s.replicas))
+            if not changed:
+                failed[p.key] = errors.Code.STALE_CONTROLLER_EPOCH
+                continue
+            # Parked produces and fetches re-check leadership: a new follower answers NOT_LEADER_OR_FOLLOWER.
+            self.on_high_watermark_change(p)
+        return failed
+
+    def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
+        """Apply StopReplica: stop serving each partition; with delete also remove its log."""
+        for key in partitions:
+            p = self.partitions.get(key)
+            if p is not None:
+                p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER
+                self.produce_purgatory.check_and_complete(key)
+                self.fetch_purgatory.check_and_complete(key)
+            if delete:
+                self.partitions.pop(key, None)
+                self.log_manager.delete_log(*key)
 
     def get_partition(self, topic: str, partition: int) -> Partition:
         p = self.partitions.get((topic, partition))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from gregor.common import errors
+from gregor.common.etcd import EtcdError
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -176,3 +179,93 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
 
 def _config_str(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
+    """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.replicas = broker.replica_manager
+
+    @rpc_method("BrokerControlService")
+    async def LeaderAndIsr(self, request: broker_pb2.LeaderAndIsrRequest,
+                           context: Ctx) -> broker_pb2.LeaderAndIsrResponse:
+        await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
+        configs = {t: dict(c.entries) for t, c in request.topic_configs.items()}
+        failed = self.replicas.become_leader_or_follower(request.partition_states, configs)
+        return broker_pb2.LeaderAndIsrResponse(partition_errors=[
+            broker_pb2.PartitionError(topic=t, partition=p, error=code)  # type: ignore[arg-type]
+            for (t, p), code in sorted(failed.items())])
+
+    @rpc_method("BrokerControlService")
+    async def StopReplica(self, request: broker_pb2.StopReplicaRequest,
+                          context: Ctx) -> broker_pb2.StopReplicaResponse:
+        await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
+        self.replicas.stop_replicas([(tp.topic, tp.partition) for tp in request.partitions],
+                                    request.delete_partitions)
+        return broker_pb2.StopReplicaResponse()
+
+    @rpc_method("BrokerControlService")
+    async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest,
+                             context: Ctx) -> broker_pb2.UpdateMetadataResponse:
+        await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
+        self.broker.metadata_cache.update_metadata(request.controller_id, request.live_brokers,
+                                                   request.partition_states, request.deleted_topics)
+        return broker_pb2.UpdateMetadataResponse()
+
+
+FORWARD_TIMEOUT_S = 30.0  # how long a forwarded admin call may take, retries for a moving controller included
+FORWARD_RETRY_S = 0.2  # pause before asking etcd again who the controller is
+
+
+def _forwarded(api: str) -> Any:
+    """An AdminService method that relays the request to the active controller and its answer back."""
+
+    async def method(self: "ForwardingAdminServicer", request: Any, context: Ctx) -> Any:
+        return await self.forward(api, request, context)
+
+    method.__name__ = api
+    return rpc_method("AdminService")(method)
+
+
+class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
+    """AdminService of a cluster-mode broker: every call goes to the active controller (read from etcd).
+
+    A NOT_CONTROLLER answer or an unreachable controller means it moved: look it up
+    again and retry until the caller's deadline (or FORWARD_TIMEOUT_S) runs out.
+    """
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+
+    async def forward(self, api: str, request: Any, context: Ctx) -> Any:
+        remaining = context.time_remaining()
+        deadline = time.monotonic() + min(remaining if remaining is not None else FORWARD_TIMEOUT_S,
+                                          FORWARD_TIMEOUT_S)
+        last: errors.GregorError = errors.error_for(errors.Code.NOT_CONTROLLER, "no active controller")
+        while time.monotonic() < deadline:
+            try:
+                membership = self.broker.membership
+                assert membership is not None
+                _, ch = await membership.controller_channel()
+                stub = controller_pb2_grpc.AdminServiceStub(ch)
+                return await getattr(stub, api)(request, timeout=max(0.1, deadline - time.monotonic()))
+            except grpc.RpcError as exc:
+                last = errors.from_rpc_error(exc)
+                if last.code not in (errors.Code.NOT_CONTROLLER, errors.Code.NETWORK_EXCEPTION):
+                    raise last
+            except EtcdError as exc:
+                last = errors.error_for(errors.Code.NOT_CONTROLLER, f"cannot read the controller from etcd: {exc}")
+            except errors.GregorError as err:
+                last = err
+            await asyncio.sleep(FORWARD_RETRY_S)
+        raise last
+
+    CreateTopics = _forwarded("CreateTopics")
+    DeleteTopics = _forwarded("DeleteTopics")
+    CreatePartitions = _forwarded("CreatePartitions")
+    DescribeConfigs = _forwarded("DescribeConfigs")
+    AlterConfigs = _forwarded("AlterConfigs")
+    ElectLeaders = _forwarded("ElectLeaders")
+    DescribeCluster = _forwarded("DescribeCluster")

@@ -33,18 +33,20 @@ def cluster() -> None:
 @cluster.command()
 @click.option("--data-dir", help="where logs, data and cluster.json go (default ./.gregor)")
 @click.option("--brokers", type=int, default=1, show_default=True)
-@click.option("--controllers", type=int, default=0, show_default=True)
+@click.option("--controllers", type=int, default=0, show_default=True,
+              help="0 runs one standalone broker; 1 or more run brokers in cluster mode under the controller")
+@click.option("--lease-ttl-ms", type=int, default=None,
+              help="controller lease TTL and broker.session.timeout.ms (default 10000)")
 @click.option("--coordinators", type=int, default=0, show_default=True)
 @click.option("--gateways", type=int, default=0, show_default=True)
 @click.option("--broker-property", "broker_props", multiple=True, metavar="KEY=VALUE",
               help="server.properties override for every broker (repeatable)")
 @click.pass_context
-def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, coordinators: int,
-       gateways: int, broker_props: tuple[str, ...]) -> None:
+def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, lease_ttl_ms: int | None,
+       coordinators: int, gateways: int, broker_props: tuple[str, ...]) -> None:
     """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it."""
-    if controllers or coordinators or gateways:
-        raise click.UsageError("controllers, coordinators and gateways are not available yet "
-                               "(this build runs a standalone broker)")
+    if coordinators or gateways:
+        raise click.UsageError("coordinators and gateways are not available yet")
     overrides = {}
     for item in broker_props:
         key, sep, value = item.partition("=")
@@ -52,7 +54,8 @@ def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int,
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--broker-property")
         overrides[key] = value
     try:
-        c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides)
+        c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides,
+                            controllers=controllers, lease_ttl_ms=lease_ttl_ms)
     except ClusterError as exc:
         raise click.ClickException(str(exc))
     click.echo(json.dumps(c.to_json(), indent=2))

@@ -117,7 +117,9 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
 
 
 def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
-                 overrides: dict[str, str] | None = None, port: int = 0) -> Process:
+                 overrides: dict[str, str] | None = None, port: int = 0, etcd_endpoint: str | None = None,
+                 cluster: str = "gregor") -> Process:
+    """A broker process; with etcd_endpoint ([http://]host:port) it runs in cluster mode and registers there."""
     broker_dir = os.path.join(data_dir, f"broker-{broker_id}")
     os.makedirs(broker_dir, exist_ok=True)
     ready = os.path.join(broker_dir, "ready.json")
@@ -126,12 +128,16 @@ def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
     log_path = os.path.join(data_dir, "logs", f"broker-{broker_id}.log")
     cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", str(broker_id), "--log-dirs", broker_dir,
            "--host", host, "--port", str(port), "--data-port", "0", "--metrics-port", "0", "--ready-file", ready]
+    if etcd_endpoint:
+        endpoint = etcd_endpoint if "://" in etcd_endpoint else f"http://{etcd_endpoint}"
+        cmd += ["--etcd", endpoint, "--cluster", cluster]
     for k, v in (overrides or {}).items():
         cmd += ["--override", f"{k}={v}"]
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
+    extra = {"broker_epoch": info["broker_epoch"]} if etcd_endpoint else {}
     return Process("broker", broker_id, proc.pid, info["grpc"], info["metrics"], log_path, broker_dir,
-                   data=info["data"])
+                   data=info["data"], extra=extra)
 
 
 def stop_process(p: Process, sig: int = signal.SIGTERM) -> None:
@@ -193,19 +199,35 @@ class LocalCluster:
         return cls(data_dir, [Process(**p) for p in raw["processes"]])
 
     @classmethod
-    def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None) -> "LocalCluster":
+    def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
+           controllers: int = 0, lease_ttl_ms: int | None = None) -> "LocalCluster":
+        """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
+
+        With no controller, one standalone broker (today's single-broker path).
+        lease_ttl_ms sets the controllers' lease TTL and the brokers'
+        broker.session.timeout.ms (short values make failover tests fast).
+        """
         os.makedirs(data_dir, exist_ok=True)
         if os.path.exists(os.path.join(data_dir, "cluster.json")):
             existing = cls.load(data_dir)
             if any(p.alive() for p in existing.processes):
                 raise ClusterError(f"a cluster is already running in {data_dir}; `gregor cluster down` first")
-        if brokers != 1:
-            raise ClusterError("only --brokers 1 until the controller lands (standalone broker mode)")
+        if controllers == 0 and brokers != 1:
+            raise ClusterError("more than one broker needs a controller: pass --controllers 1 (or more)")
+        if brokers < 1 or controllers < 0:
+            raise ClusterError("need at least one broker and a non-negative number of controllers")
+        overrides = dict(broker_overrides or {})
+        if lease_ttl_ms is not None and controllers:
+            overrides.setdefault("broker.session.timeout.ms", str(lease_ttl_ms))
         cluster = cls(data_dir)
         try:
-            cluster.processes.append(start_etcd(data_dir))
+            etcd = start_etcd(data_dir)
+            cluster.processes.append(etcd)
+            for i in range(controllers):
+                cluster.processes.append(start_controller(data_dir, i, etcd.grpc, lease_ttl_ms=lease_ttl_ms))
             for i in range(brokers):
-                cluster.processes.append(start_broker(data_dir, i, overrides=broker_overrides))
+                cluster.processes.append(start_broker(data_dir, i, overrides=overrides,
+                                                      etcd_endpoint=etcd.grpc if controllers else None))
         except BaseException:
             cluster.down()
             raise

@@ -137,7 +137,10 @@ class BrokerConfig:
     port: int = 9092
     data_port: int = 0  # raw zero-copy fetch port; 0 picks a free one, -1 disables
     metrics_port: int = 0  # Prometheus /metrics; 0 picks a free one, -1 disables
-    cluster_id: str = "gregor"
+    cluster_id: str = "gregor"  # with etcd: the cluster name, keys live under /gregor/<cluster_id>/
+    etcd_endpoints: str = ""  # zookeeper.connect's counterpart; empty runs the broker standalone
+    broker_session_timeout_ms: int = 10000  # lease TTL of brokers/ids/<id>: a dead broker is noticed within it
+    broker_rack: str = ""  # broker.rack
     num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
     delete_topic_enable: bool = True  # delete.topic.enable

@@ -27,6 +27,7 @@ class ControllerArgs:
     metrics_port: int
     ready_file: str | None
     lease_ttl_ms: int
+    delete_topic_enable: bool = True
 
 
 def parse_args(argv: list[str]) -> ControllerArgs:
@@ -40,6 +41,8 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
     ap.add_argument("--lease-ttl-ms", type=int, default=LEASE_TTL_MS_DEFAULT,
                     help="etcd lease TTL (rounded up to whole seconds): a dead controller is replaced within it")
+    ap.add_argument("--delete-topic-enable", choices=("true", "false"), default="true",
+                    help="delete.topic.enable: whether DeleteTopics deletes (Kafka's default: true)")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     if a.lease_ttl_ms <= 0:
@@ -47,7 +50,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
-                          a.lease_ttl_ms)
+                          a.lease_ttl_ms, a.delete_topic_enable == "true")
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -66,14 +69,16 @@ async def run(args: ControllerArgs) -> int:
     from gregor.rpc.v1 import controller_pb2_grpc
 
     etcd = EtcdClient(args.etcd, cluster=args.cluster)
-    controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms)
     server = make_server()
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
-    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
-    add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
+    # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
+    controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
+                            delete_topic_enable=args.delete_topic_enable)
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
+    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
+    add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
     metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
     await controller.start()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
@@ -14,19 +14,24 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from gregor.common import errors
 from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, Lease, LeaseLost, Put,
                                 WatchCompacted, lease_ttl_s, mod_revision_is)
-from gregor.controller import elector
+from gregor.controller import elector, metadata_store
+from gregor.controller.broker_registry import (BROKER_IDS, BrokerRegistration, ClusterDescription, broker_epochs,
+                                               registrations)
+from gregor.controller.channel_manager import ControllerChannelManager
+from gregor.controller.election import OfflineElection
 from gregor.controller.elector import NO_CONTROLLER, ControllerMovedError
 from gregor.controller.event_manager import ControllerEventManager
-from gregor.controller.membership import on_controller_failover, process_broker_change
+from gregor.controller.membership import compute_broker_changes, on_controller_failover, process_broker_change
 from gregor.controller.requests import ControllerActions
-from gregor.controller.state import ControllerContext, ControllerState
+from gregor.controller.state import ControllerContext, ControllerState, TopicPartition
+from gregor.controller.topics import on_topic_deletion, process_partition_modifications, process_topic_change
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LEASE_TTL_MS_DEFAULT = 10_000  # a SIGKILLed controller is replaced within this
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
 PRODUCER_ID_BLOCK_KEY = "latest_producer_id_block"
-BROKER_IDS = "brokers/ids/"
 ISR_CHANGE_NOTIFICATIONS = "isr_change_notification/"
 
 
@@ -44,6 +49,19 @@ class ControllerMetrics:
             "etcd writes refused because controller_epoch moved on (a newer controller exists).", registry=registry)
         self.elections_won = Counter("gregor_controller_elections_won_total",
                                      "Elections this instance won.", registry=registry)
+        self.offline_partitions = Gauge("gregor_controller_offline_partitions_count",
+                                        "Partitions without a live leader (Kafka's OfflinePartitionsCount).",
+                                        registry=registry)
+        self.topics = Gauge("gregor_controller_global_topic_count", "Topics (active controller).", registry=registry)
+        self.partitions = Gauge("gregor_controller_global_partition_count", "Partitions (active controller).",
+                                registry=registry)
+        self.unclean_elections = Counter("gregor_controller_unclean_leader_elections_total",
+                                         "Leaders elected from outside the ISR.", registry=registry)
+
+    def update_partition_gauges(self, ctx: ControllerContext) -> None:
+        self.offline_partitions.set(ctx.offline_partition_count)
+        self.topics.set(len(ctx.all_topics))
+        self.partitions.set(sum(len(p) for p in ctx.partition_assignments.values()))
 
 
 @dataclass
@@ -77,18 +95,22 @@ class Controller:
     """
 
     def __init__(self, controller_id: int, etcd: EtcdClient, lease_ttl_ms: int = LEASE_TTL_MS_DEFAULT,
-                 registry: CollectorRegistry = REGISTRY) -> None:
+                 registry: CollectorRegistry = REGISTRY, endpoint: str = "", delete_topic_enable: bool = True) -> None:
         self.controller_id = controller_id
         self.etcd = etcd
+        self.endpoint = endpoint
+        self.delete_topic_enable = delete_topic_enable
         self.lease_ttl_s = lease_ttl_s(lease_ttl_ms)
         self.ctx = ControllerContext()
         self.active_controller_id = NO_CONTROLLER
         self.metrics = ControllerMetrics(registry)
         self.events = ControllerEventManager(registry=registry)
+        self.channels = ControllerChannelManager(controller_id, registry)
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._lease: Lease | None = None
         self._controller_watch: asyncio.Task[None] | None = None
-        self._broker_watch: asyncio.Task[None] | None = None
+        # The active role's watches: brokers/ids, brokers/topics, admin/delete_topics.
+        self._active_watches: list[asyncio.Task[None]] = []
         self._closing = False
 
     @property
@@ -112,7 +134,7 @@ class Controller:
         if self.is_active:
             self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
-        for task in (self._controller_watch, self._broker_watch):
+        for task in (self._controller_watch, *self._active_watches):
             if task is not None:
                 task.cancel()
         if self._lease is not None:
@@ -152,17 +174,19 @@ class Controller:
                 start_revision = (await self.etcd.get_prefix(key)).revision + 1
                 await self.events.put(_Event(ControllerState.CONTROLLER_CHANGE, "Reelect", self._process_reelect))
 
-    async def _watch_brokers(self, start_revision: int) -> None:
-        """Any change under brokers/ids -> BrokerChange (BrokerChangeHandler)."""
-        prefix = self.etcd.key(BROKER_IDS)
+    async def _watch_prefix(self, prefix: str, start_revision: int, event: Callable[[], "_Event"],
+                            wanted: Callable[[bytes], bool] = lambda key: True) -> None:
+        """Enqueue event() for each wanted change under prefix (the active role's ChildChangeHandlers)."""
+        key = self.etcd.key(prefix)
         while True:
             try:
-                async for ev in self.etcd.watch_prefix(prefix, start_revision):
+                async for ev in self.etcd.watch_prefix(key, start_revision):
                     start_revision = ev.mod_revision + 1
-                    await self.events.put(_Event(ControllerState.BROKER_CHANGE, "BrokerChange", self._process_broker_change))
+                    if wanted(ev.key):
+                        await self.events.put(event())
             except WatchCompacted:
-                start_revision = (await self.etcd.get_prefix(prefix)).revision + 1
-                await self.events.put(_Event(ControllerState.BROKER_CHANGE, "BrokerChange", self._process_broker_change))
+                start_revision = (await self.etcd.get_prefix(key)).revision + 1
+                await self.events.put(event())
 
     def _on_lease_lost(self, lease: Lease, reason: LeaseLost) -> None:
         """Kafka's session expiry: Expire runs next and drops the backlog (clearAndPut)."""
@@ -212,7 +236,8 @@ class Controller:
                 log.debug("controller %d is active; not electing", self.active_controller_id)
                 return
             lease = await self._ensure_lease()
-            election = await elector.register_controller_and_increment_epoch(self.etcd, self.controller_id, lease.id)
+            election = await elector.register_controller_and_increment_epoch(
+                self.etcd, self.controller_id, lease.id, endpoint=self.endpoint)
         except EtcdError as exc:
             # etcd is away: try again shortly instead of staying a standby forever.
             log.warning("controller %d could not elect: %s; retrying", self.controller_id, exc)
@@ -270,31 +295,60 @@ class Controller:
     # -- the active role ---------------------------------------------------------
 
     async def on_controller_failover(self) -> None:
-        """Load the context from etcd, register watches, set metrics (seed 001's onControllerFailover).
+        """Load the context from etcd, start senders and watches, bring partitions online (onControllerFailover).
 
-        Done so far: live brokers with their epochs, the broker watch, and removal of
-        pending ISR change notifications (the full state is read now). Topics,
-        partition states and the channel manager come with later slices.
+        Reads live brokers (epoch = creation revision) and their endpoints, deletes pending
+        ISR change notifications, loads topics, partition states and configs, then runs the
+        pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
+        replicas. Topics queued for deletion resume deleting.
         """
         brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
-        self.ctx.live_broker_epochs = _broker_epochs(self.etcd, brokers.kvs)
+        registered = registrations(self.etcd, brokers.kvs)
+        self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}
         await self.guarded_write([], [Delete(self.etcd.key(ISR_CHANGE_NOTIFICATIONS), prefix=True)])
-        self._broker_watch = self._spawn(self._watch_brokers(brokers.revision + 1), "broker-watch")
+        snapshot = await metadata_store.load_topics(self.etcd)
+        self._load_topics(snapshot)
+        for registration in registered:
+            self.channels.add_broker(registration.endpoint())
+        self._active_watches = [
+            self._spawn(self._watch_prefix(BROKER_IDS, brokers.revision + 1, self._broker_change_event),
+                        "broker-watch"),
+            self._spawn(self._watch_prefix(metadata_store.BROKER_TOPICS, snapshot.revision + 1,
+                                           self._topic_change_event,
+                                           lambda key: metadata_store.is_topic_key(self.etcd, key)), "topic-watch"),
+            self._spawn(self._watch_prefix(metadata_store.DELETE_TOPICS, snapshot.revision + 1,
+                                           self._topic_deletion_event), "topic-deletion-watch"),
+        ]
         actions = ControllerActions()
-        on_controller_failover(self.ctx, actions)
+        on_controller_failover(self.ctx, actions, self._election())
+        await self.apply_actions(actions)
+        if snapshot.topics_to_delete:
+            await self.on_topic_deletion()
         self.metrics.active_controller_count.set(1)
         self.metrics.epoch.set(self.ctx.epoch)
-        log.info("controller %d active: epoch %d, live brokers %s", self.controller_id, self.ctx.epoch,
-                 sorted(self.ctx.live_broker_epochs))
+        log.info("controller %d active: epoch %d, live brokers %s, %d topics", self.controller_id, self.ctx.epoch,
+                 sorted(self.ctx.live_broker_epochs), len(self.ctx.all_topics))
+
+    def _load_topics(self, snapshot: metadata_store.TopicsSnapshot) -> None:
+        for topic, assignment in snapshot.assignments.items():
+            self.ctx.all_topics.add(topic)
+            self.ctx.topic_configs[topic] = snapshot.configs.get(topic, {})
+            for partition, replicas in assignment.items():
+                self.ctx.update_partition_replica_assignment(TopicPartition(topic, partition), replicas)
+        for tp, state in snapshot.states.items():
+            self.ctx.put_partition_leadership_info(tp, state)
+        self.ctx.topics_to_be_deleted = snapshot.topics_to_delete & self.ctx.all_topics
 
     def on_controller_resignation(self) -> None:
         """Stop what the active controller owns and forget its context (seed 001's onControllerResignation)."""
-        if self._broker_watch is not None:
-            self._broker_watch.cancel()
-            self._broker_watch = None
+        for task in self._active_watches:
+            task.cancel()
+        self._active_watches = []
+        self.channels.shutdown()
         epoch = self.ctx.epoch
         self.ctx = ControllerContext()
         self.metrics.active_controller_count.set(0)
+        self.metrics.update_partition_gauges(self.ctx)
         log.info("controller %d resigned (was epoch %d)", self.controller_id, epoch)
 
     async def guarded_write(self, compares: list[Compare], ops: list[Put | Delete]) -> None:
@@ -312,24 +366,123 @@ class Controller:
                     f"controller {self.controller_id} with epoch {self.ctx.epoch} is fenced: {exc}") from exc
             raise
 
-    async def _process_broker_change(self) -> None:
+    def _election(self) -> OfflineElection:
+        """Offline election, unclean only for topics that enable unclean.leader.election.enable."""
+        unclean = frozenset(t for t, c in self.ctx.topic_configs.items()
+                            if str(c.get("unclean.leader.election.enable", "false")).lower() == "true")
+        return OfflineElection(allow_unclean=False, unclean_topics=unclean)
+
+    async def apply_actions(self, actions: ControllerActions, deleted_topics: Iterable[str] = ()) -> None:
+        """Perform an event's etcd writes in order, then queue its control requests (sendRequestsToBrokers).
+
+        A write whose partition-epoch compare fails (someone else wrote the state)
+        reloads that state and drops its requests; a fenced write raises
+        ControllerMovedError and nothing is sent.
+        """
+        stale: list[TopicPartition] = []
+        for write in actions.writes:
+            if write.topic_partition in stale:
+                continue
+            compares, ops = metadata_store.partition_state_write(self.etcd, write)
+            try:
+                await self.guarded_write(compares, ops)
+            except CompareFailed:
+                stale.append(write.topic_partition)
+        for tp in stale:
+            current = await metadata_store.load_partition_state(self.etcd, tp)
+            log.warning("partition state of %s changed under us; now %s", tp, current)
+            if current is not None:
+                self.ctx.put_partition_leadership_info(tp, current)
+        actions.batch.discard_partitions(stale)
+        if actions.unclean_elections:
+            self.metrics.unclean_elections.inc(actions.unclean_elections)
+        for tp, reason in sorted(actions.failed.items()):
+            log.warning("%s: %s", tp, reason)
+        self.channels.send(actions.batch.build(self.ctx, self.controller_id), self.ctx.topic_configs, deleted_topics)
+        self.metrics.update_partition_gauges(self.ctx)
+
+    # -- cluster events (event task only) ------------------------------------------
+
+    def _broker_change_event(self) -> _Event:
+        return _Event(ControllerState.BROKER_CHANGE, "BrokerChange", lambda: self._guarded_event(self.on_broker_change))
+
+    def _topic_change_event(self) -> _Event:
+        return _Event(ControllerState.TOPIC_CHANGE, "TopicChange", lambda: self._guarded_event(self.on_topic_change))
+
+    def _topic_deletion_event(self) -> _Event:
+        return _Event(ControllerState.TOPIC_DELETION, "TopicDeletion",
+                      lambda: self._guarded_event(self.on_topic_deletion))
+
+    async def on_broker_change(self) -> None:
+        """BrokerChange: senders follow membership first, then onBrokerStartup / onBrokerFailure."""
         if not self.is_active:
             return
         brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
-        changes = process_broker_change(self.ctx, _broker_epochs(self.etcd, brokers.kvs), ControllerActions())
-        log.info("brokers: new %s, dead %s, bounced %s, live %s", list(changes.new), list(changes.dead),
-                 list(changes.bounced), sorted(self.ctx.live_broker_epochs))
+        registered = {r.broker_id: r for r in registrations(self.etcd, brokers.kvs)}
+        current = {b: r.broker_epoch for b, r in registered.items()}
+        changes = compute_broker_changes(self.ctx.live_broker_epochs, current)
+        for broker_id in (*changes.dead, *changes.bounced):
+            self.channels.remove_broker(broker_id)
+        for broker_id in (*changes.new, *changes.bounced):
+            self.channels.add_broker(registered[broker_id].endpoint())
+        actions = ControllerActions()
+        process_broker_change(self.ctx, current, actions, self._election())
+        await self.apply_actions(actions)
+        if not changes.is_empty():
+            log.info("brokers: new %s, dead %s, bounced %s, live %s", list(changes.new), list(changes.dead),
+                     list(changes.bounced), sorted(self.ctx.live_broker_epochs))
+
+    async def on_topic_change(self) -> None:
+        """TopicChange / PartitionModifications: new topics and added partitions go New -> Online."""
+        if not self.is_active:
+            return
+        assignments = await metadata_store.load_assignments(self.etcd)
+        for topic in set(assignments) - self.ctx.all_topics:
+            kv = await self.etcd.get(metadata_store.config_key(self.etcd, topic))
+            self.ctx.topic_configs[topic] = metadata_store.decode_config(kv.value) if kv is not None else {}
+        actions = ControllerActions()
+        known = self.ctx.all_topics & set(assignments)
+        new, deleted = process_topic_change(self.ctx, assignments, actions)
+        for topic in sorted(known):
+            process_partition_modifications(self.ctx, topic, assignments[topic], actions)
+        await self.apply_actions(actions)
+        if new or deleted:
+            log.info("topics: new %s, gone %s", sorted(new), sorted(deleted))
+
+    async def on_topic_deletion(self) -> None:
+        """TopicDeletion: topics marked under admin/delete_topics are stopped, deleted on brokers, then removed."""
+        if not self.is_active:
+            return
+        marked = await metadata_store.load_topics_to_delete(self.etcd)
+        if not marked:
+            return
+        if not self.delete_topic_enable:
+            log.warning("delete.topic.enable is false; ignoring deletion of %s", sorted(marked))
+            await self.guarded_write([], [Delete(metadata_store.delete_topic_key(self.etcd, t)) for t in marked])
+            return
+        actions = ControllerActions()
+        deleted = on_topic_deletion(self.ctx, marked, actions)
+        await self.apply_actions(actions, deleted_topics=deleted)
+        ops = [op for topic in sorted(marked) for op in metadata_store.delete_topic_ops(self.etcd, topic)]
+        await self.guarded_write([], ops)
+        log.info("topics deleted: %s", sorted(deleted))
 
     # -- requests ----------------------------------------------------------------
 
-    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
-        """A block of producer ids (start, length), allocated on the event task with a guarded write."""
+    async def run_request(self, name: str, state: ControllerState, body: Callable[[], Awaitable["T"]]) -> "T":
+        """Run body on the event task (it alone touches the context) and return its result to an RPC.
+
+        NOT_CONTROLLER when this instance is not active, was fenced, or is stopping.
+        """
         loop = asyncio.get_running_loop()
-        result: asyncio.Future[tuple[int, int]] = loop.create_future()
+        result: asyncio.Future[T] = loop.create_future()
 
         async def run() -> None:
             try:
-                result.set_result(await self._allocate_producer_ids(broker_id, broker_epoch))
+                if not self.is_active:
+                    raise errors.error_for(errors.Code.NOT_CONTROLLER,
+                                           f"controller {self.controller_id} is not active")
+                result.set_result(await body())
             except ControllerMovedError as exc:
                 await self.maybe_resign()
                 result.set_exception(errors.error_for(errors.Code.NOT_CONTROLLER, str(exc)))
@@ -340,11 +493,16 @@ class Controller:
             result.set_exception(errors.error_for(errors.Code.NOT_CONTROLLER, "the controller is moving"))
 
         try:
-            queued = await self.events.put(_Event(ControllerState.IDLE, "AllocateProducerIds", run, preempt))
+            queued = await self.events.put(_Event(state, name, run, preempt))
             await queued.wait()
         except Exception as exc:  # the event task is gone: this instance controls nothing
             raise errors.error_for(errors.Code.NOT_CONTROLLER, f"controller stopping: {exc}") from exc
         return result.result()
+
+    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
+        """A block of producer ids (start, length), allocated on the event task with a guarded write."""
+        return await self.run_request("AllocateProducerIds", ControllerState.IDLE,
+                                      lambda: self._allocate_producer_ids(broker_id, broker_epoch))
 
     async def _allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
         if not self.is_active:
@@ -360,50 +518,12 @@ class Controller:
         await self.guarded_write([mod_revision_is(key, expected)], [Put(key, json.dumps(block).encode())])
         return start, PRODUCER_ID_BLOCK_SIZE
 
-    async def describe_cluster(self) -> "ClusterDescription":
+    async def describe_cluster(self) -> ClusterDescription:
         """Controller id, epoch and registered brokers as etcd has them now (any instance may answer)."""
         controller_id = await elector.read_controller_id(self.etcd)
         epoch, _ = await elector.read_controller_epoch(self.etcd)
         brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
-        out = []
-        for kv in brokers.kvs:
-            broker_id = _broker_id(self.etcd, kv.key)
-            if broker_id is None:
-                continue
-            try:
-                info = json.loads(kv.value) if kv.value else {}
-            except ValueError:
-                info = {}
-            out.append(BrokerRegistration(broker_id, kv.create_revision, info if isinstance(info, dict) else {}))
-        return ClusterDescription(controller_id, epoch, out)
+        return ClusterDescription(controller_id, epoch, registrations(self.etcd, brokers.kvs))
 
 
-@dataclass(frozen=True)
-class BrokerRegistration:
-    """A `brokers/ids/<id>` key: the broker epoch is its creation revision; `info` its JSON value."""
-
-    broker_id: int
-    broker_epoch: int
-    info: dict[str, object]
-
-
-@dataclass(frozen=True)
-class ClusterDescription:
-    controller_id: int
-    controller_epoch: int
-    brokers: list[BrokerRegistration]
-
-
-def _broker_id(etcd: EtcdClient, key: bytes) -> int | None:
-    suffix = etcd.relative(key)[len(BROKER_IDS):]
-    return int(suffix) if suffix.isdigit() else None
-
-
-def _broker_epochs(etcd: EtcdClient, kvs: "tuple[object, ...]") -> dict[int, int]:
-    """{broker id: broker epoch} from brokers/ids keys; the epoch is the key's creation revision."""
-    out = {}
-    for kv in kvs:
-        broker_id = _broker_id(etcd, kv.key)  # type: ignore[attr-defined]
-        if broker_id is not None:
-            out[broker_id] = int(kv.create_revision)  # type: ignore[attr-defined]
-    return out
+__all__ = ["BrokerRegistration", "ClusterDescription", "Controller", "broker_epochs"]

@@ -23,16 +23,19 @@ class ControllerRegistration:
 
     controller_id: int
     timestamp_ms: int
+    # host:port of the controller's gRPC server, so brokers can forward AdminService calls.
+    endpoint: str = ""
 
     def encode(self) -> bytes:
         # "brokerid" keeps Kafka's field name for tools that read /controller; "controller_id" is ours.
         return json.dumps({"version": 1, "brokerid": self.controller_id, "controller_id": self.controller_id,
-                           "timestamp": str(self.timestamp_ms)}).encode()
+                           "timestamp": str(self.timestamp_ms), "endpoint": self.endpoint}).encode()
 
     @classmethod
     def decode(cls, value: bytes) -> "ControllerRegistration":
         raw = json.loads(value)
-        return cls(int(raw.get("controller_id", raw.get("brokerid"))), int(raw.get("timestamp", 0)))
+        return cls(int(raw.get("controller_id", raw.get("brokerid"))), int(raw.get("timestamp", 0)),
+                   str(raw.get("endpoint", "")))
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,16 @@ def is_epoch_guard(etcd: EtcdClient, compare: Compare) -> bool:
     return compare.key == etcd.key(CONTROLLER_EPOCH_KEY) and compare.target == "mod_revision"
 
 
+async def read_controller(etcd: EtcdClient) -> ControllerRegistration | None:
+    """The active controller's registration, None when the key is absent."""
+    kv = await etcd.get(etcd.key(CONTROLLER_KEY))
+    return ControllerRegistration.decode(kv.value) if kv is not None else None
+
+
 async def read_controller_id(etcd: EtcdClient) -> int:
     """The active controller's id, NO_CONTROLLER when the key is absent (Kafka's getControllerId)."""
-    kv = await etcd.get(etcd.key(CONTROLLER_KEY))
-    return ControllerRegistration.decode(kv.value).controller_id if kv is not None else NO_CONTROLLER
+    registration = await read_controller(etcd)
+    return registration.controller_id if registration is not None else NO_CONTROLLER
 
 
 async def read_controller_epoch(etcd: EtcdClient) -> tuple[int, int]:
@@ -65,7 +74,7 @@ async def read_controller_epoch(etcd: EtcdClient) -> tuple[int, int]:
 
 
 async def register_controller_and_increment_epoch(
-    etcd: EtcdClient, controller_id: int, lease_id: int, now_ms: int | None = None
+    etcd: EtcdClient, controller_id: int, lease_id: int, now_ms: int | None = None, endpoint: str = ""
 ) -> Election:
     """Create the lease-bound `controller` key and bump `controller_epoch` in ONE transaction.
 
@@ -74,7 +83,8 @@ async def register_controller_and_increment_epoch(
     and every winner gets a distinct epoch. Raises ControllerMovedError when we lose.
     """
     epoch, epoch_version = await read_controller_epoch(etcd)
-    registration = ControllerRegistration(controller_id, now_ms if now_ms is not None else int(time.time() * 1000))
+    registration = ControllerRegistration(controller_id, now_ms if now_ms is not None else int(time.time() * 1000),
+                                          endpoint)
     controller_key, epoch_key = etcd.key(CONTROLLER_KEY), etcd.key(CONTROLLER_EPOCH_KEY)
     result = await etcd.txn(
         [version_is(controller_key, 0), mod_revision_is(epoch_key, epoch_version)],

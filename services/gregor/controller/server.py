@@ -7,8 +7,11 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gregor.common import errors
+from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
-from gregor.rpc.v1 import common_pb2, controller_pb2, controller_pb2_grpc
+from gregor.controller.state import ControllerState
+from gregor.controller.topic_admin import NewTopic, TopicAdmin, TopicOutcome
+from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 
 if TYPE_CHECKING:
     from gregor.controller.controller import Controller
@@ -43,24 +46,86 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         return controller_pb2.AllocateProducerIdsResponse(producer_id_start=start, producer_id_len=length)
 
 
+def _result(outcome: TopicOutcome) -> controller_pb2.TopicResult:
+    return controller_pb2.TopicResult(
+        name=outcome.name, num_partitions=outcome.num_partitions, replication_factor=outcome.replication_factor,
+        error=outcome.error.to_detail() if outcome.error is not None else None)
+
+
+def _config_str(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _topic_configs(name: str, overrides: dict[str, str], err: errors.GregorError | None) -> controller_pb2.TopicConfigs:
+    if err is not None:
+        return controller_pb2.TopicConfigs(topic=name, error=err.to_detail())
+    entries = [controller_pb2.ConfigEntry(name=k, value=_config_str(v), is_default=k not in overrides,
+                                          documentation=TOPIC_CONFIGS[k].doc)
+               for k, v in sorted(effective_topic_configs(overrides).items())]
+    return controller_pb2.TopicConfigs(topic=name, entries=entries)
+
+
 class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
-    """AdminService on a controller; so far only DescribeCluster, read straight from etcd."""
+    """AdminService on a controller: topic operations on the active one (NOT_CONTROLLER elsewhere), DescribeCluster anywhere."""
 
     def __init__(self, controller: "Controller") -> None:
         self.controller = controller
+        self.topics = TopicAdmin(controller)
+
+    @rpc_method("AdminService")
+    async def CreateTopics(self, request: controller_pb2.CreateTopicsRequest,
+                           context: Ctx) -> controller_pb2.CreateTopicsResponse:
+        results = []
+        for t in request.topics:
+            new = NewTopic(t.name, t.num_partitions, t.replication_factor,
+                           {p: list(r.broker_ids) for p, r in t.assignments.items()}, dict(t.configs))
+            outcome = await self.controller.run_request(
+                "CreateTopics", ControllerState.TOPIC_CHANGE,
+                lambda new=new: self.topics.create_topic(new, request.validate_only))  # type: ignore[misc]
+            results.append(_result(outcome))
+        return controller_pb2.CreateTopicsResponse(results=results)
+
+    @rpc_method("AdminService")
+    async def DeleteTopics(self, request: controller_pb2.DeleteTopicsRequest,
+                           context: Ctx) -> controller_pb2.DeleteTopicsResponse:
+        results = []
+        for name in request.topics:
+            outcome = await self.controller.run_request(
+                "DeleteTopics", ControllerState.TOPIC_DELETION,
+                lambda name=name: self.topics.delete_topic(name))  # type: ignore[misc]
+            results.append(_result(outcome))
+        return controller_pb2.DeleteTopicsResponse(results=results)
+
+    @rpc_method("AdminService")
+    async def CreatePartitions(self, request: controller_pb2.CreatePartitionsRequest,
+                               context: Ctx) -> controller_pb2.CreatePartitionsResponse:
+        outcome = await self.controller.run_request(
+            "CreatePartitions", ControllerState.TOPIC_CHANGE,
+            lambda: self.topics.create_partitions(request.topic, request.count, request.validate_only))
+        return controller_pb2.CreatePartitionsResponse(result=_result(outcome))
+
+    @rpc_method("AdminService")
+    async def DescribeConfigs(self, request: controller_pb2.DescribeConfigsRequest,
+                              context: Ctx) -> controller_pb2.DescribeConfigsResponse:
+        async def describe() -> list[tuple[str, dict[str, str], errors.GregorError | None]]:
+            return self.topics.describe_configs(list(request.topics))
+
+        found = await self.controller.run_request("DescribeConfigs", ControllerState.IDLE, describe)
+        return controller_pb2.DescribeConfigsResponse(results=[_topic_configs(*f) for f in found])
+
+    @rpc_method("AdminService")
+    async def AlterConfigs(self, request: controller_pb2.AlterConfigsRequest,
+                           context: Ctx) -> controller_pb2.AlterConfigsResponse:
+        configs = await self.controller.run_request(
+            "AlterConfigs", ControllerState.IDLE,
+            lambda: self.topics.alter_configs(request.topic, dict(request.set), list(request.delete),
+                                              request.validate_only))
+        return controller_pb2.AlterConfigsResponse(result=_topic_configs(request.topic, configs, None))
 
     @rpc_method("AdminService")
     async def DescribeCluster(self, request: controller_pb2.DescribeClusterRequest,
                               context: Ctx) -> controller_pb2.DescribeClusterResponse:
         desc = await self.controller.describe_cluster()
-        brokers = [
-            common_pb2.BrokerEndpoint(
-                broker_id=b.broker_id, broker_epoch=b.broker_epoch, host=str(b.info.get("host", "")),
-                grpc_port=int(b.info.get("grpc_port", 0) or 0),  # type: ignore[call-overload]
-                data_port=int(b.info.get("data_port", 0) or 0),  # type: ignore[call-overload]
-                rack=str(b.info.get("rack", "") or ""))
-            for b in desc.brokers
-        ]
         return controller_pb2.DescribeClusterResponse(
             cluster_id=self.controller.etcd.cluster, controller_id=desc.controller_id,
-            controller_epoch=desc.controller_epoch, brokers=brokers)
+            controller_epoch=desc.controller_epoch, brokers=[b.endpoint() for b in desc.brokers])

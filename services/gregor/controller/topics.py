@@ -65,3 +65,36 @@ def process_partition_modifications(
     if added:
         on_new_partition_creation(ctx, added, actions)
     return added
+
+
+def on_topic_deletion(ctx: ControllerContext, topics: Iterable[str], actions: ControllerActions) -> set[str]:
+    """Delete topics at once (a compressed TopicDeletionManager); returns the topics deleted.
+
+    Every replica goes Offline -> ReplicaDeletionStarted (StopReplica with delete)
+    -> ReplicaDeletionSuccessful -> NonExistent without waiting for the brokers'
+    answers, the partitions Offline -> NonExistent, and the topic leaves the
+    context. Partition-state writes for the deleted topics are dropped: the
+    driver deletes their keys instead. Every live broker gets UpdateMetadata.
+    """
+    doomed = {t for t in topics if t in ctx.all_topics}
+    if not doomed:
+        return doomed
+    ctx.topics_to_be_deleted |= doomed
+    ctx.topics_with_deletion_started |= doomed
+    partitions = sorted(tp for t in doomed for tp in ctx.partitions_for_topic(t))
+    replicas = ctx.replicas_for_partitions(partitions)
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.OFFLINE, actions)
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.DELETION_STARTED, actions)
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.DELETION_SUCCESSFUL, actions)
+    psm.handle_state_changes(ctx, partitions, PartitionState.OFFLINE, actions)
+    psm.handle_state_changes(ctx, partitions, PartitionState.NON_EXISTENT, actions)
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.NON_EXISTENT, actions)
+    actions.writes = [w for w in actions.writes if w.topic_partition.topic not in doomed]
+    actions.batch.discard_partitions(partitions)
+    actions.batch.add_update_metadata(ctx.live_or_shutting_down_broker_ids, [])
+    for topic in doomed:
+        ctx.remove_topic(topic)
+        ctx.topics_to_be_deleted.discard(topic)
+        ctx.topics_with_deletion_started.discard(topic)
+        ctx.topics_ineligible_for_deletion.discard(topic)
+    return doomed

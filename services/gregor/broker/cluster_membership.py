@@ -1,0 +1,134 @@
+"""A cluster-mode broker's link to etcd: its lease-bound registration (broker epoch) and the controller's address.
+
+The broker registers `brokers/ids/<id>` with JSON {host, grpc_port, data_port, rack, ...}
+bound to a lease (ZooKeeper's ephemeral node); the key's creation revision is the
+broker epoch. If the key still exists from an earlier incarnation whose lease has not
+expired yet (a SIGKILLed broker restarted quickly), registration waits for it to go.
+When the lease is lost the broker registers again and gets a new epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from gregor.common import errors
+from gregor.common.etcd import EtcdClient, EtcdError, Lease, LeaseLost, lease_ttl_s
+from gregor.common.rpc import channel
+
+log = logging.getLogger(__name__)
+
+REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way
+REGISTER_WAIT_S = 10.0  # a control request waits this long for our own registration to finish
+CONTROLLER_KEY = "controller"  # written by the controller's election (gregor.controller.elector)
+
+
+class ClusterMembership:
+    """Registration, re-registration and controller lookup for one broker.
+
+    Concurrency: runs on the broker's event loop. One registration task at a time
+    (started by `start()` and by the lease-lost callback) writes `broker_epoch`;
+    everyone else only reads it or awaits `wait_registered()`.
+    """
+
+    def __init__(self, etcd: EtcdClient, broker_id: int, info: dict[str, Any], session_timeout_ms: int,
+                 on_registered: Callable[[int], None] | None = None) -> None:
+        self.etcd = etcd
+        self.broker_id = broker_id
+        self.info = info
+        self.ttl_s = lease_ttl_s(session_timeout_ms)
+        self.broker_epoch = -1
+        self._on_registered = on_registered
+        self._registered = asyncio.Event()
+        self._lease: Lease | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    @property
+    def key(self) -> bytes:
+        return self.etcd.key("brokers", "ids", self.broker_id)
+
+    async def start(self) -> None:
+        """Register and return once registered (the broker epoch is known)."""
+        self._spawn_register()
+        await self._registered.wait()
+
+    async def wait_registered(self, timeout_s: float = REGISTER_WAIT_S) -> int:
+        """The current broker epoch, waiting for a registration in progress."""
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        return self.broker_epoch
+
+    async def close(self) -> None:
+        """Stop re-registering and revoke the lease: the controller sees the broker leave at once."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._lease is not None:
+            await self._lease.revoke()
+        for ch in self._channels.values():
+            await ch.close()
+
+    def _spawn_register(self) -> None:
+        self._registered.clear()
+        self._task = asyncio.get_running_loop().create_task(self._register(), name="broker-registration")
+
+    async def _register(self) -> None:
+        value = json.dumps({"version": 5, **self.info, "timestamp": str(int(time.time() * 1000))}).encode()
+        while True:
+            try:
+                lease = self._lease if self._lease is not None and self._lease.alive else await self._new_lease()
+                result = await self.etcd.create_if_absent(self.key, value, lease.id)
+                if result:
+                    # The put happened at the transaction's revision: that is the key's creation revision.
+                    kv = await self.etcd.get(self.key)
+                    self.broker_epoch = kv.create_revision if kv is not None else result.revision
+                    break
+                log.info("broker %d: %s is still registered (an earlier incarnation's lease); waiting",
+                         self.broker_id, self.etcd.relative(self.key))
+            except EtcdError as exc:
+                log.warning("broker %d: registration failed (%s); retrying", self.broker_id, exc)
+            await asyncio.sleep(REGISTER_RETRY_S)
+        log.info("broker %d registered with broker epoch %d", self.broker_id, self.broker_epoch)
+        self._registered.set()
+        if self._on_registered is not None:
+            self._on_registered(self.broker_epoch)
+
+    async def _new_lease(self) -> Lease:
+        lease = await self.etcd.grant_lease(self.ttl_s)
+        self._lease = lease
+        lease.on_lost(lambda reason: self._on_lease_lost(lease, reason))
+        return lease
+
+    def _on_lease_lost(self, lease: Lease, reason: LeaseLost) -> None:
+        if self._closing or lease is not self._lease:
+            return
+        log.warning("broker %d lost its registration (%s); registering again", self.broker_id, reason)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._spawn_register()
+
+    # -- the active controller ----------------------------------------------------
+
+    async def controller_channel(self) -> tuple[int, grpc.aio.Channel]:
+        """(controller id, channel) of the active controller, read from the `controller` key."""
+        kv = await self.etcd.get(self.etcd.key(CONTROLLER_KEY))
+        if kv is None:
+            raise errors.error_for(errors.Code.NOT_CONTROLLER, "no active controller")
+        raw = json.loads(kv.value)
+        endpoint = str(raw.get("endpoint", ""))
+        if not endpoint:
+            raise errors.error_for(errors.Code.NOT_CONTROLLER, "the active controller has no endpoint")
+        if endpoint not in self._channels:
+            self._channels[endpoint] = channel(endpoint)
+        return int(raw.get("controller_id", raw.get("brokerid", -1))), self._channels[endpoint]

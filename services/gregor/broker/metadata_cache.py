@@ -1,0 +1,69 @@
+"""The broker's MetadataCache: live brokers and partition leadership as the controller's UpdateMetadata said.
+
+In cluster mode BrokerService.Metadata answers from here, so every broker tells
+clients the same leaders, replicas and ISR. Concurrency: event-loop owned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2, common_pb2
+
+
+@dataclass(frozen=True)
+class CachedPartition:
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+class MetadataCache:
+    """Live brokers and partition states from the latest UpdateMetadata (Kafka's MetadataCache)."""
+
+    def __init__(self, cluster_id: str) -> None:
+        self.cluster_id = cluster_id
+        self.controller_id = -1
+        self.live_brokers: dict[int, common_pb2.BrokerEndpoint] = {}
+        self.partitions: dict[str, dict[int, CachedPartition]] = {}
+
+    def update_metadata(self, controller_id: int, live_brokers: Iterable[common_pb2.BrokerEndpoint],
+                        states: Iterable[broker_pb2.LeaderAndIsrPartitionState],
+                        deleted_topics: Iterable[str]) -> None:
+        """Replace the live brokers, upsert the listed partitions, forget deleted topics."""
+        self.controller_id = controller_id
+        self.live_brokers = {b.broker_id: b for b in live_brokers}
+        for s in states:
+            self.partitions.setdefault(s.topic, {})[s.partition] = CachedPartition(
+                s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
+        for topic in deleted_topics:
+            self.partitions.pop(topic, None)
+
+    def contains(self, topic: str) -> bool:
+        return topic in self.partitions
+
+    def metadata_response(self, topics: list[str]) -> broker_pb2.MetadataResponse:
+        """BrokerService.Metadata: every known topic when none is asked."""
+        out = []
+        for name in topics or sorted(self.partitions):
+            parts = self.partitions.get(name)
+            if parts is None:
+                out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            out.append(broker_pb2.TopicMetadata(
+                name=name, is_internal=name.startswith("__"),
+                partitions=[self._partition(p, parts[p]) for p in sorted(parts)]))
+        return broker_pb2.MetadataResponse(
+            brokers=[self.live_brokers[b] for b in sorted(self.live_brokers)], cluster_id=self.cluster_id,
+            controller_id=self.controller_id, topics=out)
+
+    def _partition(self, partition: int, p: CachedPartition) -> broker_pb2.PartitionMetadata:
+        offline = [r for r in p.replicas if r not in self.live_brokers]
+        leader_alive = p.leader >= 0 and p.leader in self.live_brokers
+        return broker_pb2.PartitionMetadata(
+            partition=partition, leader=p.leader if leader_alive else -1, leader_epoch=p.leader_epoch,
+            replicas=list(p.replicas), isr=list(p.isr), offline_replicas=offline,
+            error=errors.Code.NONE if leader_alive else errors.Code.LEADER_NOT_AVAILABLE)

@@ -1,0 +1,186 @@
+"""AdminService's topic operations on the active controller: validate, write etcd, then run the topic events.
+
+Every public coroutine here runs on the controller's event task (through
+`Controller.run_request`), so it may read and change the context directly. The
+etcd writes carry the controller-epoch guard; the TopicChange / TopicDeletion
+processing then runs inline, so an answered CreateTopics already has leaders and
+its LeaderAndIsr / UpdateMetadata queued (the watch's own event is then a no-op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gregor.common import errors
+from gregor.common.config import effective_topic_configs, validate_topic_configs
+from gregor.common.etcd import CompareFailed, Put, mod_revision_is
+from gregor.common.topics import validate_topic_name
+from gregor.controller import metadata_store
+from gregor.controller.replica_assignment import add_partitions_assignment, assign_replicas_to_brokers
+from gregor.controller.requests import ControllerActions
+
+if TYPE_CHECKING:
+    from gregor.controller.controller import Controller
+
+NUM_PARTITIONS_DEFAULT = 1  # num.partitions: used when a request asks for -1
+DEFAULT_REPLICATION_FACTOR = 1  # default.replication.factor: used when a request asks for -1
+
+
+@dataclass(frozen=True)
+class NewTopic:
+    """A CreateTopics entry: counts (-1 = default) or an explicit partition -> replicas assignment."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    assignments: Mapping[int, Sequence[int]] = field(default_factory=dict)
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicOutcome:
+    name: str
+    num_partitions: int = 0
+    replication_factor: int = 0
+    error: errors.GregorError | None = None
+
+
+def _exists(name: str) -> errors.GregorError:
+    return errors.error_for(errors.Code.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.", topic=name)
+
+
+def _unknown(name: str) -> errors.GregorError:
+    return errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist.", topic=name)
+
+
+def check_assignment(name: str, assignment: Mapping[int, Sequence[int]], brokers: set[int]) -> None:
+    """Kafka's validateReplicaAssignment: partitions 0..n-1, one replication factor, no duplicate, known brokers."""
+    def bad(message: str) -> errors.GregorError:
+        return errors.error_for(errors.Code.INVALID_REPLICA_ASSIGNMENT, message, topic=name)
+
+    if sorted(assignment) != list(range(len(assignment))):
+        raise bad("Partitions should be a consecutive 0-based integer sequence.")
+    factors = {len(r) for r in assignment.values()}
+    if len(factors) != 1 or 0 in factors:
+        raise bad("All partitions should have the same number of replicas, at least one.")
+    for partition, replicas in assignment.items():
+        if len(set(replicas)) != len(replicas):
+            raise bad(f"Duplicate replica assignment found for partition {partition}: {list(replicas)}.")
+        unknown = sorted(set(replicas) - brokers)
+        if unknown:
+            raise bad(f"Unknown broker(s) {unknown} in the assignment of partition {partition}.")
+
+
+class TopicAdmin:
+    """Topic creation, deletion, partition additions and configs on the active controller (event task only)."""
+
+    def __init__(self, controller: "Controller") -> None:
+        self.controller = controller
+
+    @property
+    def _ctx(self) -> Any:
+        return self.controller.ctx
+
+    def _plan(self, t: NewTopic) -> dict[int, list[int]]:
+        validate_topic_name(t.name)
+        if t.name in self._ctx.all_topics or t.name in self._ctx.topics_to_be_deleted:
+            raise _exists(t.name)
+        validate_topic_configs(t.configs)
+        if t.assignments:
+            check_assignment(t.name, t.assignments, self._ctx.live_broker_ids)
+            return {p: list(r) for p, r in t.assignments.items()}
+        n = NUM_PARTITIONS_DEFAULT if t.num_partitions == -1 else t.num_partitions
+        rf = DEFAULT_REPLICATION_FACTOR if t.replication_factor == -1 else t.replication_factor
+        return assign_replicas_to_brokers(n, rf, sorted(self._ctx.live_broker_ids))
+
+    async def create_topic(self, t: NewTopic, validate_only: bool) -> TopicOutcome:
+        """Validate, write `brokers/topics/<t>` + `config/topics/<t>` (guarded), then run TopicChange."""
+        try:
+            assignment = self._plan(t)
+        except errors.GregorError as err:
+            err.topic = err.topic or t.name
+            return TopicOutcome(t.name, error=err)
+        outcome = TopicOutcome(t.name, len(assignment), len(next(iter(assignment.values()))))
+        if validate_only:
+            return outcome
+        compares, ops = metadata_store.create_topic_ops(self.controller.etcd, t.name, assignment,
+                                                        {k: str(v) for k, v in t.configs.items()})
+        try:
+            await self.controller.guarded_write(compares, ops)
+        except CompareFailed:
+            return TopicOutcome(t.name, error=_exists(t.name))
+        await self.controller.on_topic_change()
+        return outcome
+
+    async def delete_topic(self, name: str) -> TopicOutcome:
+        """Mark the topic under admin/delete_topics (delete.topic.enable), then run TopicDeletion."""
+        if not self.controller.delete_topic_enable:
+            return TopicOutcome(name, error=errors.error_for(
+                errors.Code.TOPIC_DELETION_DISABLED, "Topic deletion is disabled (delete.topic.enable=false).",
+                topic=name))
+        if name not in self._ctx.all_topics:
+            return TopicOutcome(name, error=_unknown(name))
+        etcd = self.controller.etcd
+        await self.controller.guarded_write([], [Put(metadata_store.delete_topic_key(etcd, name), b"")])
+        await self.controller.on_topic_deletion()
+        return TopicOutcome(name)
+
+    async def create_partitions(self, name: str, count: int, validate_only: bool) -> TopicOutcome:
+        """Assign the added partitions like Kafka's AdminUtils, write the grown assignment, run TopicChange."""
+        if name not in self._ctx.all_topics:
+            raise _unknown(name)
+        current = dict(self._ctx.partition_assignments[name])
+        added = add_partitions_assignment(current, count, sorted(self._ctx.live_broker_ids))
+        rf = len(current[0])
+        if not validate_only:
+            etcd = self.controller.etcd
+            key = metadata_store.topic_key(etcd, name)
+            kv = await etcd.get(key)
+            expected = kv.mod_revision if kv is not None else 0
+            await self.controller.guarded_write(
+                [mod_revision_is(key, expected)], [Put(key, metadata_store.encode_assignment({**current, **added}))])
+            await self.controller.on_topic_change()
+        return TopicOutcome(name, count, rf)
+
+    def describe_configs(self, names: Sequence[str]) -> list[tuple[str, dict[str, str], errors.GregorError | None]]:
+        """(topic, overrides, error) per topic; all topics when names is empty."""
+        out: list[tuple[str, dict[str, str], errors.GregorError | None]] = []
+        for name in names or sorted(self._ctx.all_topics):
+            if name in self._ctx.all_topics:
+                out.append((name, dict(self._ctx.topic_configs.get(name, {})), None))
+            else:
+                out.append((name, {}, _unknown(name)))
+        return out
+
+    async def alter_configs(self, name: str, set_: Mapping[str, str], delete: Sequence[str],
+                            validate_only: bool) -> dict[str, str]:
+        """New overrides for a topic, written guarded; replicas hear of them through a LeaderAndIsr resend."""
+        if name not in self._ctx.all_topics:
+            raise _unknown(name)
+        configs = {k: v for k, v in self._ctx.topic_configs.get(name, {}).items() if k not in set(delete)}
+        configs.update({k: str(v) for k, v in set_.items()})
+        validate_topic_configs(configs)
+        if validate_only:
+            return configs
+        etcd = self.controller.etcd
+        await self.controller.guarded_write([], [Put(metadata_store.config_key(etcd, name),
+                                                     metadata_store.encode_config(configs))])
+        self._ctx.topic_configs[name] = configs
+        actions = ControllerActions()
+        for tp in sorted(self._ctx.partitions_for_topic(name)):
+            lai = self._ctx.partition_leadership_info.get(tp)
+            if lai is not None:
+                live = [r for r in self._ctx.partition_replica_assignment(tp) if self._ctx.is_replica_online(r, tp)]
+                actions.batch.add_leader_and_isr(self._ctx, live, tp, lai)
+        await self.controller.apply_actions(actions)
+        return configs
+
+
+def effective_configs(overrides: Mapping[str, str]) -> dict[str, Any]:
+    """Every topic config with its value: overrides over Kafka's defaults."""
+    return effective_topic_configs(overrides)
+
+
+__all__ = ["NewTopic", "TopicAdmin", "TopicOutcome", "check_assignment", "effective_configs"]

@@ -1,0 +1,28 @@
+"""The broker's MetadataCache: UpdateMetadata in, Metadata answers out."""
+
+from __future__ import annotations
+
+from gregor.broker.metadata_cache import MetadataCache
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2, common_pb2
+
+
+def _state(partition: int, leader: int, epoch: int = 0) -> broker_pb2.LeaderAndIsrPartitionState:
+    return broker_pb2.LeaderAndIsrPartitionState(topic="t", partition=partition, leader=leader, leader_epoch=epoch,
+                                                 isr=[1, 2], replicas=[1, 2, 3])
+
+
+def test_update_metadata_then_answer_metadata() -> None:
+    cache = MetadataCache("c")
+    live = [common_pb2.BrokerEndpoint(broker_id=b, host="h", grpc_port=b) for b in (1, 2)]
+    cache.update_metadata(5, live, [_state(0, 1), _state(1, 3, 2)], [])
+    resp = cache.metadata_response([])
+    assert resp.controller_id == 5 and [b.broker_id for b in resp.brokers] == [1, 2]
+    [topic] = resp.topics
+    p0, p1 = topic.partitions
+    assert (p0.leader, list(p0.isr), list(p0.offline_replicas), p0.error) == (1, [1, 2], [3], errors.Code.NONE)
+    # A leader that is not live is reported as -1 with LEADER_NOT_AVAILABLE.
+    assert (p1.leader, p1.leader_epoch, p1.error) == (-1, 2, errors.Code.LEADER_NOT_AVAILABLE)
+    assert cache.metadata_response(["nope"]).topics[0].error == errors.Code.UNKNOWN_TOPIC_OR_PARTITION
+    cache.update_metadata(5, live, [], ["t"])
+    assert not cache.contains("t")

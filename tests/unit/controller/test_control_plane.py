@@ -1,0 +1,91 @@
+"""The controller's etcd formats, topic deletion, assignment checks and control-request protos (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gregor.common import errors
+from gregor.common.etcd import EtcdClient, KeyValue
+from gregor.controller import metadata_store as store
+from gregor.controller.channel_manager import ChannelMetrics, ControllerChannelManager
+from gregor.controller.requests import ControllerActions, PartitionStateWrite, StopReplicaRequest
+from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
+from gregor.controller.topic_admin import check_assignment
+from gregor.controller.topics import on_new_partition_creation, on_topic_deletion
+from gregor.rpc.v1 import common_pb2
+from prometheus_client import CollectorRegistry
+
+ETCD = EtcdClient("http://127.0.0.1:1", cluster="c")  # never connects: only key building is used
+TP = TopicPartition("t", 0)
+
+
+def test_kafka_json_formats_round_trip() -> None:
+    raw = store.encode_assignment({1: [2, 3], 0: [1, 2]})
+    assert raw == (b'{"version": 2, "partitions": {"0": [1, 2], "1": [2, 3]}, '
+                   b'"adding_replicas": {}, "removing_replicas": {}}')
+    assert store.decode_assignment(raw) == {0: (1, 2), 1: (2, 3)}
+    lai = LeaderAndIsr(2, leader_epoch=4, isr=(2, 3), controller_epoch=7)
+    kv = KeyValue(store.partition_state_key(ETCD, TP), store.encode_partition_state(lai), version=3)
+    # The key's etcd version plays ZooKeeper's zkVersion: partition_epoch = version - 1.
+    assert store.decode_partition_state(kv) == LeaderAndIsr(2, 4, (2, 3), 7, partition_epoch=2)
+    assert store.decode_config(store.encode_config({"retention.ms": "5"})) == {"retention.ms": "5"}
+    assert ETCD.relative(store.partition_state_key(ETCD, TP)) == "brokers/topics/t/partitions/0/state"
+    assert store.is_topic_key(ETCD, store.topic_key(ETCD, "t"))
+    assert not store.is_topic_key(ETCD, store.partition_state_key(ETCD, TP))
+
+
+def test_partition_state_writes_compare_the_version() -> None:
+    create = PartitionStateWrite(TP, None, LeaderAndIsr(1))
+    update = PartitionStateWrite(TP, 2, LeaderAndIsr(1, partition_epoch=3))
+    assert store.partition_state_write(ETCD, create)[0][0].expected == 0
+    assert store.partition_state_write(ETCD, update)[0][0].expected == 3
+
+
+def test_topic_deletion_stops_and_deletes_every_replica_and_forgets_the_topic() -> None:
+    ctx = ControllerContext(live_broker_epochs={1: 11, 2: 12}, epoch=3)
+    ctx.all_topics.add("t")
+    ctx.topic_configs["t"] = {"retention.ms": "1"}
+    ctx.update_partition_replica_assignment(TP, (1, 2))
+    on_new_partition_creation(ctx, [TP], ControllerActions())
+    actions = ControllerActions()
+    assert on_topic_deletion(ctx, ["t", "unknown"], actions) == {"t"}
+    assert not actions.writes  # the driver deletes the keys instead
+    requests = actions.batch.build(ctx, controller_id=9)
+    for broker_id in (1, 2):
+        stops = [r for r in requests[broker_id] if isinstance(r, StopReplicaRequest)]
+        assert stops and stops[0].partitions == ((TP, True),)
+    assert "t" not in ctx.all_topics and "t" not in ctx.topic_configs
+    assert ctx.partition_state(TP) is PartitionState.NON_EXISTENT and not ctx.replica_states
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ({1: [1]}, "consecutive"),
+    ({0: [1, 2], 1: [1]}, "same number"),
+    ({0: [1, 1]}, "Duplicate"),
+    ({0: [1, 9]}, "Unknown broker"),
+])
+def test_explicit_assignments_are_checked(assignment: dict[int, list[int]], message: str) -> None:
+    with pytest.raises(errors.GregorError, match=message) as info:
+        check_assignment("t", assignment, {1, 2, 3})
+    assert info.value.code == errors.Code.INVALID_REPLICA_ASSIGNMENT
+
+
+async def test_channel_manager_builds_protos_per_broker_and_drops_unknown_brokers() -> None:
+    manager = ControllerChannelManager(controller_id=9, registry=CollectorRegistry())
+    manager.add_broker(common_pb2.BrokerEndpoint(broker_id=1, host="127.0.0.1", grpc_port=1, broker_epoch=11))
+    try:
+        stop = StopReplicaRequest(9, 3, 11, ((TP, False), (TopicPartition("t", 1), True)))
+        protos = manager._to_proto(stop, {}, [])
+        assert [(api, m.delete_partitions, len(m.partitions)) for api, m in protos] == [
+            ("StopReplica", False, 1), ("StopReplica", True, 1)]
+        manager.send({1: [stop], 2: [stop]}, {})
+        assert manager.queue_size(1) in (1, 2) and manager.queue_size(2) == 0  # the sender may have taken one
+    finally:
+        manager.shutdown()
+    assert manager.broker_ids == set()
+
+
+def test_channel_metrics_register_in_their_own_registry() -> None:
+    registry = CollectorRegistry()
+    ChannelMetrics(registry)
+    assert registry.get_sample_value("gregor_controller_channel_queue_size", {"broker_id": "1"}) is None

@@ -14,7 +14,7 @@ use crate::batch::{self, BatchHeader, TIMESTAMP_TYPE_MASK};
 use crate::epoch::EpochCache;
 use crate::error::{invalid, Error, Result};
 use crate::records::decode_records;
-use crate::segment::{Scanner, Segment, Step};
+use crate::segment::{OpenMode, Scanner, Segment, Step};
 
 /// Written by close() and removed by open(); its absence means recovery.
 pub const CLEAN_SHUTDOWN_FILE: &str = ".clean-shutdown";
@@ -120,6 +120,8 @@ pub struct Log {
     pub(crate) recovered_bytes_truncated: u64,
     pub(crate) epochs: EpochCache,
     pub(crate) last_flush_ms: i64,
+    /// A segment file was created since the directory was last fsynced.
+    pub(crate) dir_dirty: bool,
 }
 
 /// The leading bytes of a batch a leader rewrites: baseOffset, batchLength,
@@ -149,6 +151,30 @@ fn read_log_start_offset(dir: &Path) -> Result<Option<i64>> {
     }
 }
 
+/// Opens every segment in `dir`: the last one is recovered after a crash or
+/// checked (and recovered if damaged) after a clean shutdown; returns the
+/// segments and the bytes cut from the tail.
+fn open_segments(dir: &Path, config: &LogConfig, clean: bool) -> Result<(BTreeMap<i64, Segment>, u64)> {
+    let bases = segment_bases(dir)?;
+    let mut segments = BTreeMap::new();
+    let mut truncated = 0;
+    for (i, &base) in bases.iter().enumerate() {
+        let mode = match (i + 1 == bases.len(), clean) {
+            (false, _) => OpenMode::Sealed,
+            (true, false) => OpenMode::Recover,
+            (true, true) => OpenMode::Active,
+        };
+        let (mut seg, cut) = Segment::open(dir, base, config.index_bytes(), config.interval(), mode)?;
+        truncated += cut;
+        if mode == OpenMode::Sealed {
+            // A rebuilt index of a sealed segment gets its final time entry back.
+            seg.on_become_inactive()?;
+        }
+        segments.insert(base, seg);
+    }
+    Ok((segments, truncated))
+}
+
 /// Writes a small file atomically: tmp file, fsync, rename.
 pub(crate) fn write_atomically(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
@@ -169,19 +195,7 @@ impl Log {
             fs::remove_file(&marker)?;
         }
         let stored_start = read_log_start_offset(dir)?;
-        let bases = segment_bases(dir)?;
-        let mut segments = BTreeMap::new();
-        let mut truncated = 0;
-        for (i, &base) in bases.iter().enumerate() {
-            let recover = !clean && i + 1 == bases.len();
-            let (mut seg, cut) = Segment::open(dir, base, config.index_bytes(), config.interval(), recover)?;
-            truncated += cut;
-            if i + 1 < bases.len() {
-                // A rebuilt index of a sealed segment gets its final time entry back.
-                seg.on_become_inactive()?;
-            }
-            segments.insert(base, seg);
-        }
+        let (mut segments, truncated) = open_segments(dir, &config, clean)?;
         if segments.is_empty() {
             let base = stored_start.unwrap_or(0);
             segments.insert(base, Segment::create(dir, base, config.index_bytes(), config.interval(), now_ms)?);
@@ -195,6 +209,7 @@ impl Log {
             recovered_bytes_truncated: truncated,
             epochs: EpochCache::open(dir)?,
             last_flush_ms: now_ms,
+            dir_dirty: true,
         };
         let leo = log.log_end_offset();
         let first_base = *log.segments.keys().next().expect("at least one segment");
@@ -202,7 +217,35 @@ impl Log {
         log.recovery_point = leo;
         // Entries beyond the recovered end describe data that is gone.
         log.epochs.truncate_from_end(leo + 1)?;
+        log.recover_epochs()?;
         Ok(log)
+    }
+
+    /// Re-assigns epochs from the batches' partitionLeaderEpoch where the
+    /// checkpoint lags the data (a crash between the segment write and the
+    /// checkpoint rename), as Kafka's LogSegment.recover does. Epochs grow
+    /// with offsets, so only the newest segments whose last batch carries an
+    /// epoch above the cache's latest are scanned. Data below the log start
+    /// is ignored (an epoch covering it starts at the log start).
+    fn recover_epochs(&mut self) -> Result<()> {
+        let (latest, lso) = (self.epochs.latest_epoch().unwrap_or(-1), self.log_start_offset);
+        let mut stale: Vec<i64> = Vec::new();
+        for seg in self.segments.values().rev().filter(|s| !s.is_empty() && s.next_offset > lso) {
+            if seg.last_epoch <= latest {
+                break;
+            }
+            stale.push(seg.base_offset);
+        }
+        for base in stale.into_iter().rev() {
+            let seg = &self.segments[&base];
+            let mut sc = Scanner::new(&seg.file, 0, seg.size);
+            while let Step::Batch(_, h) = sc.step(false)? {
+                if h.last_offset() >= lso {
+                    self.epochs.assign(h.partition_leader_epoch, h.base_offset.max(lso))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -397,6 +440,7 @@ impl Log {
         }
         let seg = Segment::create(&self.dir, base, self.config.index_bytes(), self.config.interval(), now_ms)?;
         self.segments.insert(base, seg);
+        self.dir_dirty = true;
         Ok(base)
     }
 
@@ -427,13 +471,24 @@ impl Log {
         Ok(Slice::empty())
     }
 
-    /// First record with timestamp >= `target`: (offset, timestamp).
+    /// First record with timestamp >= `target`: (offset, timestamp). Never
+    /// answers from a segment or batch wholly below the log start, and goes
+    /// on to later segments when a candidate holds no match.
     pub fn offset_for_timestamp(&self, target: i64) -> Result<Option<(i64, i64)>> {
-        let Some(seg) = self.segments.values().find(|s| s.max_timestamp >= target) else {
+        let lso = self.log_start_offset;
+        for seg in self.segments.values().filter(|s| s.next_offset > lso && s.max_timestamp >= target) {
+            if let Some(found) = self.offset_for_timestamp_in(seg, target)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    fn offset_for_timestamp_in(&self, seg: &Segment, target: i64) -> Result<Option<(i64, i64)>> {
+        let from_offset = seg.time_index.floor(target).map_or(seg.base_offset, |t| seg.base_offset + t.relative_offset as i64);
+        let Some((start, _)) = seg.find_batch(from_offset.max(self.log_start_offset))? else {
             return Ok(None);
         };
-        let from_offset = seg.time_index.floor(target).map_or(seg.base_offset, |t| seg.base_offset + t.relative_offset as i64);
-        let start = seg.find_batch(from_offset.max(self.log_start_offset))?.map_or(seg.size, |(p, _)| p);
         let mut sc = Scanner::new(&seg.file, start, seg.size);
         while let Step::Batch(pos, h) = sc.step(false)? {
             if h.max_timestamp < target {
@@ -456,14 +511,25 @@ impl Log {
         Ok(true)
     }
 
-    /// fsyncs every segment holding unflushed data and the directory.
+    /// fsyncs every segment holding unflushed data, and the directory if a
+    /// segment was created since. The active segment's indexes are left to
+    /// the page cache: crash recovery rebuilds them from the .log anyway, so
+    /// a flush per append costs one fdatasync (close() syncs them too).
     pub fn flush_at(&mut self, now_ms: i64) -> Result<()> {
+        self.sync(now_ms, false)
+    }
+
+    fn sync(&mut self, now_ms: i64, active_indexes: bool) -> Result<()> {
         let rp = self.recovery_point;
         let from = self.segments.range(..=rp).next_back().map_or(i64::MIN, |(b, _)| *b);
-        for seg in self.segments.range(from..).map(|(_, s)| s) {
-            seg.flush()?;
+        let active = self.active().base_offset;
+        for seg in self.segments.range_mut(from..).map(|(_, s)| s) {
+            seg.flush(active_indexes || seg.base_offset != active)?;
         }
-        File::open(&self.dir)?.sync_all()?;
+        if self.dir_dirty {
+            File::open(&self.dir)?.sync_all()?;
+            self.dir_dirty = false;
+        }
         self.recovery_point = self.log_end_offset();
         self.last_flush_ms = now_ms;
         Ok(())
@@ -471,7 +537,7 @@ impl Log {
 
     /// Flushes and writes the clean-shutdown marker.
     pub fn close(&mut self) -> Result<()> {
-        self.flush_at(wall_clock_ms())?;
+        self.sync(wall_clock_ms(), true)?;
         write_atomically(&self.dir.join(CLEAN_SHUTDOWN_FILE), "")
     }
 }

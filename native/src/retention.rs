@@ -29,6 +29,12 @@ impl Log {
         let leo = self.log_end_offset();
         self.recovery_point = self.recovery_point.min(leo);
         self.epochs.truncate_from_end(leo)?;
+        // Cutting the whole batch that holds the log start takes the end below
+        // it: the start comes down too (Kafka: min(target, logStartOffset)).
+        if self.log_start_offset > leo {
+            self.log_start_offset = leo;
+            self.persist_log_start_offset()?;
+        }
         Ok(true)
     }
 
@@ -39,6 +45,7 @@ impl Log {
         }
         let (index_bytes, interval) = (self.config.segment_index_bytes.max(0) as usize, self.config.index_interval_bytes.max(0) as u64);
         self.segments.insert(offset, Segment::create(&self.dir, offset, index_bytes, interval, now_ms)?);
+        self.dir_dirty = true;
         self.log_start_offset = offset;
         self.recovery_point = offset;
         self.epochs.clear()?;

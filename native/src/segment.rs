@@ -24,6 +24,18 @@ fn time_index_path(dir: &Path, base: i64) -> PathBuf {
     dir.join(format!("{base:020}.timeindex"))
 }
 
+/// How `Segment::open` treats an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Crash recovery: verify every batch (CRC included), cut at the first bad one.
+    Recover,
+    /// Active segment after a clean shutdown: trust the indexes, but recover
+    /// as above if they or the tail turn out damaged.
+    Active,
+    /// Sealed segment: rebuild damaged indexes, never cut.
+    Sealed,
+}
+
 /// Sequential reader of batch headers with a chunked buffer.
 pub struct Scanner<'a> {
     file: &'a File,
@@ -152,6 +164,8 @@ pub struct Segment {
     /// -1 when empty.
     pub max_timestamp: i64,
     pub offset_of_max_timestamp: i64,
+    /// partitionLeaderEpoch of the last batch, -1 when empty.
+    pub last_epoch: i32,
     pub created_ms: i64,
     pub offset_index: Index<OffsetEntry>,
     pub time_index: Index<TimeEntry>,
@@ -177,6 +191,7 @@ impl Segment {
             next_offset: base,
             max_timestamp: -1,
             offset_of_max_timestamp: -1,
+            last_epoch: -1,
             created_ms: now_ms,
             offset_index,
             time_index,
@@ -185,9 +200,9 @@ impl Segment {
         })
     }
 
-    /// Opens an existing segment. With `recover`, every batch is checked (CRC
-    /// included) and the file is cut at the first bad one; returns the cut bytes.
-    pub fn open(dir: &Path, base: i64, index_bytes: usize, interval: u64, recover: bool) -> Result<(Self, u64)> {
+    /// Opens an existing segment (see `OpenMode`); returns it and the bytes
+    /// cut from its tail.
+    pub fn open(dir: &Path, base: i64, index_bytes: usize, interval: u64, mode: OpenMode) -> Result<(Self, u64)> {
         let log_path = log_path(dir, base);
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
         let meta = file.metadata()?;
@@ -202,16 +217,39 @@ impl Segment {
             next_offset: base,
             max_timestamp: -1,
             offset_of_max_timestamp: -1,
+            last_epoch: -1,
             created_ms,
             offset_index,
             time_index,
             bytes_since_last_index: 0,
             index_interval_bytes: interval,
         };
-        if recover || !ok_o || !ok_t || !seg.load_tail_state()? {
-            return seg.rebuild(recover);
+        let trusted = mode != OpenMode::Recover && ok_o && ok_t;
+        if !trusted || !seg.offset_index_matches_log()? || !seg.load_tail_state()? {
+            return seg.rebuild(mode != OpenMode::Sealed);
         }
         Ok((seg, 0))
+    }
+
+    /// True if every offset-index entry is the position of a whole batch
+    /// whose last offset is the entry's offset: one header pread per entry
+    /// (the index is sparse), so a shifted position cannot misguide reads.
+    fn offset_index_matches_log(&self) -> Result<bool> {
+        let mut head = [0u8; BATCH_HEADER_SIZE];
+        for e in self.offset_index.entries() {
+            let pos = e.position as u64;
+            if pos + BATCH_HEADER_SIZE as u64 > self.size {
+                return Ok(false);
+            }
+            self.file.read_exact_at(&mut head, pos)?;
+            let ok = BatchHeader::parse(&head).is_ok_and(|h| {
+                h.last_offset() == self.base_offset + e.relative_offset as i64 && pos + h.size_bytes() as u64 <= self.size
+            });
+            if !ok {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Walks the whole file rebuilding both indexes; with `cut`, verifies CRCs
@@ -224,6 +262,7 @@ impl Segment {
         self.next_offset = self.base_offset;
         self.max_timestamp = -1;
         self.offset_of_max_timestamp = -1;
+        self.last_epoch = -1;
         self.bytes_since_last_index = 0;
         let mut sc = Scanner::new(&file, 0, old_size);
         let mut end = old_size;
@@ -274,6 +313,7 @@ impl Segment {
                     }
                     first = false;
                     self.next_offset = h.next_offset();
+                    self.last_epoch = h.partition_leader_epoch;
                     if h.max_timestamp > self.max_timestamp {
                         self.max_timestamp = h.max_timestamp;
                         self.offset_of_max_timestamp = h.last_offset();
@@ -306,6 +346,7 @@ impl Segment {
         }
         self.bytes_since_last_index += h.size_bytes() as u64;
         self.next_offset = h.next_offset();
+        self.last_epoch = h.partition_leader_epoch;
         Ok(())
     }
 
@@ -330,8 +371,12 @@ impl Segment {
     }
 
     /// Called when the segment stops being active: the final time entry.
+    /// Called when the segment stops being active: the final time entry,
+    /// and every pending index entry goes to the files.
     pub fn on_become_inactive(&mut self) -> Result<()> {
-        Ok(self.maybe_append_time_entry()?)
+        self.maybe_append_time_entry()?;
+        self.offset_index.write_pending()?;
+        Ok(self.time_index.write_pending()?)
     }
 
     pub fn set_config(&mut self, index_bytes: usize, interval: u64) {
@@ -345,18 +390,36 @@ impl Segment {
     }
 
     /// The first batch whose last offset is >= `offset`, found via the index.
+    /// A guided scan that meets a bad header, or a batch other than the one
+    /// the index entry names, starts over from position 0; offsets are never
+    /// skipped: damage on the way is CorruptRecordError.
     pub fn find_batch(&self, offset: i64) -> Result<Option<(u64, BatchHeader)>> {
-        let start = if offset <= self.base_offset {
-            0
-        } else {
-            self.offset_index.floor((offset - self.base_offset).min(u32::MAX as i64)).map_or(0, |e| e.position as u64)
-        };
+        let entry = (offset > self.base_offset)
+            .then(|| self.offset_index.floor((offset - self.base_offset).min(u32::MAX as i64)))
+            .flatten();
+        if let Some(e) = entry {
+            let expected = self.base_offset + e.relative_offset as i64;
+            if let Ok(found) = self.scan_for(offset, e.position as u64, Some(expected)) {
+                return Ok(found);
+            }
+        }
+        self.scan_for(offset, 0, None)
+    }
+
+    /// Scans from `start` for the first batch whose last offset is >= `offset`;
+    /// `expected` is the last offset the first batch must have.
+    fn scan_for(&self, offset: i64, start: u64, expected: Option<i64>) -> Result<Option<(u64, BatchHeader)>> {
         let mut sc = Scanner::new(&self.file, start, self.size);
+        let mut first = true;
         loop {
             match sc.step(false)? {
+                Step::Batch(pos, h) if first && expected.is_some_and(|x| x != h.last_offset()) => {
+                    return Err(Error::Corrupt(format!("{}: no batch ending at {} at {pos}", self.log_path.display(), expected.unwrap_or(-1))));
+                }
                 Step::Batch(pos, h) if h.last_offset() >= offset => return Ok(Some((pos, h))),
-                Step::Batch(..) => continue,
-                Step::End | Step::Bad(..) => return Ok(None),
+                Step::Batch(..) => first = false,
+                Step::End => return Ok(None),
+                Step::Bad(pos, e) => return Err(Error::Corrupt(format!("{} at {pos}: {e}", self.log_path.display()))),
             }
         }
     }
@@ -395,6 +458,7 @@ impl Segment {
         self.next_offset = self.base_offset;
         self.max_timestamp = -1;
         self.offset_of_max_timestamp = -1;
+        self.last_epoch = -1;
         if !self.load_tail_state()? {
             return Err(Error::Corrupt(format!("{} inconsistent after truncation", self.log_path.display())));
         }
@@ -402,10 +466,13 @@ impl Segment {
         Ok(cut)
     }
 
-    pub fn flush(&self) -> Result<()> {
+    /// fdatasync of the .log, and of both indexes when `indexes`.
+    pub fn flush(&mut self, indexes: bool) -> Result<()> {
         self.file.sync_data()?;
-        self.offset_index.sync()?;
-        self.time_index.sync()?;
+        if indexes {
+            self.offset_index.sync()?;
+            self.time_index.sync()?;
+        }
         Ok(())
     }
 

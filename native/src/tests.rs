@@ -488,3 +488,217 @@ fn leader_append_of_many_small_batches_spans_iov_max() {
     let h = batch::parse_batches(&slice_bytes(&s), true).unwrap()[0].1;
     assert_eq!((h.base_offset, h.partition_leader_epoch), (1499, 3));
 }
+
+// ---------------------------------------------------------------- fixes
+
+/// Four 2-record batches at epoch 0: offsets (0,1) (2,3) (4,5) (6,7).
+fn four_pairs(dir: &Path) -> Log {
+    let mut log = open(dir, LogConfig::default());
+    for _ in 0..4 {
+        log.append_as_leader(&batch_with(2, T0, 10), 0, T0).unwrap();
+    }
+    log
+}
+
+fn slice_offsets(log: &Log, from: i64, max_offset: i64, min_one: bool) -> Vec<(i64, i64)> {
+    let s = log.read_slice(from, 1 << 20, Some(max_offset), min_one).unwrap();
+    batch::parse_batches(&slice_bytes(&s), true).unwrap().iter().map(|(_, h)| (h.base_offset, h.last_offset())).collect()
+}
+
+#[test]
+fn max_offset_excludes_every_batch_reaching_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = four_pairs(dir.path());
+    assert_eq!(slice_offsets(&log, 0, 5, true), vec![(0, 1), (2, 3)]);
+    assert_eq!(slice_offsets(&log, 0, 6, true), vec![(0, 1), (2, 3), (4, 5)]);
+    // Even min_one_batch does not hand out a batch that ends at or past max_offset.
+    assert!(slice_offsets(&log, 4, 5, true).is_empty());
+    assert_eq!(log.read_slice(4, 1 << 20, Some(5), true).unwrap().start_offset, -1);
+}
+
+#[test]
+fn truncate_inside_the_batch_at_log_start_brings_the_start_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(1, T0, 5), 0, T0).unwrap();
+    log.append_as_leader(&batch_with(2, T0, 5), 0, T0).unwrap();
+    assert!(log.maybe_increment_log_start_offset(2).unwrap());
+    assert!(log.truncate_to(2, T0).unwrap());
+    assert_eq!((log.log_start_offset(), log.log_end_offset()), (1, 1));
+    assert_eq!(log.read_slice(1, 100, None, true).unwrap().length, 0);
+    let text = fs::read_to_string(dir.path().join(crate::log::LOG_START_OFFSET_FILE)).unwrap();
+    assert_eq!(text.trim(), "1");
+    drop(log);
+    assert_eq!(open(dir.path(), LogConfig::default()).log_start_offset(), 1);
+}
+
+#[test]
+fn offset_for_timestamp_skips_segments_below_log_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(1, 100, 5), 0, T0).unwrap();
+    log.roll(T0).unwrap();
+    assert!(log.maybe_increment_log_start_offset(1).unwrap());
+    log.append_as_leader(&batch_with(1, 200, 5), 0, T0).unwrap();
+    assert_eq!(log.offset_for_timestamp(50).unwrap(), Some((1, 200)));
+    assert_eq!(log.offset_for_timestamp(150).unwrap(), Some((1, 200)));
+    assert_eq!(log.offset_for_timestamp(201).unwrap(), None);
+}
+
+#[test]
+fn crash_recovery_restores_epochs_the_checkpoint_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(3, T0, 10), 1, T0).unwrap();
+    let before = fs::read(&checkpoint).unwrap();
+    log.append_as_leader(&batch_with(2, T0, 10), 2, T0).unwrap();
+    drop(log); // a crash: no clean-shutdown marker
+    fs::write(&checkpoint, &before).unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.epochs().entries(), &[(1, 0), (2, 3)]);
+    assert_eq!(log.epochs().end_offset_for(1, log.log_end_offset()), (1, 3));
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 3\n");
+}
+
+#[test]
+fn crash_recovery_restores_an_epoch_that_started_in_a_sealed_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let one = batch_with(2, T0, 40);
+    let mut log = open(dir.path(), LogConfig { segment_bytes: one.len() as i64 * 2, ..Default::default() });
+    log.append_as_leader(&one, 1, T0).unwrap();
+    let before = fs::read(&checkpoint).unwrap();
+    // One append of three batches at epoch 2 rolls after its first batch.
+    log.append_as_leader(&[one.clone(), one.clone(), one.clone()].concat(), 2, T0).unwrap();
+    assert!(log.num_segments() >= 2);
+    drop(log);
+    fs::write(&checkpoint, &before).unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.epochs().entries(), &[(1, 0), (2, 2)]);
+}
+
+#[test]
+fn torn_tail_under_a_clean_marker_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ends, _) = fill(dir.path(), 20);
+    let mut log = open(dir.path(), FILL_CFG);
+    log.close().unwrap();
+    drop(log);
+    let path = active_log_path(dir.path());
+    let len = fs::metadata(&path).unwrap().len();
+    OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 10).unwrap();
+    let mut log = open(dir.path(), FILL_CFG);
+    let batch_size = batch_with(2, T0, 40).len() as u64;
+    assert_eq!(log.recovered_bytes_truncated(), batch_size - 10);
+    assert_eq!(log.log_end_offset(), ends[ends.len() - 2] + 1);
+    let info = log.append_as_leader(&batch_with(1, T0, 5), 9, T0).unwrap();
+    assert_eq!(info.first_offset, ends[ends.len() - 2] + 1);
+    assert_eq!(read_all(&log, 0).len(), 20); // read_all checks every CRC
+}
+
+/// Shifts the position of the middle offset-index entry by one byte.
+fn shift_middle_entry(raw: &mut [u8]) {
+    let at = 8 * (raw.len() / 16) + 4;
+    let pos = u32::from_be_bytes(raw[at..at + 4].try_into().unwrap()) + 1;
+    raw[at..at + 4].copy_from_slice(&pos.to_be_bytes());
+}
+
+#[test]
+fn shifted_index_entry_is_rebuilt_on_open() {
+    for clean in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ends, _) = fill(dir.path(), 40);
+        let mut log = open(dir.path(), FILL_CFG);
+        let second = log.segments_info()[1].clone();
+        if clean {
+            log.close().unwrap();
+        }
+        drop(log);
+        let path = dir.path().join(format!("{:020}.index", second.base_offset));
+        let mut raw = fs::read(&path).unwrap();
+        assert!(raw.len() >= 24);
+        shift_middle_entry(&mut raw);
+        fs::write(&path, &raw).unwrap();
+        let log = open(dir.path(), FILL_CFG);
+        assert_eq!(log.segments_info()[1].offset_index_entries, second.offset_index_entries);
+        for (i, &last) in ends.iter().enumerate() {
+            let s = log.read_slice(last, 1, None, true).unwrap();
+            assert_eq!(s.start_offset, last - 1, "batch {i}");
+        }
+    }
+}
+
+#[test]
+fn reads_never_skip_offsets_past_a_bad_index_entry_or_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ends, _) = fill(dir.path(), 40);
+    let mut log = open(dir.path(), FILL_CFG);
+    let base = log.segments_info()[1].base_offset;
+    let seg = log.segments.get_mut(&base).unwrap();
+    let mut entries = seg.offset_index.entries().to_vec();
+    let mid = entries.len() / 2;
+    entries[mid].position += 1;
+    seg.offset_index.reset(entries.clone()).unwrap();
+    let damaged = base + entries[mid].relative_offset as i64;
+    // The guided scan meets garbage and starts over from position 0.
+    for &last in ends.iter() {
+        assert_eq!(log.read_slice(last, 1, None, true).unwrap().start_offset, last - 1);
+    }
+    // Damage in the .log itself: CorruptRecordError, never the next segment's data.
+    let seg = &log.segments[&base];
+    seg.file.write_all_at(&[0x7f], entries[mid].position as u64 - 1 + 16).unwrap();
+    assert!(matches!(log.read_slice(damaged, 1, None, true), Err(Error::Corrupt(_))));
+}
+
+#[test]
+fn epoch_recovery_ignores_data_below_the_log_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(1, T0, 5), 0, T0).unwrap();
+    log.append_as_leader(&batch_with(1, T0, 5), 0, T0).unwrap();
+    log.maybe_increment_log_start_offset(1).unwrap();
+    log.truncate_to(1, T0).unwrap();
+    assert!(log.epochs().entries().is_empty());
+    drop(log);
+    assert!(open(dir.path(), LogConfig::default()).epochs().entries().is_empty());
+    // An epoch that covers the log start is re-assigned from the log start.
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(4, T0, 5), 3, T0).unwrap();
+    log.maybe_increment_log_start_offset(2).unwrap();
+    drop(log);
+    fs::remove_file(dir.path().join(crate::epoch::CHECKPOINT_FILE)).unwrap();
+    assert_eq!(open(dir.path(), LogConfig::default()).epochs().entries(), &[(3, 2)]);
+}
+
+#[test]
+fn flush_syncs_the_directory_only_after_a_segment_was_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig { flush_messages: 1, ..Default::default() });
+    assert!(log.dir_dirty);
+    log.append_as_leader(&batch_with(2, T0, 5), 0, T0).unwrap();
+    assert!(!log.dir_dirty);
+    log.roll(T0).unwrap();
+    assert!(log.dir_dirty);
+    log.append_as_leader(&batch_with(2, T0, 5), 0, T0).unwrap();
+    assert_eq!((log.dir_dirty, log.recovery_point()), (false, 4));
+}
+
+#[test]
+fn crash_with_unsynced_active_indexes_rebuilds_them() {
+    // flush() leaves the active segment's indexes to the page cache: after a
+    // crash they may hold anything, and recovery rebuilds them from the .log.
+    let dir = tempfile::tempdir().unwrap();
+    let (ends, _) = fill(dir.path(), 20);
+    let active = active_log_path(dir.path());
+    for ext in ["index", "timeindex"] {
+        let p = active.with_extension(ext);
+        let len = fs::metadata(&p).unwrap().len() as usize;
+        fs::write(&p, vec![0u8; len.max(24)]).unwrap();
+    }
+    let log = open(dir.path(), FILL_CFG);
+    assert_eq!(read_all(&log, 0).iter().map(|b| b.1).collect::<Vec<_>>(), ends);
+    assert!(log.segments_info().last().unwrap().offset_index_entries > 0);
+    assert_eq!(log.offset_for_timestamp(T0 + 19).unwrap(), Some((37, T0 + 19)));
+}

@@ -200,8 +200,12 @@ class Log:
 
     def __init__(self, dir: str, config: LogConfig, now_ms: Optional[int] = None) -> None:
         """Open (creating dir if needed) and recover: unless the clean-shutdown
-        marker is present, scan the active segment, cut a torn or corrupt tail,
-        and rebuild any missing or damaged index of any segment."""
+        marker is present, scan the active segment (CRCs included) and cut a torn
+        or corrupt tail; with the marker, only check the active segment's tail,
+        and recover it the same way if it is damaged. Every offset-index entry
+        is checked against the batch it points at, and any missing or damaged
+        index of any segment is rebuilt. Leader-epoch entries the checkpoint
+        lacks are re-assigned from the recovered batches' partitionLeaderEpoch."""
     @property
     def dir(self) -> str: ...
     @property
@@ -235,14 +239,16 @@ class Log:
         self, start_offset: int, max_bytes: int, max_offset: Optional[int] = None, min_one_batch: bool = True
     ) -> FileSlice:
         """Whole batches from the batch containing start_offset, up to max_bytes
-        (at least one batch when min_one_batch, even if larger), never including a
-        batch whose base offset is >= max_offset (the high watermark bound); a
-        batch that starts below max_offset but ends at or above it is left out
-        too, as Kafka does (a consumer only sees fully committed batches; the
-        high watermark normally sits on a batch boundary).
+        (at least one batch when min_one_batch, even if larger). A read bounded
+        by max_offset (the high watermark) excludes any batch whose last offset
+        is >= max_offset, min_one_batch notwithstanding: consumers only see
+        fully committed batches, and the high watermark always lies on a batch
+        boundary.
         start_offset == log_end_offset gives an empty slice; outside
         [log_start_offset, log_end_offset] raises OffsetOutOfRangeError. Only the
-        segment holding start_offset is read (a slice never spans segments)."""
+        segment holding start_offset is read (a slice never spans segments).
+        Offsets are never skipped: damaged data on the way to start_offset
+        raises CorruptRecordError."""
     def read(
         self, start_offset: int, max_bytes: int, max_offset: Optional[int] = None, min_one_batch: bool = True
     ) -> bytes:
@@ -250,13 +256,17 @@ class Log:
     def offset_for_timestamp(self, timestamp_ms: int) -> Optional[tuple[int, int]]:
         """(offset, timestamp) of the first record whose timestamp >= timestamp_ms,
         using the time index then a scan; for a compressed batch the answer is the
-        batch's base offset and max timestamp. None if no such record."""
+        batch's base offset and max timestamp. Batches wholly below
+        log_start_offset are never answered. None if no such record."""
     def roll(self, now_ms: Optional[int] = None) -> int:
         """Start a new active segment at log_end_offset; returns its base offset."""
     def truncate_to(self, offset: int) -> bool:
         """Remove everything at or after offset (whole batches; an offset inside a
         batch keeps that batch out too, as Kafka does); clears epoch-cache entries
-        at or after offset. Returns False if offset >= log_end_offset."""
+        at or after the new log_end_offset (not the given offset, which may lie
+        past it), and lowers log_start_offset to the new log_end_offset if it was
+        above it. offset < log_start_offset is truncate_fully_and_start_at(offset).
+        Returns False if offset >= log_end_offset."""
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at offset; clears the epoch cache."""
     def delete_old_segments(self, now_ms: Optional[int] = None) -> int:

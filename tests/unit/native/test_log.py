@@ -151,13 +151,15 @@ def test_explicit_roll_and_empty_roll(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- lookups
 def test_max_offset_inside_a_batch(tmp_path: Path) -> None:
-    """The .pyi: "never including a batch whose base offset is >= max_offset", so a
-    batch that starts below max_offset is included even if it ends at or above it."""
+    """The .pyi: a read bounded by max_offset excludes any batch whose last offset is
+    >= max_offset (consumers only see fully committed batches), even with
+    min_one_batch."""
     log = open_log(tmp_path)
     for _ in range(4):
         log.append_as_leader(values_batch(2, 50), leader_epoch=0)
-    assert offsets_of(log.read(0, 1 << 20, max_offset=5)) == [(0, 1), (2, 3), (4, 5)]
-    assert offsets_of(log.read(4, 1 << 20, max_offset=5)) == [(4, 5)]
+    assert offsets_of(log.read(0, 1 << 20, max_offset=5)) == [(0, 1), (2, 3)]
+    assert log.read(4, 1 << 20, max_offset=5) == b""
+    assert log.read(4, 1 << 20, max_offset=5, min_one_batch=True) == b""
     log.close()
 
 

@@ -134,7 +134,21 @@ class Broker:
                 "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
         self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
                                             self.config.broker_session_timeout_ms)
+        # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.
+        self._start_replication()
         await self.membership.start()
+
+    def _start_replication(self) -> None:
+        """Cluster mode: replica fetchers, leader-side ISR maintenance and HW checkpoints (seeds 000, 002, 004)."""
+        from gregor.broker.isr_manager import IsrManager
+        from gregor.broker.replica_fetcher import ReplicaFetcherManager
+
+        rm = self.replica_manager
+        membership = self.membership
+        assert membership is not None
+        fetchers = ReplicaFetcherManager(rm, rm.endpoint_of, lambda: membership.broker_epoch)
+        isr = IsrManager(rm, self._etcd, self.config.broker_id, self.config.replica_lag_time_max_ms)
+        rm.attach_replication(fetchers, isr)
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -155,6 +169,7 @@ class Broker:
     async def stop(self, grace_s: float = 2.0) -> None:
         if self.membership is not None:
             await self.membership.close()  # deregister first: the controller moves leadership away
+        await self.replica_manager.stop_replication()
         if self._etcd is not None:
             await self._etcd.close()
         self.replica_manager.shutdown()

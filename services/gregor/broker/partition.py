@@ -12,6 +12,7 @@ import gregor_native as native
 
 from gregor.common import errors
 from gregor.common.clock import now_ms
+from gregor.common.isr import FollowerFetchState, maybe_expand_isr, maybe_shrink_isr
 
 
 def native_error(exc: Exception, topic: str, partition: int) -> errors.GregorError:
@@ -46,6 +47,14 @@ class Partition:
     high_watermark: int = 0
     # Followers' log end offsets as seen from their fetches (leader only).
     remote_leos: dict[int, int] = field(default_factory=dict)
+    # Followers' fetch state: LEO and last caught-up time (leader only, seed 000).
+    follower_states: dict[int, FollowerFetchState] = field(default_factory=dict)
+    # LEO when this broker became leader: the start offset of its leader epoch (ISR expansion bound).
+    leader_epoch_start_offset: int | None = None
+    # etcd version of the partition state as LeaderAndIsr told us (partition_epoch + 1); -1 unknown.
+    partition_epoch: int = -1
+    # An ISR write to etcd is in flight (one at a time per partition).
+    isr_update_in_flight: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -76,12 +85,26 @@ class Partition:
         """Become leader at leader_epoch (LeaderAndIsr); False if that epoch is older than ours."""
         if leader_epoch < self.leader_epoch:
             return False
+        if self.is_leader and leader_epoch == self.leader_epoch:
+            # Same term re-sent (e.g. a broker restarted): keep what the followers' fetches told us.
+            self.replicas = list(replicas)
+            self.isr = set(isr)
+            self.maybe_increment_leader_hw()
+            return True
         self.leader_id = self.local_broker_id
         self.leader_epoch = leader_epoch
         self.replicas = list(replicas)
         self.isr = set(isr)
         # Followers' LEOs are unknown until they fetch under the new epoch.
         self.remote_leos = {r: 0 for r in replicas if r != self.local_broker_id}
+        now = now_ms()
+        self.follower_states = {}
+        for r in replicas:
+            if r != self.local_broker_id:
+                state = FollowerFetchState()
+                state.reset(now, r in self.isr)
+                self.follower_states[r] = state
+        self.leader_epoch_start_offset = self.log.log_end_offset
         self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
         self.maybe_increment_leader_hw()
         return True
@@ -89,8 +112,8 @@ class Partition:
     def make_follower(self, leader_id: int, leader_epoch: int, isr: list[int], replicas: list[int]) -> bool:
         """Follow leader_id at leader_epoch (LeaderAndIsr); False if that epoch is older than ours.
 
-        Consumers and producers get NOT_LEADER_OR_FOLLOWER from now on; the replica
-        fetcher that copies the leader's log is not part of this slice.
+        Consumers and producers get NOT_LEADER_OR_FOLLOWER from now on; the
+        ReplicaManager truncates the log by leader epoch and starts a fetcher.
         """
         if leader_epoch < self.leader_epoch:
             return False
@@ -99,7 +122,45 @@ class Partition:
         self.replicas = list(replicas)
         self.isr = set(isr)
         self.remote_leos = {}
+        self.follower_states = {}
+        self.leader_epoch_start_offset = None
         return True
+
+    # ------------------------------------------------------------------ replication (seed 000)
+    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, fetch_time_ms: int) -> bool:
+        """A follower fetched at fetch_offset (its LEO): record it; True if the HW moved."""
+        if not self.is_leader or replica_id not in self.replicas or replica_id == self.local_broker_id:
+            return False
+        state = self.follower_states.setdefault(replica_id, FollowerFetchState())
+        state.update_fetch_state(fetch_offset, self.log.log_end_offset, fetch_time_ms)
+        self.remote_leos[replica_id] = fetch_offset
+        return self.maybe_increment_leader_hw()
+
+    def needs_expand_isr(self, replica_id: int) -> bool:
+        """A follower outside the ISR whose LEO reached the HW and its leader epoch's start (seed 000)."""
+        if not self.is_leader or replica_id in self.isr or replica_id not in self.replicas:
+            return False
+        state = self.follower_states.get(replica_id)
+        if state is None:
+            return False
+        return maybe_expand_isr(state.log_end_offset, self.high_watermark, self.leader_epoch_start_offset)
+
+    def out_of_sync_isr(self, now: int, replica_lag_time_max_ms: int) -> list[int] | None:
+        """The shrunk ISR if some follower was not caught up within replica.lag.time.max.ms, else None."""
+        if not self.is_leader:
+            return None
+        caught_up = {r: s.last_caught_up_time_ms for r, s in self.follower_states.items()}
+        leos = {r: s.log_end_offset for r, s in self.follower_states.items()}
+        return maybe_shrink_isr(sorted(self.isr), self.local_broker_id, caught_up, now, replica_lag_time_max_ms,
+                                leos, self.log.log_end_offset)
+
+    def update_follower_high_watermark(self, leader_hw: int) -> bool:
+        """Follower HW = min(leader HW, own LEO); True if it changed."""
+        new_hw = min(leader_hw, self.log.log_end_offset)
+        if new_hw != self.high_watermark:
+            self.high_watermark = new_hw
+            return True
+        return False
 
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""

@@ -10,17 +10,28 @@ Concurrency: event-loop owned; no locks.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
+from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager
 from gregor.broker.partition import Partition, native_error
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.common import errors
+from gregor.common.clock import now_ms
 from gregor.common.config import BrokerConfig, effective_topic_configs
+
+if TYPE_CHECKING:
+    from gregor.broker.isr_manager import IsrManager
+    from gregor.broker.replica_fetcher import ReplicaFetcherManager
+
+log = logging.getLogger(__name__)
 
 BYTES_IN = Counter("gregor_broker_topic_bytes_in_total", "Bytes appended by produce requests", ["topic"])
 MESSAGES_IN = Counter("gregor_broker_topic_messages_in_total", "Records appended by produce requests", ["topic"])
@@ -33,6 +44,7 @@ UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led parti
 UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
 
 ACKS_VALUES = (0, 1, -1)
+HW_CHECKPOINT_INTERVAL_MS = 5000  # replica.high.watermark.checkpoint.interval.ms
 
 
 class LeaderAndIsrState(Protocol):
@@ -136,6 +148,64 @@ class ReplicaManager:
             lambda: sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < len(p.replicas)))
         UNDER_MIN_ISR.set_function(
             lambda: sum(1 for p in self.partitions.values() if p.is_leader and len(p.isr) < p.min_insync_replicas))
+        # Cluster mode only (attach_replication): fetchers, ISR writes, HW checkpoints.
+        self.fetchers: "ReplicaFetcherManager | None" = None
+        self.isr_manager: "IsrManager | None" = None
+        self.broker_endpoints: dict[int, str] = {}  # broker id -> host:port, from LeaderAndIsr's live_leaders
+        self._checkpointed_hws: dict[tuple[str, int], int] = {}
+        self._checkpoint_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ replication (cluster mode)
+    def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
+        """Cluster mode: load checkpointed HWs, start ISR maintenance and the HW checkpoint timer."""
+        for d in self.log_manager.log_dirs:
+            try:
+                self._checkpointed_hws.update(
+                    checkpoint.read_offsets(os.path.join(d, checkpoint.REPLICATION_OFFSET_CHECKPOINT)))
+            except (ValueError, OSError) as exc:
+                log.warning("ignoring the HW checkpoint in %s: %s", d, exc)
+        for p in self.partitions.values():
+            self._load_high_watermark(p)
+        self.fetchers = fetchers
+        self.isr_manager = isr_manager
+        isr_manager.start()
+        self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(), name="highwatermark-checkpoint")
+
+    def _load_high_watermark(self, p: Partition) -> None:
+        hw = self._checkpointed_hws.get(p.key)
+        if hw is not None:
+            p.high_watermark = max(p.log.log_start_offset, min(hw, p.log.log_end_offset))
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
+        by_dir: dict[str, dict[tuple[str, int], int]] = {d: {} for d in self.log_manager.log_dirs}
+        for p in self.partitions.values():
+            by_dir.setdefault(os.path.dirname(p.log.dir), {})[p.key] = p.high_watermark
+        for d, offsets in by_dir.items():
+            try:
+                checkpoint.write_offsets(os.path.join(d, checkpoint.REPLICATION_OFFSET_CHECKPOINT), offsets)
+            except OSError as exc:
+                log.warning("cannot checkpoint high watermarks in %s: %s", d, exc)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HW_CHECKPOINT_INTERVAL_MS / 1000.0)
+            self.checkpoint_high_watermarks()
+
+    async def stop_replication(self) -> None:
+        """Stop fetchers and ISR tasks, then checkpoint the HWs a last time (clean shutdown)."""
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+            self._checkpoint_task = None
+        if self.fetchers is not None:
+            await self.fetchers.shutdown()
+        if self.isr_manager is not None:
+            await self.isr_manager.stop()
+            self.checkpoint_high_watermarks()
+
+    def endpoint_of(self, broker_id: int) -> str | None:
+        return self.broker_endpoints.get(broker_id)
 
     # ------------------------------------------------------------------ partitions
     def create_partition(self, topic: str, partition: int, overrides: dict[str, Any]) -> Partition:
@@ -145,6 +215,7 @@ class ReplicaManager:
             return existing
         lg = self.log_manager.get_or_create_log(topic, partition, configs)
         p = Partition(topic, partition, lg, self.config.broker_id, configs)
+        self._load_high_watermark(p)
         self.partitions[p.key] = p
         return p
 
@@ -172,13 +243,16 @@ class ReplicaManager:
         self.controller_epoch = controller_epoch
 
     def become_leader_or_follower(self, states: Iterable[LeaderAndIsrState],
-                                  topic_configs: dict[str, dict[str, Any]]) -> dict[tuple[str, int], int]:
+                                  topic_configs: dict[str, dict[str, Any]],
+                                  live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
         """Apply LeaderAndIsr: create or open each partition, lead or follow it; returns errors per partition.
 
         A partition whose leader epoch is older than the one we hold is left alone
         (STALE_CONTROLLER_EPOCH, as Kafka answers); topic configs always apply.
         """
         failed: dict[tuple[str, int], int] = {}
+        for b in live_leaders:
+            self.broker_endpoints[b.broker_id] = f"{b.host}:{b.grpc_port}"
         for topic, overrides in topic_configs.items():
             if any(k[0] == topic for k in self.partitions):
                 self.update_topic_configs(topic, overrides)
@@ -188,13 +262,24 @@ class ReplicaManager:
             except Exception as exc:  # a log that cannot open fails this partition only
                 failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
                 continue
+            partition_epoch = int(getattr(s, "partition_epoch", -1))
             if s.leader == self.config.broker_id:
-                changed = p.make_leader(s.leader_epoch, list(s.isr), list(s.replicas))
+                if p.is_leader and s.leader_epoch == p.leader_epoch and partition_epoch < p.partition_epoch:
+                    # Same term, and our own ISR write is newer than the controller's view: keep it.
+                    changed = True
+                else:
+                    changed = p.make_leader(s.leader_epoch, list(s.isr), list(s.replicas))
+                if changed and self.fetchers is not None:
+                    self.fetchers.remove_partitions([p.key])
             else:
                 changed = p.make_follower(s.leader, s.leader_epoch, list(s.isr), list(s.replicas))
+                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
+                if changed and self.fetchers is not None and s.leader >= 0:
+                    self.fetchers.add_partition(p)
             if not changed:
                 failed[p.key] = errors.Code.STALE_CONTROLLER_EPOCH
                 continue
+            p.partition_epoch = max(p.partition_epoch, partition_epoch)
             # Parked produces and fetches re-check leadership: a new follower answers NOT_LEADER_OR_FOLLOWER.
             self.on_high_watermark_change(p)
         return failed
@@ -202,6 +287,8 @@ class ReplicaManager:
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""
         for key in partitions:
+            if self.fetchers is not None:
+                self.fetchers.remove_partitions([key])
             p = self.partitions.get(key)
             if p is not None:
                 p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER
@@ -282,6 +369,8 @@ class ReplicaManager:
                 return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch)
 
             result = read()
+            if is_follower:
+                self._on_follower_fetch(p, replica_id, fetch_offset)
             if max_wait_ms == 0 or result.slice.length >= max(min_bytes, 1):
                 BYTES_OUT.labels(topic=topic).inc(result.slice.length)
                 return result
@@ -293,6 +382,13 @@ class ReplicaManager:
         except errors.GregorError as err:
             FAILED_FETCH.labels(error=err.name).inc()
             raise
+
+    def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int) -> None:
+        """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
+        if p.update_follower_fetch_state(replica_id, fetch_offset, now_ms()):
+            self.on_high_watermark_change(p)
+        if self.isr_manager is not None:
+            self.isr_manager.maybe_expand_isr(p, replica_id)
 
     # ------------------------------------------------------------------ offsets
     def list_offsets(self, topic: str, partition: int, timestamp_ms: int,

@@ -193,7 +193,7 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
                            context: Ctx) -> broker_pb2.LeaderAndIsrResponse:
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         configs = {t: dict(c.entries) for t, c in request.topic_configs.items()}
-        failed = self.replicas.become_leader_or_follower(request.partition_states, configs)
+        failed = self.replicas.become_leader_or_follower(request.partition_states, configs, request.live_leaders)
         return broker_pb2.LeaderAndIsrResponse(partition_errors=[
             broker_pb2.PartitionError(topic=t, partition=p, error=code)  # type: ignore[arg-type]
             for (t, p), code in sorted(failed.items())])

@@ -318,6 +318,9 @@ class Controller:
                                            lambda key: metadata_store.is_topic_key(self.etcd, key)), "topic-watch"),
             self._spawn(self._watch_prefix(metadata_store.DELETE_TOPICS, snapshot.revision + 1,
                                            self._topic_deletion_event), "topic-deletion-watch"),
+            # Only creations matter: our own deletions of handled notifications also show up here.
+            self._spawn(self._watch_prefix(ISR_CHANGE_NOTIFICATIONS, snapshot.revision + 1,
+                                           self._isr_change_event), "isr-change-watch"),
         ]
         actions = ControllerActions()
         on_controller_failover(self.ctx, actions, self._election())
@@ -412,6 +415,45 @@ class Controller:
     def _topic_deletion_event(self) -> _Event:
         return _Event(ControllerState.TOPIC_DELETION, "TopicDeletion",
                       lambda: self._guarded_event(self.on_topic_deletion))
+
+    def _isr_change_event(self) -> _Event:
+        return _Event(ControllerState.ISR_CHANGE, "IsrChangeNotification",
+                      lambda: self._guarded_event(self.on_isr_change_notification))
+
+    async def on_isr_change_notification(self) -> None:
+        """IsrChangeNotification (seed 000): reload the changed partition states, UpdateMetadata everywhere, delete.
+
+        Leaders write `isr_change_notification/isr_change_<seq>` =
+        {"version":1,"partitions":[{"topic":T,"partition":P},...]} after changing an ISR.
+        """
+        if not self.is_active:
+            return
+        found = await self.etcd.get_prefix(self.etcd.key(ISR_CHANGE_NOTIFICATIONS))
+        if not found.kvs:
+            return
+        changed: set[TopicPartition] = set()
+        for kv in found.kvs:
+            try:
+                for entry in json.loads(kv.value).get("partitions", []):
+                    changed.add(TopicPartition(str(entry["topic"]), int(entry["partition"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring malformed ISR change notification %r: %s", kv.key, exc)
+        refreshed = []
+        for tp in sorted(changed):
+            if tp.topic not in self.ctx.all_topics:
+                continue
+            state = await metadata_store.load_partition_state(self.etcd, tp)
+            if state is not None:
+                self.ctx.put_partition_leadership_info(tp, state)
+                refreshed.append(tp)
+        actions = ControllerActions()
+        if refreshed:
+            actions.batch.add_update_metadata(self.ctx.live_or_shutting_down_broker_ids, refreshed)
+        try:
+            await self.apply_actions(actions)
+        finally:
+            await self.guarded_write([], [Delete(kv.key) for kv in found.kvs])
+        log.info("ISR changes propagated for %s", [f"{tp.topic}-{tp.partition}" for tp in refreshed])
 
     async def on_broker_change(self) -> None:
         """BrokerChange: senders follow membership first, then onBrokerStartup / onBrokerFailure."""

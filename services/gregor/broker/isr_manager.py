@@ -1,0 +1,161 @@
+"""Leader-side ISR maintenance on a cluster-mode broker (seed 000).
+
+isr-expiration runs every replica.lag.time.max.ms/2 and shrinks the ISR of led
+partitions whose followers fell behind; follower fetches expand it. Each change
+is written to `brokers/topics/<t>/partitions/<p>/state` with a compare-and-swap
+on the key's mod_revision (ZooKeeper's zkVersion), applied in memory only once
+written, recorded, and propagated every 2.5 s as `isr_change_notification/`
+entries (after 5 s of quiet, or at most 60 s late) for the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter
+
+from gregor.common.clock import now_ms
+from gregor.common.etcd import EtcdClient, EtcdError
+from gregor.common.isr import ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS, IsrChangePropagation, isr_expiration_interval_ms
+
+if TYPE_CHECKING:
+    from gregor.broker.partition import Partition
+    from gregor.broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+ISR_SHRINKS = Counter("gregor_broker_isr_shrinks_total", "ISR shrinks written by this broker as leader")
+ISR_EXPANDS = Counter("gregor_broker_isr_expands_total", "ISR expansions written by this broker as leader")
+FAILED_ISR_UPDATES = Counter("gregor_broker_failed_isr_updates_total",
+                             "ISR writes given up (leader epoch moved or etcd unavailable)")
+
+ISR_WRITE_ATTEMPTS = 3  # CAS retries while the leader epoch is unchanged (someone else wrote the ISR)
+ISR_CHANGE_NOTIFICATIONS = "isr_change_notification"  # the controller watches this prefix
+
+
+class IsrManager:
+    """ISR shrink/expand writes and their propagation. Concurrency: event loop; one write per partition at a time."""
+
+    def __init__(self, replica_manager: "ReplicaManager", etcd: EtcdClient, broker_id: int,
+                 replica_lag_time_max_ms: int) -> None:
+        self.replicas = replica_manager
+        self.etcd = etcd
+        self.broker_id = broker_id
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        # Kafka starts lastIsrPropagationMs at startup, so the first change also waits out the 5 s of quiet.
+        self.propagation = IsrChangePropagation(last_propagation_ms=now_ms())
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writes: set[asyncio.Task[None]] = set()
+        self._seq = 0
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._every(isr_expiration_interval_ms(self.replica_lag_time_max_ms),
+                                                       self.maybe_shrink_isr), name="isr-expiration"),
+                       asyncio.create_task(self._every(ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS,
+                                                       self.maybe_propagate_isr_changes),
+                                           name="isr-change-propagation")]
+
+    async def stop(self) -> None:
+        for t in [*self._tasks, *self._writes]:
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._writes, return_exceptions=True)
+        self._tasks = []
+
+    async def _every(self, interval_ms: int, body: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(max(interval_ms, 10) / 1000.0)
+            try:
+                await body()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed round is retried next round; the task must not die
+                log.exception("periodic ISR task failed")
+
+    # -- shrink / expand -----------------------------------------------------------
+    async def maybe_shrink_isr(self) -> None:
+        """isr-expiration: drop followers not caught up within replica.lag.time.max.ms."""
+        now = now_ms()
+        for p in list(self.replicas.partitions.values()):
+            new_isr = p.out_of_sync_isr(now, self.replica_lag_time_max_ms)
+            if new_isr is not None:
+                self.request_isr_change(p, add=(), remove=set(p.isr) - set(new_isr))
+
+    def maybe_expand_isr(self, p: "Partition", replica_id: int) -> None:
+        if p.needs_expand_isr(replica_id):
+            self.request_isr_change(p, add={replica_id}, remove=())
+
+    def request_isr_change(self, p: "Partition", add: Iterable[int], remove: Iterable[int]) -> None:
+        if p.isr_update_in_flight:
+            return  # the next fetch or expiration round asks again
+        p.isr_update_in_flight = True
+        task = asyncio.create_task(self._write_isr(p, set(add), set(remove), p.leader_epoch))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def _state_key(self, p: "Partition") -> bytes:
+        return self.etcd.key("brokers", "topics", p.topic, "partitions", p.partition, "state")
+
+    async def _write_isr(self, p: "Partition", add: set[int], remove: set[int], leader_epoch: int) -> None:
+        """CAS the new ISR into the partition state; give up once the leader epoch moved."""
+        try:
+            key = self._state_key(p)
+            for _ in range(ISR_WRITE_ATTEMPTS):
+                kv = await self.etcd.get(key)
+                if kv is None:
+                    break
+                state = json.loads(kv.value)
+                if (state.get("leader") != self.broker_id or state.get("leader_epoch") != leader_epoch
+                        or not p.is_leader or p.leader_epoch != leader_epoch):
+                    break
+                old = [int(r) for r in state["isr"]]
+                new = [r for r in old if r not in remove] + sorted(r for r in add if r not in old)
+                if new == old:
+                    self._apply(p, new, kv.version - 1)
+                    return
+                state["isr"] = new
+                result = await self.etcd.cas(key, json.dumps(state).encode(), kv.mod_revision)
+                if result:
+                    if p.is_leader and p.leader_epoch == leader_epoch:
+                        self._apply(p, new, kv.version)
+                        (ISR_SHRINKS if len(new) < len(old) else ISR_EXPANDS).inc()
+                        self.propagation.record_isr_change(p.topic, p.partition, now_ms())
+                        log.info("%s-%d: ISR %s -> %s (leader epoch %d)", p.topic, p.partition, old, new,
+                                 leader_epoch)
+                    return
+            FAILED_ISR_UPDATES.inc()
+            log.info("%s-%d: ISR update given up (leader epoch %d moved or state gone)", p.topic, p.partition,
+                     leader_epoch)
+        except EtcdError as exc:
+            FAILED_ISR_UPDATES.inc()
+            log.warning("%s-%d: ISR update failed: %s", p.topic, p.partition, exc)
+        finally:
+            p.isr_update_in_flight = False
+
+    def _apply(self, p: "Partition", isr: list[int], partition_epoch: int) -> None:
+        p.isr = set(isr)
+        p.partition_epoch = partition_epoch
+        # The HW may advance once a lagging follower left the ISR (seed 000).
+        p.maybe_increment_leader_hw()
+        self.replicas.on_high_watermark_change(p)
+
+    # -- propagation -----------------------------------------------------------------
+    async def maybe_propagate_isr_changes(self) -> None:
+        """isr-change-propagation: publish batched changes as one notification entry."""
+        changed = self.propagation.maybe_propagate(now_ms())
+        if not changed:
+            return
+        self._seq += 1
+        # etcd has no sequential nodes: time, broker id and a local counter keep names unique and ordered.
+        name = f"isr_change_{time.time_ns():020d}_{self.broker_id}_{self._seq}"
+        body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in changed]}
+        try:
+            await self.etcd.put(self.etcd.key(ISR_CHANGE_NOTIFICATIONS, name), json.dumps(body).encode())
+        except EtcdError as exc:
+            log.warning("ISR change propagation failed, retrying next round: %s", exc)
+            for t, p in changed:
+                self.propagation.record_isr_change(t, p, now_ms())

@@ -1,0 +1,221 @@
+"""Replica fetchers: a follower copies its leaders' logs (seeds 002, 004).
+
+One asyncio task per leader broker (Kafka's ReplicaFetcherThread per source
+broker) fetches every partition this broker follows from that leader. Before a
+partition's first fetch under a leader epoch it truncates by leader epoch:
+OffsetForLeaderEpoch for our latest epoch, truncate to min(answer, own LEO),
+falling back to the high watermark when the epoch is undefined. Fetched batches
+are appended with their offsets and epochs; the follower HW is
+min(leader HW, own LEO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import grpc
+from prometheus_client import Gauge
+
+from gregor.common import errors
+from gregor.common.isr import follower_truncation
+from gregor.common.rpc import channel
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+
+if TYPE_CHECKING:
+    from gregor.broker.partition import Partition
+    from gregor.broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
+                    "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
+
+REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
+REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms
+REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
+FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
+MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
+BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEADER_OR_FOLLOWER,
+                           errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                           errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT,
+                           errors.Code.KAFKA_STORAGE_ERROR})
+
+
+@dataclass
+class PartitionFetchState:
+    leader_epoch: int
+    needs_truncation: bool = True
+    out_of_range: bool = False
+    backoff_until: float = 0.0
+
+
+class ReplicaFetcher:
+    """Fetches the partitions led by one leader. Concurrency: one task; partitions change only on the loop."""
+
+    def __init__(self, manager: "ReplicaFetcherManager", leader_id: int) -> None:
+        self.manager = manager
+        self.leader_id = leader_id
+        self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
+        self._wake = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
+        self.task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("replica fetcher for leader %d died", self.leader_id, exc_info=task.exception())
+
+    def add(self, key: tuple[str, int], leader_epoch: int) -> None:
+        self.partitions[key] = PartitionFetchState(leader_epoch)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        rm = self.manager.replicas
+        while True:
+            if not self.partitions:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            target = self.manager.endpoint_of(self.leader_id)
+            if target is None:
+                await asyncio.sleep(REPLICA_FETCH_BACKOFF_S)
+                continue
+            async with channel(target) as ch:
+                stub = broker_pb2_grpc.BrokerServiceStub(ch)
+                while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
+                    # One fetch per partition in flight: a quiet partition's long poll delays the round only.
+                    keys = list(self.partitions)
+                    await asyncio.gather(*(self._fetch_one(rm, stub, k) for k in keys))
+
+    def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
+        """The partition if we still follow this leader at this epoch, else None (and drop it)."""
+        p = rm.partitions.get(key)
+        if (p is None or p.is_leader or p.leader_id != self.leader_id or p.leader_epoch != st.leader_epoch
+                or self.partitions.get(key) is not st):
+            if self.partitions.get(key) is st:
+                del self.partitions[key]
+            return None
+        return p
+
+    async def _fetch_one(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                         key: tuple[str, int]) -> None:
+        st = self.partitions.get(key)
+        if st is None:
+            return
+        loop = asyncio.get_running_loop()
+        if st.backoff_until > loop.time():
+            await asyncio.sleep(st.backoff_until - loop.time())
+        p = self._current(rm, key, st)
+        if p is None:
+            return
+        try:
+            if st.needs_truncation:
+                await self._truncate(rm, stub, p, st)
+                p = self._current(rm, key, st)
+                if p is None:
+                    return
+            fetch_offset = p.log_end_offset
+            resp = await stub.Fetch(broker_pb2.FetchRequest(
+                topic=p.topic, partition=p.partition, fetch_offset=fetch_offset,
+                max_bytes=REPLICA_FETCH_MAX_BYTES, min_bytes=1, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS,
+                replica_id=rm.config.broker_id, current_leader_epoch=st.leader_epoch,
+                replica_broker_epoch=self.manager.broker_epoch(), replica_log_start_offset=p.log.log_start_offset),
+                timeout=FETCH_RPC_TIMEOUT_S)
+            p = self._current(rm, key, st)
+            if p is None or p.log_end_offset != fetch_offset:
+                return
+            if resp.records:
+                p.log.append_as_follower(resp.records)
+            p.update_follower_high_watermark(resp.high_watermark)
+            FETCHER_LAG.labels(leader=str(self.leader_id)).set(max(0, resp.high_watermark - p.log_end_offset))
+        except grpc.aio.AioRpcError as exc:
+            err = errors.from_rpc_error(exc)
+            if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
+                log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
+                st.needs_truncation = st.out_of_range = True
+            else:
+                if err.code not in BACKOFF_CODES:
+                    log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
+                st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
+        except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
+            log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            st.needs_truncation = True
+            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
+
+    async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
+                        st: PartitionFetchState) -> None:
+        """Truncate by leader epoch before fetching (seed 002), falling back to the HW when undefined."""
+        for _ in range(MAX_TRUNCATION_ROUNDS):
+            latest = p.log.latest_epoch()
+            if latest is None:
+                p.log.truncate_to(min(p.high_watermark, p.log_end_offset))
+                break
+            resp = await stub.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(
+                topic=p.topic, partition=p.partition, leader_epoch=latest, current_leader_epoch=st.leader_epoch,
+                replica_id=rm.config.broker_id), timeout=FETCH_RPC_TIMEOUT_S)
+            if self._current(rm, p.key, st) is None:
+                return
+            decision = follower_truncation(p.log.epoch_entries(), p.log_end_offset, resp.leader_epoch,
+                                           resp.end_offset, p.high_watermark)
+            if decision.offset < p.log_end_offset:
+                log.info("%s-%d: truncating to %d by leader epoch (asked %d, leader said %d@%d)", p.topic,
+                         p.partition, decision.offset, latest, resp.leader_epoch, resp.end_offset)
+            p.log.truncate_to(decision.offset)
+            if decision.completed or p.log.latest_epoch() == latest:
+                break
+        if st.out_of_range:
+            await self._reset_out_of_range(rm, stub, p, st)
+        p.high_watermark = min(p.high_watermark, p.log_end_offset)
+        st.needs_truncation = st.out_of_range = False
+
+    async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                                  p: "Partition", st: PartitionFetchState) -> None:
+        """OFFSET_OUT_OF_RANGE after epoch truncation: behind the leader's log start, or past its end."""
+        earliest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
+            topic=p.topic, partition=p.partition, timestamp_ms=-2, current_leader_epoch=st.leader_epoch),
+            timeout=FETCH_RPC_TIMEOUT_S)
+        latest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
+            topic=p.topic, partition=p.partition, timestamp_ms=-1, current_leader_epoch=st.leader_epoch),
+            timeout=FETCH_RPC_TIMEOUT_S)
+        if p.log_end_offset < earliest.offset:
+            log.info("%s-%d: behind the leader's log start %d; starting over there", p.topic, p.partition,
+                     earliest.offset)
+            p.log.truncate_fully_and_start_at(earliest.offset)
+            p.high_watermark = earliest.offset
+        elif p.log_end_offset > latest.offset:
+            p.log.truncate_to(latest.offset)
+
+
+class ReplicaFetcherManager:
+    """The fetchers of one follower broker, keyed by leader id (Kafka's ReplicaFetcherManager).
+
+    Concurrency: event-loop owned; each fetcher is one task.
+    """
+
+    def __init__(self, replicas: "ReplicaManager", endpoint_of: Callable[[int], str | None],
+                 broker_epoch: Callable[[], int]) -> None:
+        self.replicas = replicas
+        self.endpoint_of = endpoint_of
+        self.broker_epoch = broker_epoch
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+
+    def add_partition(self, p: "Partition") -> None:
+        """Follow p from its leader (removing it from any other fetcher first); truncation runs first."""
+        self.remove_partitions([p.key])
+        fetcher = self.fetchers.get(p.leader_id)
+        if fetcher is None or fetcher.task.done():
+            fetcher = self.fetchers[p.leader_id] = ReplicaFetcher(self, p.leader_id)
+        fetcher.add(p.key, p.leader_epoch)
+
+    def remove_partitions(self, keys: list[tuple[str, int]]) -> None:
+        for fetcher in self.fetchers.values():
+            for key in keys:
+                fetcher.partitions.pop(key, None)
+
+    async def shutdown(self) -> None:
+        for f in self.fetchers.values():
+            f.task.cancel()
+        await asyncio.gather(*(f.task for f in self.fetchers.values()), return_exceptions=True)
+        self.fetchers.clear()

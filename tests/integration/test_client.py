@@ -252,3 +252,53 @@ def test_sync_producer_and_consumer(broker) -> None:
         while len(got) < 50:
             got += c.poll(2000)
     assert [(r.value, r.timestamp) for r in got] == [(b"m%d" % i, 1_000 + i) for i in range(50)]
+
+
+async def test_send_rejects_wrong_types_at_once_and_the_producer_keeps_working(broker) -> None:
+    await create(broker.grpc, "types")
+    async with Producer({"bootstrap.servers": broker.grpc, "linger.ms": 5}) as p:
+        bad = [dict(value="text"), dict(value=b"v", key="k"), dict(value=b"v", headers=[("h", "not bytes")]),
+               dict(value=b"v", headers=[(b"h", b"v")]), dict(value=b"v", headers="h"), dict(value=12)]
+        for kwargs in bad:
+            with pytest.raises(TypeError) as info:
+                await asyncio.wait_for(p.send("types", **kwargs), 5)  # type: ignore[arg-type]
+            assert isinstance(info.value, errors.GregorError) and info.value.code == errors.Code.INVALID_RECORD
+        md = await asyncio.wait_for(p.send_and_wait("types", b"fine", headers=[("h", b"v")]), 10)
+        assert md.offset == 0
+
+
+async def test_send_after_the_sender_died_raises_with_the_cause_instead_of_hanging(broker) -> None:
+    await create(broker.grpc, "dies")
+    async with Producer({"bootstrap.servers": broker.grpc}) as p:
+        await p.send_and_wait("dies", b"before")
+        assert p._acc is not None and p._sender_task is not None
+
+        def boom(*_: object) -> None:
+            raise RuntimeError("sender bug")
+
+        p._acc.ready = boom  # type: ignore[method-assign]
+        p._acc.wakeup.set()
+        await asyncio.wait_for(asyncio.wait([p._sender_task]), 5)
+        with pytest.raises(errors.GregorError) as info:
+            await asyncio.wait_for(p.send("dies", b"after"), 5)
+        assert isinstance(info.value.__cause__, RuntimeError) and "sender bug" in str(info.value)
+
+
+async def test_a_timed_out_waiter_does_not_cancel_the_other_records_of_its_batch(broker) -> None:
+    await create(broker.grpc, "shared")
+    async with Producer({"bootstrap.servers": broker.grpc, "linger.ms": 300}) as p:
+        h1 = await p.send("shared", b"one")
+        h2 = await p.send("shared", b"two")
+        assert h1.batch is h2.batch
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(h1, 0.01)
+        waiter = asyncio.ensure_future(_await(h1))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        md2 = await asyncio.wait_for(h2, 10)
+        assert md2.offset == 1 and h2.exception() is None
+        assert (await h1).offset == 0 and h1.exception() is None
+
+
+async def _await(handle):  # type: ignore[no-untyped-def]
+    return await handle

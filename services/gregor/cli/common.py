@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Awaitable, Iterable, Optional, TypeVar
+from typing import Any, Awaitable, Iterable, Iterator, Optional, TypeVar
 
 import click
 
@@ -78,14 +79,21 @@ def text(data: Optional[bytes]) -> Optional[str]:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
-def run(coro: Awaitable[T]) -> T:
-    """Run a command's coroutine; GregorErrors and connection failures become clean CLI errors."""
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """The one CLI error mapping: GregorErrors and connection failures become clean CLI errors."""
     try:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        yield
     except errors.GregorError as err:
         raise click.ClickException(describe_error(err)) from None
     except (ConnectionError, OSError) as exc:
         raise click.ClickException(f"connection failed: {exc}") from None
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run a command's coroutine under cli_errors()."""
+    with cli_errors():
+        return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def describe_error(err: errors.GregorError) -> str:

@@ -8,25 +8,20 @@ from typing import Any, Optional
 
 import click
 
-from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, describe_error
+from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
 from gregor.cli.logdump import log_group
 from gregor.cli.perf import perf
 from gregor.cli.produce import produce
 from gregor.cli.topics import topics
-from gregor.common import errors
 
 
 class GregorGroup(click.Group):
     """Maps every failure to a message on stderr and a non-zero exit, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with cli_errors():
             return super().invoke(ctx)
-        except errors.GregorError as err:
-            raise click.ClickException(describe_error(err)) from None
-        except (ConnectionError, OSError) as exc:
-            raise click.ClickException(f"connection failed: {exc}") from None
 
 
 @click.group(cls=GregorGroup, context_settings={"help_option_names": ["-h", "--help"]})

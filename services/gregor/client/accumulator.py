@@ -106,7 +106,11 @@ class FutureRecordMetadata:
         self.index = index
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        yield from self.batch.future.__await__()
+        future = self.batch.future
+        if not future.done():
+            # The future belongs to the whole batch: shield it, so a waiter that times out or is
+            # cancelled (wait_for(handle, 0.01), task.cancel()) never cancels its siblings' records.
+            yield from asyncio.shield(future).__await__()
         return self.batch.metadata(self.index)
 
     def done(self) -> bool:
@@ -126,6 +130,14 @@ class FutureRecordMetadata:
             _call(cb, None if exc else self.result(), exc)
         else:
             self.batch.callbacks.append((self.index, cb))
+
+
+def record_size(key: Optional[bytes], value: Optional[bytes], headers: Sequence[tuple[str, bytes]]) -> int:
+    """Upper estimate of a record's bytes in a batch (the one used for batch.size and buffer.memory)."""
+    size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+    for hk, hv in headers:
+        size += len(hk) + len(hv) + 4
+    return size
 
 
 class _NewBatch:
@@ -165,12 +177,7 @@ class RecordAccumulator:
         self._space_freed = asyncio.Event()
 
     # ------------------------------------------------------------ append side
-    @staticmethod
-    def record_size(key: Optional[bytes], value: Optional[bytes], headers: Sequence[tuple[str, bytes]]) -> int:
-        size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
-        for hk, hv in headers:
-            size += len(hk) + len(hv) + 4
-        return size
+    record_size = staticmethod(record_size)
 
     def needs_new_batch(self, tp: TopicPartition, size: int) -> bool:
         """True when a record of `size` bytes would start a new batch of tp (sticky partitioning moves on)."""
@@ -299,7 +306,17 @@ class RecordAccumulator:
         total = 0
         while dq:
             head = dq[0]
-            payload = head.encode(self.compression)
+            try:
+                payload = head.encode(self.compression)
+            except Exception as exc:  # a record the encoder rejects fails its batch, never the sender
+                dq.popleft()
+                head.sealed = True
+                self.deallocate(head)
+                err = errors.error_for(errors.Code.INVALID_RECORD, f"cannot encode batch: {type(exc).__name__}: {exc}",
+                                       topic=tp[0], partition=tp[1])
+                err.__cause__ = exc
+                head.fail(err)
+                continue
             if out and total + len(payload) > max_request_size:
                 break
             if not out and len(payload) > max_request_size:

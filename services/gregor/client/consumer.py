@@ -23,7 +23,7 @@ from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
-from gregor.common.records import CONTROL_FLAG, TIMESTAMP_TYPE_FLAG, batch_records, split_batches
+from gregor.common.records import decoded_batches, split_batches
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,7 @@ class Consumer:
         self._buffered_total -= state.buffered_bytes
         state.buffer.clear()
         state.buffered_bytes = 0
+        self._space_freed.set()  # other partitions' fetch tasks may be waiting for that room
 
     def _restart(self, tp: TopicPartition, state: _PartitionState, *, position: Optional[int] = None,
                  reset: Optional[int] = None) -> None:
@@ -300,9 +301,16 @@ class Consumer:
                 if state.generation != gen:
                     return
                 self._on_fetch_result(tp, state, result)
-        except errors.GregorError as err:
+        except Exception as exc:  # anything but cancellation: park it for poll() instead of dying silently
             if state.generation == gen:
-                state.error = err
+                if isinstance(exc, errors.GregorError):
+                    state.error = exc
+                else:
+                    log.error("%s-%s: fetch task failed", *tp, exc_info=exc)
+                    err = errors.GregorError(f"fetch of {tp[0]}-{tp[1]} failed: {type(exc).__name__}: {exc}",
+                                             topic=tp[0], partition=tp[1])
+                    err.__cause__ = exc
+                    state.error = err
                 self._data_ready.set()
         finally:
             await fetcher.close()
@@ -371,30 +379,13 @@ def _consumer_records(topic: str, partition: int, batches: list[tuple[Any, Any]]
                       min_offset: int) -> list[ConsumerRecord]:
     """ConsumerRecords of whole fetched batches at or above min_offset, control batches skipped.
 
-    The hot loop of the consumer: one native decode per batch, one tuple per record.
+    Decoding is records.decoded_batches (shared with the tools); this only adds topic and partition.
     """
     out: list[ConsumerRecord] = []
     extend = out.extend
     cls = ConsumerRecord
-    for header, raw in batches:
-        if header.attributes & CONTROL_FLAG:
-            continue
-        base = header.base_offset
-        if base + header.last_offset_delta < min_offset:
-            continue  # a fetch from inside a batch returns the whole batch
-        decoded = batch_records(header, raw)
-        if header.attributes & TIMESTAMP_TYPE_FLAG:  # LogAppendTime: every record has the batch's time
-            ts = header.max_timestamp
-            extend([_new_tuple(cls, (topic, partition, base + d, ts, k, v, h))
-                    for d, _, k, v, h in decoded if base + d >= min_offset])
-        else:
-            bts = header.base_timestamp
-            if base >= min_offset:
-                extend([_new_tuple(cls, (topic, partition, base + d, bts + td, k, v, h))
-                        for d, td, k, v, h in decoded])
-            else:
-                extend([_new_tuple(cls, (topic, partition, base + d, bts + td, k, v, h))
-                        for d, td, k, v, h in decoded if base + d >= min_offset])
+    for _, rows in decoded_batches(batches, min_offset=min_offset):
+        extend([_new_tuple(cls, (topic, partition, *row)) for row in rows])
     return out
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
@@ -100,15 +101,21 @@ class DataPortFetcher(GrpcFetcher):
         try:
             writer.write(FRAME.pack(len(body)) + body)
             await writer.drain()
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
-            # that races with the read completing, and close() then waits forever for this task.
+            # The whole answer (length, header, records) under one deadline: a broker that stalls
+            # mid-answer must not hang the fetch. asyncio.timeout, not wait_for: on Python 3.11
+            # wait_for can swallow a cancellation that races with the read completing, and
+            # close() then waits forever for this task.
             async with asyncio.timeout(self.timeout_s):
                 (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-            header = broker_pb2.DataFetchResponseHeader.FromString(await reader.readexactly(size))
-            records = await reader.readexactly(header.records_length) if header.records_length else b""
+                header = broker_pb2.DataFetchResponseHeader.FromString(await reader.readexactly(size))
+                records = await reader.readexactly(header.records_length) if header.records_length else b""
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
             await self.close()
             raise errors.NetworkExceptionError(f"data port fetch failed: {exc!r}") from None  # type: ignore[attr-defined]
+        except DecodeError as exc:
+            await self.close()  # the stream is out of step with the framing: never reuse it
+            raise errors.CorruptMessageError(  # type: ignore[attr-defined]
+                f"data port answered an undecodable response header: {exc}", topic=tp[0], partition=tp[1]) from None
         except BaseException:
             # Cancelled mid-answer: the connection holds an unread response; never reuse it.
             self._drop()
@@ -118,17 +125,18 @@ class DataPortFetcher(GrpcFetcher):
         r = header.response
         return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch)
 
-    def _drop(self) -> None:
-        if self._conn is not None:
-            writer = self._conn[2]
-            self._conn = None
-            writer.close()
+    def _drop(self) -> Optional[asyncio.StreamWriter]:
+        """Forget the connection and start closing it (no await: safe while being cancelled)."""
+        if self._conn is None:
+            return None
+        writer = self._conn[2]
+        self._conn = None
+        writer.close()
+        return writer
 
     async def close(self) -> None:
-        if self._conn is not None:
-            writer = self._conn[2]
-            self._conn = None
-            writer.close()
+        writer = self._drop()
+        if writer is not None:
             try:
                 await writer.wait_closed()
             except OSError:

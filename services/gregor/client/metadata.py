@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import grpc
 
 from gregor.common import errors
-from gregor.common.rpc import CHANNEL_OPTIONS
+from gregor.common import rpc
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
 
 # Errors after which the leader we know is probably wrong (Kafka's invalidMetadata set).
@@ -97,7 +97,7 @@ class ClusterMetadata:
         """The pooled channel to host:port (100 MiB message limits, as the servers)."""
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self._channels[address] = rpc.channel(address)
         return ch
 
     def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:

@@ -16,20 +16,42 @@ import grpc
 
 from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
+    record_size,
 )
 from gregor.client.config import parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.partitioner import DefaultPartitioner
 from gregor.common import errors
-from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 _time = time.time
 _NO_HEADERS: tuple[tuple[str, bytes], ...] = ()  # shared by every record without headers
 
-__all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata"]
+__all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata", "InvalidRecordTypeError"]
+
+
+class InvalidRecordTypeError(errors.InvalidRecordError, TypeError):  # type: ignore[name-defined,misc]
+    """send() got a key, value or header of the wrong type (INVALID_RECORD, and a TypeError)."""
+
+
+def _check_record(key: Any, value: Any, headers: Any) -> Sequence[tuple[str, bytes]]:
+    """The record's headers as a sequence, after checking every field's type (raises InvalidRecordTypeError)."""
+    if value is not None and not isinstance(value, bytes):
+        raise InvalidRecordTypeError(f"record value must be bytes or None, not {type(value).__name__}")
+    if key is not None and not isinstance(key, bytes):
+        raise InvalidRecordTypeError(f"record key must be bytes or None, not {type(key).__name__}")
+    if not headers:
+        return _NO_HEADERS
+    if isinstance(headers, (str, bytes)) or not isinstance(headers, (list, tuple)):
+        raise InvalidRecordTypeError(f"record headers must be a list of (str, bytes) pairs, "
+                                     f"not {type(headers).__name__}")
+    for header in headers:
+        if (not isinstance(header, tuple) or len(header) != 2 or not isinstance(header[0], str)
+                or not isinstance(header[1], bytes)):
+            raise InvalidRecordTypeError(f"record header {header!r} is not a (str, bytes) pair")
+    return list(headers)
 
 
 class Sender:
@@ -170,6 +192,7 @@ class Producer:
         self._sender: Optional[Sender] = None
         self._sender_task: Optional[asyncio.Task[None]] = None
         self._closed = False
+        self._failure: Optional[BaseException] = None  # why the sender task died; send() raises it
         self._parts_cache: dict[str, tuple[Any, int, list[int]]] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -191,7 +214,17 @@ class Producer:
             if exc is not None:
                 log.error("producer sender died", exc_info=exc)
             assert self._acc is not None
-            self._acc.abort_all(errors.GregorError(f"producer sender stopped: {exc or 'cancelled'}"))
+            # Nothing drains the accumulator any more: fail what is queued and refuse later sends
+            # (they would wait forever), keeping the original cause.
+            self._failure = exc if exc is not None else asyncio.CancelledError("producer sender task was cancelled")
+            self._acc.closed = True
+            self._acc.abort_all(self._sender_failed_error())
+
+    def _sender_failed_error(self) -> errors.GregorError:
+        cause = self._failure
+        err = errors.GregorError(f"producer sender stopped: {type(cause).__name__}: {cause}")
+        err.__cause__ = cause
+        return err
 
     async def __aenter__(self) -> "Producer":
         await self.start()
@@ -250,6 +283,9 @@ class Producer:
         """
         if self._closed:
             raise errors.GregorError("cannot send after the producer is closed")
+        if self._failure is not None:
+            raise self._sender_failed_error()
+        hdrs = _check_record(key, value, headers)
         acc = self._acc
         if acc is None:
             await self.start()
@@ -263,14 +299,7 @@ class Producer:
                 cached = self._topic_parts(topic)
                 assert cached is not None
         _, n, available = cached
-        if headers:
-            hdrs: Sequence[tuple[str, bytes]] = list(headers)
-            size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
-            for hk, hv in hdrs:
-                size += len(hk) + len(hv) + 4
-        else:
-            hdrs = _NO_HEADERS
-            size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+        size = record_size(key, value, hdrs)
         partitioner = self.partitioner
         # Null keys (or partitioner.ignore.keys): the sticky partition of KIP-480.
         sticky = partition is None and (key is None or partitioner.ignore_keys)
@@ -281,14 +310,13 @@ class Producer:
                 f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
                 topic=topic, partition=partition)
         if size > self.max_request_size:
-            if sticky and acc.needs_new_batch((topic, partition), size):
-                partitioner.on_batch_full(topic, partition, n, available)
-                partition = partitioner.partition(topic, None, n, available)
             raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                 f"The message is {size} bytes when serialized which is larger than max.request.size "
                 f"({self.max_request_size})", topic=topic, partition=partition)
         if timestamp_ms is None:
             timestamp_ms = int(_time() * 1000)
+        if self._failure is not None:  # the sender died while we waited for metadata
+            raise self._sender_failed_error()
         handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size, sticky)
         if handle is NEW_BATCH:
             # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
@@ -296,6 +324,8 @@ class Producer:
             partition = partitioner.partition(topic, None, n, available)
             handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size)
         if handle is None:  # buffer.memory is full: wait for the sender to free some
+            if self._failure is not None:
+                raise self._sender_failed_error()
             if sticky and acc.needs_new_batch((topic, partition), size):
                 partitioner.on_batch_full(topic, partition, n, available)
                 partition = partitioner.partition(topic, None, n, available)

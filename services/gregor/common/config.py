@@ -66,10 +66,13 @@ def _unlimited_or_nonneg(v: int) -> bool:
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
-        ConfigDef("cleanup.policy", str, "delete", "delete, compact or compact,delete",
-                  choices=("delete", "compact", "compact,delete", "delete,compact")),
-        ConfigDef("compression.type", str, "producer", "codec the broker keeps; producer keeps the producer's",
-                  choices=("producer", "uncompressed", "none", "gzip", "snappy", "lz4", "zstd")),
+        ConfigDef("cleanup.policy", str, "delete",
+                  "delete only for now: log compaction (compact, compact,delete) arrives with the clients issue",
+                  choices=("delete",)),
+        ConfigDef("compression.type", str, "producer",
+                  "producer only for now (the broker keeps the producer's codec): broker-side recompression "
+                  "(uncompressed, gzip, snappy, lz4, zstd) arrives with the clients issue",
+                  choices=("producer",)),
         ConfigDef("delete.retention.ms", int, 86400000, "how long tombstones are kept (compacted topics)", _nonneg),
         ConfigDef("flush.messages", int, LONG_MAX, "fsync after this many messages", _pos),
         ConfigDef("flush.ms", int, LONG_MAX, "fsync when the last flush is older than this", _nonneg),
@@ -100,10 +103,8 @@ BROKER_TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "min.insync.replicas": "min.insync.replicas",
     "log.retention.bytes": "retention.bytes",
-    "log.retention.ms": "retention.ms",
     "log.segment.bytes": "segment.bytes",
     "log.index.size.max.bytes": "segment.index.bytes",
-    "log.roll.ms": "segment.ms",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
@@ -154,30 +155,66 @@ class BrokerConfig:
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], **base: Any) -> "BrokerConfig":
-        """Build from Kafka-style dotted keys (`log.retention.ms=...`)."""
+        """Build from Kafka-style dotted keys (`log.retention.ms=...`); bad values raise InvalidConfigError.
+
+        Time units follow Kafka's precedence: log.retention.ms over log.retention.minutes over
+        log.retention.hours, and log.roll.ms over log.roll.hours, whatever the order of the keys.
+        """
         cfg = cls(**base)
         names = {f.name for f in dataclasses.fields(cls)}
         topic_defaults: dict[str, Any] = {}
+        timed: dict[str, int] = {}  # the unit-suffixed time keys, resolved once all keys are read
         for key, value in props.items():
-            if key == "log.retention.hours":
-                topic_defaults["retention.ms"] = int(value) * 3600 * 1000
-            elif key == "log.roll.hours":
-                topic_defaults.setdefault("segment.ms", int(value) * 3600 * 1000)
+            if key in _TIME_UNIT_KEYS:
+                timed[key] = _parse_int(key, value)
             elif key in BROKER_TOPIC_DEFAULT_KEYS:
                 topic_name = BROKER_TOPIC_DEFAULT_KEYS[key]
                 topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(value)
             elif key.replace(".", "_") in names:
                 attr = key.replace(".", "_")
                 current = getattr(cfg, attr)
-                try:
-                    parsed: Any = (str(value).lower() == "true") if isinstance(current, bool) else type(current)(value)
-                except ValueError:
-                    raise InvalidConfigError(f"Invalid value {value!r} for broker configuration {key}")
+                if isinstance(current, bool):
+                    if str(value).lower() not in ("true", "false"):
+                        raise InvalidConfigError(f"Invalid value {value!r} for broker configuration {key}: "
+                                                 f"expected true or false")
+                    parsed: Any = str(value).lower() == "true"
+                else:
+                    try:
+                        parsed = type(current)(value)
+                    except (TypeError, ValueError):
+                        raise InvalidConfigError(
+                            f"Invalid value {value!r} for broker configuration {key}: "
+                            f"expected {type(current).__name__}") from None
                 setattr(cfg, attr, parsed)
             else:
                 raise InvalidConfigError(f"Unknown broker configuration: {key}")
+        for topic_name, keys in _TIME_PRECEDENCE.items():
+            for key, millis_per_unit in keys:
+                if key in timed:
+                    millis = timed[key] * millis_per_unit
+                    if topic_name == "retention.ms" and millis < 0:
+                        millis = -1  # Kafka: any negative retention means unlimited
+                    topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(millis)
+                    break
         cfg.topic_defaults = {**cfg.topic_defaults, **topic_defaults}
         return cfg
+
+
+def _parse_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise InvalidConfigError(f"Invalid value {value!r} for broker configuration {key}: expected int")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"Invalid value {value!r} for broker configuration {key}: expected int") from None
+
+
+# Broker time keys with a unit, highest precedence first (Kafka's KafkaConfig.logRetentionTimeMillis / logRollTimeMillis).
+_TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
+    "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
+    "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
+}
+_TIME_UNIT_KEYS = frozenset(key for keys in _TIME_PRECEDENCE.values() for key, _ in keys)
 
 
 def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, int]:

@@ -9,8 +9,7 @@ adds what the native module leaves out: compressing the records section
 from __future__ import annotations
 
 import struct
-import time
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import cramjam
 import gregor_native as native
@@ -80,10 +79,12 @@ def compress(codec: int, data: bytes) -> bytes:
 
 
 def decompress(codec: int, data: bytes) -> bytes:
-    """Inverse of compress; raises CorruptMessageError on undecodable input."""
+    """Inverse of compress; raises CorruptMessageError on undecodable input (whatever the codec library raises)."""
+    if codec not in CODEC_NAMES:
+        raise UnsupportedCompressionTypeError(f"compression codec {codec} is not supported")
+    if codec == 0:
+        return data
     try:
-        if codec == 0:
-            return data
         if codec == 1:
             return bytes(cramjam.gzip.decompress(data))
         if codec == 2:
@@ -92,18 +93,24 @@ def decompress(codec: int, data: bytes) -> bytes:
             return bytes(cramjam.snappy.decompress_raw(data))
         if codec == 3:
             return bytes(cramjam.lz4.decompress(data))
-        if codec == 4:
-            return bytes(cramjam.zstd.decompress(data))
-    except cramjam.DecompressionError as exc:
-        raise CorruptMessageError(f"cannot decompress {codec_name(codec)} records: {exc}") from None
-    raise UnsupportedCompressionTypeError(f"compression codec {codec} is not supported")
+        return bytes(cramjam.zstd.decompress(data))
+    except CorruptMessageError:
+        raise
+    except Exception as exc:  # cramjam.DecompressionError, struct.error, ValueError, ...
+        raise CorruptMessageError(f"cannot decompress {codec_name(codec)} records: {exc}") from exc
 
 
 def _xerial_decompress(data: bytes) -> bytes:
     # 8 magic + 4 version + 4 compat, then [u32 BE length][raw snappy block]...
     out, pos = [], 16
     while pos < len(data):
-        (n,) = struct.unpack_from(">I", data, pos)
+        try:
+            (n,) = struct.unpack_from(">I", data, pos)
+        except struct.error as exc:
+            raise CorruptMessageError(f"truncated xerial snappy block header at byte {pos}: {exc}") from None
+        if pos + 4 + n > len(data):
+            raise CorruptMessageError(f"truncated xerial snappy block at byte {pos}: {n} bytes announced, "
+                                      f"{len(data) - pos - 4} present")
         out.append(bytes(cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + n])))
         pos += 4 + n
     return b"".join(out)
@@ -122,46 +129,35 @@ def build_batch(
     """One v2 batch holding `records` ((key, value, headers, timestamp_ms) tuples).
 
     Offsets inside the batch are 0..n-1 (the leader rewrites baseOffset); the
-    base timestamp is the first record's unless given. Native code encodes the
+    base timestamp is the first record's unless given. A thin wrapper that turns
+    the timestamps into deltas for build_batch_from_deltas.
+    """
+    if not records:
+        raise ValueError("a record batch holds at least one record")
+    first_ts = records[0][3]
+    base = first_ts if base_timestamp is None else base_timestamp
+    max_ts = max(r[3] for r in records)
+    return build_batch_from_deltas([(k, v, h, ts - base) for k, v, h, ts in records], base, max_ts, compression,
+                                   producer_id=producer_id, producer_epoch=producer_epoch,
+                                   base_sequence=base_sequence, transactional=transactional)
+
+
+def build_batch_from_deltas(records: Sequence[OutRecord], base_timestamp: int, max_timestamp: int,
+                            compression: str | int = "none", *, producer_id: int = -1, producer_epoch: int = -1,
+                            base_sequence: int = -1, transactional: bool = False) -> bytes:
+    """The one batch encoder: records whose 4th field is already the delta from base_timestamp.
+
+    The producer's accumulator stores records this way, so a batch is encoded
+    without another pass over its records in Python. Native code encodes the
     records and computes the CRC; only the section compression runs here.
     """
     if not records:
         raise ValueError("a record batch holds at least one record")
     codec = codec_id(compression) if isinstance(compression, str) else compression
-    first_ts = records[0][3]
-    base = first_ts if base_timestamp is None else base_timestamp
-    max_ts = first_ts
-    # Fast path: every record carries the same timestamp (the usual case for a
-    # batch filled within one millisecond), so the deltas are all zero.
-    if all(r[3] == first_ts for r in records) and base == first_ts:
-        section = native.encode_records([(k, v, h, 0) for k, v, h, _ in records])
-    else:
-        max_ts = max(r[3] for r in records)
-        section = native.encode_records([(k, v, h, ts - base) for k, v, h, ts in records])
     attributes = codec | (TRANSACTIONAL_FLAG if transactional else 0)
-    return native.build_batch(
-        compress(codec, section), len(records), attributes=attributes,
-        base_timestamp=base, max_timestamp=max_ts, producer_id=producer_id,
-        producer_epoch=producer_epoch, base_sequence=base_sequence,
-    )
-
-
-def build_batch_from_deltas(records: Sequence[OutRecord], base_timestamp: int, max_timestamp: int,
-                            compression: str | int = "none") -> bytes:
-    """build_batch for records whose 4th field is already the delta from base_timestamp.
-
-    The producer's accumulator stores records this way, so a batch is encoded
-    without another pass over its records in Python.
-    """
-    if not records:
-        raise ValueError("a record batch holds at least one record")
-    codec = codec_id(compression) if isinstance(compression, str) else compression
-    return native.build_batch(compress(codec, native.encode_records(records)), len(records), attributes=codec,
-                              base_timestamp=base_timestamp, max_timestamp=max_timestamp)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+    return native.build_batch(compress(codec, native.encode_records(records)), len(records), attributes=attributes,
+                              base_timestamp=base_timestamp, max_timestamp=max_timestamp, producer_id=producer_id,
+                              producer_epoch=producer_epoch, base_sequence=base_sequence)
 
 
 def split_batches(data: bytes, verify_crc: bool = True) -> list[tuple["native.BatchHeader", memoryview]]:
@@ -198,18 +194,41 @@ def iter_records(data: bytes, *, min_offset: int = -1, skip_control: bool = True
     return records_of_batches(split_batches(data, verify_crc), min_offset=min_offset, skip_control=skip_control)
 
 
-def records_of_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,
-                       min_offset: int = -1, skip_control: bool = True) -> Iterator[LogRecord]:
-    """iter_records over batches already split by split_batches."""
+# One decoded record of a batch: (offset, timestamp, key, value, headers).
+Row = tuple[int, int, Optional[bytes], Optional[bytes], list[Header]]
+
+
+def decoded_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,
+                    min_offset: int = -1, skip_control: bool = True) -> Iterator[tuple["native.BatchHeader", list[Row]]]:
+    """(header, rows at or above min_offset) for each batch: the one decoding path of the consumer and the tools.
+
+    Control batches (transaction markers) are skipped unless skip_control is False;
+    LogAppendTime batches give every record the batch's max timestamp.
+    One native decode per batch, one tuple per record (the consumer's hot loop).
+    """
     for header, raw in batches:
         if skip_control and header.attributes & CONTROL_FLAG:
             continue
-        if header.base_offset + header.last_offset_delta < min_offset:
+        base = header.base_offset
+        if base + header.last_offset_delta < min_offset:
             continue  # a fetch from inside a batch returns the whole batch
-        base_offset, base_ts = header.base_offset, header.base_timestamp
-        log_append_time = header.attributes & TIMESTAMP_TYPE_FLAG
-        for delta, ts_delta, key, value, headers in batch_records(header, raw):
-            offset = base_offset + delta
-            if offset >= min_offset:
-                ts = header.max_timestamp if log_append_time else base_ts + ts_delta
-                yield LogRecord(offset, ts, key, value, headers, header)
+        decoded = batch_records(header, raw)
+        if header.attributes & TIMESTAMP_TYPE_FLAG:  # LogAppendTime: every record has the batch's time
+            ts = header.max_timestamp
+            rows = [(base + d, ts, k, v, h) for d, _, k, v, h in decoded if base + d >= min_offset]
+        else:
+            bts = header.base_timestamp
+            if base >= min_offset:
+                rows = [(base + d, bts + td, k, v, h) for d, td, k, v, h in decoded]
+            else:
+                rows = [(base + d, bts + td, k, v, h) for d, td, k, v, h in decoded if base + d >= min_offset]
+        yield header, rows
+
+
+def records_of_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,
+                       min_offset: int = -1, skip_control: bool = True) -> Iterator[LogRecord]:
+    """iter_records over batches already split by split_batches."""
+    new: Any = tuple.__new__
+    for header, rows in decoded_batches(batches, min_offset=min_offset, skip_control=skip_control):
+        for row in rows:
+            yield new(LogRecord, (*row, header))

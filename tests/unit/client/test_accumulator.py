@@ -184,3 +184,44 @@ async def test_batch_keeps_each_records_timestamp_in_any_order() -> None:
     (batch,) = acc.drain(("t", 0), 1 << 20)
     assert [r.timestamp for r in iter_records(batch.payload)] == [2000, 1990, 2015, 2000]
     assert batch.max_timestamp == 2015
+
+
+async def test_a_batch_the_encoder_rejects_fails_alone_and_drain_goes_on() -> None:
+    acc = make(batch_size=1000)
+    bad, _ = await acc.append("t", 0, None, "not bytes", [], 1000, 30)  # type: ignore[arg-type]
+    good, _ = await acc.append("t", 1, None, b"fine", [], 1000, 30)
+    assert acc.drain(("t", 0), 10_000) == []  # no exception out of drain
+    assert bad.done() and isinstance(bad.exception(), errors.GregorError)
+    assert bad.exception().code == errors.Code.INVALID_RECORD  # type: ignore[union-attr]
+    assert acc.buffered_bytes == 30
+    [batch] = acc.drain(("t", 1), 10_000)
+    assert batch is good.batch
+
+
+async def test_cancelling_one_waiter_never_cancels_the_batch() -> None:
+    acc = make()
+    h1, _ = await append(acc, b"a")
+    h2, _ = await append(acc, b"b")
+    assert h1.batch is h2.batch
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(h1, 0.01)
+    task = asyncio.ensure_future(_wait(h2))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    assert not h1.batch.future.cancelled()
+    h1.batch.complete(7)
+    assert (await h2).offset == 8 and (await h1).offset == 7
+    assert h1.exception() is None and h2.exception() is None
+
+
+async def _wait(handle):  # type: ignore[no-untyped-def]
+    return await handle
+
+
+def test_one_record_size_estimate() -> None:
+    from gregor.client import accumulator, producer
+
+    assert RecordAccumulator.record_size is accumulator.record_size
+    assert producer.record_size is accumulator.record_size
+    assert accumulator.record_size(b"k", b"vv", [("h", b"123")]) == RECORD_OVERHEAD_BYTES + 3 + 1 + 3 + 4

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gregor.common import records
+from gregor.common import errors, records
 from gregor.common.errors import CorruptMessageError, GregorError
 
 CODECS = list(records.COMPRESSION_CODECS)
@@ -96,3 +96,38 @@ def test_build_batch_from_deltas_equals_build_batch() -> None:
             recs, compression=codec)
     with pytest.raises(ValueError):
         records.build_batch_from_deltas([], 0, 0)
+
+
+@pytest.mark.parametrize("data", [
+    b"\x82SNAPPY\x00" + b"\x00" * 8 + b"\x00\x00",  # truncated block length
+    b"\x82SNAPPY\x00" + b"\x00" * 8 + b"\x00\x00\x00\x09abc",  # block shorter than announced
+])
+def test_broken_xerial_snappy_is_a_corrupt_message(data: bytes) -> None:
+    with pytest.raises(errors.CorruptMessageError):  # type: ignore[attr-defined]
+        records.decompress(2, data)
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_any_decompression_failure_is_a_corrupt_message(codec: int) -> None:
+    with pytest.raises(errors.CorruptMessageError):  # type: ignore[attr-defined]
+        records.decompress(codec, b"\x00\x01garbage that is no compressed stream\xff" * 3)
+
+
+def test_build_batch_is_a_wrapper_of_build_batch_from_deltas(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = records.build_batch_from_deltas
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(records, "build_batch_from_deltas", spy)
+    data = records.build_batch([(None, b"a", [], 10), (None, b"b", [], 7)], producer_id=5, transactional=True)
+    assert calls and calls[0][1:3] == (10, 10)
+    [h] = records.split_batches(data)
+    assert h[0].producer_id == 5 and h[0].attributes & records.TRANSACTIONAL_FLAG
+    assert [(r.offset, r.timestamp) for r in records.iter_records(data)] == [(0, 10), (1, 7)]
+
+
+def test_records_has_no_clock_of_its_own() -> None:
+    assert not hasattr(records, "now_ms")

@@ -41,3 +41,45 @@ def test_broker_properties() -> None:
         BrokerConfig.from_properties({"no.such.key": "1"})
     with pytest.raises(errors.GregorError):
         BrokerConfig.from_properties({"num.partitions": "many"})
+
+
+@pytest.mark.parametrize("props, retention_ms", [
+    ({"log.retention.ms": "5000", "log.retention.hours": "1"}, 5000),
+    ({"log.retention.hours": "1", "log.retention.ms": "5000"}, 5000),
+    ({"log.retention.hours": "1", "log.retention.minutes": "2"}, 120000),
+    ({"log.retention.minutes": "2", "log.retention.ms": "7"}, 7),
+    ({"log.retention.hours": "2"}, 7200000),
+    ({"log.retention.hours": "-1"}, -1),
+])
+def test_retention_time_units_follow_kafkas_precedence(props: dict[str, str], retention_ms: int) -> None:
+    assert BrokerConfig.from_properties(props).topic_defaults["retention.ms"] == retention_ms
+
+
+def test_roll_ms_beats_roll_hours() -> None:
+    for props in ({"log.roll.hours": "1", "log.roll.ms": "500"}, {"log.roll.ms": "500", "log.roll.hours": "1"}):
+        assert BrokerConfig.from_properties(props).topic_defaults["segment.ms"] == 500
+    assert BrokerConfig.from_properties({"log.roll.hours": "2"}).topic_defaults["segment.ms"] == 7200000
+
+
+@pytest.mark.parametrize("props", [{"log.retention.hours": "soon"}, {"log.retention.minutes": "1.5"},
+                                   {"log.roll.hours": "x"}, {"log.roll.ms": "0"}, {"log.retention.ms": "abc"},
+                                   {"delete.topic.enable": "maybe"}, {"port": None}])
+def test_bad_broker_values_raise_invalid_config_not_value_error(props: dict[str, str]) -> None:
+    with pytest.raises(errors.GregorError) as info:
+        BrokerConfig.from_properties(props)
+    assert info.value.code == errors.Code.INVALID_CONFIG
+
+
+@pytest.mark.parametrize("raw", [{"cleanup.policy": "compact"}, {"cleanup.policy": "compact,delete"},
+                                 {"compression.type": "gzip"}, {"compression.type": "uncompressed"},
+                                 {"compression.type": "none"}])
+def test_unimplemented_topic_configs_are_rejected(raw: dict[str, str]) -> None:
+    with pytest.raises(errors.GregorError) as info:
+        validate_topic_configs(raw)
+    assert info.value.code == errors.Code.INVALID_CONFIG
+    assert "clients issue" in str(info.value) or list(raw.values())[0] in str(info.value)
+
+
+def test_implemented_values_of_restricted_topic_configs_are_accepted() -> None:
+    assert validate_topic_configs({"cleanup.policy": "delete", "compression.type": "producer"}) == {
+        "cleanup.policy": "delete", "compression.type": "producer"}

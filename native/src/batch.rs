@@ -115,15 +115,16 @@ impl BatchHeader {
         }
     }
 
-    /// Checks what an appender needs: records_count and lastOffsetDelta agree.
+    /// Checks what an appender needs: at least one record, and records_count
+    /// and lastOffsetDelta agree (Kafka's LogValidator).
     pub fn check_counts(&self) -> Result<()> {
-        if self.records_count < 0 || self.last_offset_delta < 0 {
+        if self.records_count <= 0 || self.last_offset_delta < 0 {
             return invalid(format!(
-                "records_count {} / last_offset_delta {} negative",
+                "records_count {} / last_offset_delta {}: a batch needs at least one record",
                 self.records_count, self.last_offset_delta
             ));
         }
-        if self.records_count > 0 && self.last_offset_delta != self.records_count - 1 {
+        if self.last_offset_delta != self.records_count - 1 {
             return invalid(format!(
                 "last_offset_delta {} != records_count {} - 1",
                 self.last_offset_delta, self.records_count
@@ -171,10 +172,12 @@ pub fn parse_batches(data: &[u8], verify: bool) -> Result<Vec<(usize, BatchHeade
     Ok(out)
 }
 
-/// Validates a produce buffer: whole batches, CRC, size, counts.
+/// Validates a produce buffer: whole batches, CRC, size, counts, and for
+/// uncompressed batches the records section itself (exactly records_count
+/// records with offset deltas 0..n-1 ending at the batch end).
 pub fn validate_for_append(data: &[u8], max_message_bytes: usize) -> Result<Vec<(usize, BatchHeader)>> {
     let batches = parse_batches(data, true)?;
-    for (_, h) in &batches {
+    for (pos, h) in &batches {
         if h.size_bytes() > max_message_bytes {
             return Err(Error::TooLarge(format!(
                 "batch of {} bytes exceeds max.message.bytes {}",
@@ -183,6 +186,10 @@ pub fn validate_for_append(data: &[u8], max_message_bytes: usize) -> Result<Vec<
             )));
         }
         h.check_counts()?;
+        if h.compression() == 0 {
+            let section = &data[pos + BATCH_HEADER_SIZE..pos + h.size_bytes()];
+            crate::records::validate_section(section, h.records_count)?;
+        }
     }
     Ok(batches)
 }
@@ -297,14 +304,56 @@ pub mod tests {
         assert!(parse_batches(b"", true).unwrap().is_empty());
     }
 
+    fn section(n: i32) -> Vec<u8> {
+        let mut s = Vec::new();
+        for i in 0..n {
+            let r = crate::records::Record { offset_delta: i, timestamp_delta: 0, key: None, value: Some(vec![b'v'; 4]), headers: vec![] };
+            crate::records::encode_record(&mut s, &r);
+        }
+        s
+    }
+
     #[test]
     fn append_validation() {
-        let b = build_batch(b"xyz", &spec(0, 1, 5)).unwrap();
+        let b = build_batch(&section(1), &spec(0, 1, 5)).unwrap();
+        assert!(validate_for_append(&b, 1 << 20).is_ok());
         assert!(matches!(validate_for_append(&b, 10), Err(Error::TooLarge(_))));
         let mut s = spec(0, 3, 5);
         s.last_offset_delta = 1;
-        let bad = build_batch(b"xyz", &s).unwrap();
+        let bad = build_batch(&section(3), &s).unwrap();
         assert!(matches!(validate_for_append(&bad, 1 << 20), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn append_validation_walks_uncompressed_sections() {
+        let ok = build_batch(&section(3), &spec(0, 3, 5)).unwrap();
+        assert_eq!(validate_for_append(&ok, 1 << 20).unwrap().len(), 1);
+        // Header says 3 records, the section holds 1.
+        let short = build_batch(&section(1), &spec(0, 3, 5)).unwrap();
+        assert!(matches!(validate_for_append(&short, 1 << 20), Err(Error::Invalid(_))));
+        // Header says 1 record, the section holds 3.
+        let long = build_batch(&section(3), &spec(0, 1, 5)).unwrap();
+        assert!(matches!(validate_for_append(&long, 1 << 20), Err(Error::Invalid(_))));
+        // records_count 0 with last_offset_delta 0.
+        let mut z = spec(0, 1, 5);
+        z.records_count = 0;
+        let zero = build_batch(b"", &z).unwrap();
+        assert!(matches!(validate_for_append(&zero, 1 << 20), Err(Error::Invalid(_))));
+        let empty = build_batch(b"", &spec(0, 0, 5)).unwrap();
+        assert!(validate_for_append(&empty, 1 << 20).is_err());
+        // A section that does not parse.
+        let junk = build_batch(b"xyz", &spec(0, 1, 5)).unwrap();
+        assert!(matches!(validate_for_append(&junk, 1 << 20), Err(Error::Corrupt(_))));
+        // One bad batch in a buffer rejects the whole buffer.
+        let mut two = ok.clone();
+        two.extend_from_slice(&short);
+        assert!(validate_for_append(&two, 1 << 20).is_err());
+        // Compressed sections are opaque: only the counts are checked.
+        let mut c = spec(0, 5, 5);
+        c.attributes = 1;
+        assert!(validate_for_append(&build_batch(b"opaque", &c).unwrap(), 1 << 20).is_ok());
+        c.records_count = 0;
+        assert!(matches!(validate_for_append(&build_batch(b"opaque", &c).unwrap(), 1 << 20), Err(Error::Invalid(_))));
     }
 
     #[test]

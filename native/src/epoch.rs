@@ -49,17 +49,30 @@ impl EpochCache {
         Ok(true)
     }
 
-    /// OffsetForLeaderEpoch (seed 002 rule 3): (epoch, end offset).
+    /// OffsetForLeaderEpoch (seed 002 rule 3), Kafka's
+    /// LeaderEpochFileCache.endOffsetFor: (epoch, end offset).
+    /// - requested epoch UNDEFINED (-1): (-1, -1);
+    /// - the latest epoch: (epoch, log end offset);
+    /// - no epoch larger than the requested one: (-1, -1);
+    /// - smaller than every cached epoch: (requested epoch, start offset of the
+    ///   first cached epoch); the history was removed with the log start;
+    /// - otherwise: (largest cached epoch <= requested, start offset of the
+    ///   smallest cached epoch > requested).
     pub fn end_offset_for(&self, epoch: i32, log_end_offset: i64) -> (i32, i64) {
-        const UNDEFINED: (i32, i64) = (-1, -1);
+        const UNDEFINED_EPOCH: i32 = -1;
+        const UNDEFINED: (i32, i64) = (UNDEFINED_EPOCH, -1);
+        if epoch == UNDEFINED_EPOCH {
+            return UNDEFINED;
+        }
         if self.latest_epoch() == Some(epoch) {
             return (epoch, log_end_offset);
         }
-        let higher = self.entries.iter().find(|&&(e, _)| e > epoch);
-        let floor = self.entries.iter().rev().find(|&&(e, _)| e <= epoch);
-        match (floor, higher) {
-            (Some(&(f, _)), Some(&(_, start))) => (f, start),
-            _ => UNDEFINED,
+        let Some(&(_, higher_start)) = self.entries.iter().find(|&&(e, _)| e > epoch) else {
+            return UNDEFINED;
+        };
+        match self.entries.iter().rev().find(|&&(e, _)| e <= epoch) {
+            Some(&(floor, _)) => (floor, higher_start),
+            None => (epoch, higher_start),
         }
     }
 
@@ -146,7 +159,10 @@ mod tests {
         // A asks with epoch 1: the smallest larger epoch (2) starts at 5.
         assert_eq!(b.end_offset_for(1, 8), (1, 5));
         assert_eq!(b.end_offset_for(2, 8), (2, 8));
-        assert_eq!(b.end_offset_for(0, 8), (-1, -1));
+        // Older than every cached epoch: Kafka answers the requested epoch with
+        // the start offset of the first cached epoch.
+        assert_eq!(b.end_offset_for(0, 8), (0, 1));
+        assert_eq!(b.end_offset_for(-1, 8), (-1, -1));
         assert_eq!(b.end_offset_for(3, 8), (-1, -1));
         // A truncates >= 5 and its cache drops nothing starting before 5.
         let adir = tempfile::tempdir().unwrap();
@@ -166,6 +182,10 @@ mod tests {
         c.assign(4, 10).unwrap();
         assert_eq!(c.end_offset_for(2, 20), (1, 10));
         assert!(!c.assign(3, 12).unwrap());
+        assert_eq!(c.end_offset_for(0, 20), (0, 0));
+        assert_eq!(c.end_offset_for(4, 20), (4, 20));
+        assert_eq!(c.end_offset_for(5, 20), (-1, -1));
+        assert_eq!(EpochCache::open(tempfile::tempdir().unwrap().path()).unwrap().end_offset_for(0, 3), (-1, -1));
         assert_eq!(EpochCache::open(dir.path()).unwrap().entries(), &[(1, 0), (4, 10)]);
     }
 

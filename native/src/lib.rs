@@ -17,6 +17,7 @@ mod tests;
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::create_exception;
@@ -420,28 +421,95 @@ impl PyFileSlice {
 
 // ------------------------------------------------------------ the partition log
 
-/// One partition's log. Concurrency: one internal Mutex serialises every
-/// operation; the GIL is released while it is held, and slices do their I/O
-/// without it.
-#[pyclass(name = "Log", module = "gregor_native._native")]
-struct PyLog {
-    dir: PathBuf,
+/// The log behind its Mutex, plus the counters Python reads most (log end,
+/// log start, size) mirrored in atomics. Every operation publishes them before
+/// it releases the lock, so they can be read without the lock: a reader never
+/// waits behind an fsync (flush) or an unlink (retention) in progress.
+pub(crate) struct LogCell {
     inner: Mutex<Option<log::Log>>,
+    open: AtomicBool,
+    log_end_offset: AtomicI64,
+    log_start_offset: AtomicI64,
+    size_bytes: AtomicU64,
 }
 
-impl PyLog {
+impl LogCell {
+    pub(crate) fn new(log: log::Log) -> Self {
+        let cell = LogCell {
+            inner: Mutex::new(None),
+            open: AtomicBool::new(true),
+            log_end_offset: AtomicI64::new(0),
+            log_start_offset: AtomicI64::new(0),
+            size_bytes: AtomicU64::new(0),
+        };
+        cell.publish(&log);
+        *cell.guard() = Some(log);
+        cell
+    }
+
     fn guard(&self) -> MutexGuard<'_, Option<log::Log>> {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn publish(&self, log: &log::Log) {
+        self.log_end_offset.store(log.log_end_offset(), Ordering::Release);
+        self.log_start_offset.store(log.log_start_offset(), Ordering::Release);
+        self.size_bytes.store(log.size_bytes(), Ordering::Release);
+    }
+
+    /// Runs `f` on the open log under the lock, then publishes the counters
+    /// (also after an error: a failed operation may have changed the log).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut log::Log) -> NResult<T>) -> NResult<T> {
+        let mut g = self.guard();
+        let log = g.as_mut().ok_or(Error::Closed)?;
+        let r = f(log);
+        self.publish(log);
+        r
+    }
+
+    /// Takes the log out (close, delete); later calls see Closed.
+    pub(crate) fn take(&self) -> Option<log::Log> {
+        let mut g = self.guard();
+        self.open.store(false, Ordering::Release);
+        g.take()
+    }
+
+    fn read(&self, v: &AtomicI64) -> NResult<i64> {
+        if !self.open.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(v.load(Ordering::Acquire))
+    }
+
+    /// Lock-free reads of the mirrored counters.
+    pub(crate) fn log_end_offset(&self) -> NResult<i64> {
+        self.read(&self.log_end_offset)
+    }
+    pub(crate) fn log_start_offset(&self) -> NResult<i64> {
+        self.read(&self.log_start_offset)
+    }
+    pub(crate) fn size_bytes(&self) -> NResult<u64> {
+        if !self.open.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(self.size_bytes.load(Ordering::Acquire))
+    }
+}
+
+/// One partition's log. Concurrency: one internal Mutex serialises every
+/// operation; the GIL is released while it is held, and slices do their I/O
+/// without it. log_end_offset, log_start_offset and size_bytes are read from
+/// atomics without the Mutex, so they never wait behind an fsync or unlink.
+#[pyclass(name = "Log", module = "gregor_native._native")]
+struct PyLog {
+    dir: PathBuf,
+    cell: LogCell,
+}
+
+impl PyLog {
     /// Runs `f` on the open log with the thread detached from Python.
     fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut log::Log) -> NResult<T> + Send) -> PyResult<T> {
-        py.detach(|| {
-            let mut g = self.guard();
-            let log = g.as_mut().ok_or(Error::Closed)?;
-            f(log)
-        })
-        .map_err(to_py)
+        py.detach(|| self.cell.with(f)).map_err(to_py)
     }
 }
 
@@ -456,7 +524,7 @@ impl PyLog {
     fn new(py: Python<'_>, dir: PathBuf, config: PyRef<'_, PyLogConfig>, now_ms: Option<i64>) -> PyResult<Self> {
         let cfg = config.to_config();
         let log = py.detach(|| log::Log::open(&dir, cfg, now_or_wall(now_ms))).map_err(to_py)?;
-        Ok(PyLog { dir, inner: Mutex::new(Some(log)) })
+        Ok(PyLog { dir, cell: LogCell::new(log) })
     }
 
     #[getter]
@@ -475,20 +543,20 @@ impl PyLog {
         })
     }
     #[getter]
-    fn log_start_offset(&self, py: Python<'_>) -> PyResult<i64> {
-        self.with(py, |l| Ok(l.log_start_offset()))
+    fn log_start_offset(&self) -> PyResult<i64> {
+        self.cell.log_start_offset().map_err(to_py)
     }
     #[getter]
-    fn log_end_offset(&self, py: Python<'_>) -> PyResult<i64> {
-        self.with(py, |l| Ok(l.log_end_offset()))
+    fn log_end_offset(&self) -> PyResult<i64> {
+        self.cell.log_end_offset().map_err(to_py)
     }
     #[getter]
     fn recovery_point(&self, py: Python<'_>) -> PyResult<i64> {
         self.with(py, |l| Ok(l.recovery_point()))
     }
     #[getter]
-    fn size_bytes(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with(py, |l| Ok(l.size_bytes()))
+    fn size_bytes(&self) -> PyResult<u64> {
+        self.cell.size_bytes().map_err(to_py)
     }
     #[getter]
     fn num_segments(&self, py: Python<'_>) -> PyResult<usize> {
@@ -542,9 +610,10 @@ impl PyLog {
         self.with(py, |l| l.truncate_fully_and_start_at(offset, wall_clock_ms()))
     }
 
-    #[pyo3(signature = (now_ms = None))]
-    fn delete_old_segments(&self, py: Python<'_>, now_ms: Option<i64>) -> PyResult<usize> {
-        self.with(py, |l| l.delete_old_segments(now_or_wall(now_ms)))
+    #[pyo3(signature = (now_ms = None, *, upper_bound_offset = None))]
+    #[pyo3(text_signature = "($self, now_ms=None, *, upper_bound_offset=None)")]
+    fn delete_old_segments(&self, py: Python<'_>, now_ms: Option<i64>, upper_bound_offset: Option<i64>) -> PyResult<usize> {
+        self.with(py, |l| l.delete_old_segments_below(now_or_wall(now_ms), upper_bound_offset))
     }
 
     fn maybe_increment_log_start_offset(&self, py: Python<'_>, offset: i64) -> PyResult<bool> {
@@ -562,26 +631,20 @@ impl PyLog {
 
     /// Idempotent: closing a closed log does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            let mut g = self.guard();
-            match g.take() {
-                Some(mut log) => log.close(),
-                None => Ok(()),
-            }
+        py.detach(|| match self.cell.take() {
+            Some(mut log) => log.close(),
+            None => Ok(()),
         })
         .map_err(to_py)
     }
 
     fn delete(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| {
-            let mut g = self.guard();
-            match g.take() {
-                Some(log) => log.delete(),
-                None => match std::fs::remove_dir_all(&self.dir) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-                    _ => Ok(()),
-                },
-            }
+        py.detach(|| match self.cell.take() {
+            Some(log) => log.delete(),
+            None => match std::fs::remove_dir_all(&self.dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            },
         })
         .map_err(to_py)
     }

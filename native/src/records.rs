@@ -1,6 +1,6 @@
 //! The records section of a v2 batch: zigzag varints and per-record encoding.
 
-use crate::error::{corrupt, Result};
+use crate::error::{corrupt, invalid, Result};
 
 /// One decoded record; offsets and timestamps are deltas from the batch header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +78,18 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
+    /// Skips a length-prefixed byte string (length -1 is null) without copying.
+    pub fn skip_nullable_bytes(&mut self) -> Result<()> {
+        let len = self.varint()?;
+        if len < -1 {
+            return corrupt(format!("negative length {len}"));
+        }
+        if len > 0 {
+            self.take(len as usize)?;
+        }
+        Ok(())
+    }
+
     /// A length-prefixed byte string; length -1 is null.
     pub fn nullable_bytes(&mut self) -> Result<Option<Vec<u8>>> {
         let len = self.varint()?;
@@ -145,6 +157,60 @@ fn decode_body(body: &[u8]) -> Result<Record> {
     Ok(Record { offset_delta, timestamp_delta, key, value, headers })
 }
 
+/// Walks one record body without allocating; returns its offset delta.
+fn walk_body(body: &[u8]) -> Result<i32> {
+    let mut r = Reader::new(body);
+    r.take(1)?; // attributes
+    r.varlong()?; // timestamp delta
+    let offset_delta = r.varint()?;
+    r.skip_nullable_bytes()?; // key
+    r.skip_nullable_bytes()?; // value
+    let n = r.varint()?;
+    if n < 0 {
+        return corrupt(format!("negative header count {n}"));
+    }
+    for _ in 0..n {
+        let len = r.varint()?;
+        if len < 0 {
+            return corrupt("null or negative header key length");
+        }
+        r.take(len as usize)?;
+        r.skip_nullable_bytes()?;
+    }
+    if r.remaining() != 0 {
+        return corrupt(format!("{} bytes left inside a record", r.remaining()));
+    }
+    Ok(offset_delta)
+}
+
+/// Checks an uncompressed records section against its header, as Kafka's
+/// LogValidator does, with lengths and varints only (no allocation): exactly
+/// `count` records, offset deltas 0..count-1, ending exactly at the section
+/// end. A section that does not parse is Corrupt; a count or offset-delta
+/// mismatch is Invalid.
+pub fn validate_section(section: &[u8], count: i32) -> Result<()> {
+    let mut r = Reader::new(section);
+    let mut n: i32 = 0;
+    while r.remaining() != 0 {
+        let len = r.varint()?;
+        if len < 0 {
+            return corrupt(format!("negative record length {len}"));
+        }
+        let delta = walk_body(r.take(len as usize)?)?;
+        if n >= count {
+            return invalid(format!("records section holds more than records_count {count} records"));
+        }
+        if delta != n {
+            return invalid(format!("record {n} has offset delta {delta}"));
+        }
+        n += 1;
+    }
+    if n != count {
+        return invalid(format!("records section holds {n} records, header says {count}"));
+    }
+    Ok(())
+}
+
 /// Decodes exactly `count` records from an uncompressed section.
 pub fn decode_records(section: &[u8], count: usize) -> Result<Vec<Record>> {
     let mut r = Reader::new(section);
@@ -201,6 +267,33 @@ mod tests {
     }
 
     #[test]
+    fn validate_section_walks_records() {
+        use crate::error::Error;
+        let mut s = Vec::new();
+        for i in 0..3 {
+            encode_record(&mut s, &rec(i));
+        }
+        validate_section(&s, 3).unwrap();
+        assert!(matches!(validate_section(&s, 4), Err(Error::Invalid(_))));
+        assert!(matches!(validate_section(&s, 2), Err(Error::Invalid(_))));
+        assert!(matches!(validate_section(&s[..s.len() - 1], 3), Err(Error::Corrupt(_))));
+        assert!(matches!(validate_section(b"xyz", 1), Err(Error::Corrupt(_))));
+        assert!(matches!(validate_section(b"", 1), Err(Error::Invalid(_))));
+        // Offset deltas must run 0..n-1.
+        let mut bad = Vec::new();
+        encode_record(&mut bad, &rec(0));
+        encode_record(&mut bad, &rec(2));
+        assert!(matches!(validate_section(&bad, 2), Err(Error::Invalid(_))));
+        let mut first = Vec::new();
+        encode_record(&mut first, &rec(1));
+        assert!(matches!(validate_section(&first, 1), Err(Error::Invalid(_))));
+        // Trailing garbage after the last record does not parse as a record.
+        let mut tail = s.clone();
+        tail.push(0x7f);
+        assert!(validate_section(&tail, 3).is_err());
+    }
+
+    #[test]
     fn bad_varint_is_corrupt() {
         assert!(decode_records(&[0xff; 12], 1).is_err());
     }
@@ -220,6 +313,14 @@ mod tests {
             let mut s = Vec::new();
             for r in &recs { encode_record(&mut s, r); }
             prop_assert_eq!(decode_records(&s, recs.len()).unwrap(), recs);
+        }
+
+        #[test]
+        fn prop_validate_section_accepts_encoded(mut recs in proptest::collection::vec(arb_record(), 1..20)) {
+            for (i, r) in recs.iter_mut().enumerate() { r.offset_delta = i as i32; }
+            let mut s = Vec::new();
+            for r in &recs { encode_record(&mut s, r); }
+            prop_assert!(validate_section(&s, recs.len() as i32).is_ok());
         }
 
         #[test]

@@ -74,20 +74,34 @@ impl Log {
     /// Retention: segments below the log start, then expired ones (by their
     /// largest timestamp), then the oldest while over retention.bytes. The
     /// active segment is rolled first when every segment has expired.
+    /// Equivalent to `delete_old_segments_below(now_ms, None)`.
     pub fn delete_old_segments(&mut self, now_ms: i64) -> Result<usize> {
-        let mut deleted = self.delete_prefix_while(|log, seg| log.segment_after(seg) <= log.log_start_offset)?;
+        self.delete_old_segments_below(now_ms, None)
+    }
+
+    /// Retention bounded by `upper_bound_offset` (Kafka's min(HW, LEO); None is
+    /// the log end): a segment is deleted only if the next segment's base
+    /// offset is <= the bound, so nothing at or above it is ever removed, and
+    /// the active segment is rolled for expiry only if the log end is <= the
+    /// bound.
+    pub fn delete_old_segments_below(&mut self, now_ms: i64, upper_bound_offset: Option<i64>) -> Result<usize> {
+        let leo = self.log_end_offset();
+        let bound = upper_bound_offset.map_or(leo, |b| b.min(leo));
+        let below = |log: &Log, seg: &Segment| log.segment_after(seg) <= bound;
+        let mut deleted =
+            self.delete_prefix_while(|log, seg| below(log, seg) && log.segment_after(seg) <= log.log_start_offset)?;
         let retention_ms = self.config.retention_ms;
         if retention_ms >= 0 {
             let expired = |s: &Segment| now_ms.saturating_sub(s.max_timestamp) > retention_ms;
-            if !self.active().is_empty() && self.segments.values().all(expired) {
+            if !self.active().is_empty() && leo <= bound && self.segments.values().all(expired) {
                 self.roll(now_ms)?;
             }
-            deleted += self.delete_prefix_while(|_, seg| expired(seg))?;
+            deleted += self.delete_prefix_while(|log, seg| below(log, seg) && expired(seg))?;
         }
         if self.config.retention_bytes >= 0 {
             let mut excess = self.size_bytes() as i64 - self.config.retention_bytes;
-            deleted += self.delete_prefix_while(|_, seg| {
-                let go = excess - seg.size as i64 >= 0;
+            deleted += self.delete_prefix_while(|log, seg| {
+                let go = below(log, seg) && excess - seg.size as i64 >= 0;
                 if go {
                     excess -= seg.size as i64;
                 }

@@ -222,6 +222,63 @@ fn retention_by_bytes_keeps_active() {
 }
 
 #[test]
+fn retention_never_deletes_at_or_above_upper_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 10).len() as i64;
+    let cfg = LogConfig { segment_bytes: size, retention_bytes: 0, retention_ms: -1, ..Default::default() };
+    let mut log = open(dir.path(), cfg);
+    for _ in 0..5 {
+        log.append_as_leader(&batch_with(1, T0, 10), 0, T0).unwrap();
+    }
+    // Segments [0] [1] [2] [3] [4]; the high watermark is 2: only [0] and [1]
+    // lie wholly below it (the next segment's base <= 2).
+    assert_eq!(log.num_segments(), 5);
+    assert_eq!(log.delete_old_segments_below(T0, Some(2)).unwrap(), 2);
+    assert_eq!(log.log_start_offset(), 2);
+    assert_eq!(log.delete_old_segments_below(T0, Some(2)).unwrap(), 0);
+    assert_eq!(log.delete_old_segments_below(T0, Some(0)).unwrap(), 0);
+    // A bound past the log end is the log end.
+    assert_eq!(log.delete_old_segments_below(T0, Some(99)).unwrap(), 2);
+    assert_eq!((log.log_start_offset(), log.num_segments()), (4, 1));
+}
+
+#[test]
+fn retention_by_time_bounded_by_upper_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 10).len() as i64;
+    let cfg = LogConfig { segment_bytes: size * 2, retention_ms: 1000, ..Default::default() };
+    let mut log = open(dir.path(), cfg);
+    for i in 0..5 {
+        log.append_as_leader(&batch_with(1, T0 + i * 100, 10), 0, T0).unwrap();
+    }
+    // Segments [0,1] [2,3] [4], all expired at T0+5000, HW 3: only [0,1]
+    // (next base 2 <= 3) goes, and the active segment is not rolled.
+    assert_eq!(log.delete_old_segments_below(T0 + 5000, Some(3)).unwrap(), 1);
+    assert_eq!((log.log_start_offset(), log.num_segments(), log.log_end_offset()), (2, 2, 5));
+    // HW 4 < LEO 5: [2,3] may go (next base 4 <= 4), the active is not rolled.
+    assert_eq!(log.delete_old_segments_below(T0 + 5000, Some(4)).unwrap(), 1);
+    assert_eq!((log.log_start_offset(), log.num_segments()), (4, 1));
+    // HW == LEO: the active segment is rolled and deleted.
+    assert_eq!(log.delete_old_segments_below(T0 + 5000, Some(5)).unwrap(), 1);
+    assert_eq!((log.log_start_offset(), log.num_segments(), log.log_end_offset()), (5, 1, 5));
+}
+
+#[test]
+fn retention_of_log_start_breach_bounded_by_upper_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 10).len() as i64;
+    let cfg = LogConfig { segment_bytes: size, retention_ms: -1, ..Default::default() };
+    let mut log = open(dir.path(), cfg);
+    for _ in 0..4 {
+        log.append_as_leader(&batch_with(1, T0, 10), 0, T0).unwrap();
+    }
+    assert!(log.maybe_increment_log_start_offset(3).unwrap());
+    assert_eq!(log.delete_old_segments_below(T0, Some(1)).unwrap(), 1);
+    assert_eq!(log.delete_old_segments_below(T0, None).unwrap(), 2);
+    assert_eq!(log.segments_info()[0].base_offset, 3);
+}
+
+#[test]
 fn log_start_offset_moves_and_persists() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = open(dir.path(), LogConfig { segment_bytes: 200, ..Default::default() });
@@ -701,4 +758,65 @@ fn crash_with_unsynced_active_indexes_rebuilds_them() {
     assert_eq!(read_all(&log, 0).iter().map(|b| b.1).collect::<Vec<_>>(), ends);
     assert!(log.segments_info().last().unwrap().offset_index_entries > 0);
     assert_eq!(log.offset_for_timestamp(T0 + 19).unwrap(), Some((37, T0 + 19)));
+}
+
+/// Readers of the mirrored counters never take the Log's Mutex: while another
+/// thread holds it (as flush does across fdatasync and retention across
+/// unlink), log_end_offset / log_start_offset / size_bytes still answer.
+#[test]
+fn counters_are_readable_while_the_lock_is_held() {
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cell = Arc::new(crate::LogCell::new(open(dir.path(), LogConfig::default())));
+    cell.with(|l| l.append_as_leader(&batch_with(3, T0, 10), 0, T0)).unwrap();
+    assert_eq!(cell.log_end_offset().unwrap(), 3);
+
+    // A "flush" that holds the lock until told to finish.
+    let (locked_tx, locked_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = {
+        let cell = Arc::clone(&cell);
+        std::thread::spawn(move || {
+            cell.with(|l| {
+                locked_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                l.flush_at(T0)
+            })
+            .unwrap()
+        })
+    };
+    locked_rx.recv().unwrap();
+    // Read 1000 times from another thread; a lock-taking read would hang.
+    let (done_tx, done_rx) = mpsc::channel();
+    {
+        let cell = Arc::clone(&cell);
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut worst = Duration::ZERO;
+            for _ in 0..1000 {
+                let t = Instant::now();
+                assert_eq!(cell.log_end_offset().unwrap(), 3);
+                assert_eq!(cell.log_start_offset().unwrap(), 0);
+                assert!(cell.size_bytes().unwrap() > 0);
+                worst = worst.max(t.elapsed());
+            }
+            done_tx.send((start.elapsed(), worst)).unwrap();
+        });
+    }
+    let (total, worst) = done_rx.recv_timeout(Duration::from_secs(10)).expect("reads blocked behind the lock");
+    assert!(cell.inner.try_lock().is_err(), "the holder still has the lock");
+    assert!(worst < Duration::from_millis(100), "worst read {worst:?}, total {total:?}");
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+
+    // Published after each operation, and Closed after take().
+    cell.with(|l| l.append_as_leader(&batch_with(2, T0, 10), 0, T0)).unwrap();
+    assert_eq!(cell.log_end_offset().unwrap(), 5);
+    let mut log = cell.take().unwrap();
+    log.close().unwrap();
+    assert!(matches!(cell.log_end_offset(), Err(Error::Closed)));
+    assert!(matches!(cell.size_bytes(), Err(Error::Closed)));
 }

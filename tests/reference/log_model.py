@@ -102,14 +102,17 @@ class EpochCache:
         self.entries = []
 
     def end_offset_for_epoch(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
-        if not self.entries or epoch < self.entries[0][0] or epoch > self.entries[-1][0]:
+        """Kafka's LeaderEpochFileCache.endOffsetFor."""
+        if epoch == -1 or not self.entries or epoch > self.entries[-1][0]:
             return (-1, -1)
         if epoch == self.entries[-1][0]:
             return (epoch, log_end_offset)
         epochs = [e for e, _ in self.entries]
-        floor = self.entries[bisect.bisect_right(epochs, epoch) - 1]
-        higher = self.entries[bisect.bisect_right(epochs, epoch)]
-        return (floor[0], higher[1])
+        i = bisect.bisect_right(epochs, epoch)
+        higher = self.entries[i]
+        if i == 0:  # older than every known epoch: the asked epoch, first start
+            return (epoch, higher[1])
+        return (self.entries[i - 1][0], higher[1])
 
 
 class LogModel:

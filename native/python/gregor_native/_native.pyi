@@ -196,7 +196,10 @@ class FileSlice:
 class Log:
     """One partition's log: segments named by base offset in `dir`
     (00000000000000000000.log/.index/.timeindex) plus leader-epoch-checkpoint.
-    Thread-safe (an internal mutex); every method releases the GIL around I/O."""
+    Thread-safe (an internal mutex); every method releases the GIL around I/O.
+    log_start_offset, log_end_offset and size_bytes are read from atomics kept
+    in step with every operation, without the mutex: they never wait behind an
+    fsync (flush) or an unlink (retention) in progress."""
 
     def __init__(self, dir: str, config: LogConfig, now_ms: Optional[int] = None) -> None:
         """Open (creating dir if needed) and recover: unless the clean-shutdown
@@ -226,7 +229,12 @@ class Log:
     def segments(self) -> list[SegmentInfo]: ...
 
     def append_as_leader(self, data: bytes, leader_epoch: int, now_ms: Optional[int] = None) -> AppendInfo:
-        """Validate every batch (magic, sizes, CRC, max.message.bytes) and only then
+        """Validate every batch (magic, sizes, CRC, max.message.bytes; records_count
+        >= 1 with last_offset_delta == records_count - 1; for an uncompressed
+        batch the records section must hold exactly records_count records with
+        offset deltas 0..records_count-1 ending at the batch end: a mismatch is
+        InvalidRecordError, a section that does not parse CorruptRecordError;
+        compressed sections are not opened) and only then
         assign offsets from log_end_offset by rewriting baseOffset and
         partitionLeaderEpoch in place (the CRC does not cover them), append,
         index, extend the leader-epoch cache and apply the flush policy.
@@ -269,11 +277,16 @@ class Log:
         Returns False if offset >= log_end_offset."""
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at offset; clears the epoch cache."""
-    def delete_old_segments(self, now_ms: Optional[int] = None) -> int:
-        """Retention: delete whole segments whose largest timestamp is older than
-        retention.ms, then oldest segments while size exceeds retention.bytes;
-        the active segment is never deleted (it is rolled first if it is expired
-        and non-empty). Advances log_start_offset and trims the epoch cache.
+    def delete_old_segments(self, now_ms: Optional[int] = None, *, upper_bound_offset: Optional[int] = None) -> int:
+        """Retention: delete whole segments wholly below log_start_offset, then
+        those whose largest timestamp is older than retention.ms, then oldest
+        segments while size exceeds retention.bytes; the active segment is never
+        deleted (it is rolled first if it is expired and non-empty).
+        Nothing at or above upper_bound_offset (Kafka's min(high watermark,
+        log_end_offset); None is log_end_offset) is deleted: a segment goes only
+        if the next segment's base offset is <= the bound, and the active
+        segment is rolled for expiry only if log_end_offset <= the bound.
+        Advances log_start_offset and trims the epoch cache.
         Returns the number of segments deleted."""
     def maybe_increment_log_start_offset(self, offset: int) -> bool: ...
     def maybe_flush(self, now_ms: Optional[int] = None) -> bool:
@@ -292,7 +305,10 @@ class Log:
     def assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
         """Add (epoch, start_offset) if epoch is larger than the latest one."""
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch: (epoch, end_offset). For the latest epoch the end
-        offset is log_end_offset; otherwise the start offset of the smallest epoch
-        greater than the one asked, with the largest known epoch <= the one asked.
-        (-1, -1) when the epoch is below every entry or the cache is empty."""
+        """OffsetForLeaderEpoch, Kafka's LeaderEpochFileCache.endOffsetFor:
+        (epoch, end_offset). epoch -1 (UNDEFINED) gives (-1, -1). For the latest
+        epoch the end offset is log_end_offset; otherwise the start offset of
+        the smallest epoch greater than the one asked, with the largest known
+        epoch <= the one asked, or with the asked epoch itself when it is below
+        every entry (its history went with the log start). (-1, -1) when no
+        known epoch is greater (or the cache is empty)."""

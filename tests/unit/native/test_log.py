@@ -387,7 +387,10 @@ def test_seed_002_new_leader_with_new_records(tmp_path: Path) -> None:
         b.append_as_leader(make_batch([b"b%d" % (i + 5)]), leader_epoch=2)
     assert b.epoch_entries() == [(1, 1), (2, 5)]
     assert b.end_offset_for_epoch(2) == (2, 8)
-    assert b.end_offset_for_epoch(0) == (-1, -1)
+    # Older than every known epoch: Kafka answers the asked epoch with the
+    # start offset of the first known epoch.
+    assert b.end_offset_for_epoch(0) == (0, 1)
+    assert b.end_offset_for_epoch(-1) == (-1, -1)
     assert b.end_offset_for_epoch(3) == (-1, -1)
     # A asks with its latest epoch, 1: the smallest larger epoch (2) starts at 5.
     end_epoch, end_offset = b.end_offset_for_epoch(a.latest_epoch())
@@ -415,7 +418,7 @@ def test_end_offset_for_epoch_with_gaps(tmp_path: Path) -> None:
         log.append_as_leader(values_batch(2, 5), leader_epoch=epoch)
     assert log.epoch_entries() == [(2, 0), (5, 4), (9, 6)]
     assert [log.end_offset_for_epoch(e) for e in range(11)] == [
-        (-1, -1), (-1, -1), (2, 4), (2, 4), (2, 4), (5, 6), (5, 6), (5, 6), (5, 6), (9, 8), (-1, -1)]
+        (0, 0), (1, 0), (2, 4), (2, 4), (2, 4), (5, 6), (5, 6), (5, 6), (5, 6), (9, 8), (-1, -1)]
     log.assign_epoch_start_offset(12, 8)
     log.assign_epoch_start_offset(11, 8)  # not larger: ignored
     assert log.epoch_entries()[-1] == (12, 8) and log.latest_epoch() == 12

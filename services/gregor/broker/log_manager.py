@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import gregor_native as native
 
@@ -21,9 +20,6 @@ from gregor.common.config import BrokerConfig, log_config_kwargs
 from gregor.common.clock import now_ms
 
 log = logging.getLogger(__name__)
-
-_PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-
 
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
@@ -34,6 +30,9 @@ class LogManager:
         for d in self.log_dirs:
             os.makedirs(d, exist_ok=True)
         self.logs: dict[tuple[str, int], native.Log] = {}
+        # Retention never deletes at or above a partition's high watermark (Kafka's
+        # upperBoundOffset); the ReplicaManager, which owns the HW, installs this.
+        self.retention_upper_bound: Callable[[tuple[str, int]], int | None] = lambda _key: None
         self._tasks: list[asyncio.Task[None]] = []
 
     def _dir_for(self, topic: str, partition: int) -> str:
@@ -44,16 +43,6 @@ class LogManager:
                 return path
         counts = {d: sum(1 for _ in os.scandir(d)) for d in self.log_dirs}
         return os.path.join(min(self.log_dirs, key=lambda d: counts[d]), f"{topic}-{partition}")
-
-    def existing_partition_dirs(self) -> list[tuple[str, int]]:
-        """Partitions that have a directory on disk (found at startup)."""
-        found = []
-        for d in self.log_dirs:
-            for entry in os.scandir(d):
-                m = _PARTITION_DIR.match(entry.name)
-                if entry.is_dir() and m:
-                    found.append((m["topic"], int(m["partition"])))
-        return found
 
     def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any]) -> native.Log:
         key = (topic, partition)
@@ -102,7 +91,8 @@ class LogManager:
         """Retention (seed 003): delete whole expired or excess segments of every log."""
         deleted = 0
         for key, lg in list(self.logs.items()):
-            deleted += await asyncio.to_thread(lg.delete_old_segments, now_ms())
+            bound = self.retention_upper_bound(key)
+            deleted += await asyncio.to_thread(lg.delete_old_segments, now_ms(), upper_bound_offset=bound)
         return deleted
 
     async def flush_dirty_logs(self) -> None:

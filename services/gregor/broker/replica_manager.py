@@ -81,16 +81,12 @@ class DelayedProduce(DelayedOperation[ProduceResult]):
         super().__init__(delay_ms)
         self.partition = partition
         self.info = info
-        self.expired = False
 
     def try_complete(self) -> bool:
         p = self.partition
         if not p.is_leader or p.high_watermark > self.info.last_offset:
             return self.force_complete()
         return False
-
-    def on_expiration(self) -> None:
-        self.expired = True
 
     def on_complete(self) -> ProduceResult:
         p = self.partition
@@ -142,6 +138,7 @@ class ReplicaManager:
         self.controller_epoch = 0
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
+        log_manager.retention_upper_bound = self._retention_upper_bound
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
         UNDER_REPLICATED.set_function(
@@ -298,6 +295,11 @@ class ReplicaManager:
                 self.partitions.pop(key, None)
                 self.log_manager.delete_log(*key)
 
+    def _retention_upper_bound(self, key: tuple[str, int]) -> int | None:
+        """Retention may delete only below the partition's high watermark."""
+        p = self.partitions.get(key)
+        return p.high_watermark if p is not None else None
+
     def get_partition(self, topic: str, partition: int) -> Partition:
         p = self.partitions.get((topic, partition))
         if p is None:
@@ -305,10 +307,6 @@ class ReplicaManager:
                                    f"This server does not host this topic-partition: {topic}-{partition}",
                                    topic=topic, partition=partition)
         return p
-
-    def partitions_of(self, topics: Iterable[str]) -> list[Partition]:
-        wanted = set(topics)
-        return [p for p in self.partitions.values() if p.topic in wanted]
 
     # ------------------------------------------------------------------ produce
     async def handle_produce(self, topic: str, partition: int, records: bytes, acks: int,

@@ -137,7 +137,16 @@ async def test_watch_resumes_after_etcd_restart(tmp_path) -> None:  # type: igno
             with pytest.raises(EtcdUnavailable):
                 await c.get(c.key("x", 1))
             proc = _restart_etcd(tmp_path / "e", int(port))
-            await c.put(c.key("x", 2), b"2")
+            # The client's channel may still be in reconnect backoff: retry the write, not the watch.
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                try:
+                    await c.put(c.key("x", 2), b"2")
+                    break
+                except EtcdUnavailable:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
             assert (await asyncio.wait_for(got.get(), 10)).value == b"2"
             task.cancel()
     finally:

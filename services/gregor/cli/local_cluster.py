@@ -116,15 +116,21 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
                    os.path.join(data_dir, "etcd-0"))
 
 
+def _process_dir(data_dir: str, name: str) -> tuple[str, str]:
+    """DIR/<name> (created) and its ready-file path, with any stale ready file from a previous run removed."""
+    path = os.path.join(data_dir, name)
+    os.makedirs(path, exist_ok=True)
+    ready = os.path.join(path, "ready.json")
+    if os.path.exists(ready):
+        os.remove(ready)
+    return path, ready
+
+
 def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
                  overrides: dict[str, str] | None = None, port: int = 0, etcd_endpoint: str | None = None,
                  cluster: str = "gregor") -> Process:
     """A broker process; with etcd_endpoint ([http://]host:port) it runs in cluster mode and registers there."""
-    broker_dir = os.path.join(data_dir, f"broker-{broker_id}")
-    os.makedirs(broker_dir, exist_ok=True)
-    ready = os.path.join(broker_dir, "ready.json")
-    if os.path.exists(ready):
-        os.remove(ready)
+    broker_dir, ready = _process_dir(data_dir, f"broker-{broker_id}")
     log_path = os.path.join(data_dir, "logs", f"broker-{broker_id}.log")
     cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", str(broker_id), "--log-dirs", broker_dir,
            "--host", host, "--port", str(port), "--data-port", "0", "--metrics-port", "0", "--ready-file", ready]
@@ -246,11 +252,7 @@ class LocalCluster:
 def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host: str = "127.0.0.1",
                      cluster: str = "gregor", lease_ttl_ms: int | None = None, port: int = 0) -> Process:
     """A controller process (python -m gregor.controller) against etcd_endpoint ([http://]host:port)."""
-    controller_dir = os.path.join(data_dir, f"controller-{controller_id}")
-    os.makedirs(controller_dir, exist_ok=True)
-    ready = os.path.join(controller_dir, "ready.json")
-    if os.path.exists(ready):
-        os.remove(ready)
+    controller_dir, ready = _process_dir(data_dir, f"controller-{controller_id}")
     log_path = os.path.join(data_dir, "logs", f"controller-{controller_id}.log")
     endpoint = etcd_endpoint if "://" in etcd_endpoint else f"http://{etcd_endpoint}"
     cmd = [sys.executable, "-m", "gregor.controller", "--controller-id", str(controller_id), "--etcd", endpoint,

@@ -135,7 +135,7 @@ impl BatchHeader {
 }
 
 pub fn crc32c(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
 /// Verifies the CRC of one whole batch `b` (header + records).

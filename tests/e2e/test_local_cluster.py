@@ -64,8 +64,8 @@ def test_cluster_up_produce_consume_down(tmp_path) -> None:
         by_key = {a["key"]: a["partition"] for a in acks}
         assert set(by_key.values()) <= {0, 1}
 
-        consumed = gregor("--output", "json", "consume", "e2e", "--from-beginning", "--max-messages", "20",
-                          "--timeout-ms", "10000", data_dir=data_dir).stdout.splitlines()
+        consumed = gregor("consume", "e2e", "--from-beginning", "--max-messages", "20", "--timeout-ms", "10000",
+                          "--output", "json", data_dir=data_dir).stdout.splitlines()  # option after the command
         records = [json.loads(line) for line in consumed]
         assert sorted(r["value"] for r in records) == sorted(f"value-{i}" for i in range(20))
         for r in records:

@@ -52,10 +52,38 @@ else:
     cli.add_command(cluster)
 
 
+# Global options a user may also type after the subcommand (`gregor consume t --output json`),
+# as DESIGN.md promises --output json on every command that prints structures.
+HOISTED_OPTIONS = ("--output", "-o", "--bootstrap")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move --output/-o/--bootstrap (with their values) in front of the subcommand."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg in HOISTED_OPTIONS and i + 1 < len(args):
+            front += args[i:i + 2]
+            i += 2
+            continue
+        if arg.startswith(("--output=", "--bootstrap=")):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="gregor")
+        cli.main(args=hoist_global_options(args), prog_name="gregor")
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

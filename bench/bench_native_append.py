@@ -90,6 +90,10 @@ def bench_case(data_dir: Path, batch_bytes: int, total_bytes: int, fsync: str, r
         order = ("raw", "native") if r % 2 == 0 else ("native", "raw")
         for side in order:
             target = data_dir / f"{side}-{r}"
+            # Start every timed run with no dirty pages left by the previous side: otherwise the
+            # side that runs second pays for the first one's writeback (and with 3 runs in
+            # alternating order native runs second twice).
+            os.sync()
             if side == "raw":
                 wall, cpu = run_raw(target, batches, n, fsync)
                 raw_mbs.append(mb_per_s(nbytes, wall))

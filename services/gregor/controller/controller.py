@@ -55,13 +55,34 @@ class ControllerMetrics:
         self.topics = Gauge("gregor_controller_global_topic_count", "Topics (active controller).", registry=registry)
         self.partitions = Gauge("gregor_controller_global_partition_count", "Partitions (active controller).",
                                 registry=registry)
+        self.preferred_replica_imbalance = Gauge(
+            "gregor_controller_preferred_replica_imbalance_count",
+            "Partitions whose leader is not the first assigned replica (Kafka's PreferredReplicaImbalanceCount).",
+            registry=registry)
         self.unclean_elections = Counter("gregor_controller_unclean_leader_elections_total",
-                                         "Leaders elected from outside the ISR.", registry=registry)
+                                         "Leaders elected from outside the ISR (Kafka's UncleanLeaderElectionsPerSec).",
+                                         registry=registry)
 
     def update_partition_gauges(self, ctx: ControllerContext) -> None:
+        """Recompute the gauges from the context; called after every applied event and on resignation."""
         self.offline_partitions.set(ctx.offline_partition_count)
         self.topics.set(len(ctx.all_topics))
         self.partitions.set(sum(len(p) for p in ctx.partition_assignments.values()))
+        self.preferred_replica_imbalance.set(preferred_replica_imbalance_count(ctx))
+
+
+def preferred_replica_imbalance_count(ctx: ControllerContext) -> int:
+    """Partitions with a leadership record whose leader is not the preferred (first) replica.
+
+    Topics queued for deletion are not counted; a partition without a leader (-1)
+    counts, as in Kafka's ControllerStats.
+    """
+    count = 0
+    for tp, lai in ctx.partition_leadership_info.items():
+        assignment = ctx.partition_replica_assignment(tp)
+        if assignment and lai.leader != assignment[0] and not ctx.is_topic_queued_up_for_deletion(tp.topic):
+            count += 1
+    return count
 
 
 @dataclass

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from typing import Iterator
 
 from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
 
-__all__ = ["LocalCluster", "Process", "broker_process", "etcd_process", "stop_process"]
+__all__ = ["LocalCluster", "Process", "broker_process", "etcd_process", "stop_process", "tear_down"]
 
 
 @contextlib.contextmanager
@@ -29,3 +30,15 @@ def etcd_process(data_dir: str) -> Iterator[Process]:
         yield proc
     finally:
         stop_process(proc, signal.SIGTERM)
+
+
+def tear_down(cluster: LocalCluster) -> None:
+    """Stop a test cluster even if some of its processes are paused (SIGSTOP) or stuck."""
+    for p in cluster.processes:
+        try:
+            os.kill(p.pid, signal.SIGCONT)
+        except OSError:
+            pass
+    cluster.down()
+    for p in cluster.processes:
+        stop_process(p, signal.SIGKILL)

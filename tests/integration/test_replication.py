@@ -23,6 +23,7 @@ from gregor.cli.local_cluster import LocalCluster, Process, start_broker, stop_p
 from gregor.common import errors
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import tear_down
 from tests.helpers.batches import make_batch, record_values
 from tests.integration.test_cluster_control import broker, metadata, partitions, until
 
@@ -44,14 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         yield c
     finally:
-        for p in c.processes:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-            except OSError:
-                pass
-        c.down()
-        for p in c.processes:
-            stop_process(p, signal.SIGKILL)
+        tear_down(c)
 
 
 def isr_shrinks(p: Process) -> float:

@@ -31,6 +31,7 @@ import pytest
 from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_controller, start_etcd, stop_process
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import tear_down
 from tests.helpers.batches import make_batch, record_values
 from tests.integration.test_cluster_control import metadata, partitions, until
 
@@ -63,14 +64,7 @@ def cluster(tmp_path: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         c.save()
         yield c
     finally:
-        for p in c.processes:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-            except OSError:
-                pass
-        c.down()
-        for p in c.processes:
-            stop_process(p, signal.SIGKILL)
+        tear_down(c)
 
 
 def node(c: LocalCluster, broker_id: int) -> Process:

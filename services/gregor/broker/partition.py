@@ -45,8 +45,6 @@ class Partition:
     replicas: list[int] = field(default_factory=list)
     isr: set[int] = field(default_factory=set)
     high_watermark: int = 0
-    # Followers' log end offsets as seen from their fetches (leader only).
-    remote_leos: dict[int, int] = field(default_factory=dict)
     # Followers' fetch state: LEO and last caught-up time (leader only, seed 000).
     follower_states: dict[int, FollowerFetchState] = field(default_factory=dict)
     # LEO when this broker became leader: the start offset of its leader epoch (ISR expansion bound).
@@ -95,8 +93,7 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.replicas = list(replicas)
         self.isr = set(isr)
-        # Followers' LEOs are unknown until they fetch under the new epoch.
-        self.remote_leos = {r: 0 for r in replicas if r != self.local_broker_id}
+        # Followers' LEOs are unknown (0) until they fetch under the new epoch.
         now = now_ms()
         self.follower_states = {}
         for r in replicas:
@@ -121,7 +118,6 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.replicas = list(replicas)
         self.isr = set(isr)
-        self.remote_leos = {}
         self.follower_states = {}
         self.leader_epoch_start_offset = None
         return True
@@ -133,7 +129,6 @@ class Partition:
             return False
         state = self.follower_states.setdefault(replica_id, FollowerFetchState())
         state.update_fetch_state(fetch_offset, self.log.log_end_offset, fetch_time_ms)
-        self.remote_leos[replica_id] = fetch_offset
         return self.maybe_increment_leader_hw()
 
     def needs_expand_isr(self, replica_id: int) -> bool:
@@ -194,7 +189,8 @@ class Partition:
     def maybe_increment_leader_hw(self) -> bool:
         """HW = min LEO over the ISR (seed 000); it never moves backwards."""
         leos = [self.log.log_end_offset]
-        leos += [self.remote_leos.get(r, 0) for r in self.isr if r != self.local_broker_id]
+        leos += [self.follower_states[r].log_end_offset if r in self.follower_states else 0
+                 for r in self.isr if r != self.local_broker_id]
         new_hw = min(leos)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
+from gregor.broker.server import fetch_response, handle_fetch_request
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 
@@ -80,18 +81,12 @@ class DataPortServer:
 
     async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int) -> None:
         try:
-            result = await self.replicas.handle_fetch(
-                request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
-                request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
-                request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+            result = await handle_fetch_request(self.replicas, request)
         except errors.GregorError as err:
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
             return
         header = broker_pb2.DataFetchResponseHeader(
-            response=broker_pb2.FetchResponse(
-                high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
-                log_start_offset=result.log_start_offset, leader_epoch=result.leader_epoch),
-            records_length=result.slice.length).SerializeToString()
+            response=fetch_response(result), records_length=result.slice.length).SerializeToString()
         await writer.drain()  # nothing of ours may sit in the transport buffer before the raw send
         sent = await asyncio.get_running_loop().run_in_executor(
             None, result.slice.send_to, fd, FRAME.pack(len(header)) + header)

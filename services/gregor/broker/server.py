@@ -16,8 +16,24 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
+    from gregor.broker.replica_manager import FetchResult, ReplicaManager
 
 Ctx = grpc.aio.ServicerContext
+
+
+async def handle_fetch_request(replicas: "ReplicaManager", request: broker_pb2.FetchRequest) -> "FetchResult":
+    """A FetchRequest through the ReplicaManager; shared by gRPC Fetch and the zero-copy data port."""
+    return await replicas.handle_fetch(
+        request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
+        request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
+        request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+
+
+def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.FetchResponse:
+    """The FetchResponse of a result; the data port sends the records raw after it, so it passes none."""
+    return broker_pb2.FetchResponse(
+        high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
+        log_start_offset=result.log_start_offset, records=records, leader_epoch=result.leader_epoch)
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
@@ -39,14 +55,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
-        result = await self.replicas.handle_fetch(
-            request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
-            request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
-            request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
-        return broker_pb2.FetchResponse(
-            high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
-            log_start_offset=result.log_start_offset, records=result.slice.read(),
-            leader_epoch=result.leader_epoch)
+        result = await handle_fetch_request(self.replicas, request)
+        return fetch_response(result, records=result.slice.read())
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

@@ -224,12 +224,8 @@ class ReplicaManager:
         self.log_manager.update_config(topic, configs)
 
     def delete_partitions(self, topic: str) -> None:
-        for key in [k for k in self.partitions if k[0] == topic]:
-            p = self.partitions.pop(key)
-            p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER instead of reading a deleted log
-            self.produce_purgatory.check_and_complete(key)
-            self.fetch_purgatory.check_and_complete(key)
-            self.log_manager.delete_log(*key)
+        """Standalone topic deletion: every partition of the topic, stopped and deleted."""
+        self.stop_replicas([k for k in self.partitions if k[0] == topic], delete=True)
 
     # ------------------------------------------------------------------ control requests (seed 001)
     def check_controller_epoch(self, controller_epoch: int) -> None:

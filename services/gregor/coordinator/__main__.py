@@ -1,0 +1,134 @@
+"""`python -m gregor.coordinator`: parse flags, run a GroupCoordinator with its gRPC server and metrics, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from gregor.coordinator.coordinator import CoordinatorConfig
+from gregor.coordinator.group_manager import GroupConfig
+
+log = logging.getLogger("gregor.coordinator")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    d, g = CoordinatorConfig(), GroupConfig()
+    ap = argparse.ArgumentParser(prog="python -m gregor.coordinator", description="Run a Gregor group coordinator.")
+    ap.add_argument("--coordinator-id", type=int, required=True, help="unique id of this coordinator instance")
+    ap.add_argument("--etcd", required=True, help="etcd endpoints, e.g. http://127.0.0.1:2379[,http://...]")
+    ap.add_argument("--cluster", default="gregor", help="cluster name: keys live under /gregor/<cluster>/")
+    ap.add_argument("--bootstrap", default="", help="brokers host:port[,...] (default: discovered in etcd)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
+    ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
+    ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
+    ap.add_argument("--lease-ttl-ms", type=int, default=d.lease_ttl_ms,
+                    help="etcd lease TTL: a dead coordinator's groups move to the survivors within it")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="Kafka group/offsets settings: offsets.topic.num.partitions, "
+                         "offsets.topic.replication.factor, offsets.retention.minutes, "
+                         "offsets.retention.check.interval.ms, group.min.session.timeout.ms, "
+                         "group.max.session.timeout.ms, group.initial.rebalance.delay.ms, group.max.size")
+    ap.add_argument("--log-level", default="INFO")
+    a = ap.parse_args(argv)
+    keys = {"offsets.topic.num.partitions": d.offsets_topic_num_partitions,
+            "offsets.topic.replication.factor": d.offsets_topic_replication_factor,
+            "offsets.retention.minutes": d.offsets_retention_ms // 60000,
+            "offsets.retention.check.interval.ms": d.offsets_retention_check_interval_ms,
+            "group.min.session.timeout.ms": g.min_session_timeout_ms,
+            "group.max.session.timeout.ms": g.max_session_timeout_ms,
+            "group.initial.rebalance.delay.ms": g.initial_rebalance_delay_ms,
+            "group.max.size": g.max_size}
+    for item in a.override:
+        k, sep, v = item.partition("=")
+        if not sep or k not in keys:
+            ap.error(f"--override {item!r}: expected KEY=VALUE with KEY one of {', '.join(keys)}")
+        try:
+            keys[k] = int(v)
+        except ValueError:
+            ap.error(f"--override {item!r}: {k} must be an integer")
+        if keys[k] < (0 if k == "group.initial.rebalance.delay.ms" else 1):
+            ap.error(f"--override {item!r}: {k} out of range")
+    if a.lease_ttl_ms <= 0:
+        ap.error("--lease-ttl-ms must be positive")
+    a.config = CoordinatorConfig(
+        offsets_topic_num_partitions=keys["offsets.topic.num.partitions"],
+        offsets_topic_replication_factor=keys["offsets.topic.replication.factor"],
+        offsets_retention_ms=keys["offsets.retention.minutes"] * 60000,
+        offsets_retention_check_interval_ms=keys["offsets.retention.check.interval.ms"],
+        lease_ttl_ms=a.lease_ttl_ms,
+        group=GroupConfig(min_session_timeout_ms=keys["group.min.session.timeout.ms"],
+                          max_session_timeout_ms=keys["group.max.session.timeout.ms"],
+                          initial_rebalance_delay_ms=keys["group.initial.rebalance.delay.ms"],
+                          max_size=keys["group.max.size"]))
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return a
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def run(a: argparse.Namespace) -> int:
+    from gregor.common.etcd import EtcdClient
+    from gregor.common.metrics import serve_metrics
+    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.coordinator.coordinator import GroupCoordinator
+    from gregor.coordinator.server import GroupCoordinatorServicer
+    from gregor.rpc.v1 import coordinator_pb2_grpc
+
+    etcd = EtcdClient(a.etcd, cluster=a.cluster)
+    server = make_server()
+    port = server.add_insecure_port(f"{a.host}:{a.port}")
+    if port == 0:
+        raise OSError(f"cannot bind gRPC port {a.host}:{a.port}")
+    coordinator = GroupCoordinator(a.coordinator_id, etcd, a.host, port, a.config, bootstrap=a.bootstrap)
+    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator), server)
+    add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService"])
+    await server.start()
+    metrics_port = serve_metrics(a.host, a.metrics_port) if a.metrics_port >= 0 else -1
+    await coordinator.start()
+    if a.ready_file:
+        write_ready_file(a.ready_file, {
+            "coordinator_id": a.coordinator_id, "grpc": f"{a.host}:{port}",
+            "metrics": f"http://{a.host}:{metrics_port}/metrics" if metrics_port >= 0 else "", "pid": os.getpid()})
+    log.info("coordinator %d serving gRPC on %s:%d, metrics %d, etcd %s, %s has %d partitions", a.coordinator_id,
+             a.host, port, metrics_port, a.etcd, "__consumer_offsets", coordinator.num_partitions)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stop_wait, coordinator.stopped], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if coordinator.stopped.done() and coordinator.stopped.exception() is not None:
+        log.error("coordinator failed: %s", coordinator.stopped.exception())
+        code = 1
+    stop_wait.cancel()
+    await coordinator.stop()
+    await server.stop(1.0)
+    await etcd.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return asyncio.run(run(args))
+    except OSError as exc:
+        print(f"gregor.coordinator: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""The group coordinator process: etcd membership, offsets-partition ownership, loading and durable offsets.
+
+Kafka's GroupCoordinator + GroupMetadataManager (seed 003) over etcd: groups are
+sharded by the __consumer_offsets partition their id hashes to; this instance
+serves the partitions it has claimed (see ownership.py), loads each one's
+committed offsets and group metadata from the log when it takes it over
+(COORDINATOR_LOAD_IN_PROGRESS meanwhile) and answers NOT_COORDINATOR for the
+others. Offsets and group metadata are written to the log with acks=all before
+they are acknowledged or served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from gregor.client.admin import AdminClient
+from gregor.client.consumer import Consumer
+from gregor.client.producer import Producer
+from gregor.common import errors
+from gregor.common.clock import monotonic_ms, now_ms
+from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompacted, lease_ttl_s, value_is
+from gregor.coordinator import offsets_log as ol
+from gregor.coordinator.group import Group, GroupState, Member
+from gregor.coordinator.group_manager import GroupConfig, GroupManager
+from gregor.coordinator.ownership import desired_partitions
+
+log = logging.getLogger(__name__)
+Code = errors.Code
+
+GROUPS = Gauge("gregor_coordinator_groups", "Groups owned by this coordinator, by state", ["state"])
+MEMBERS = Gauge("gregor_coordinator_members", "Members of the groups owned by this coordinator")
+REBALANCES = Counter("gregor_coordinator_rebalances_total", "Rebalances started (PreparingRebalance entered)")
+OFFSET_COMMITS = Counter("gregor_coordinator_offset_commits_total", "Offsets committed (one per partition)")
+PARTITIONS_OWNED = Gauge("gregor_coordinator_partitions_owned", "__consumer_offsets partitions served")
+PARTITIONS_LOADING = Gauge("gregor_coordinator_partitions_loading", "__consumer_offsets partitions being loaded")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Coordinator settings, Kafka's names and defaults."""
+
+    offsets_topic_num_partitions: int = 50  # offsets.topic.num.partitions
+    offsets_topic_replication_factor: int = 3  # offsets.topic.replication.factor (capped at live brokers)
+    offsets_retention_ms: int = 10080 * 60000  # offsets.retention.minutes (7 days)
+    offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+    lease_ttl_ms: int = 10000  # a dead coordinator's partitions move within this
+    tick_interval_ms: int = 100  # session and rebalance deadlines are checked this often
+    group: GroupConfig = GroupConfig()
+
+
+class GroupCoordinator:
+    """One coordinator instance. Concurrency: event-loop owned; background tasks for the etcd
+    watches, ownership reconciliation, partition loading and the tick timer; `stopped` resolves
+    (with an exception) if any of them dies or the lease is lost, so the process exits."""
+
+    def __init__(self, coordinator_id: int, etcd: EtcdClient, host: str, port: int,
+                 config: CoordinatorConfig | None = None, bootstrap: str = "") -> None:
+        self.id = coordinator_id
+        self.etcd = etcd
+        self.host, self.port = host, port
+        self.config = config or CoordinatorConfig()
+        self.bootstrap = bootstrap
+        self.manager = GroupManager(self.config.group, on_rebalance=lambda g: REBALANCES.inc())
+        self.num_partitions = self.config.offsets_topic_num_partitions
+        self.owned: set[int] = set()  # claimed and loaded
+        self.loading: set[int] = set()  # claimed, load in progress
+        self.claims: dict[int, int] = {}  # partition -> coordinator id (etcd view)
+        self.live: dict[int, dict[str, Any]] = {}  # coordinator id -> registration
+        self.topic_partitions: dict[str, int] = {}
+        self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lease: Lease | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._reconcile_needed = asyncio.Event()
+        self._load_lock = asyncio.Lock()
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._last_expiry_check_ms = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Ensure __consumer_offsets, register in etcd, start watching and claiming partitions."""
+        if not self.bootstrap:
+            self.bootstrap = await self._discover_bootstrap()
+        await self._ensure_offsets_topic()
+        self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 0,
+                                   "request.timeout.ms": 10000, "delivery.timeout.ms": 30000,
+                                   "client.id": f"coordinator-{self.id}"})
+        self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "enable.auto.commit": False,
+                                   "auto.offset.reset": "earliest", "client.id": f"coordinator-{self.id}-loader"})
+        self._lease = await self.etcd.grant_lease(lease_ttl_s(self.config.lease_ttl_ms))
+        self._lease.on_lost(lambda exc: self._fail(exc))
+        info = {"coordinator_id": self.id, "host": self.host, "port": self.port}
+        await self.etcd.put(self.etcd.key("coordinators", "ids", self.id), json.dumps(info).encode(),
+                            lease=self._lease.id)
+        for coro, name in ((self._watch_coordinators(), "watch-coordinators"),
+                           (self._watch_topics(), "watch-topics"),
+                           (self._reconcile_loop(), "reconcile"), (self._tick_loop(), "tick")):
+            task = asyncio.get_running_loop().create_task(coro, name=f"coordinator-{name}")
+            task.add_done_callback(self._on_task_done)
+            self._tasks.append(task)
+
+    async def stop(self) -> None:
+        """Revoke the lease first (claims vanish, survivors take over), then close the clients."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._lease is not None:
+            await self._lease.revoke()
+        self.manager.drop_all(list(self.manager.groups), errors.error_for(Code.NOT_COORDINATOR, "shutting down"))
+        for client in (self._producer, self._consumer):
+            if client is not None:
+                try:
+                    await client.close()
+                except Exception as exc:  # closing must not hide the shutdown
+                    log.warning("closing client: %s", exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.stopped.done():
+            self.stopped.set_exception(exc)
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("coordinator task %s died: %r", task.get_name(), exc)
+            self._fail(exc)
+
+    async def _discover_bootstrap(self) -> str:
+        """Brokers from etcd `brokers/ids/*` (waiting for at least one)."""
+        while True:
+            res = await self.etcd.get_prefix(self.etcd.key("brokers", "ids") + b"/")
+            addrs = []
+            for kv in res.kvs:
+                info = json.loads(kv.value)
+                addrs.append(f"{info['host']}:{info['grpc_port']}")
+            if addrs:
+                return ",".join(addrs)
+            await asyncio.sleep(0.2)
+
+    async def _ensure_offsets_topic(self) -> None:
+        """Create __consumer_offsets through the controller if missing; learn its real partition count."""
+        key = self.etcd.key("brokers", "topics", ol.OFFSETS_TOPIC)
+        kv = await self.etcd.get(key)
+        if kv is None:
+            brokers = len((await self.etcd.get_prefix(self.etcd.key("brokers", "ids") + b"/")).kvs)
+            rf = min(self.config.offsets_topic_replication_factor, max(brokers, 1))
+            if rf < self.config.offsets_topic_replication_factor:
+                log.warning("offsets.topic.replication.factor %d capped at %d live brokers",
+                            self.config.offsets_topic_replication_factor, rf)
+            await self._create_offsets_topic(rf)
+            deadline = time.monotonic() + 30
+            while kv is None and time.monotonic() < deadline:
+                kv = await self.etcd.get(key)
+                if kv is None:
+                    await asyncio.sleep(0.1)
+            if kv is None:
+                raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"{ol.OFFSETS_TOPIC} did not appear in etcd")
+        self.num_partitions = len(json.loads(kv.value)["partitions"])
+        if self.num_partitions != self.config.offsets_topic_num_partitions:
+            log.warning("%s has %d partitions, not offsets.topic.num.partitions %d: using %d", ol.OFFSETS_TOPIC,
+                        self.num_partitions, self.config.offsets_topic_num_partitions, self.num_partitions)
+
+    async def _create_offsets_topic(self, rf: int) -> None:
+        configs: dict[str, str] = {"cleanup.policy": "compact"}
+        deadline = time.monotonic() + 60
+        async with AdminClient({"bootstrap.servers": self.bootstrap}) as admin:
+            while True:
+                try:
+                    await admin.create_topic(ol.OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf, configs)
+                    log.info("created %s (%d partitions, RF %d, %s)", ol.OFFSETS_TOPIC,
+                             self.config.offsets_topic_num_partitions, rf, configs or "default configs")
+                    return
+                except errors.GregorError as exc:
+                    if exc.code == Code.TOPIC_ALREADY_EXISTS:
+                        return
+                    if exc.code == Code.INVALID_CONFIG and configs:
+                        # Compaction is not in the engine yet: the topic works without it (keys are compactable).
+                        log.warning("cleanup.policy=compact rejected (%s): creating %s with default cleanup.policy",
+                                    exc.message, ol.OFFSETS_TOPIC)
+                        configs = {}
+                        continue
+                    if not exc.retriable or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------------ ownership
+    async def _watch_coordinators(self) -> None:
+        prefix = self.etcd.key("coordinators") + b"/"
+        while True:
+            res = await self.etcd.get_prefix(prefix)
+            self.live, self.claims = {}, {}
+            for kv in res.kvs:
+                self._apply_coordinator_kv(self.etcd.relative(kv.key), kv.value)
+            self._reconcile_needed.set()
+            try:
+                async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
+                    self._apply_coordinator_kv(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+                    self._reconcile_needed.set()
+            except WatchCompacted:
+                continue
+
+    def _apply_coordinator_kv(self, rel: str, value: bytes | None) -> None:
+        parts = rel.split("/")
+        if len(parts) != 3 or not parts[2].isdigit():
+            return
+        n = int(parts[2])
+        if parts[1] == "ids":
+            if value is None:
+                self.live.pop(n, None)
+            else:
+                self.live[n] = json.loads(value)
+        elif parts[1] == "partitions":
+            if value is None:
+                self.claims.pop(n, None)
+            else:
+                self.claims[n] = int(value)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._reconcile_needed.wait()
+            self._reconcile_needed.clear()
+            try:
+                await self._reconcile()
+            except EtcdError as exc:
+                log.warning("ownership reconcile failed, retrying: %s", exc)
+                await asyncio.sleep(0.5)
+                self._reconcile_needed.set()
+
+    async def _reconcile(self) -> None:
+        """Release partitions that moved away, claim (and load) the ones that moved here."""
+        assert self._lease is not None
+        want = desired_partitions(self.id, list(self.live), self.num_partitions) if self.id in self.live else set()
+        mine = self.owned | self.loading
+        for p in sorted(mine - want):
+            self._unload(p)
+            await self.etcd.txn([value_is(self._claim_key(p), str(self.id).encode())], [Delete(self._claim_key(p))])
+        for p in sorted(want - mine):
+            holder = self.claims.get(p)
+            if holder is not None and holder != self.id:
+                continue  # the old owner releases it (or its lease expires); the watch brings us back
+            if holder is None:
+                res = await self.etcd.create_if_absent(self._claim_key(p), str(self.id).encode(), self._lease.id)
+                if not res:
+                    continue
+                self.claims[p] = self.id
+            self.loading.add(p)
+            task = asyncio.get_running_loop().create_task(self._load(p), name=f"load-offsets-{p}")
+            task.add_done_callback(self._on_task_done)
+        self._update_partition_gauges()
+
+    def _claim_key(self, p: int) -> bytes:
+        return self.etcd.key("coordinators", "partitions", p)
+
+    def _unload(self, p: int) -> None:
+        """Forget the groups of partition p; their parked requests get NOT_COORDINATOR."""
+        self.owned.discard(p)
+        self.loading.discard(p)
+        gone = [g for g in self.manager.groups if ol.partition_for(g, self.num_partitions) == p]
+        self.manager.drop_all(gone, errors.error_for(Code.NOT_COORDINATOR, f"offsets partition {p} moved away"))
+        log.info("unloaded offsets partition %d (%d groups)", p, len(gone))
+        self._update_partition_gauges()
+
+    def _update_partition_gauges(self) -> None:
+        PARTITIONS_OWNED.set(len(self.owned))
+        PARTITIONS_LOADING.set(len(self.loading))
+
+    # ------------------------------------------------------------------ loading
+    async def _load(self, p: int) -> None:
+        """Replay partition p of __consumer_offsets up to its high watermark (GroupMetadataManager.loadGroupsAndOffsets)."""
+        assert self._consumer is not None
+        start = time.monotonic()
+        async with self._load_lock:
+            if p not in self.loading:
+                return
+            tp = (ol.OFFSETS_TOPIC, p)
+            while True:
+                try:
+                    end = await self._consumer.list_offset(tp, -1)
+                    begin = await self._consumer.list_offset(tp, -2)
+                    break
+                except errors.GregorError as exc:
+                    log.info("load of offsets partition %d waits: %s", p, exc)
+                    await asyncio.sleep(0.5)
+                    if p not in self.loading:
+                        return
+            offsets: dict[str, dict[tuple[str, int], ol.OffsetValue | None]] = {}
+            groups: dict[str, ol.GroupValue | None] = {}
+            if end > begin:
+                self._consumer.assign([tp])
+                self._consumer.seek(tp, begin)
+                position = begin
+                while position < end and p in self.loading:
+                    for rec in await self._consumer.poll(timeout_ms=500):
+                        position = rec.offset + 1
+                        if rec.offset >= end or rec.key is None:
+                            continue
+                        self._replay(rec.key, rec.value, offsets, groups)
+                self._consumer.assign([])
+            if p not in self.loading:
+                return
+            self._install(p, offsets, groups)
+            self.loading.discard(p)
+            self.owned.add(p)
+            self._update_partition_gauges()
+            log.info("loaded offsets partition %d (offsets %d..%d, %d groups) in %.0f ms", p, begin, end,
+                     len(set(offsets) | set(groups)), (time.monotonic() - start) * 1000)
+
+    @staticmethod
+    def _replay(key: bytes, value: bytes | None, offsets: dict[str, dict[tuple[str, int], ol.OffsetValue | None]],
+                groups: dict[str, ol.GroupValue | None]) -> None:
+        try:
+            k = ol.decode_key(key)
+            if isinstance(k, ol.OffsetKey):
+                offsets.setdefault(k.group, {})[(k.topic, k.partition)] = (
+                    ol.decode_offset_value(value) if value is not None else None)
+            else:
+                groups[k.group] = ol.decode_group_value(value) if value is not None else None
+        except errors.GregorError as exc:
+            log.warning("skipping undecodable %s record: %s", ol.OFFSETS_TOPIC, exc)
+
+    def _install(self, p: int, offsets: dict[str, dict[tuple[str, int], ol.OffsetValue | None]],
+                 groups: dict[str, ol.GroupValue | None]) -> None:
+        now = monotonic_ms()
+        for gid in set(offsets) | set(groups):
+            live_offsets = {tp: v for tp, v in offsets.get(gid, {}).items() if v is not None}
+            gv = groups.get(gid)
+            if gv is None and not live_offsets:
+                continue  # deleted group (tombstones)
+            group = Group(gid, state_timestamp_ms=now)
+            group.offsets = {tp: (v.offset, v.leader_epoch, v.metadata, v.commit_timestamp_ms)
+                             for tp, v in live_offsets.items()}
+            if gv is not None:
+                group.generation_id, group.protocol_type = gv.generation_id, gv.protocol_type
+                group.protocol_name, group.leader_id = gv.protocol_name, gv.leader_id
+                for mv in gv.members:
+                    group.add(Member(mv.member_id, mv.group_instance_id, mv.client_id, mv.client_host,
+                                     mv.rebalance_timeout_ms, mv.session_timeout_ms, gv.protocol_type,
+                                     [(gv.protocol_name, mv.subscription)], assignment=mv.assignment,
+                                     heartbeat_deadline_ms=now + mv.session_timeout_ms))
+                if gv.leader_id in group.members:
+                    group.leader_id = gv.leader_id
+                # Kafka loads a group with members as Stable; members that are gone expire by session timeout.
+                group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+            self.manager.groups[gid] = group
+
+    # ------------------------------------------------------------------ routing
+    def partition_of(self, group_id: str) -> int:
+        return ol.partition_for(group_id, self.num_partitions)
+
+    def check_owner(self, group_id: str) -> int:
+        """The offsets partition of group_id if this instance serves it, else NOT_COORDINATOR / LOAD_IN_PROGRESS."""
+        if not group_id:
+            raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
+        p = self.partition_of(group_id)
+        if p in self.loading:
+            raise errors.error_for(Code.COORDINATOR_LOAD_IN_PROGRESS,
+                                   f"coordinator {self.id} is loading offsets partition {p} for group {group_id}")
+        if p not in self.owned:
+            raise errors.error_for(Code.NOT_COORDINATOR,
+                                   f"coordinator {self.id} does not own group {group_id} (offsets partition {p}, "
+                                   f"owner {self.claims.get(p, 'none')}): FindCoordinator again")
+        return p
+
+    def find_coordinator(self, group_id: str) -> tuple[int, str, int, int]:
+        """(coordinator id, host, port, partition) of the instance serving group_id."""
+        if not group_id:
+            raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
+        p = self.partition_of(group_id)
+        owner = self.claims.get(p)
+        info = self.live.get(owner) if owner is not None else None
+        if info is None:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"no coordinator owns offsets partition {p} of group {group_id} yet")
+        return int(info["coordinator_id"]), str(info["host"]), int(info["port"]), p
+
+    # ------------------------------------------------------------------ durable writes
+    async def append(self, p: int, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Write records to offsets partition p with acks=all; any failure is COORDINATOR_NOT_AVAILABLE
+        (NOT_COORDINATOR if p moved away meanwhile), as Kafka maps produce errors for commits."""
+        assert self._producer is not None
+        try:
+            handles = [await self._producer.send(ol.OFFSETS_TOPIC, value, key, partition=p) for key, value in records]
+            for h in handles:
+                await h
+        except errors.GregorError as exc:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"writing to {ol.OFFSETS_TOPIC}-{p} failed: {exc.name}: {exc.message}") from exc
+        if p not in self.owned:
+            raise errors.error_for(Code.NOT_COORDINATOR, f"offsets partition {p} moved away during the write")
+
+    def group_record(self, group: Group) -> tuple[bytes, bytes | None]:
+        value = ol.GroupValue(group.protocol_type, group.generation_id, group.protocol_name, group.leader_id,
+                              now_ms(), [ol.MemberValue(m.member_id, m.group_instance_id, m.client_id,
+                                                        m.client_host, m.rebalance_timeout_ms, m.session_timeout_ms,
+                                                        m.metadata_for(group.protocol_name), m.assignment)
+                                         for m in group.members.values()])
+        return ol.encode_group_key(ol.GroupKey(group.group_id)), ol.encode_group_value(value)
+
+    async def store_group(self, group: Group) -> None:
+        """Write one group's metadata now (raises COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR on failure)."""
+        p = self.partition_of(group.group_id)
+        if p not in self.owned:
+            raise errors.error_for(Code.NOT_COORDINATOR, f"offsets partition {p} of group {group.group_id} moved away")
+        await self.append(p, [self.group_record(group)])
+
+    async def persist_dirty(self) -> None:
+        """Write the metadata of groups whose generation or assignment changed (GroupMetadataManager.storeGroup)."""
+        dirty, self.manager.dirty = self.manager.dirty, set()
+        for gid in dirty:
+            group = self.manager.groups.get(gid)
+            if group is None or group.is_(GroupState.DEAD):
+                continue
+            p = self.partition_of(gid)
+            if p not in self.owned:
+                continue
+            try:
+                await self.append(p, [self.group_record(group)])
+            except errors.GregorError as exc:
+                log.warning("storing metadata of group %s failed: %s", gid, exc)
+
+    async def commit_offsets(self, group: Group, p: int,
+                             commits: list[tuple[str, int, int, int, str]]) -> None:
+        """Write (topic, partition, offset, leader_epoch, metadata) commits durably, then cache them."""
+        ts = now_ms()
+        records: list[tuple[bytes, bytes | None]] = [
+            (ol.encode_offset_key(ol.OffsetKey(group.group_id, t, part)),
+             ol.encode_offset_value(ol.OffsetValue(off, epoch, meta, ts)))
+            for t, part, off, epoch, meta in commits]
+        await self.append(p, records)
+        for t, part, off, epoch, meta in commits:
+            group.offsets[(t, part)] = (off, epoch, meta, ts)
+        OFFSET_COMMITS.inc(len(commits))
+
+    async def delete_group(self, group: Group, p: int) -> None:
+        """Tombstone every offset and the group metadata, then drop the group (Dead)."""
+        records: list[tuple[bytes, bytes | None]] = [
+            (ol.encode_offset_key(ol.OffsetKey(group.group_id, t, part)), None) for t, part in group.offsets]
+        records.append((ol.encode_group_key(ol.GroupKey(group.group_id)), None))
+        await self.append(p, records)
+        self.manager.mark_dead(group.group_id, monotonic_ms())
+
+    # ------------------------------------------------------------------ timers and topic changes
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_interval_ms / 1000)
+            now = monotonic_ms()
+            self.manager.tick(now)
+            await self.persist_dirty()
+            if now - self._last_expiry_check_ms >= self.config.offsets_retention_check_interval_ms:
+                self._last_expiry_check_ms = now
+                await self._expire_groups(now)
+            self._update_group_gauges()
+
+    async def _expire_groups(self, now: int) -> None:
+        """offsets.retention.minutes: an Empty group's offsets and metadata go once it has been empty that long."""
+        for group in self.manager.expired_groups(now, self.config.offsets_retention_ms):
+            p = self.partition_of(group.group_id)
+            if p not in self.owned:
+                continue
+            try:
+                await self.delete_group(group, p)
+                log.info("group %s expired after offsets.retention.minutes", group.group_id)
+            except errors.GregorError as exc:
+                log.warning("expiring group %s failed: %s", group.group_id, exc)
+
+    def _update_group_gauges(self) -> None:
+        counts = {s: 0 for s in GroupState}
+        members = 0
+        for g in self.manager.groups.values():
+            counts[g.state] += 1
+            members += len(g.members)
+        for s, n in counts.items():
+            GROUPS.labels(state=s.value).set(n)
+        MEMBERS.set(members)
+
+    async def _watch_topics(self) -> None:
+        """Partition-count changes of topics (etcd brokers/topics/<t>) trigger rebalances of subscribed groups."""
+        prefix = self.etcd.key("brokers", "topics") + b"/"
+        while True:
+            res = await self.etcd.get_prefix(prefix)
+            for kv in res.kvs:
+                self._apply_topic(self.etcd.relative(kv.key), kv.value, initial=True)
+            try:
+                async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
+                    self._apply_topic(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+            except WatchCompacted:
+                continue
+
+    def _apply_topic(self, rel: str, value: bytes | None, initial: bool = False) -> None:
+        parts = rel.split("/")
+        if len(parts) != 3:
+            return  # partition state keys, not the topic's assignment
+        topic = parts[2]
+        if value is None:
+            self.topic_partitions.pop(topic, None)
+            return
+        try:
+            count = len(json.loads(value)["partitions"])
+        except (ValueError, KeyError, TypeError):
+            return
+        before = self.topic_partitions.get(topic)
+        self.topic_partitions[topic] = count
+        if not initial and before is not None and before != count:
+            hit = self.manager.on_topic_partitions_changed(topic, monotonic_ms())
+            if hit:
+                log.info("topic %s now has %d partitions (was %d): rebalancing %s", topic, count, before, hit)

@@ -1,0 +1,26 @@
+"""Which coordinator instance owns which __consumer_offsets partition (pure assignment rule).
+
+Every live instance registers `coordinators/ids/<id>` bound to its lease. The
+desired owner of partition p is the (p mod n)-th of the n live ids in sorted
+order, so every instance computes the same map from the same etcd view. An
+instance serves p only once it also holds the claim key
+`coordinators/partitions/<p>` (bound to its lease, created only if absent), so
+two instances never serve one partition at once while the live set changes:
+the old owner deletes its claim when p moves away, and a dead owner's claim
+expires with its lease — then the new owner claims p and loads it.
+"""
+
+from __future__ import annotations
+
+
+def desired_owner(partition: int, live_ids: list[int]) -> int | None:
+    """The instance that should own partition, or None when no instance is alive."""
+    if not live_ids:
+        return None
+    ordered = sorted(live_ids)
+    return ordered[partition % len(ordered)]
+
+
+def desired_partitions(my_id: int, live_ids: list[int], num_partitions: int) -> set[int]:
+    """Partitions my_id should own under the current live set."""
+    return {p for p in range(num_partitions) if desired_owner(p, live_ids) == my_id}

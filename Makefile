@@ -17,6 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
+.PHONY: examples
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -56,7 +57,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup test-native stubtest test-python
+test: setup examples test-native stubtest test-python
 
 test-native:
 	cd native && $(CARGO) test --release -q
@@ -66,6 +67,12 @@ stubtest: setup
 
 test-python: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
+examples: examples/node/node_modules/.package-lock.json
+examples/node/node_modules/.package-lock.json: examples/node/package.json examples/node/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js (>= 18) first" >&2; exit 1; }
+	cd examples/node && npm ci --no-audit --no-fund
 
 bench: setup
 	$(PY) bench/run_all.py

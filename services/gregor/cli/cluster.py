@@ -37,16 +37,39 @@ def cluster() -> None:
               help="0 runs one standalone broker; 1 or more run brokers in cluster mode under the controller")
 @click.option("--lease-ttl-ms", type=int, default=None,
               help="controller lease TTL and broker.session.timeout.ms (default 10000)")
-@click.option("--coordinators", type=int, default=0, show_default=True)
+@click.option("--coordinators", type=int, default=0, show_default=True,
+              help="group coordinators (need --controllers >= 1); groups are sharded over them")
+@click.option("--coordinator-property", "coordinator_prop_items", multiple=True, metavar="KEY=VALUE",
+              help="group/offsets setting of every coordinator, e.g. offsets.topic.num.partitions=8 (repeatable)")
 @click.option("--gateways", type=int, default=0, show_default=True)
+@click.option("--gateway-property", "gateway_prop_items", multiple=True, metavar="KEY=VALUE",
+              help="producer config of every gateway, e.g. compression.type=lz4 (repeatable)")
+@click.option("--etcd-members", type=int, default=1, show_default=True,
+              help="etcd cluster size on loopback (3 survives the loss of one member); services get every endpoint")
 @click.option("--broker-property", "broker_props", multiple=True, metavar="KEY=VALUE",
               help="server.properties override for every broker (repeatable)")
 @click.pass_context
 def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, lease_ttl_ms: int | None,
-       coordinators: int, gateways: int, broker_props: tuple[str, ...]) -> None:
+       coordinators: int, gateways: int, broker_props: tuple[str, ...],
+       gateway_prop_items: tuple[str, ...] = (), coordinator_prop_items: tuple[str, ...] = (),
+       etcd_members: int = 1) -> None:
     """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it."""
-    if coordinators or gateways:
-        raise click.UsageError("coordinators and gateways are not available yet")
+    if coordinators < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--coordinators")
+    coordinator_props = {}
+    for item in coordinator_prop_items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--coordinator-property")
+        coordinator_props[key] = value
+    if gateways < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--gateways")
+    gateway_props = {}
+    for item in gateway_prop_items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--gateway-property")
+        gateway_props[key] = value
     overrides = {}
     for item in broker_props:
         key, sep, value = item.partition("=")
@@ -55,7 +78,9 @@ def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int,
         overrides[key] = value
     try:
         c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides,
-                            controllers=controllers, lease_ttl_ms=lease_ttl_ms)
+                            controllers=controllers, lease_ttl_ms=lease_ttl_ms, gateways=gateways,
+                            gateway_props=gateway_props, coordinators=coordinators,
+                            coordinator_overrides=coordinator_props, etcd_members=etcd_members)
     except ClusterError as exc:
         raise click.ClickException(str(exc))
     click.echo(json.dumps(c.to_json(), indent=2))

@@ -116,6 +116,45 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
                    os.path.join(data_dir, "etcd-0"))
 
 
+def start_etcd_cluster(data_dir: str, members: int = 3, host: str = "127.0.0.1") -> list[Process]:
+    """An etcd cluster of `members` on loopback (--initial-cluster), started together, each healthy.
+
+    Process ids are 0..members-1 (data dirs DIR/etcd-<i>); the cluster survives the
+    loss of a minority. Pass ",".join(p.grpc for p in members) as the endpoints.
+    """
+    ports = [(free_port(host), free_port(host)) for _ in range(members)]
+    names = [f"gregor-etcd-{i}" for i in range(members)]
+    initial = ",".join(f"{n}=http://{host}:{peer}" for n, (_, peer) in zip(names, ports))
+    token = f"gregor-{os.getpid()}-{time.monotonic_ns()}"
+    procs = []
+    for i, (name, (client, peer)) in enumerate(zip(names, ports)):
+        cmd = [etcd_binary(), "--name", name, "--data-dir", os.path.join(data_dir, f"etcd-{i}"),
+               "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
+               "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+               "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", token,
+               "--log-level", "warn"]
+        procs.append(_spawn(cmd, os.path.join(data_dir, "logs", f"etcd-{i}.log")))
+    out = []
+    for i, (proc, (client, _)) in enumerate(zip(procs, ports)):
+        log_path = os.path.join(data_dir, "logs", f"etcd-{i}.log")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as r:
+                    if json.load(r).get("health") == "true":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise ClusterError(f"etcd member {i} not healthy within {READY_TIMEOUT_S:.0f} s; see {log_path}")
+            time.sleep(0.1)
+        out.append(Process("etcd", i, proc.pid, f"{host}:{client}", f"http://{host}:{client}/metrics", log_path,
+                           os.path.join(data_dir, f"etcd-{i}")))
+    return out
+
+
 def _process_dir(data_dir: str, name: str) -> tuple[str, str]:
     """DIR/<name> (created) and its ready-file path, with any stale ready file from a previous run removed."""
     path = os.path.join(data_dir, name)
@@ -186,6 +225,8 @@ class LocalCluster:
         etcd = self.by_role("etcd")
         return {"data_dir": os.path.abspath(self.data_dir), "bootstrap": self.bootstrap,
                 "etcd": ",".join(f"http://{p.grpc}" for p in etcd),
+                "gateways": ",".join(p.grpc for p in self.by_role("gateway")),
+                "coordinators": ",".join(p.grpc for p in self.by_role("coordinator")),
                 "processes": [asdict(p) for p in self.processes]}
 
     def save(self) -> None:
@@ -206,7 +247,9 @@ class LocalCluster:
 
     @classmethod
     def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
-           controllers: int = 0, lease_ttl_ms: int | None = None) -> "LocalCluster":
+           controllers: int = 0, lease_ttl_ms: int | None = None, gateways: int = 0,
+           gateway_props: dict[str, str] | None = None, etcd_members: int = 1,
+           coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
@@ -222,18 +265,29 @@ class LocalCluster:
             raise ClusterError("more than one broker needs a controller: pass --controllers 1 (or more)")
         if brokers < 1 or controllers < 0:
             raise ClusterError("need at least one broker and a non-negative number of controllers")
+        if coordinators and not controllers:
+            raise ClusterError("group coordinators need cluster mode: pass --controllers 1 (or more)")
         overrides = dict(broker_overrides or {})
         if lease_ttl_ms is not None and controllers:
             overrides.setdefault("broker.session.timeout.ms", str(lease_ttl_ms))
         cluster = cls(data_dir)
         try:
-            etcd = start_etcd(data_dir)
-            cluster.processes.append(etcd)
+            # One etcd, or a cluster of etcd_members on loopback; every service gets all endpoints.
+            if etcd_members < 1:
+                raise ClusterError("need at least one etcd member")
+            members = start_etcd_cluster(data_dir, etcd_members) if etcd_members > 1 else [start_etcd(data_dir)]
+            cluster.processes.extend(members)
+            etcd_endpoints = ",".join(p.grpc for p in members)
             for i in range(controllers):
-                cluster.processes.append(start_controller(data_dir, i, etcd.grpc, lease_ttl_ms=lease_ttl_ms))
+                cluster.processes.append(start_controller(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms))
             for i in range(brokers):
                 cluster.processes.append(start_broker(data_dir, i, overrides=overrides,
-                                                      etcd_endpoint=etcd.grpc if controllers else None))
+                                                      etcd_endpoint=etcd_endpoints if controllers else None))
+            for i in range(coordinators):  # group coordinators, sharded over __consumer_offsets partitions
+                cluster.processes.append(start_coordinator(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms,
+                                                           overrides=coordinator_overrides))
+            for i in range(gateways):  # stateless producer gateways in front of the brokers
+                cluster.processes.append(start_gateway(data_dir, i, cluster.bootstrap, props=gateway_props))
         except BaseException:
             cluster.down()
             raise
@@ -262,3 +316,39 @@ def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
     return Process("controller", controller_id, proc.pid, info["grpc"], info["metrics"], log_path, controller_dir)
+
+
+def start_gateway(data_dir: str, gateway_id: int, bootstrap: str, host: str = "127.0.0.1",
+                  props: dict[str, str] | None = None, port: int = 0) -> Process:
+    """A producer gateway process (python -m gregor.gateway) in front of the brokers of bootstrap."""
+    gateway_dir, ready = _process_dir(data_dir, f"gateway-{gateway_id}")
+    log_path = os.path.join(data_dir, "logs", f"gateway-{gateway_id}.log")
+    cmd = [sys.executable, "-m", "gregor.gateway", "--gateway-id", str(gateway_id), "--bootstrap", bootstrap,
+           "--host", host, "--port", str(port), "--metrics-port", "0", "--ready-file", ready]
+    for k, v in (props or {}).items():
+        cmd += ["--producer-property", f"{k}={v}"]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    return Process("gateway", gateway_id, proc.pid, info["grpc"], info["metrics"], log_path, gateway_dir,
+                   extra={"idempotence": info.get("idempotence", False)})
+
+
+def start_coordinator(data_dir: str, coordinator_id: int, etcd_endpoint: str, host: str = "127.0.0.1",
+                      cluster: str = "gregor", lease_ttl_ms: int | None = None,
+                      overrides: dict[str, str] | None = None, port: int = 0) -> Process:
+    """A group coordinator process (python -m gregor.coordinator); brokers are discovered in etcd.
+
+    overrides are Kafka group/offsets settings, e.g. offsets.topic.num.partitions=4.
+    """
+    coordinator_dir, ready = _process_dir(data_dir, f"coordinator-{coordinator_id}")
+    log_path = os.path.join(data_dir, "logs", f"coordinator-{coordinator_id}.log")
+    endpoint = ",".join(e if "://" in e else f"http://{e}" for e in etcd_endpoint.split(","))
+    cmd = [sys.executable, "-m", "gregor.coordinator", "--coordinator-id", str(coordinator_id), "--etcd", endpoint,
+           "--cluster", cluster, "--host", host, "--port", str(port), "--metrics-port", "0", "--ready-file", ready]
+    if lease_ttl_ms is not None:
+        cmd += ["--lease-ttl-ms", str(lease_ttl_ms)]
+    for k, v in (overrides or {}).items():
+        cmd += ["--override", f"{k}={v}"]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    return Process("coordinator", coordinator_id, proc.pid, info["grpc"], info["metrics"], log_path, coordinator_dir)

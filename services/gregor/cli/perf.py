@@ -164,12 +164,18 @@ async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, re
 @click.option("--throughput", type=float, required=True, help="records/sec cap; -1 for none")
 @click.option("--producer-props", cls=VariadicOption, metavar="KEY=VALUE ...",
               help="producer configs, space separated after one flag (Kafka style) or repeated")
+@click.option("--gateway", metavar="HOST:PORT[,...]",
+              help="produce through these producer gateways (ProduceStream) instead of the SDK producer")
+@click.option("--via-gateway", is_flag=True, help="produce through the gateways listed in DATA_DIR/cluster.json")
 @click.pass_context
 def perf_produce(ctx: click.Context, topic: str, num_records: int, record_size: int, throughput: float,
-                 producer_props: tuple[str, ...]) -> None:
+                 producer_props: tuple[str, ...], gateway: Optional[str] = None, via_gateway: bool = False) -> None:
     """Produce NUM_RECORDS records of RECORD_SIZE bytes and report throughput and latency percentiles."""
     if num_records <= 0 or record_size <= 0:
         raise click.UsageError("--num-records and --record-size must be positive")
+    if gateway or via_gateway:
+        _perf_produce_via_gateway(ctx, gateway, topic, num_records, record_size, throughput, producer_props)
+        return
     config: dict[str, Any] = {"bootstrap.servers": obj(ctx).bootstrap()}
     config.update(parse_kv(producer_props, "--producer-props"))
     try:
@@ -261,3 +267,179 @@ def perf_consume(ctx: click.Context, topic: str, messages: int, fetch_size: int,
     if result["messages"] < messages:
         click.echo(f"WARNING: Exiting before consuming the expected number of messages: timeout ({timeout_ms} ms) "
                    f"exceeded.", err=True)
+
+
+# ---------------------------------------------------------------- through the producer gateway
+GATEWAY_WINDOW_BYTES = 16 << 20  # unanswered record bytes on the stream (half the gateway's default buffer.memory)
+
+
+def _gateway_targets(ctx: click.Context, gateway: Optional[str]) -> str:
+    if gateway:
+        return gateway
+    import json as _json
+    import os as _os
+
+    path = _os.path.join(obj(ctx).data_dir, "cluster.json")
+    try:
+        with open(path) as f:
+            targets = str(_json.load(f).get("gateways") or "")
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"--via-gateway needs a local cluster with gateways: cannot read {path}: {exc}")
+    if not targets:
+        raise click.ClickException(f"{path} lists no gateway: start one with `gregor cluster up --gateways 1`")
+    return targets
+
+
+def _perf_produce_via_gateway(ctx: click.Context, gateway: Optional[str], topic: str, num_records: int,
+                              record_size: int, throughput: float, producer_props: tuple[str, ...]) -> None:
+    if producer_props:
+        click.echo("WARNING: --producer-props are ignored with a gateway: the gateway's producer config applies "
+                   "(gregor cluster up --gateway-property)", err=True)
+    targets = _gateway_targets(ctx, gateway)
+    as_json = obj(ctx).json
+    summary = run(_perf_produce_gateway(targets, topic, num_records, record_size, throughput, echo=not as_json))
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(summary_line(summary))
+
+
+async def _perf_produce_gateway(targets: str, topic: str, num_records: int, record_size: int, throughput: float,
+                                echo: bool) -> dict[str, Any]:
+    """kafka-producer-perf-test through a gateway: one ProduceStream, latency = result time - send time.
+
+    Records answered THROTTLING_QUOTA_EXCEEDED (gateway buffer.memory full) are sent again after
+    retry.backoff.ms, keeping their first send time, as a blocked KafkaProducer.send() would.
+    """
+    from gregor.common import errors
+    from gregor.gateway.client import GatewayClient, record
+    from gregor.rpc.v1 import gateway_pb2
+
+    rng = random.Random()
+    payload = bytes(rng.randrange(65, 91) for _ in range(record_size))
+    rec = record(payload)
+    stats = Stats(num_records, echo)
+    window = asyncio.Semaphore(max(1, GATEWAY_WINDOW_BYTES // (record_size + 64)))
+    sent_at: dict[int, float] = {}
+    retry: asyncio.Queue[int] = asyncio.Queue()
+    failures: list[str] = []
+    monotonic = time.monotonic
+    done = asyncio.Event()
+    answered = 0
+
+    async def requests() -> Any:
+        start = monotonic()
+        next_id = 0
+        while next_id < num_records or sent_at:
+            cid: Optional[int] = None
+            if not retry.empty():
+                cid = retry.get_nowait()
+            elif next_id < num_records:
+                await window.acquire()
+                cid = next_id
+                next_id += 1
+                sent_at[cid] = monotonic()
+                if throughput > 0:
+                    ahead = (next_id) / throughput - (monotonic() - start)
+                    if ahead > 0.002:
+                        await asyncio.sleep(ahead)
+            else:
+                get = asyncio.ensure_future(retry.get())
+                stop = asyncio.ensure_future(done.wait())
+                finished, _ = await asyncio.wait([get, stop], return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if get not in finished:
+                    get.cancel()
+                    return
+                cid = get.result()
+            yield gateway_pb2.GatewayRecord(topic=topic, record=rec, correlation_id=cid)
+
+    async with GatewayClient(targets) as client:
+        call = client.stub().ProduceStream(requests())
+        async for res in call:
+            cid = res.correlation_id
+            if res.error.code == errors.Code.THROTTLING_QUOTA_EXCEEDED:  # resend after retry.backoff.ms
+                asyncio.get_running_loop().call_later(0.1, retry.put_nowait, cid)
+                continue
+            t0 = sent_at.pop(cid)
+            window.release()
+            answered += 1
+            if res.error.code:
+                failures.append(f"{errors.code_name(res.error.code)}: {res.error.message}")
+            else:
+                now = monotonic()
+                stats.record(int((now - t0) * 1000), record_size, now)
+            if answered == num_records:
+                done.set()
+                call.cancel()
+                break
+    stats.print_window(monotonic())
+    if failures:
+        raise click.ClickException(f"{len(failures)} record(s) failed, first: {failures[0]}")
+    return stats.summary()
+
+
+# ---------------------------------------------------------------- end-to-end latency (Kafka's EndToEndLatency)
+@perf.command("e2e")
+@click.option("--topic", required=True)
+@click.option("--num-records", "--num-messages", "num_records", type=int, required=True,
+              help="records to produce and consume back, one at a time")
+@click.option("--producer-acks", type=click.Choice(["0", "1", "all", "-1"]), default="1", show_default=True)
+@click.option("--record-size", "--message-size", "record_size", type=int, required=True, help="bytes per record")
+@click.option("--timeout", "timeout_ms", type=int, default=60000, show_default=True,
+              help="ms to wait for each record to come back")
+@click.pass_context
+def perf_e2e(ctx: click.Context, topic: str, num_records: int, producer_acks: str, record_size: int,
+             timeout_ms: int) -> None:
+    """Produce one record, consume it back, repeat: avg and 50th/99th/99.9th percentile latency (ms)."""
+    if num_records <= 0 or record_size <= 0:
+        raise click.UsageError("--num-records and --record-size must be positive")
+    bootstrap = obj(ctx).bootstrap()
+    as_json = obj(ctx).json
+    result = run(_perf_e2e(bootstrap, topic, num_records, producer_acks, record_size, timeout_ms, echo=not as_json))
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"Avg latency: {result['avg_latency_ms']:.4f} ms\n")
+    click.echo(f"Percentiles: 50th = {result['p50_ms']}, 99th = {result['p99_ms']}, 99.9th = {result['p999_ms']}")
+
+
+async def _perf_e2e(bootstrap: str, topic: str, num_records: int, acks: str, record_size: int, timeout_ms: int,
+                    echo: bool) -> dict[str, Any]:
+    """EndToEndLatency: the consumer is positioned at the end of every partition, then each record is sent
+    (linger.ms=0), flushed, and polled back; its content is checked like Kafka's tool does."""
+    async with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        info = (await admin.describe_topics([topic]))[topic]
+    tps = [(topic, p.partition) for p in info.partitions]
+    rng = random.Random()
+    latencies_ns: list[int] = []
+    async with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "latest", "fetch.max.wait.ms": 100,
+                         "enable.auto.commit": False}) as consumer, \
+            Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 0}) as producer:
+        consumer.assign(tps)
+        consumer.seek_to_end(*tps)
+        for tp in tps:
+            await consumer.position(tp)
+        for i in range(num_records):
+            payload = bytes(rng.randrange(65, 91) for _ in range(record_size))
+            begin = time.perf_counter_ns()
+            handle = await producer.send(topic, payload)
+            await producer.flush()
+            await handle
+            got = []
+            deadline = time.monotonic() + timeout_ms / 1000
+            while not got:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise click.ClickException(f"poll timed out: record {i} did not come back within {timeout_ms} ms")
+                got = await consumer.poll(int(min(remaining, 1.0) * 1000) or 1, 1)
+            elapsed = time.perf_counter_ns() - begin
+            if got[0].value != payload:
+                raise click.ClickException(f"Consumed message {i} didn't match the one produced")
+            latencies_ns.append(elapsed)
+            if echo and i % 1000 == 0:
+                click.echo(f"{i}\t{elapsed / 1e6}")
+    lat = sorted(n // 1_000_000 for n in latencies_ns)
+    return {"records": num_records, "avg_latency_ms": sum(latencies_ns) / num_records / 1e6,
+            "p50_ms": lat[int(len(lat) * 0.5)], "p99_ms": lat[int(len(lat) * 0.99)],
+            "p999_ms": lat[int(len(lat) * 0.999)]}

@@ -81,6 +81,7 @@ _TABLE: dict[int, tuple[grpc.StatusCode, bool]] = {
     Code.ELIGIBLE_LEADERS_NOT_AVAILABLE: (S.UNAVAILABLE, True),
     Code.ELECTION_NOT_NEEDED: (S.FAILED_PRECONDITION, False),
     Code.INVALID_RECORD: (S.INVALID_ARGUMENT, False),
+    Code.THROTTLING_QUOTA_EXCEEDED: (S.RESOURCE_EXHAUSTED, True),
 }
 
 # What a transport-level failure (no ErrorDetail) means in Kafka's terms.

@@ -1,0 +1,113 @@
+"""`python -m gregor.gateway`: parse flags, run a ProducerGateway with its gRPC server and metrics, stop cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+
+log = logging.getLogger("gregor.gateway")
+
+SHUTDOWN_GRACE_S = 5.0  # in-flight RPCs get this long to be answered on SIGTERM
+
+
+@dataclass(frozen=True)
+class GatewayArgs:
+    gateway_id: int
+    bootstrap: str
+    host: str
+    port: int
+    metrics_port: int
+    ready_file: str | None
+    props: dict[str, str] = field(default_factory=dict)
+
+
+def parse_args(argv: list[str]) -> GatewayArgs:
+    ap = argparse.ArgumentParser(prog="python -m gregor.gateway", description="Run a Gregor producer gateway.")
+    ap.add_argument("--gateway-id", type=int, default=0, help="a number naming this instance in logs and cluster.json")
+    ap.add_argument("--bootstrap", required=True, help="host:port[,host:port...] of any brokers")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
+    ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
+    ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
+    ap.add_argument("--producer-property", "--property", dest="props", action="append", default=[],
+                    metavar="KEY=VALUE", help="producer config of the gateway, e.g. compression.type=lz4 (repeatable)")
+    ap.add_argument("--log-level", default="INFO")
+    a = ap.parse_args(argv)
+    props: dict[str, str] = {}
+    for item in a.props:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--producer-property expects KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return GatewayArgs(a.gateway_id, a.bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props)
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def run(args: GatewayArgs) -> int:
+    from gregor.common.memory import tune_allocator
+    from gregor.common.metrics import serve_metrics
+    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.gateway.gateway import ProducerGateway
+    from gregor.gateway.server import ProducerGatewayServicer
+    from gregor.rpc.v1 import gateway_pb2_grpc
+
+    tune_allocator()
+    gateway = ProducerGateway(args.bootstrap, args.props)
+    server = make_server()
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    if port == 0:
+        raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
+    gateway_pb2_grpc.add_ProducerGatewayServiceServicer_to_server(ProducerGatewayServicer(gateway), server)
+    add_health_and_reflection(server, ["gregor.rpc.v1.ProducerGatewayService"])
+    await gateway.start()
+    await server.start()
+    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    if args.ready_file:
+        write_ready_file(args.ready_file, {
+            "gateway_id": args.gateway_id, "grpc": f"{args.host}:{port}",
+            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "pid": os.getpid(), "idempotence": bool(gateway.config.get("enable.idempotence"))})
+    log.info("gateway %d serving gRPC on %s:%d, metrics %d, bootstrap %s, idempotence %s, compression %s",
+             args.gateway_id, args.host, port, metrics_port, args.bootstrap,
+             gateway.config.get("enable.idempotence"), gateway.config["compression.type"])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    # Stop taking RPCs, let in-flight ones be answered, then flush what is still buffered.
+    await server.stop(SHUTDOWN_GRACE_S)
+    await gateway.close(SHUTDOWN_GRACE_S)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from gregor.client.config import ConfigError
+
+    try:
+        return asyncio.run(run(args))
+    except ConfigError as exc:
+        print(f"gregor.gateway: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"gregor.gateway: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""gRPC servicer of the producer gateway: proto <-> ProducerGateway, per-record results, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import AsyncIterator, Optional
+
+import grpc
+
+from gregor.common import errors
+from gregor.common.rpc import REQUEST_LATENCY, REQUESTS, rpc_method
+from gregor.gateway.gateway import InRecord, ProducerGateway, Result
+from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = "ProducerGatewayService"
+# Answer a unary Produce this long before its deadline, so the client gets per-record
+# REQUEST_TIMED_OUT results instead of a bare DEADLINE_EXCEEDED.
+DEADLINE_MARGIN_S = 0.05
+# ProduceStream reads no further while this many records are unanswered (flow control back to
+# a client that does not read its results); accepted records are bounded by buffer.memory anyway.
+MAX_UNANSWERED = 10000
+
+
+def in_record(topic: str, rec: common_pb2.Record, partition: Optional[int]) -> InRecord:
+    return InRecord(topic,
+                    rec.key if rec.HasField("key") else None,
+                    rec.value if rec.HasField("value") else None,
+                    [(h.key, h.value) for h in rec.headers],
+                    partition,
+                    rec.timestamp_ms or None)
+
+
+def result_proto(correlation_id: int, result: Result) -> gateway_pb2.GatewayRecordResult:
+    partition, offset, timestamp, err = result
+    return gateway_pb2.GatewayRecordResult(correlation_id=correlation_id, partition=partition, offset=offset,
+                                           timestamp_ms=timestamp,
+                                           error=err.to_detail() if err is not None else None)
+
+
+class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
+    """ProducerGatewayService: one result per record, in order for Produce, by correlation_id for ProduceStream."""
+
+    def __init__(self, gateway: ProducerGateway) -> None:
+        self.gateway = gateway
+
+    @rpc_method(SERVICE)
+    async def Produce(self, request: gateway_pb2.GatewayProduceRequest,
+                      context: grpc.aio.ServicerContext) -> gateway_pb2.GatewayProduceResponse:
+        gw = self.gateway
+        partition = request.partition if request.HasField("partition") else None
+        records = [in_record(request.topic, r, partition) for r in request.records]
+        # Whole-request admission: if buffer.memory cannot take every record now, nothing is
+        # buffered and the RPC fails RESOURCE_EXHAUSTED, so retrying it cannot duplicate anything.
+        total = sum(gw.size_of(r) for r in records)
+        throttle = gw.throttled(total)
+        if throttle is not None:
+            throttle.topic = request.topic
+            raise throttle
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= DEADLINE_MARGIN_S:  # too late to be answered: buffer nothing
+            raise errors.RequestTimedOutError(  # type: ignore[attr-defined]
+                f"the call's deadline leaves {remaining * 1000:.0f} ms; nothing was produced", topic=request.topic)
+        timeout = None if remaining is None else remaining - DEADLINE_MARGIN_S
+        results = await gw.send_all(records, timeout)
+        out = [result_proto(i, r) for i, r in enumerate(results)]
+        return gateway_pb2.GatewayProduceResponse(results=out)
+
+    async def ProduceStream(self, request_iterator: AsyncIterator[gateway_pb2.GatewayRecord],
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.GatewayRecordResult]:
+        """Records in, results out as they complete; a bad record gets an error result, the stream goes on.
+
+        A full buffer.memory answers each record it cannot take with THROTTLING_QUOTA_EXCEEDED
+        (per-record results, not flow control), so a client learns at once and may retry
+        those records later or on another gateway.
+        """
+        start = time.perf_counter()
+        code = "NONE"
+        gw = self.gateway
+        queue: asyncio.Queue[Optional[gateway_pb2.GatewayRecordResult]] = asyncio.Queue()
+        window = asyncio.Semaphore(MAX_UNANSWERED)
+        outstanding = 0
+
+        def on_done(correlation_id: int, result: Result) -> None:
+            queue.put_nowait(result_proto(correlation_id, result))
+
+        async def read() -> None:
+            nonlocal outstanding
+            try:
+                async for msg in request_iterator:
+                    await window.acquire()
+                    outstanding += 1
+                    partition = msg.partition if msg.HasField("partition") else None
+                    await gw.send(in_record(msg.topic, msg.record, partition),
+                                  functools.partial(on_done, msg.correlation_id))
+            finally:
+                queue.put_nowait(None)  # no more records
+
+        reader = asyncio.ensure_future(read())
+        try:
+            reading = True
+            while reading or outstanding:
+                item = await queue.get()
+                if item is None:
+                    reading = False
+                    if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                        exc = reader.exception()
+                        code = "NETWORK_EXCEPTION"
+                        log.info("ProduceStream reader stopped: %s", exc)
+                        break
+                    continue
+                outstanding -= 1
+                window.release()
+                yield item
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            reader.cancel()
+            REQUEST_LATENCY.labels(service=SERVICE, api="ProduceStream").observe(time.perf_counter() - start)
+            REQUESTS.labels(service=SERVICE, api="ProduceStream", code=code).inc()

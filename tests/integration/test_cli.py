@@ -128,7 +128,7 @@ def test_bad_input_gives_a_message_and_nonzero_exit(broker, tmp_path) -> None:
     b = broker.grpc
     failed(gregor("produce", "missing", input="x\n", bootstrap=b), "UNKNOWN_TOPIC_OR_PARTITION")
     failed(gregor("consume", "missing", "--timeout-ms", "100", bootstrap=b), "UNKNOWN_TOPIC_OR_PARTITION")
-    failed(gregor("consume", "missing", "--group", "g", bootstrap=b), "consumer groups are not available yet")
+    failed(gregor("consume", "x", "--group", "g", "--partition", "0", bootstrap=b), "cannot be combined", code=2)
     failed(gregor("consume", "x", "--offset", "5", bootstrap=b), "--offset N needs --partition P", code=2)
     failed(gregor("consume", "x", "--offset", "abc", "--partition", "0", bootstrap=b), "is not an offset", code=2)
     failed(gregor("produce", "x", "--producer-property", "linger.ms=soon", bootstrap=b), "linger.ms", code=2)

@@ -1,25 +1,32 @@
-"""The Gregor consumer with manual assignment: asyncio `Consumer` and thread-backed `SyncConsumer`.
+"""The Gregor consumer: asyncio `Consumer` and thread-backed `SyncConsumer`, manual assignment or consumer groups.
 
     async with Consumer({"bootstrap.servers": "127.0.0.1:9092", "auto.offset.reset": "earliest"}) as c:
         c.assign([("orders", 0)])
         for rec in await c.poll(timeout_ms=1000):
             print(rec.offset, rec.value)
 
-Consumer groups (subscribe, commits) arrive with the group coordinator; until
-then only assign() is offered.
+    async with Consumer({"bootstrap.servers": "...", "group.id": "billing"}) as c:
+        c.subscribe(["orders"], listener=MyListener())    # or subscribe(pattern="orders-.*")
+        for rec in await c.poll(timeout_ms=1000):
+            ...                                             # positions auto-committed (enable.auto.commit)
+
+Group membership (JoinGroup/SyncGroup, heartbeats, rebalance listener, commits) lives in
+group_membership.GroupMember (seed 003, 6.4-6.5); this module owns fetching and positions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import grpc
 
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
+from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
@@ -42,11 +49,19 @@ class ConsumerRecord(NamedTuple):
     headers: list[tuple[str, bytes]]
 
 
+class OffsetAndTimestamp(NamedTuple):
+    offset: int
+    timestamp: int
+
+
+CommitCallback = Callable[[Mapping[TopicPartition, int], Optional[BaseException]], Any]
+
+
 class _PartitionState:
     """Position and prefetched records of one assigned partition."""
 
     __slots__ = ("position", "fetch_offset", "buffer", "buffered_bytes", "task", "error", "high_watermark",
-                 "log_start_offset", "generation", "reset")
+                 "log_start_offset", "generation", "reset", "committed_checked")
 
     def __init__(self) -> None:
         self.position: Optional[int] = None  # next offset poll() returns
@@ -59,6 +74,7 @@ class _PartitionState:
         self.log_start_offset = -1
         self.generation = 0  # bumped by seek: results of older fetches are dropped
         self.reset: Optional[int] = None  # EARLIEST/LATEST requested by seek_to_*
+        self.committed_checked = False  # with a group.id, the committed offset is the first choice of position
 
 
 class Consumer:
@@ -91,6 +107,8 @@ class Consumer:
         self._space_freed = asyncio.Event()
         self._buffered_total = 0
         self._closed = False
+        # Group membership and commits (needs group.id); heartbeats start with subscribe().
+        self._group: Optional[GroupMember] = GroupMember(self, cfg) if cfg["group.id"] else None
 
     async def __aenter__(self) -> "Consumer":
         return self
@@ -101,6 +119,8 @@ class Consumer:
     async def close(self) -> None:
         if self._closed:
             return
+        if self._group is not None:
+            await self._group.close()  # commits, revokes, leaves while fetch state still exists
         self._closed = True
         tasks = [s.task for s in self._states.values() if s.task is not None]
         for state in self._states.values():
@@ -112,6 +132,9 @@ class Consumer:
     # ------------------------------------------------------------ assignment and positions
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Consume exactly these partitions (replaces any previous assignment)."""
+        if self._group is not None and self._group.subscribed:
+            raise errors.InvalidRequestError(  # type: ignore[attr-defined]
+                "Subscription to topics, partitions and pattern are mutually exclusive: unsubscribe() first")
         wanted = list(dict.fromkeys((str(t), int(p)) for t, p in partitions))
         for tp in list(self._states):
             if tp not in wanted:
@@ -126,9 +149,99 @@ class Consumer:
     def assignment(self) -> list[TopicPartition]:
         return list(self._order)
 
-    def subscribe(self, *args: Any, **kwargs: Any) -> None:
-        raise errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
-            "consumer groups (subscribe) arrive with the group coordinator; use assign() for now")
+    def subscribe(self, topics: Sequence[str] | str | re.Pattern[str] | None = None, *,
+                  pattern: str | re.Pattern[str] | None = None,
+                  listener: Optional[ConsumerRebalanceListener] = None) -> None:
+        """Join group.id reading these topics (or every topic matching pattern); the next poll() joins.
+
+        A str or compiled regex as `topics` is taken as a pattern, as Kafka's subscribe(Pattern).
+        """
+        group = self._require_group("subscribe()")
+        if isinstance(topics, (str, re.Pattern)) and pattern is None:
+            topics, pattern = None, topics
+        if (topics is None) == (pattern is None):
+            raise errors.InvalidRequestError("subscribe() takes a list of topics or a pattern")  # type: ignore[attr-defined]
+        if self._order and not group.subscribed:
+            raise errors.InvalidRequestError(  # type: ignore[attr-defined]
+                "Subscription to topics, partitions and pattern are mutually exclusive: assign([]) first")
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        names = [str(t) for t in topics or []] if not isinstance(topics, (str, re.Pattern)) else []
+        if topics is not None and any(not t.strip() for t in names):
+            raise errors.InvalidTopicExceptionError(  # type: ignore[attr-defined]
+                "Topic collection to subscribe to cannot contain null or empty topic")
+        group.subscribe(names, regex, listener)
+
+    async def unsubscribe(self) -> None:
+        """Revoke everything (committing first with enable.auto.commit) and leave the group."""
+        if self._group is not None and self._group.subscribed:
+            await self._group.unsubscribe()
+
+    def subscription(self) -> list[str]:
+        return sorted(self._group.topics) if self._group is not None and self._group.subscribed else []
+
+    def _require_group(self, what: str) -> GroupMember:
+        if self._group is None:
+            raise errors.InvalidGroupIdError(  # type: ignore[attr-defined]
+                f"To use the group management or offset commit APIs ({what}), you must provide a valid "
+                "group.id in the consumer configuration.")
+        return self._group
+
+    # ------------------------------------------------------------ commits (seed 003: committed offsets)
+    async def commit_sync(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Commit offsets (default: the positions of everything poll() returned); raises on failure."""
+        group = self._require_group("commit_sync()")
+        await group.commit(dict(offsets) if offsets is not None else self._consumed_positions())
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: Optional[CommitCallback] = None) -> "asyncio.Future[None]":
+        """Commit in the background; callback(offsets, exception_or_None) runs when it completes."""
+        group = self._require_group("commit_async()")
+        snapshot = dict(offsets) if offsets is not None else self._consumed_positions()
+
+        async def run() -> None:
+            exc: Optional[BaseException] = None
+            try:
+                await group.commit(snapshot)
+            except errors.GregorError as err:
+                exc = err
+            if callback is not None:
+                try:
+                    callback(snapshot, exc)
+                except Exception:  # a user callback never kills the consumer
+                    log.exception("commit callback failed")
+            elif exc is not None:
+                log.warning("async commit of %s failed: %s", snapshot, exc)
+        return asyncio.ensure_future(run())
+
+    async def committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Optional[int]]:
+        """The group's committed offset of each partition (None where nothing is committed)."""
+        return await self._require_group("committed()").committed(tps)
+
+    def _consumed_positions(self) -> dict[TopicPartition, int]:
+        return {tp: s.position for tp, s in self._states.items() if s.position is not None}
+
+    def _add_partitions(self, tps: Sequence[TopicPartition], positions: Mapping[TopicPartition, Optional[int]]) -> None:
+        """Group assignment: start fetching tps at their committed offset (else auto.offset.reset)."""
+        for tp in tps:
+            if tp in self._states:
+                continue
+            state = self._states[tp] = _PartitionState()
+            state.position = state.fetch_offset = positions.get(tp)
+            state.committed_checked = True
+            self.metadata.add_topics(tp[0])
+            self._start(tp)
+            self._order.append(tp)
+
+    def _remove_partitions(self, tps: Sequence[TopicPartition]) -> None:
+        gone = set(tps)
+        for tp in gone:
+            state = self._states.pop(tp, None)
+            if state is not None:
+                self._stop(state)
+        self._order = [tp for tp in self._order if tp not in gone]
+
+    def _wake(self) -> None:
+        self._data_ready.set()
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Next poll() returns records of tp from offset (fetching restarts there)."""
@@ -149,7 +262,7 @@ class Consumer:
         """The offset of the next record poll() returns (resolving a pending reset)."""
         state = self._state(tp)
         if state.position is None:
-            await self._reset_position(tp, state)
+            await self._initial_position(tp, state)
         assert state.position is not None
         return state.position
 
@@ -167,8 +280,22 @@ class Consumer:
         """The high watermark seen by the last fetch of tp (-1 before the first)."""
         return self._state(tp).high_watermark
 
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[
+            TopicPartition, Optional[OffsetAndTimestamp]]:
+        """Earliest offset whose timestamp >= the given one, per partition (None when there is none)."""
+        out: dict[TopicPartition, Optional[OffsetAndTimestamp]] = {}
+        for tp, ts in timestamps.items():
+            if ts < 0:
+                raise errors.InvalidRequestError(f"negative timestamp {ts} for {tp}")  # type: ignore[attr-defined]
+            offset, found_ts = await self._list_offsets(tp, ts)
+            out[tp] = OffsetAndTimestamp(offset, found_ts) if offset >= 0 else None
+        return out
+
     async def list_offset(self, tp: TopicPartition, timestamp_ms: int) -> int:
         """ListOffsets on the leader: -2 earliest, -1 latest, else the first offset at or after the time."""
+        return (await self._list_offsets(tp, timestamp_ms))[0]
+
+    async def _list_offsets(self, tp: TopicPartition, timestamp_ms: int) -> tuple[int, int]:
         deadline = time.monotonic() + self.request_timeout_ms / 1000
         while True:
             try:
@@ -176,7 +303,7 @@ class Consumer:
                 resp = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
                     topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms, isolation_level=self.isolation),
                     timeout=self.request_timeout_ms / 1000)
-                return int(resp.offset)
+                return int(resp.offset), int(resp.timestamp_ms)
             except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
                 err = call_error(exc)
                 if not err.retriable or time.monotonic() >= deadline:
@@ -194,12 +321,15 @@ class Consumer:
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
+            if self._group is not None:
+                # Liveness (max.poll.interval.ms), auto-commit, and any pending rebalance (up to the deadline).
+                await self._group.on_poll(deadline)
             self._data_ready.clear()
             out = self._drain(limit)
             if out:
                 return out
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._states:
+            if remaining <= 0 or (not self._states and (self._group is None or not self._group.subscribed)):
                 return out
             try:
                 await asyncio.wait_for(self._data_ready.wait(), remaining)
@@ -266,6 +396,19 @@ class Consumer:
         state.reset = reset
         self._start(tp)
 
+    async def _initial_position(self, tp: TopicPartition, state: _PartitionState) -> None:
+        """A partition without a position: the group's committed offset (Kafka does this for assign() too,
+        when group.id is set), else auto.offset.reset / the pending seek_to_*."""
+        if self._group is not None and state.reset is None and not state.committed_checked:
+            committed = (await self._group.committed([tp])).get(tp)
+            state.committed_checked = True
+            if state.position is not None:
+                return  # a concurrent caller (fetch task / position()) got there first
+            if committed is not None:
+                state.position = state.fetch_offset = committed
+                return
+        await self._reset_position(tp, state)
+
     async def _reset_position(self, tp: TopicPartition, state: _PartitionState) -> None:
         strategy = state.reset
         if strategy is None:
@@ -283,7 +426,7 @@ class Consumer:
         try:
             while state.generation == gen:
                 if state.position is None:
-                    await self._with_retry(state, gen, self._reset_position(tp, state))
+                    await self._with_retry(state, gen, self._initial_position(tp, state))
                     continue
                 while state.buffered_bytes >= self.partition_bytes or self._buffered_total >= self.fetch_max_bytes:
                     self._space_freed.clear()
@@ -307,10 +450,10 @@ class Consumer:
                     state.error = exc
                 else:
                     log.error("%s-%s: fetch task failed", *tp, exc_info=exc)
-                    err = errors.GregorError(f"fetch of {tp[0]}-{tp[1]} failed: {type(exc).__name__}: {exc}",
-                                             topic=tp[0], partition=tp[1])
-                    err.__cause__ = exc
-                    state.error = err
+                    wrapped = errors.GregorError(f"fetch of {tp[0]}-{tp[1]} failed: {type(exc).__name__}: {exc}",
+                                                 topic=tp[0], partition=tp[1])
+                    wrapped.__cause__ = exc
+                    state.error = wrapped
                 self._data_ready.set()
         finally:
             await fetcher.close()
@@ -427,6 +570,36 @@ class SyncConsumer:
     def position(self, tp: TopicPartition) -> int:
         return self._loop.run(self._consumer.position(tp))
 
+    def subscribe(self, topics: Sequence[str] | str | re.Pattern[str] | None = None, *,
+                  pattern: str | re.Pattern[str] | None = None,
+                  listener: Optional[ConsumerRebalanceListener] = None) -> None:
+        async def run() -> None:
+            self._consumer.subscribe(topics, pattern=pattern, listener=listener)
+        self._loop.run(run())
+
+    def unsubscribe(self) -> None:
+        self._loop.run(self._consumer.unsubscribe())
+
+    def subscription(self) -> list[str]:
+        return self._consumer.subscription()
+
+    def commit_sync(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        self._loop.run(self._consumer.commit_sync(offsets))
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: Optional[CommitCallback] = None) -> None:
+        """The callback runs on the consumer's thread (as Kafka's, from within a later call)."""
+        async def run() -> None:
+            self._consumer.commit_async(offsets, callback)
+        self._loop.run(run())
+
+    def committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Optional[int]]:
+        return self._loop.run(self._consumer.committed(list(tps)))
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[
+            TopicPartition, Optional[OffsetAndTimestamp]]:
+        return self._loop.run(self._consumer.offsets_for_times(dict(timestamps)))
+
     def poll(self, timeout_ms: int = 0, max_records: Optional[int] = None) -> list[ConsumerRecord]:
         return self._loop.run(self._consumer.poll(timeout_ms, max_records))
 
@@ -449,4 +622,5 @@ class SyncConsumer:
         self.close()
 
 
-__all__ = ["Consumer", "SyncConsumer", "ConsumerRecord", "GrpcFetcher"]
+__all__ = ["Consumer", "SyncConsumer", "ConsumerRecord", "ConsumerRebalanceListener", "GrpcFetcher",
+           "OffsetAndTimestamp"]

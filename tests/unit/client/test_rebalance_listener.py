@@ -1,0 +1,192 @@
+"""Rebalance-listener sequencing of GroupMember (seed 003, 6.5.2-6.5.3): eager, cooperative, lost.
+
+The member's RPCs are not involved: these drive the join-prepare / join-complete steps
+directly with a recording consumer, so only the ordering logic is under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import pytest
+
+from gregor.client.config import consumer_config
+from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
+
+A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
+
+
+class RecordingConsumer:
+    """Stands in for Consumer's fetch state: records partition adds/removes into a shared event log."""
+
+    def __init__(self, events: list[tuple[str, list[Any]]]) -> None:
+        self.metadata = object()
+        self.events = events
+        self.fetching: set[tuple[str, int]] = set()
+
+    def _add_partitions(self, tps: list[tuple[str, int]], positions: dict[Any, Optional[int]]) -> None:
+        self.events.append(("fetch+", sorted(tps)))
+        self.fetching |= set(tps)
+
+    def _remove_partitions(self, tps: list[tuple[str, int]]) -> None:
+        self.events.append(("fetch-", sorted(tps)))
+        self.fetching -= set(tps)
+
+    def _consumed_positions(self) -> dict[tuple[str, int], int]:
+        return {tp: 10 for tp in self.fetching}
+
+    def _wake(self) -> None:
+        pass
+
+
+class Recorder(ConsumerRebalanceListener):
+    def __init__(self, events: list[tuple[str, list[Any]]]) -> None:
+        self.events = events
+
+    def on_partitions_revoked(self, partitions: list[tuple[str, int]]) -> None:
+        self.events.append(("revoked", partitions))
+
+    def on_partitions_assigned(self, partitions: list[tuple[str, int]]) -> None:
+        self.events.append(("assigned", partitions))
+
+    def on_partitions_lost(self, partitions: list[tuple[str, int]]) -> None:
+        self.events.append(("lost", partitions))
+
+
+def member(strategy: str, events: list[tuple[str, list[Any]]], auto_commit: bool = True) -> GroupMember:
+    cfg = consumer_config({"bootstrap.servers": "127.0.0.1:1", "group.id": "g",
+                           "partition.assignment.strategy": strategy, "enable.auto.commit": auto_commit})
+    m = GroupMember(RecordingConsumer(events), cfg)  # type: ignore[arg-type]
+    m.listener = Recorder(events)
+    m.generation = 3
+
+    async def committed(tps: Any) -> dict[Any, Optional[int]]:
+        return {tp: None for tp in tps}
+
+    async def commit(offsets: Any, metadata: str = "") -> None:
+        events.append(("commit", sorted(offsets)))
+
+    m.committed = committed  # type: ignore[method-assign]
+    m.commit = commit  # type: ignore[method-assign]
+    return m
+
+
+async def own(m: GroupMember, tps: list[tuple[str, int]]) -> None:
+    await m._on_join_complete(tps)
+
+
+def test_eager_revokes_everything_before_joining_then_assigns_the_whole_assignment() -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member("range", events)
+
+    async def go() -> None:
+        await own(m, [A0, A1])
+        events.clear()
+        await m._revoke_all(leaving=False)  # what _rebalance does before JoinGroup (eager)
+        await m._on_join_complete([A1, A2])
+
+    asyncio.run(go())
+    # Commit first (auto-commit), stop fetching, revoke all; then fetch and announce the full new set.
+    assert events == [("commit", [A0, A1]), ("fetch-", [A0, A1]), ("revoked", [A0, A1]),
+                      ("fetch+", [A1, A2]), ("assigned", [A1, A2])]
+    assert m.previous == [A0, A1]  # what the sticky assignors get as this member's previous ownership
+
+
+def test_cooperative_revokes_only_what_moved_and_keeps_the_rest_fetching() -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member("cooperative-sticky", events)
+
+    async def go() -> None:
+        await own(m, [A0, A1])
+        events.clear()
+        m.need_rejoin = False
+        await m._on_join_complete([A1, A2])
+
+    asyncio.run(go())
+    assert events == [("commit", [A0]), ("fetch-", [A0]), ("revoked", [A0]), ("fetch+", [A2]), ("assigned", [A2])]
+    assert A1 in m.consumer.fetching  # type: ignore[attr-defined]
+    assert m.owned == [A1, A2]
+    assert m.need_rejoin  # revoked something: the follow-up rebalance hands it over
+
+
+def test_cooperative_without_revocation_calls_assigned_with_only_the_new_and_no_rejoin() -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member("cooperative-sticky", events)
+
+    async def go() -> None:
+        await own(m, [A0])
+        events.clear()
+        m.need_rejoin = False
+        await m._on_join_complete([A0, A1])
+        await m._on_join_complete([A0, A1])
+
+    asyncio.run(go())
+    assert events == [("fetch+", [A1]), ("assigned", [A1]), ("fetch+", []), ("assigned", [])]
+    assert not m.need_rejoin
+
+
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_lost_generation_calls_lost_without_committing(strategy: str) -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member(strategy, events)
+
+    async def go() -> None:
+        await own(m, [A0, A1])
+        events.clear()
+        m._reset_generation(forget_member_id=True)  # e.g. heartbeat answered UNKNOWN_MEMBER_ID
+        assert m.lost_pending and m.need_rejoin and m.member_id == "" and m.generation == -1
+        await m._lose_all()
+
+    asyncio.run(go())
+    assert events == [("fetch-", [A0, A1]), ("lost", [A0, A1])]
+    assert m.owned == []
+
+
+def test_default_on_partitions_lost_delegates_to_revoked() -> None:
+    seen: list[list[tuple[str, int]]] = []
+
+    class OnlyRevoked(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, partitions: list[tuple[str, int]]) -> None:
+            seen.append(partitions)
+
+    OnlyRevoked().on_partitions_lost([A0])
+    assert seen == [[A0]]
+
+
+def test_async_listener_is_awaited_and_listener_errors_surface_from_poll() -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member("range", events, auto_commit=False)
+
+    class Async(ConsumerRebalanceListener):
+        async def on_partitions_assigned(self, partitions: list[tuple[str, int]]) -> None:
+            await asyncio.sleep(0)
+            events.append(("async-assigned", partitions))
+            raise ValueError("boom")
+
+    m.listener = Async()
+
+    async def go() -> None:
+        await m._on_join_complete([A0])
+        with pytest.raises(ValueError, match="boom"):
+            await m.on_poll(0)
+
+    asyncio.run(go())
+    assert ("async-assigned", [A0]) in events
+    assert m.owned == [A0]  # the rebalance completed despite the listener's failure
+
+
+def test_eager_rebalance_calls_revoked_even_when_empty_but_not_before_the_first_join() -> None:
+    events: list[tuple[str, list[Any]]] = []
+    m = member("range", events)
+
+    async def go() -> None:
+        m.generation = -1
+        await m._revoke_all(leaving=False)  # first join: no generation yet, no callback
+        assert events == []
+        m.generation = 1
+        await m._revoke_all(leaving=False)  # a later eager rebalance: always called (Kafka's contract)
+        await m._revoke_all(leaving=True)  # close/unsubscribe with nothing owned: not called
+
+    asyncio.run(go())
+    assert events == [("revoked", [])]

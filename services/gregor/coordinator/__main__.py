@@ -33,7 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Kafka group/offsets settings: offsets.topic.num.partitions, "
                          "offsets.topic.replication.factor, offsets.retention.minutes, "
-                         "offsets.retention.check.interval.ms, group.min.session.timeout.ms, "
+                         "offsets.retention.check.interval.ms, offsets.commit.timeout.ms, "
+                         "offsets.retention.ms (test-only, overrides offsets.retention.minutes), "
+                         "group.min.session.timeout.ms, "
                          "group.max.session.timeout.ms, group.initial.rebalance.delay.ms, group.max.size")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
@@ -41,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "offsets.topic.replication.factor": d.offsets_topic_replication_factor,
             "offsets.retention.minutes": d.offsets_retention_ms // 60000,
             "offsets.retention.check.interval.ms": d.offsets_retention_check_interval_ms,
+            "offsets.commit.timeout.ms": d.offsets_commit_timeout_ms,
+            # Not a Kafka key: a finer retention for tests (Kafka's smallest is one minute).
+            "offsets.retention.ms": 0,
             "group.min.session.timeout.ms": g.min_session_timeout_ms,
             "group.max.session.timeout.ms": g.max_session_timeout_ms,
             "group.initial.rebalance.delay.ms": g.initial_rebalance_delay_ms,
@@ -60,8 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.config = CoordinatorConfig(
         offsets_topic_num_partitions=keys["offsets.topic.num.partitions"],
         offsets_topic_replication_factor=keys["offsets.topic.replication.factor"],
-        offsets_retention_ms=keys["offsets.retention.minutes"] * 60000,
+        offsets_retention_ms=keys["offsets.retention.ms"] or keys["offsets.retention.minutes"] * 60000,
         offsets_retention_check_interval_ms=keys["offsets.retention.check.interval.ms"],
+        offsets_commit_timeout_ms=keys["offsets.commit.timeout.ms"],
         lease_ttl_ms=a.lease_ttl_ms,
         group=GroupConfig(min_session_timeout_ms=keys["group.min.session.timeout.ms"],
                           max_session_timeout_ms=keys["group.max.session.timeout.ms"],

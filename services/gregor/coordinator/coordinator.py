@@ -7,6 +7,14 @@ committed offsets and group metadata from the log when it takes it over
 (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and answers NOT_COORDINATOR for the
 others. Offsets and group metadata are written to the log with acks=all before
 they are acknowledged or served.
+
+Fencing (docs/groups.md "Fencing"): an instance writes to an offsets partition only
+while its etcd lease — which the partition's claim key is bound to, and whose
+expiry is what lets a successor claim the partition — is certainly still alive:
+the lease cannot expire before (send time of the last acknowledged keepalive) +
+TTL on our monotonic clock, and a write is admitted only if it is certain to be
+acknowledged or abandoned by the producer (delivery.timeout.ms = the write
+timeout) a safety margin before that.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from prometheus_client import Counter, Gauge
 
 from gregor.client.admin import AdminClient
@@ -50,6 +59,7 @@ class CoordinatorConfig:
     offsets_topic_replication_factor: int = 3  # offsets.topic.replication.factor (capped at live brokers)
     offsets_retention_ms: int = 10080 * 60000  # offsets.retention.minutes (7 days)
     offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
+    offsets_commit_timeout_ms: int = 5000  # offsets.commit.timeout.ms (capped at 2/5 of the lease TTL)
     lease_ttl_ms: int = 10000  # a dead coordinator's partitions move within this
     tick_interval_ms: int = 100  # session and rebalance deadlines are checked this often
     group: GroupConfig = GroupConfig()
@@ -81,7 +91,14 @@ class GroupCoordinator:
         self._load_lock = asyncio.Lock()
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
-        self._last_expiry_check_ms = 0
+        self._last_expiry_check_ms = monotonic_ms()
+        # Fencing: the lease is certainly alive until this monotonic instant (see module docstring).
+        self._lease_valid_until_ms = 0
+        # W leaves room for the keepalive cadence (TTL/4) and round trip: W + margin = half the TTL.
+        self.write_timeout_ms = max(1, min(self.config.offsets_commit_timeout_ms, self.config.lease_ttl_ms * 2 // 5))
+        self.fence_margin_ms = max(50, self.config.lease_ttl_ms // 10)
+        self._inflight: dict[int, int] = {}  # offsets partition -> writes sent and not yet finished
+        self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -89,31 +106,45 @@ class GroupCoordinator:
         if not self.bootstrap:
             self.bootstrap = await self._discover_bootstrap()
         await self._ensure_offsets_topic()
+        # Fencing relies on these bounds: send() creates a write's batch within max.block.ms of the
+        # admission check (metadata is warmed up below, so it normally does not block at all), and
+        # the batch is acknowledged or abandoned within delivery.timeout.ms of its creation.
         self._producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 0,
-                                   "request.timeout.ms": 10000, "delivery.timeout.ms": 30000,
+                                   "request.timeout.ms": self.write_timeout_ms,
+                                   "delivery.timeout.ms": self.write_timeout_ms,
+                                   "max.block.ms": self.fence_margin_ms,
                                    "client.id": f"coordinator-{self.id}"})
+        await self._producer.start()
+        await self._producer.metadata.wait_for_topic(ol.OFFSETS_TOPIC, 30000)
         self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "enable.auto.commit": False,
                                    "auto.offset.reset": "earliest", "client.id": f"coordinator-{self.id}-loader"})
+        granted_at = monotonic_ms()
         self._lease = await self.etcd.grant_lease(lease_ttl_s(self.config.lease_ttl_ms))
+        self._lease_valid_until_ms = granted_at + self._lease.ttl_s * 1000
         self._lease.on_lost(lambda exc: self._fail(exc))
         info = {"coordinator_id": self.id, "host": self.host, "port": self.port}
         await self.etcd.put(self.etcd.key("coordinators", "ids", self.id), json.dumps(info).encode(),
                             lease=self._lease.id)
         for coro, name in ((self._watch_coordinators(), "watch-coordinators"),
                            (self._watch_topics(), "watch-topics"),
-                           (self._reconcile_loop(), "reconcile"), (self._tick_loop(), "tick")):
+                           (self._reconcile_loop(), "reconcile"), (self._tick_loop(), "tick"),
+                           (self._lease_clock_loop(), "lease-clock")):
             task = asyncio.get_running_loop().create_task(coro, name=f"coordinator-{name}")
             task.add_done_callback(self._on_task_done)
             self._tasks.append(task)
 
     async def stop(self) -> None:
-        """Revoke the lease first (claims vanish, survivors take over), then close the clients."""
+        """Stop writing, let in-flight writes finish, then revoke the lease (claims vanish, survivors
+        take over at once, finding every acknowledged write in the log), then close the clients."""
+        self._closing = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.manager.drop_all(list(self.manager.groups), errors.error_for(Code.NOT_COORDINATOR, "shutting down"))
+        for p in list(self._inflight):
+            await self._drain(p)
         if self._lease is not None:
             await self._lease.revoke()
-        self.manager.drop_all(list(self.manager.groups), errors.error_for(Code.NOT_COORDINATOR, "shutting down"))
         for client in (self._producer, self._consumer):
             if client is not None:
                 try:
@@ -241,6 +272,7 @@ class GroupCoordinator:
         mine = self.owned | self.loading
         for p in sorted(mine - want):
             self._unload(p)
+            await self._drain(p)  # the successor must find every write we sent in the log
             await self.etcd.txn([value_is(self._claim_key(p), str(self.id).encode())], [Delete(self._claim_key(p))])
         for p in sorted(want - mine):
             holder = self.claims.get(p)
@@ -255,6 +287,49 @@ class GroupCoordinator:
             task = asyncio.get_running_loop().create_task(self._load(p), name=f"load-offsets-{p}")
             task.add_done_callback(self._on_task_done)
         self._update_partition_gauges()
+
+    async def _drain(self, p: int) -> None:
+        """Wait for the writes in flight to partition p (each ends within write_timeout_ms)."""
+        while self._inflight.get(p):
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ fencing
+    async def _lease_clock_loop(self) -> None:
+        """Keep `_lease_valid_until_ms` = send time of the last acknowledged keepalive + granted TTL.
+
+        etcd extends a lease to (time it processes the keepalive) + TTL, which is after we sent it,
+        so the lease cannot expire before our bound (one host, one monotonic clock rate). The
+        Lease object's own keepalive also refreshes; this loop only measures, every TTL/4."""
+        assert self._lease is not None
+        interval_s = self._lease.ttl_s / 4
+        while True:
+            await asyncio.sleep(interval_s)
+            sent = monotonic_ms()
+            try:
+                ttl = await self.etcd.refresh_lease(self._lease.id, timeout_s=interval_s)
+            except EtcdError as exc:
+                log.info("lease clock: keepalive failed (%s); writes stop %d ms before the lease can expire",
+                         exc, self.write_timeout_ms + self.fence_margin_ms)
+                continue
+            if ttl > 0:
+                self._lease_valid_until_ms = max(self._lease_valid_until_ms, sent + ttl * 1000)
+
+    def lease_remaining_ms(self) -> int:
+        """How long our ownership lease is certainly still alive (negative once it may have expired)."""
+        return self._lease_valid_until_ms - monotonic_ms()
+
+    def check_fence(self, p: int) -> None:
+        """Admit a write to offsets partition p only if it ends (acknowledged or abandoned by the
+        producer) a safety margin before our lease — and with it our claim on p — can expire."""
+        if self._closing or p not in self.owned:
+            raise errors.error_for(Code.NOT_COORDINATOR, f"coordinator {self.id} no longer owns offsets partition {p}")
+        remaining = self.lease_remaining_ms()
+        if remaining < self.write_timeout_ms + self.fence_margin_ms:
+            raise errors.error_for(
+                Code.NOT_COORDINATOR,
+                f"coordinator {self.id} is fenced from offsets partition {p}: its ownership lease is only certain "
+                f"for {remaining} ms, less than the write timeout {self.write_timeout_ms} ms + margin "
+                f"{self.fence_margin_ms} ms (a successor may take over): FindCoordinator again")
 
     def _claim_key(self, p: int) -> bytes:
         return self.etcd.key("coordinators", "partitions", p)
@@ -360,6 +435,11 @@ class GroupCoordinator:
         if not group_id:
             raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
         p = self.partition_of(group_id)
+        if self.lease_remaining_ms() <= 0:
+            # Paused or cut off from etcd past our lease: a successor may own p by now.
+            raise errors.error_for(Code.NOT_COORDINATOR,
+                                   f"coordinator {self.id} cannot be sure it still owns offsets partition {p} "
+                                   f"(its lease may have expired): FindCoordinator again")
         if p in self.loading:
             raise errors.error_for(Code.COORDINATOR_LOAD_IN_PROGRESS,
                                    f"coordinator {self.id} is loading offsets partition {p} for group {group_id}")
@@ -381,11 +461,63 @@ class GroupCoordinator:
                                    f"no coordinator owns offsets partition {p} of group {group_id} yet")
         return int(info["coordinator_id"]), str(info["host"]), int(info["port"]), p
 
+    # ------------------------------------------------------------------ ListGroups
+    def list_local_groups(self) -> list[Any]:
+        """Groups of the offsets partitions this instance serves; LOAD_IN_PROGRESS while any of
+        its partitions is loading (as Kafka's ListGroups), so no group is silently missing."""
+        from gregor.rpc.v1 import coordinator_pb2 as pb
+
+        if self.lease_remaining_ms() <= 0:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"coordinator {self.id} cannot be sure it still owns its offsets partitions")
+        if self.loading:
+            raise errors.error_for(Code.COORDINATOR_LOAD_IN_PROGRESS,
+                                   f"coordinator {self.id} is loading offsets partitions {sorted(self.loading)}")
+        return [pb.GroupListing(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value)
+                for g in sorted(self.manager.groups.values(), key=lambda g: g.group_id)
+                if self.partition_of(g.group_id) in self.owned and not g.is_(GroupState.DEAD)]
+
+    async def list_all_groups(self, timeout_s: float = 10.0) -> list[Any]:
+        """Fan ListGroups out to every live instance registered in etcd (one call lists the cluster).
+
+        Every offsets partition must be claimed by a live instance and every instance must answer,
+        else a retriable COORDINATOR_NOT_AVAILABLE / LOAD_IN_PROGRESS: a partial list is never
+        passed off as the whole."""
+        from gregor.common.rpc import channel
+        from gregor.rpc.v1 import coordinator_pb2 as pb, coordinator_pb2_grpc
+
+        unclaimed = [p for p in range(self.num_partitions) if self.live.get(self.claims.get(p, -1)) is None]
+        if unclaimed:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"offsets partitions {unclaimed[:10]}{'...' if len(unclaimed) > 10 else ''} "
+                                   f"have no live coordinator yet: their groups cannot be listed")
+
+        async def remote(cid: int, info: dict[str, Any]) -> list[Any]:
+            async with channel(f"{info['host']}:{info['port']}") as ch:
+                stub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
+                try:
+                    resp = await stub.ListGroups(pb.ListGroupsRequest(), timeout=timeout_s,
+                                                 metadata=(("gregor-list-scope", "local"),))
+                except grpc.RpcError as exc:
+                    err = errors.from_rpc_error(exc)
+                    code = err.code if err.code == Code.COORDINATOR_LOAD_IN_PROGRESS else Code.COORDINATOR_NOT_AVAILABLE
+                    raise errors.error_for(code, f"coordinator {cid} did not list its groups: {err.name}: "
+                                                 f"{err.message}") from None
+                return list(resp.groups)
+
+        others = [remote(cid, info) for cid, info in sorted(self.live.items()) if cid != self.id]
+        out = self.list_local_groups()
+        for part in await asyncio.gather(*others):
+            out.extend(part)
+        return sorted(out, key=lambda g: g.group_id)
+
     # ------------------------------------------------------------------ durable writes
     async def append(self, p: int, records: list[tuple[bytes, bytes | None]]) -> None:
         """Write records to offsets partition p with acks=all; any failure is COORDINATOR_NOT_AVAILABLE
         (NOT_COORDINATOR if p moved away meanwhile), as Kafka maps produce errors for commits."""
         assert self._producer is not None
+        self.check_fence(p)
+        self._inflight[p] = self._inflight.get(p, 0) + 1
         try:
             handles = [await self._producer.send(ol.OFFSETS_TOPIC, value, key, partition=p) for key, value in records]
             for h in handles:
@@ -393,6 +525,10 @@ class GroupCoordinator:
         except errors.GregorError as exc:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
                                    f"writing to {ol.OFFSETS_TOPIC}-{p} failed: {exc.name}: {exc.message}") from exc
+        finally:
+            self._inflight[p] -= 1
+            if not self._inflight[p]:
+                del self._inflight[p]
         if p not in self.owned:
             raise errors.error_for(Code.NOT_COORDINATOR, f"offsets partition {p} moved away during the write")
 

@@ -117,6 +117,10 @@ class Group:
     initial_delay_cap_ms: int = 0
     # Stable, but the generation's metadata is not stored yet: SyncGroup answers wait for it.
     awaiting_store: bool = False
+    # Kafka's pendingSyncMembers: members of the current generation that have not sent SyncGroup
+    # yet, and the deadline (join completion + rebalance timeout) after which they are removed.
+    pending_sync: set[str] = field(default_factory=set)
+    sync_deadline_ms: int = 0
 
     def transition_to(self, target: GroupState, now_ms: int) -> None:
         """Move to target or raise: an illegal transition is a coordinator bug, never silent."""

@@ -10,7 +10,9 @@ member's join, the leader's sync, a tick) resolves — Kafka's DelayedJoin.
 
 Rebalance triggers (seed 003): a member joins, a member leaves (LeaveGroup),
 a member misses its heartbeats for session.timeout.ms, a member's subscription
-(protocol metadata) changes, a subscribed topic's partition count changes.
+(protocol metadata) changes, a subscribed topic's partition count changes, a
+member that joined a generation does not send SyncGroup within the rebalance
+timeout (Kafka's pending-sync expiry, KAFKA-13134).
 """
 
 from __future__ import annotations
@@ -173,6 +175,9 @@ class GroupManager:
         group.add(member)
         if was_leader:
             group.leader_id = new_id
+        if old_id in group.pending_sync:  # the replacement inherits the obligation to sync
+            group.pending_sync.discard(old_id)
+            group.pending_sync.add(new_id)
         fenced = _err(Code.FENCED_INSTANCE_ID, f"group.instance.id {instance_id} rejoined as member {new_id}")
         for pending in (old.awaiting_join, old.awaiting_sync):
             if pending is not None and not pending.done():
@@ -225,6 +230,7 @@ class GroupManager:
                     m.awaiting_sync.set_exception(_err(Code.REBALANCE_IN_PROGRESS,
                                                        f"group {group.group_id} is rebalancing: {reason}"))
         was_empty = group.is_(S.EMPTY)
+        group.pending_sync = set()
         group.transition_to(S.PREPARING_REBALANCE, now_ms)
         for m in group.members.values():
             if m.awaiting_join is None or m.awaiting_join.done():
@@ -259,6 +265,7 @@ class GroupManager:
                 group.remove(m.member_id)
         group.pending_members.clear()
         group.initial_delay_cap_ms = 0
+        group.pending_sync = set()
         group.generation_id += 1
         if not group.members:
             group.protocol_name, group.leader_id = "", ""
@@ -270,6 +277,8 @@ class GroupManager:
         if group.leader_id not in group.members:
             group.leader_id = next(iter(group.members))
         group.transition_to(S.COMPLETING_REBALANCE, now_ms)
+        group.pending_sync = set(group.members)
+        group.sync_deadline_ms = now_ms + group.rebalance_timeout_ms()
         for m in group.members.values():
             m.heartbeat_deadline_ms = now_ms + m.session_timeout_ms
             m.joined_this_round = False
@@ -299,6 +308,7 @@ class GroupManager:
             raise _err(Code.REBALANCE_IN_PROGRESS, f"group {group_id} is rebalancing: rejoin")
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+        group.pending_sync.discard(member_id)
         if group.is_(S.STABLE) and not group.awaiting_store:
             fut.set_result(member.assignment)
             return fut
@@ -400,7 +410,23 @@ class GroupManager:
                              group.group_id, m.member_id, m.session_timeout_ms)
                     self._remove_member_and_update(group, m.member_id,
                                                    f"missed heartbeats for {m.session_timeout_ms} ms", now_ms)
+            self._expire_pending_syncs(group, now_ms)
             self._maybe_complete_join(group, now_ms)
+
+    def _expire_pending_syncs(self, group: Group, now_ms: int) -> None:
+        """Kafka's DelayedSync: members that joined the generation but sent no SyncGroup within the
+        rebalance timeout are removed (heartbeats do not keep them), and the group rebalances."""
+        if not group.pending_sync or now_ms < group.sync_deadline_ms:
+            return
+        if not (group.is_(S.COMPLETING_REBALANCE) or group.is_(S.STABLE)):
+            group.pending_sync = set()
+            return
+        late, group.pending_sync = sorted(group.pending_sync), set()
+        for mid in late:
+            if mid in group.members:
+                log.info("group %s: member %s sent no SyncGroup for generation %d within the rebalance timeout",
+                         group.group_id, mid, group.generation_id)
+                self._remove_member_and_update(group, mid, "did not sync within the rebalance timeout", now_ms)
 
     def on_topic_partitions_changed(self, topic: str, now_ms: int) -> list[str]:
         """A subscribed topic's partition count changed: rebalance every group reading it (seed 003)."""
@@ -425,6 +451,10 @@ class GroupManager:
         if group.is_(S.DEAD):
             raise _err(Code.COORDINATOR_NOT_AVAILABLE, f"group {group_id} is being deleted or moved")
         if generation_id < 0 and group.is_(S.EMPTY):
+            if not group.protocol_type:
+                # A standalone (simple) consumer: Kafka expires its offsets by their commit timestamps,
+                # so a commit keeps the group from expiring (here: the group's retention clock restarts).
+                group.state_timestamp_ms = now_ms
             return group  # admin / simple consumer commit
         if group.is_(S.COMPLETING_REBALANCE):
             raise _err(Code.REBALANCE_IN_PROGRESS, f"group {group_id} is rebalancing: rejoin before committing")

@@ -15,6 +15,7 @@ from gregor.rpc.v1 import common_pb2, coordinator_pb2 as pb, coordinator_pb2_grp
 
 Ctx = grpc.aio.ServicerContext
 Code = errors.Code
+LIST_SCOPE_HEADER = "gregor-list-scope"
 
 
 def _peer_host(context: Ctx) -> str:
@@ -146,11 +147,12 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
 
     @rpc_method("GroupCoordinatorService")
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Ctx) -> pb.ListGroupsResponse:
-        """Groups of the partitions this instance serves (ask every coordinator for the whole cluster)."""
-        return pb.ListGroupsResponse(groups=[
-            pb.GroupListing(group_id=g.group_id, protocol_type=g.protocol_type, state=g.state.value)
-            for g in sorted(self.m.groups.values(), key=lambda g: g.group_id)
-            if self.c.partition_of(g.group_id) in self.c.owned])
+        """Every group of the cluster: this instance's own plus those of every other live instance
+        (fan-out with the `gregor-list-scope: local` header, which asks one instance for its own only)."""
+        if dict(context.invocation_metadata() or ()).get(LIST_SCOPE_HEADER) == "local":
+            return pb.ListGroupsResponse(groups=self.c.list_local_groups())
+        listings = await self.c.list_all_groups()
+        return pb.ListGroupsResponse(groups=listings)
 
     @rpc_method("GroupCoordinatorService")
     async def DescribeGroups(self, request: pb.DescribeGroupsRequest, context: Ctx) -> pb.DescribeGroupsResponse:

@@ -573,7 +573,10 @@ class Simulation:
 
     def maybe_increment_leader_hw(self, b: Broker) -> bool:
         leos = {r: b.followers[r].log_end_offset for r in b.heard_from}
-        new_hw = isr_logic.compute_high_watermark(b.leo, b.isr, leos, b.hw, b.id)
+        # Kafka's rule: the ISR plus followers caught up within replica.lag.time.max.ms (seed 000).
+        caught_up = {r: b.followers[r].last_caught_up_time_ms for r in b.heard_from}
+        new_hw = isr_logic.compute_high_watermark(b.leo, b.isr, leos, b.hw, b.id, caught_up, self.clock.now_ms,
+                                                  self.cfg.replica_lag_time_max_ms)
         if new_hw == b.hw:
             return False
         b.hw = new_hw

@@ -86,7 +86,8 @@ class IsrManager:
                 self.request_isr_change(p, add=(), remove=set(p.isr) - set(new_isr))
 
     def maybe_expand_isr(self, p: "Partition", replica_id: int) -> None:
-        if p.needs_expand_isr(replica_id):
+        """Expand on a follower fetch; only the follower's live incarnation is eligible (KIP-903)."""
+        if p.needs_expand_isr(replica_id, self.replicas.live_broker_epochs()):
             self.request_isr_change(p, add={replica_id}, remove=())
 
     def request_isr_change(self, p: "Partition", add: Iterable[int], remove: Iterable[int]) -> None:

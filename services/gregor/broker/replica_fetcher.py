@@ -1,7 +1,8 @@
 """Replica fetchers: a follower copies its leaders' logs (seeds 002, 004).
 
 One asyncio task per leader broker (Kafka's ReplicaFetcherThread per source
-broker) fetches every partition this broker follows from that leader. Before a
+broker) fetches every partition this broker follows from that leader, one long
+poll per partition in flight, each re-issued as soon as it is answered. Before a
 partition's first fetch under a leader epoch it truncates by leader epoch:
 OffsetForLeaderEpoch for our latest epoch, truncate to min(answer, own LEO),
 falling back to the high watermark when the epoch is undefined. Fetched batches
@@ -41,7 +42,9 @@ MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on con
 BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEADER_OR_FOLLOWER,
                            errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
                            errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT,
-                           errors.Code.KAFKA_STORAGE_ERROR})
+                           errors.Code.KAFKA_STORAGE_ERROR,
+                           # The leader knows a newer incarnation of us: our re-registration is under way.
+                           errors.Code.STALE_BROKER_EPOCH})
 
 
 @dataclass
@@ -83,11 +86,35 @@ class ReplicaFetcher:
                 await asyncio.sleep(REPLICA_FETCH_BACKOFF_S)
                 continue
             async with channel(target) as ch:
-                stub = broker_pb2_grpc.BrokerServiceStub(ch)
-                while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
-                    # One fetch per partition in flight: a quiet partition's long poll delays the round only.
-                    keys = list(self.partitions)
-                    await asyncio.gather(*(self._fetch_one(rm, stub, k) for k in keys))
+                await self._fetch_from(rm, broker_pb2_grpc.BrokerServiceStub(ch), target)
+
+    async def _fetch_from(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, target: str) -> None:
+        """One fetch per partition in flight, each re-issued as soon as it is answered.
+
+        Kafka's single multi-partition Fetch returns when any partition has data; per-partition
+        long polls must not wait for each other either: a quiet partition's 500 ms poll would
+        otherwise pace a busy one (one acks=all round trip per poll), as happened when a
+        partition stalled on a dead ISR member shared a fetcher with a partition that just
+        moved to this leader.
+        """
+        in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
+        try:
+            while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
+                for key in list(self.partitions):
+                    if key not in in_flight:
+                        in_flight[key] = asyncio.create_task(self._fetch_one(rm, stub, key))
+                self._wake.clear()
+                wake = asyncio.create_task(self._wake.wait())
+                await asyncio.wait([*in_flight.values(), wake], return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+                for key, task in list(in_flight.items()):
+                    if task.done():
+                        del in_flight[key]
+                        task.result()  # _fetch_one handles its errors; anything else is a bug: fail loudly
+        finally:
+            for task in in_flight.values():
+                task.cancel()
+            await asyncio.gather(*in_flight.values(), return_exceptions=True)
 
     def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
         """The partition if we still follow this leader at this epoch, else None (and drop it)."""
@@ -127,7 +154,7 @@ class ReplicaFetcher:
             if p is None or p.log_end_offset != fetch_offset:
                 return
             if resp.records:
-                p.log.append_as_follower(resp.records)
+                p.append_records_to_follower(resp.records)  # also applies the batches to the producer state
             p.update_follower_high_watermark(resp.high_watermark)
             FETCHER_LAG.labels(leader=str(self.leader_id)).set(max(0, resp.high_watermark - p.log_end_offset))
         except grpc.aio.AioRpcError as exc:

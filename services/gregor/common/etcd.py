@@ -13,8 +13,12 @@ from typing import Literal
 import aetcd
 import grpc
 from aetcd import rpc
+from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
+
+ENDPOINT_FAILOVERS = Counter("gregor_etcd_endpoint_failovers_total",
+                             "Times an etcd client moved to the next endpoint after its member failed")
 
 # One etcd RPC may take this long before it counts as unavailable; a lease TTL is seconds, so
 # a stuck call must give up well inside it for the keepalive to retry.
@@ -282,6 +286,13 @@ class Lease:
                 log.exception("lease-lost callback failed")
 
 
+def _never_sent(exc: grpc.aio.AioRpcError) -> bool:
+    """The RPC failed to connect, so no member saw it: safe to send again elsewhere."""
+    details = (exc.details() or "").lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
+        s in details for s in ("failed to connect", "connection refused", "connect failed"))
+
+
 class EtcdClient:
     """Gregor's etcd client: keys under /gregor/<cluster>/, leases, transactions and watches.
 
@@ -335,40 +346,58 @@ class EtcdClient:
         return self._client
 
     async def _call(self, what: str, stub: str, method: str, request: object,
-                    timeout_s: float | None = None) -> object:
-        """One unary etcd RPC with a deadline; transport failures become EtcdUnavailable."""
-        client = await self._connected()
-        try:
-            return await getattr(getattr(client, stub), method)(
-                request, timeout=timeout_s or self.request_timeout_s, metadata=client.metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._translate(what, exc) from exc
+                    timeout_s: float | None = None, idempotent: bool = False) -> object:
+        """One unary etcd RPC with a deadline; transport failures become EtcdUnavailable.
 
-    async def _translate(self, what: str, exc: grpc.aio.AioRpcError) -> EtcdError:
+        With several endpoints, a call that never reached its member (connection
+        refused: the member is down) is tried on the next one, as is any read;
+        a write that may have reached a member is not repeated: the caller decides.
+        """
+        attempts = len(self.endpoints)
+        while True:
+            client = await self._connected()
+            try:
+                return await getattr(getattr(client, stub), method)(
+                    request, timeout=timeout_s or self.request_timeout_s, metadata=client.metadata)
+            except grpc.aio.AioRpcError as exc:
+                err = await self._translate(what, exc, client)
+                attempts -= 1
+                if attempts <= 0 or not isinstance(err, EtcdUnavailable) or not (idempotent or _never_sent(exc)):
+                    raise err from exc
+
+    async def _translate(self, what: str, exc: grpc.aio.AioRpcError, client: aetcd.Client | None = None) -> EtcdError:
         message = f"etcd {what} at {self.endpoint}: {exc.code().name}: {exc.details()}"
         if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                           grpc.StatusCode.CANCELLED):
-            await self._rotate()
+            await self._rotate(client)
             return EtcdUnavailable(message)
         return EtcdError(message)
 
-    async def _rotate(self) -> None:
-        """Drop the channel; the next call connects to the next endpoint."""
-        if len(self.endpoints) > 1:
-            await self.close()
-            self._index = (self._index + 1) % len(self.endpoints)
+    async def _rotate(self, failed: aetcd.Client | None = None) -> None:
+        """Drop the channel; the next call connects to the next endpoint (clientv3's endpoint failover).
+
+        aetcd talks to one host, so failover lives here. Only the first caller that saw
+        the current channel fail moves on: the other calls that failed on the same
+        channel (closing it cancels them) must not skip past a healthy endpoint.
+        """
+        if len(self.endpoints) <= 1 or (failed is not None and failed is not self._client):
+            return
+        self._index = (self._index + 1) % len(self.endpoints)
+        ENDPOINT_FAILOVERS.inc()
+        log.warning("etcd endpoint failed; moving to %s", self.endpoint)
+        await self.close()
 
     # -- key-value ---------------------------------------------------------------
 
     async def get(self, key: bytes) -> KeyValue | None:
-        resp = await self._call(f"get {key!r}", "kvstub", "Range", rpc.RangeRequest(key=key))
+        resp = await self._call(f"get {key!r}", "kvstub", "Range", rpc.RangeRequest(key=key), idempotent=True)
         return KeyValue.from_pb(resp.kvs[0]) if resp.kvs else None  # type: ignore[attr-defined]
 
     async def get_prefix(self, prefix: bytes) -> RangeResult:
         """Every key under prefix, sorted by key, with the store revision of the read."""
         req = rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix),
                                sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
-        resp = await self._call(f"get prefix {prefix!r}", "kvstub", "Range", req)
+        resp = await self._call(f"get prefix {prefix!r}", "kvstub", "Range", req, idempotent=True)
         return RangeResult(tuple(KeyValue.from_pb(kv) for kv in resp.kvs),  # type: ignore[attr-defined]
                            resp.header.revision)  # type: ignore[attr-defined]
 
@@ -426,7 +455,8 @@ class EtcdClient:
 
     async def grant_lease(self, ttl_s: int) -> Lease:
         """A lease of ttl_s seconds (etcd may raise it to its minimum) with a running keepalive."""
-        resp = await self._call("lease grant", "leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s))
+        resp = await self._call("lease grant", "leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s),
+                                idempotent=True)  # a lease granted twice only leaks an empty lease for one TTL
         if resp.error:  # type: ignore[attr-defined]
             raise EtcdError(f"etcd lease grant at {self.endpoint}: {resp.error}")  # type: ignore[attr-defined]
         return Lease(self, int(resp.ID), int(resp.TTL))  # type: ignore[attr-defined]
@@ -441,7 +471,7 @@ class EtcdClient:
             async for reply in call:
                 return int(reply.TTL)
         except grpc.aio.AioRpcError as exc:
-            raise await self._translate(f"lease keepalive {lease_id:x}", exc) from exc
+            raise await self._translate(f"lease keepalive {lease_id:x}", exc, client) from exc
         finally:
             call.cancel()
         raise EtcdUnavailable(f"etcd lease keepalive {lease_id:x} at {self.endpoint}: stream ended without reply")
@@ -504,6 +534,6 @@ class EtcdClient:
                     yield WatchEvent(kind, ev.kv.key, ev.kv.value, ev.kv.create_revision,
                                      ev.kv.mod_revision, ev.kv.version)
         except grpc.aio.AioRpcError as exc:
-            raise await self._translate(f"watch {key!r}", exc) from exc
+            raise await self._translate(f"watch {key!r}", exc, client) from exc
         finally:
             call.cancel()

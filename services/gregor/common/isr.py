@@ -37,6 +37,8 @@ class FollowerFetchState:
     last_caught_up_time_ms: int = 0
     last_fetch_leader_log_end_offset: int = 0
     last_fetch_time_ms: int = 0
+    # The follower's broker epoch as its latest accepted fetch carried it (-1: none yet).
+    broker_epoch: int = -1
 
     def update_fetch_state(self, fetch_offset: int, leader_log_end_offset: int, fetch_time_ms: int) -> None:
         """Record a fetch (Kafka's Replica.updateFetchState).
@@ -113,14 +115,27 @@ def maybe_expand_isr(follower_leo: int, hw: int, leader_epoch_start_offset: int 
     return leader_epoch_start_offset is not None and follower_leo >= hw and follower_leo >= leader_epoch_start_offset
 
 
+def is_caught_up(last_caught_up_time_ms: int, now_ms: int, replica_lag_time_max_ms: int) -> bool:
+    """A follower caught up to the leader within replica.lag.time.max.ms (Kafka's isCaughtUp window)."""
+    return now_ms - last_caught_up_time_ms <= replica_lag_time_max_ms
+
+
 def compute_high_watermark(
     leader_leo: int,
     isr: Collection[int],
     follower_leos: Mapping[int, int],
     current_hw: int = 0,
     leader_id: int | None = None,
+    follower_last_caught_up_ms: Mapping[int, int] | None = None,
+    now_ms: int | None = None,
+    replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
 ) -> int:
-    """The leader's high watermark: min LEO over the ISR, never below `current_hw` (seed 000).
+    """The leader's high watermark (seed 000's maybeIncrementLeaderHW); never below `current_hw`.
+
+    The min LEO over the ISR **plus** every follower outside the ISR that was
+    caught up within replica.lag.time.max.ms (it fetched up to the leader's LEO
+    recently but its ISR expansion is not written yet): Kafka counts such a
+    replica so that, once it joins the ISR, the HW is not already past its LEO.
 
     Args:
         leader_leo: the leader's log end offset.
@@ -128,6 +143,10 @@ def compute_high_watermark(
         follower_leos: followers' LEOs as last reported by their fetches.
         current_hw: the high watermark now; the result never regresses below it.
         leader_id: the leader's id, skipped in `isr` (its LEO is `leader_leo`).
+        follower_last_caught_up_ms: followers' lastCaughtUpTimeMs; with `now_ms`, caught-up
+            non-ISR followers count too. None counts the ISR only.
+        now_ms: the time the caught-up window is measured from.
+        replica_lag_time_max_ms: the caught-up window.
 
     Raises:
         ValueError: current_hw is above leader_leo (a corrupt state).
@@ -142,7 +161,40 @@ def compute_high_watermark(
             # An ISR member we have not heard from yet holds the watermark where it is.
             return current_hw
         candidate = min(candidate, follower_leos[replica])
+    if follower_last_caught_up_ms is not None and now_ms is not None:
+        for replica, leo in follower_leos.items():
+            if replica == leader_id or replica in isr or replica not in follower_last_caught_up_ms:
+                continue
+            if is_caught_up(follower_last_caught_up_ms[replica], now_ms, replica_lag_time_max_ms):
+                candidate = min(candidate, leo)
     return max(current_hw, candidate)
+
+
+# -- follower broker epochs (KIP-380 / KIP-903) --------------------------------
+
+NO_BROKER_EPOCH = -1
+
+
+def is_stale_follower_fetch(fetch_broker_epoch: int, newest_known_epoch: int) -> bool:
+    """A follower fetch from an earlier incarnation of that broker (Kafka's STALE_BROKER_EPOCH).
+
+    `newest_known_epoch` is the largest epoch the leader knows for the broker: from its
+    earlier fetches or from the controller's live-broker list. A fetch that carries no
+    epoch (-1) is not judged here.
+    """
+    return fetch_broker_epoch != NO_BROKER_EPOCH and fetch_broker_epoch < newest_known_epoch
+
+
+def is_isr_eligible(fetch_broker_epoch: int, live_broker_epoch: int | None, metadata_known: bool) -> bool:
+    """May a follower join the ISR? Only its live incarnation (KIP-903's isReplicaIsrEligible).
+
+    With the controller's live-broker list known, the follower must be in it and its
+    fetches must carry the registered epoch; before the first UpdateMetadata there is
+    nothing to check against.
+    """
+    if not metadata_known:
+        return True
+    return live_broker_epoch is not None and fetch_broker_epoch in (live_broker_epoch, NO_BROKER_EPOCH)
 
 
 @dataclass

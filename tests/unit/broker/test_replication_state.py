@@ -20,7 +20,7 @@ LAG_MS = 2000
 def partition(tmp_path: os.PathLike[str]) -> Partition:
     configs = effective_topic_configs({"min.insync.replicas": 2}, {})
     lg = native.Log(os.path.join(str(tmp_path), "t-0"), native.LogConfig(**log_config_kwargs(configs)))
-    p = Partition("t", 0, lg, 1, configs)
+    p = Partition("t", 0, lg, 1, configs, replica_lag_time_max_ms=LAG_MS)
     assert p.make_leader(0, [1, 2, 3], [1, 2, 3])
     return p
 
@@ -47,7 +47,8 @@ def test_lagging_follower_is_shrunk_and_expands_once_caught_up(partition: Partit
     assert p.out_of_sync_isr(start + LAG_MS, LAG_MS) is None
     assert p.out_of_sync_isr(start + LAG_MS + 1, LAG_MS) == [1, 2]
     p.isr = {1, 2}
-    assert p.maybe_increment_leader_hw() and p.high_watermark == 2
+    # Follower 3 was last caught up at `start` (becoming leader counts as that), over LAG_MS ago.
+    assert p.maybe_increment_leader_hw(start + LAG_MS + 1) and p.high_watermark == 2
     assert not p.needs_expand_isr(3)  # LEO 0 < HW 2
     p.update_follower_fetch_state(3, 2, start + LAG_MS + 5)
     assert p.needs_expand_isr(3)

@@ -132,6 +132,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per side; the median is reported")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where to write (default: a temporary dir under bench/results/)")
+    parser.add_argument("--case", action="append", default=None, metavar="KIB:FSYNC",
+                        help="run only this case, e.g. 1024:none (repeatable; fsync is none, end or every)")
     args = parser.parse_args()
     if args.quick:
         args.total_mib, args.fsync_every_mib, args.repeat = 32, 4, 2
@@ -144,6 +146,8 @@ def main() -> None:
     try:
         for batch_bytes in (16 * 1024, MIB):
             for fsync in ("none", "end", "every"):
+                if args.case and f"{batch_bytes // 1024}:{fsync}" not in args.case:
+                    continue
                 total = (args.fsync_every_mib if fsync == "every" else args.total_mib) * MIB
                 results.append(bench_case(data_dir, batch_bytes, total, fsync, args.repeat))
     finally:

@@ -16,6 +16,8 @@ pub const COMPRESSION_CODEC_MASK: i16 = 0x07;
 pub const TIMESTAMP_TYPE_MASK: i16 = 0x08;
 pub const TRANSACTIONAL_FLAG_MASK: i16 = 0x10;
 pub const CONTROL_FLAG_MASK: i16 = 0x20;
+/// KIP-534: baseTimestamp holds the delete horizon of the batch's tombstones.
+pub const DELETE_HORIZON_FLAG_MASK: i16 = 0x40;
 
 // Field positions inside the header.
 const PARTITION_LEADER_EPOCH_POS: usize = 12;
@@ -176,6 +178,12 @@ pub fn parse_batches(data: &[u8], verify: bool) -> Result<Vec<(usize, BatchHeade
 /// uncompressed batches the records section itself (exactly records_count
 /// records with offset deltas 0..n-1 ending at the batch end).
 pub fn validate_for_append(data: &[u8], max_message_bytes: usize) -> Result<Vec<(usize, BatchHeader)>> {
+    validate_for_append_keyed(data, max_message_bytes, false)
+}
+
+/// `validate_for_append`; with `require_keys` (cleanup.policy=compact) an
+/// uncompressed record without a key is Invalid too.
+pub fn validate_for_append_keyed(data: &[u8], max_message_bytes: usize, require_keys: bool) -> Result<Vec<(usize, BatchHeader)>> {
     let batches = parse_batches(data, true)?;
     for (pos, h) in &batches {
         if h.size_bytes() > max_message_bytes {
@@ -188,7 +196,35 @@ pub fn validate_for_append(data: &[u8], max_message_bytes: usize) -> Result<Vec<
         h.check_counts()?;
         if h.compression() == 0 {
             let section = &data[pos + BATCH_HEADER_SIZE..pos + h.size_bytes()];
-            crate::records::validate_section(section, h.records_count)?;
+            crate::records::SectionWalk::new(h.records_count).requiring_keys(require_keys).advance(section, true)?;
+        }
+    }
+    Ok(batches)
+}
+
+/// What a follower accepts: whole batches, CRC, size, and counts that a
+/// compacted log may hold (the leader's log cleaner removes records but keeps
+/// offsets: records_count <= lastOffsetDelta + 1, an empty batch kept for its
+/// producer's state), records checked for uncompressed batches.
+pub fn validate_for_follower(data: &[u8], max_message_bytes: usize) -> Result<Vec<(usize, BatchHeader)>> {
+    let batches = parse_batches(data, true)?;
+    for (pos, h) in &batches {
+        if h.size_bytes() > max_message_bytes {
+            return Err(Error::TooLarge(format!(
+                "batch of {} bytes exceeds max.message.bytes {}",
+                h.size_bytes(),
+                max_message_bytes
+            )));
+        }
+        if h.records_count < 0 || h.last_offset_delta < 0 || h.records_count as i64 > h.last_offset_delta as i64 + 1 {
+            return invalid(format!(
+                "records_count {} / last_offset_delta {} do not fit",
+                h.records_count, h.last_offset_delta
+            ));
+        }
+        if h.compression() == 0 {
+            let section = &data[pos + BATCH_HEADER_SIZE..pos + h.size_bytes()];
+            crate::records::validate_section_compacted(section, h.records_count, h.last_offset_delta)?;
         }
     }
     Ok(batches)

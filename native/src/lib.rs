@@ -3,6 +3,8 @@
 //! (GIL released); engine errors map to the exception classes of `_native.pyi`.
 
 pub mod batch;
+pub mod cleaner;
+pub mod codec;
 pub mod epoch;
 pub mod error;
 pub mod index;
@@ -231,6 +233,7 @@ struct PyLogConfig {
     flush_messages: i64,
     flush_ms: i64,
     max_message_bytes: i64,
+    compact: bool,
 }
 
 #[pymethods]
@@ -238,8 +241,8 @@ impl PyLogConfig {
     #[new]
     #[pyo3(signature = (*, segment_bytes = 1073741824, segment_ms = 604800000, segment_index_bytes = 10485760,
         index_interval_bytes = 4096, retention_bytes = -1, retention_ms = 604800000,
-        flush_messages = 9223372036854775807, flush_ms = 9223372036854775807, max_message_bytes = 1048588))]
-    #[pyo3(text_signature = "(*, segment_bytes=1073741824, segment_ms=604800000, segment_index_bytes=10485760, index_interval_bytes=4096, retention_bytes=-1, retention_ms=604800000, flush_messages=9223372036854775807, flush_ms=9223372036854775807, max_message_bytes=1048588)")]
+        flush_messages = 9223372036854775807, flush_ms = 9223372036854775807, max_message_bytes = 1048588, compact = false))]
+    #[pyo3(text_signature = "(*, segment_bytes=1073741824, segment_ms=604800000, segment_index_bytes=10485760, index_interval_bytes=4096, retention_bytes=-1, retention_ms=604800000, flush_messages=9223372036854775807, flush_ms=9223372036854775807, max_message_bytes=1048588, compact=False)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         segment_bytes: i64,
@@ -251,6 +254,7 @@ impl PyLogConfig {
         flush_messages: i64,
         flush_ms: i64,
         max_message_bytes: i64,
+        compact: bool,
     ) -> Self {
         PyLogConfig {
             segment_bytes,
@@ -262,15 +266,16 @@ impl PyLogConfig {
             flush_messages,
             flush_ms,
             max_message_bytes,
+            compact,
         }
     }
 
     fn __repr__(&self) -> String {
         let c = self.to_config();
         format!(
-            "LogConfig(segment_bytes={}, segment_ms={}, segment_index_bytes={}, index_interval_bytes={}, retention_bytes={}, retention_ms={}, flush_messages={}, flush_ms={}, max_message_bytes={})",
+            "LogConfig(segment_bytes={}, segment_ms={}, segment_index_bytes={}, index_interval_bytes={}, retention_bytes={}, retention_ms={}, flush_messages={}, flush_ms={}, max_message_bytes={}, compact={})",
             c.segment_bytes, c.segment_ms, c.segment_index_bytes, c.index_interval_bytes, c.retention_bytes,
-            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes
+            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes, if c.compact { "True" } else { "False" }
         )
     }
 }
@@ -287,12 +292,13 @@ impl PyLogConfig {
             flush_messages: self.flush_messages,
             flush_ms: self.flush_ms,
             max_message_bytes: self.max_message_bytes,
+            compact: self.compact,
         }
     }
     fn from_config(c: LogConfig) -> Self {
         PyLogConfig::new(
             c.segment_bytes, c.segment_ms, c.segment_index_bytes, c.index_interval_bytes, c.retention_bytes,
-            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes,
+            c.retention_ms, c.flush_messages, c.flush_ms, c.max_message_bytes, c.compact,
         )
     }
 }
@@ -331,6 +337,66 @@ impl From<AppendInfo> for PyAppendInfo {
             num_records: a.num_records,
             valid_bytes: a.valid_bytes,
             log_end_offset: a.log_end_offset,
+        }
+    }
+}
+
+/// How dirty a log is, for the log cleaner (Kafka's LogToClean).
+#[pyclass(name = "CleanableInfo", module = "gregor_native._native", frozen, get_all)]
+struct PyCleanableInfo {
+    first_dirty_offset: i64,
+    first_uncleanable_offset: i64,
+    clean_bytes: u64,
+    dirty_bytes: u64,
+    dirty_ratio: f64,
+    first_dirty_timestamp: i64,
+    next_delete_horizon_ms: i64,
+}
+
+#[pymethods]
+impl PyCleanableInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "CleanableInfo(first_dirty_offset={}, first_uncleanable_offset={}, dirty_ratio={:.3})",
+            self.first_dirty_offset, self.first_uncleanable_offset, self.dirty_ratio
+        )
+    }
+}
+
+/// What one cleaning did; end_offset is -1 when nothing was cleaned.
+#[pyclass(name = "CleanStats", module = "gregor_native._native", frozen, get_all)]
+struct PyCleanStats {
+    bytes_read: u64,
+    bytes_written: u64,
+    records_read: u64,
+    records_retained: u64,
+    tombstones_removed: u64,
+    segments_before: usize,
+    segments_after: usize,
+    end_offset: i64,
+}
+
+#[pymethods]
+impl PyCleanStats {
+    fn __repr__(&self) -> String {
+        format!(
+            "CleanStats(end_offset={}, bytes_read={}, bytes_written={}, records_retained={}/{})",
+            self.end_offset, self.bytes_read, self.bytes_written, self.records_retained, self.records_read
+        )
+    }
+}
+
+impl From<cleaner::CleanStats> for PyCleanStats {
+    fn from(c: cleaner::CleanStats) -> Self {
+        PyCleanStats {
+            bytes_read: c.bytes_read,
+            bytes_written: c.bytes_written,
+            records_read: c.records_read,
+            records_retained: c.records_retained,
+            tombstones_removed: c.tombstones_removed,
+            segments_before: c.segments_before,
+            segments_after: c.segments_after,
+            end_offset: c.end_offset,
         }
     }
 }
@@ -616,6 +682,62 @@ impl PyLog {
         self.with(py, |l| l.delete_old_segments_below(now_or_wall(now_ms), upper_bound_offset))
     }
 
+    /// The cleanable range and dirty ratio (nothing at or above
+    /// `upper_bound_offset`, the high watermark, is cleanable).
+    #[pyo3(signature = (now_ms = None, *, upper_bound_offset = None, min_compaction_lag_ms = 0))]
+    #[pyo3(text_signature = "($self, now_ms=None, *, upper_bound_offset=None, min_compaction_lag_ms=0)")]
+    fn cleanable(&self, py: Python<'_>, now_ms: Option<i64>, upper_bound_offset: Option<i64>, min_compaction_lag_ms: i64) -> PyResult<PyCleanableInfo> {
+        let c = self.with(py, |l| l.cleanable(now_or_wall(now_ms), upper_bound_offset.unwrap_or(i64::MAX), min_compaction_lag_ms))?;
+        Ok(PyCleanableInfo {
+            first_dirty_offset: c.first_dirty_offset,
+            first_uncleanable_offset: c.first_uncleanable_offset,
+            clean_bytes: c.clean_bytes,
+            dirty_bytes: c.dirty_bytes,
+            dirty_ratio: c.dirty_ratio,
+            first_dirty_timestamp: c.first_dirty_timestamp,
+            next_delete_horizon_ms: c.next_delete_horizon_ms,
+        })
+    }
+
+    /// Compacts the log (see `cleaner.rs`): the log lock is held only to
+    /// take the snapshot and to swap the cleaned segments in; the offset map
+    /// and the rewrite run unlocked with the GIL released.
+    #[pyo3(signature = (now_ms = None, *, upper_bound_offset = None, delete_retention_ms = 86_400_000, min_compaction_lag_ms = 0, dedupe_buffer_size = 134_217_728))]
+    #[pyo3(text_signature = "($self, now_ms=None, *, upper_bound_offset=None, delete_retention_ms=86400000, min_compaction_lag_ms=0, dedupe_buffer_size=134217728)")]
+    fn clean(
+        &self,
+        py: Python<'_>,
+        now_ms: Option<i64>,
+        upper_bound_offset: Option<i64>,
+        delete_retention_ms: i64,
+        min_compaction_lag_ms: i64,
+        dedupe_buffer_size: i64,
+    ) -> PyResult<PyCleanStats> {
+        let cfg = cleaner::CleanConfig {
+            now_ms: now_or_wall(now_ms),
+            upper_bound_offset: upper_bound_offset.unwrap_or(i64::MAX),
+            delete_retention_ms,
+            min_compaction_lag_ms,
+            dedupe_buffer_size,
+        };
+        let cell = &self.cell;
+        py.detach(|| -> NResult<cleaner::CleanStats> {
+            let Some(plan) = cell.with(|l| l.clean_plan(cfg))? else {
+                return Ok(cleaner::CleanStats { end_offset: -1, ..Default::default() });
+            };
+            let built = match cleaner::build(&plan) {
+                Ok(b) => b,
+                Err(e) => {
+                    cleaner::discard_cleaned(&plan);
+                    return Err(e);
+                }
+            };
+            cell.with(|l| l.clean_swap(&plan, built))
+        })
+        .map(Into::into)
+        .map_err(to_py)
+    }
+
     fn maybe_increment_log_start_offset(&self, py: Python<'_>, offset: i64) -> PyResult<bool> {
         self.with(py, |l| l.maybe_increment_log_start_offset(offset))
     }
@@ -697,6 +819,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLogConfig>()?;
     m.add_class::<PyAppendInfo>()?;
     m.add_class::<PySegmentInfo>()?;
+    m.add_class::<PyCleanableInfo>()?;
+    m.add_class::<PyCleanStats>()?;
     m.add_class::<PyFileSlice>()?;
     m.add_class::<PyLog>()?;
     Ok(())

@@ -157,13 +157,21 @@ fn decode_body(body: &[u8]) -> Result<Record> {
     Ok(Record { offset_delta, timestamp_delta, key, value, headers })
 }
 
-/// Walks one record body without allocating; returns its offset delta.
-fn walk_body(body: &[u8]) -> Result<i32> {
+/// Walks one record body without allocating; returns its offset delta and
+/// whether its key is null.
+fn walk_body(body: &[u8]) -> Result<(i32, bool)> {
     let mut r = Reader::new(body);
     r.take(1)?; // attributes
     r.varlong()?; // timestamp delta
     let offset_delta = r.varint()?;
-    r.skip_nullable_bytes()?; // key
+    let key_len = r.varint()?;
+    if key_len < -1 {
+        return corrupt(format!("negative length {key_len}"));
+    }
+    if key_len > 0 {
+        r.take(key_len as usize)?;
+    }
+    let null_key = key_len == -1;
     r.skip_nullable_bytes()?; // value
     let n = r.varint()?;
     if n < 0 {
@@ -180,7 +188,7 @@ fn walk_body(body: &[u8]) -> Result<i32> {
     if r.remaining() != 0 {
         return corrupt(format!("{} bytes left inside a record", r.remaining()));
     }
-    Ok(offset_delta)
+    Ok((offset_delta, null_key))
 }
 
 /// Checks an uncompressed records section against its header, as Kafka's
@@ -189,24 +197,120 @@ fn walk_body(body: &[u8]) -> Result<i32> {
 /// end. A section that does not parse is Corrupt; a count or offset-delta
 /// mismatch is Invalid.
 pub fn validate_section(section: &[u8], count: i32) -> Result<()> {
+    SectionWalk::new(count).advance(section, true)
+}
+
+/// `validate_section` in steps, for a section that arrives in pieces: each
+/// `advance` walks the records lying wholly inside the prefix seen so far,
+/// so a streamed append reads every byte while it is still in cache.
+#[derive(Debug, Clone, Copy)]
+pub struct SectionWalk {
+    pos: usize,
+    n: i32,
+    count: i32,
+    require_keys: bool,
+}
+
+impl SectionWalk {
+    pub fn new(count: i32) -> Self {
+        SectionWalk { pos: 0, n: 0, count, require_keys: false }
+    }
+
+    /// Also rejects records without a key (a compacted topic's leader, as
+    /// Kafka's LogValidator: INVALID_RECORD).
+    pub fn requiring_keys(mut self, yes: bool) -> Self {
+        self.require_keys = yes;
+        self
+    }
+
+    /// Walks on through `avail`, a prefix of the section (the whole section
+    /// when `last`: then it must end exactly at a record boundary and hold
+    /// exactly `count` records). A record cut by the prefix end waits.
+    pub fn advance(&mut self, avail: &[u8], last: bool) -> Result<()> {
+        while self.pos < avail.len() {
+            let rest = &avail[self.pos..];
+            let mut r = Reader::new(rest);
+            let len = match r.varint() {
+                Ok(len) => len,
+                // A varint is at most 5 bytes: shorter may just be cut off.
+                Err(_) if !last && rest.len() < 5 => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if len < 0 {
+                return corrupt(format!("negative record length {len}"));
+            }
+            if !last && len as usize > r.remaining() {
+                return Ok(());
+            }
+            let (delta, null_key) = walk_body(r.take(len as usize)?)?;
+            if null_key && self.require_keys {
+                return invalid("Compacted topic cannot accept message without key");
+            }
+            if self.n >= self.count {
+                return invalid(format!("records section holds more than records_count {} records", self.count));
+            }
+            if delta != self.n {
+                return invalid(format!("record {} has offset delta {delta}", self.n));
+            }
+            self.n += 1;
+            self.pos += r.pos;
+        }
+        if last && self.n != self.count {
+            return invalid(format!("records section holds {} records, header says {}", self.n, self.count));
+        }
+        Ok(())
+    }
+}
+
+/// One record of a section, borrowed: its whole encoding (length prefix
+/// included) and the fields the log cleaner looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    pub raw: &'a [u8],
+    pub offset_delta: i32,
+    pub timestamp_delta: i64,
+    pub key: Option<&'a [u8]>,
+    pub value_is_null: bool,
+}
+
+/// Every record of an uncompressed section, without copying.
+pub fn view_records(section: &[u8]) -> Result<Vec<RecordView<'_>>> {
+    let mut out = Vec::new();
     let mut r = Reader::new(section);
-    let mut n: i32 = 0;
     while r.remaining() != 0 {
+        let start = r.pos;
         let len = r.varint()?;
         if len < 0 {
             return corrupt(format!("negative record length {len}"));
         }
-        let delta = walk_body(r.take(len as usize)?)?;
-        if n >= count {
-            return invalid(format!("records section holds more than records_count {count} records"));
-        }
-        if delta != n {
-            return invalid(format!("record {n} has offset delta {delta}"));
-        }
-        n += 1;
+        let body = r.take(len as usize)?;
+        walk_body(body)?;
+        let mut b = Reader::new(body);
+        b.take(1)?;
+        let timestamp_delta = b.varlong()?;
+        let offset_delta = b.varint()?;
+        let klen = b.varint()?;
+        let key = if klen < 0 { None } else { Some(b.take(klen as usize)?) };
+        let value_is_null = b.varint()? < 0;
+        out.push(RecordView { raw: &section[start..r.pos], offset_delta, timestamp_delta, key, value_is_null });
     }
-    if n != count {
-        return invalid(format!("records section holds {n} records, header says {count}"));
+    Ok(out)
+}
+
+/// The follower's check of an uncompressed section, which may come from a
+/// compacted log: exactly `count` records (zero allowed), offset deltas
+/// strictly increasing within 0..=last_offset_delta (gaps allowed).
+pub fn validate_section_compacted(section: &[u8], count: i32, last_offset_delta: i32) -> Result<()> {
+    let mut prev = -1;
+    let records = view_records(section)?;
+    for r in &records {
+        if r.offset_delta <= prev || r.offset_delta > last_offset_delta {
+            return invalid(format!("record offset delta {} after {prev} (last offset delta {last_offset_delta})", r.offset_delta));
+        }
+        prev = r.offset_delta;
+    }
+    if records.len() != count.max(0) as usize {
+        return invalid(format!("records section holds {} records, header says {count}", records.len()));
     }
     Ok(())
 }
@@ -321,6 +425,24 @@ mod tests {
             let mut s = Vec::new();
             for r in &recs { encode_record(&mut s, r); }
             prop_assert!(validate_section(&s, recs.len() as i32).is_ok());
+        }
+
+        #[test]
+        fn prop_walk_in_pieces_matches_whole(mut recs in proptest::collection::vec(arb_record(), 1..20), cut in 0usize..64, flip in any::<bool>()) {
+            for (i, r) in recs.iter_mut().enumerate() { r.offset_delta = i as i32; }
+            let mut s = Vec::new();
+            for r in &recs { encode_record(&mut s, r); }
+            if flip { let at = cut % s.len(); s[at] ^= 0x41; }
+            let whole = validate_section(&s, recs.len() as i32).is_ok();
+            let mut w = SectionWalk::new(recs.len() as i32);
+            let step = cut % 7 + 1;
+            let mut end = 0;
+            let mut ok = true;
+            while end < s.len() && ok {
+                end = (end + step).min(s.len());
+                ok = w.advance(&s[..end], end == s.len()).is_ok();
+            }
+            prop_assert_eq!(ok, whole);
         }
 
         #[test]

@@ -27,6 +27,7 @@ impl Log {
         }
         self.segments.values_mut().next_back().expect("a segment").truncate_to(offset)?;
         let leo = self.log_end_offset();
+        crate::cleaner::truncate_checkpoint(&self.dir, leo)?;
         self.recovery_point = self.recovery_point.min(leo);
         self.epochs.truncate_from_end(leo)?;
         // Cutting the whole batch that holds the log start takes the end below

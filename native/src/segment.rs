@@ -231,6 +231,29 @@ impl Segment {
         Ok((seg, 0))
     }
 
+    /// Opens a sealed segment whose indexes are rebuilt from the .log (a
+    /// segment the log cleaner swapped in).
+    pub fn open_rebuilt(dir: &Path, base: i64, index_bytes: usize, interval: u64) -> Result<Self> {
+        for p in [index_path(dir, base), time_index_path(dir, base)] {
+            let _ = fs::remove_file(p);
+        }
+        let (seg, _) = Segment::open(dir, base, index_bytes, interval, OpenMode::Sealed)?;
+        let (mut seg, _) = seg.rebuild(false)?;
+        seg.on_become_inactive()?;
+        Ok(seg)
+    }
+
+    /// Removes the .log and index files of the segment at `base`, if any.
+    pub fn delete_files_at(dir: &Path, base: i64) -> Result<()> {
+        for p in [log_path(dir, base), index_path(dir, base), time_index_path(dir, base)] {
+            match fs::remove_file(&p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// True if every offset-index entry is the position of a whole batch
     /// whose last offset is the entry's offset: one header pread per entry
     /// (the index is sparse), so a shifted position cannot misguide reads.
@@ -361,9 +384,16 @@ impl Segment {
     /// Writes `parts` (together whole batches at the given positions) with
     /// one pwritev(2) per 1024 parts, then indexes each batch.
     pub fn append(&mut self, parts: &[&[u8]], batches: &[(usize, BatchHeader)]) -> Result<()> {
+        write_all_vectored_at(&self.file, parts, self.size)?;
+        self.commit_written(parts.iter().map(|p| p.len() as u64).sum::<u64>(), batches)
+    }
+
+    /// Publishes `len` bytes already written after the current end (whole
+    /// batches at the given relative positions): size, indexes, counters.
+    /// Until then readers, bounded by `size`, do not see them.
+    pub fn commit_written(&mut self, len: u64, batches: &[(usize, BatchHeader)]) -> Result<()> {
         let start = self.size;
-        write_all_vectored_at(&self.file, parts, start)?;
-        self.size += parts.iter().map(|p| p.len() as u64).sum::<u64>();
+        self.size += len;
         for (pos, h) in batches {
             self.index_batch(start + *pos as u64, h)?;
         }

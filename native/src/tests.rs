@@ -361,6 +361,7 @@ const FILL_CFG: LogConfig = LogConfig {
     flush_messages: i64::MAX,
     flush_ms: i64::MAX,
     max_message_bytes: 1_048_588,
+    compact: false,
 };
 
 fn fill(dir: &Path, n: usize) -> (Vec<i64>, u64) {
@@ -819,4 +820,367 @@ fn counters_are_readable_while_the_lock_is_held() {
     log.close().unwrap();
     assert!(matches!(cell.log_end_offset(), Err(Error::Closed)));
     assert!(matches!(cell.size_bytes(), Err(Error::Closed)));
+}
+
+// ---------------------------------------------------------------- streamed leader append
+
+/// A big leader append (the streamed path) writes exactly what the
+/// validate-then-write path writes, batch heads rewritten.
+#[test]
+fn streamed_leader_append_matches_the_general_path() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cfg = LogConfig { index_interval_bytes: 4096, max_message_bytes: 1 << 21, ..Default::default() };
+    let (mut big, mut small) = (open(a.path(), cfg), open(b.path(), cfg));
+    // One 1.2 MiB batch (split in pieces) plus many small ones.
+    let mut data = batch_with(1200, T0, 1000);
+    for i in 0..300 {
+        data.extend(batch_with(3, T0 + i, 500));
+    }
+    assert!(data.len() > 1 << 20);
+    let info = big.append_as_leader(&data, 4, T0).unwrap();
+    for (pos, h) in batch::parse_batches(&data, true).unwrap() {
+        small.append_as_leader(&data[pos..pos + h.size_bytes()], 4, T0).unwrap();
+    }
+    assert_eq!((info.num_batches, info.first_offset, info.log_end_offset), (301, 0, 2100));
+    assert_eq!(big.log_end_offset(), small.log_end_offset());
+    let read = |l: &Log| slice_bytes(&l.read_slice(0, 1 << 30, None, true).unwrap());
+    assert_eq!(read(&big), read(&small));
+    assert_eq!(read_all(&big, 0), read_all(&small, 0));
+    assert_eq!(big.epochs().entries(), &[(4, 0)]);
+    // Indexes work: a read from the middle.
+    let s = big.read_slice(1500, 100, None, true).unwrap();
+    assert_eq!(s.start_offset, 1500);
+}
+
+/// Damage anywhere in a big append (CRC in the last batch, a record walk
+/// failure mid-batch, an oversize batch) leaves the log byte-identical.
+#[test]
+fn streamed_leader_append_rolls_back_on_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig { max_message_bytes: 1 << 21, ..Default::default() };
+    let mut log = open(dir.path(), cfg);
+    log.append_as_leader(&batch_with(2, T0, 10), 0, T0).unwrap();
+    let before = (log.log_end_offset(), log.size_bytes(), fs::read(active_log_path(dir.path())).unwrap());
+    let big = batch_with(1200, T0, 1000);
+    // CRC damage at the very end.
+    let mut bad_crc = [big.clone(), batch_with(3, T0, 10)].concat();
+    let n = bad_crc.len();
+    bad_crc[n - 2] ^= 1;
+    assert!(matches!(log.append_as_leader(&bad_crc, 0, T0), Err(Error::Corrupt(_))));
+    // A records section that contradicts its header (CRC valid): 1200 records said, 1199 there.
+    let mut section = Vec::new();
+    for i in 0..1199 {
+        encode_record(&mut section, &Record { offset_delta: i, timestamp_delta: 0, key: None, value: Some(vec![1; 1000]), headers: vec![] });
+    }
+    let mut spec = batch::tests::spec(0, 1200, T0);
+    spec.partition_leader_epoch = -1;
+    let short = batch::build_batch(&section, &spec).unwrap();
+    assert!(matches!(log.append_as_leader(&[big.clone(), short].concat(), 0, T0), Err(Error::Invalid(_))));
+    // Oversize.
+    let mut small_cfg = cfg;
+    small_cfg.max_message_bytes = 1 << 20;
+    log.update_config(small_cfg);
+    assert!(matches!(log.append_as_leader(&big, 0, T0), Err(Error::TooLarge(_))));
+    log.update_config(cfg);
+    let after = (log.log_end_offset(), log.size_bytes(), fs::read(active_log_path(dir.path())).unwrap());
+    assert!(before == after, "log changed by rejected appends");
+    assert_eq!(log.epochs().entries(), &[(0, 0)]);
+    // And the log still takes the same big append afterwards.
+    log.append_as_leader(&big, 1, T0).unwrap();
+    assert_eq!(log.log_end_offset(), 1202);
+    assert_eq!(read_all(&log, 0), vec![(0, 1), (2, 1201)]);
+}
+
+/// A big append that needs a roll takes the general path and still rolls.
+#[test]
+fn streamed_leader_append_falls_back_when_a_roll_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig { segment_bytes: 700_000, max_message_bytes: 1 << 21, ..Default::default() };
+    let mut log = open(dir.path(), cfg);
+    let data: Vec<u8> = (0..4).flat_map(|i| batch_with(300, T0 + i, 1000)).collect();
+    log.append_as_leader(&data, 0, T0).unwrap();
+    assert!(log.num_segments() >= 2);
+    assert_eq!(read_all(&log, 0).len(), 4);
+}
+
+// ---------------------------------------------------------------- log compaction
+
+use crate::cleaner::{self, CleanConfig};
+
+/// One batch of keyed records (None value = tombstone), compressed with `codec`.
+fn kv_batch(recs: &[(&str, Option<&str>)], ts: i64, codec: i16, producer_id: i64) -> Vec<u8> {
+    let mut section = Vec::new();
+    for (i, (k, v)) in recs.iter().enumerate() {
+        let r = Record {
+            offset_delta: i as i32,
+            timestamp_delta: i as i64,
+            key: Some(k.as_bytes().to_vec()),
+            value: v.map(|v| v.as_bytes().to_vec()),
+            headers: vec![],
+        };
+        encode_record(&mut section, &r);
+    }
+    let n = recs.len() as i32;
+    let spec = BatchSpec {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: codec,
+        last_offset_delta: n - 1,
+        base_timestamp: ts,
+        max_timestamp: ts + n as i64 - 1,
+        producer_id,
+        producer_epoch: if producer_id >= 0 { 0 } else { -1 },
+        base_sequence: if producer_id >= 0 { 0 } else { -1 },
+        records_count: n,
+    };
+    batch::build_batch(&crate::codec::compress(codec, &section).unwrap(), &spec).unwrap()
+}
+
+/// Every record of the log: (offset, key, value, timestamp).
+fn records_of(log: &Log) -> Vec<(i64, String, Option<String>, i64)> {
+    let mut out = Vec::new();
+    let mut at = log.log_start_offset();
+    while at < log.log_end_offset() {
+        let s = log.read_slice(at, 1 << 20, None, true).unwrap();
+        if s.length == 0 {
+            break;
+        }
+        let bytes = slice_bytes(&s);
+        for (pos, h) in batch::parse_batches(&bytes, true).unwrap() {
+            let section = crate::codec::decompress(h.compression(), &bytes[pos + 61..pos + h.size_bytes()]).unwrap();
+            for r in crate::records::decode_records(&section, h.records_count as usize).unwrap() {
+                let key = String::from_utf8(r.key.unwrap()).unwrap();
+                out.push((h.base_offset + r.offset_delta as i64, key, r.value.map(|v| String::from_utf8(v).unwrap()), h.base_timestamp + r.timestamp_delta));
+            }
+            at = h.next_offset();
+        }
+    }
+    out
+}
+
+fn clean_cfg(now_ms: i64) -> CleanConfig {
+    CleanConfig { now_ms, upper_bound_offset: i64::MAX, delete_retention_ms: 1000, min_compaction_lag_ms: 0, dedupe_buffer_size: 1 << 20 }
+}
+
+/// 30 updates of 3 keys in batches of 1, small segments: the log after
+/// cleaning holds each key's latest value at its original offset.
+fn compact_log(dir: &Path, codec: i16) -> Log {
+    let mut log = open(dir, LogConfig { segment_bytes: 400, ..Default::default() });
+    for i in 0..30 {
+        let k = format!("k{}", i % 3);
+        let v = format!("v{i}");
+        log.append_as_leader(&kv_batch(&[(&k, Some(&v))], T0 + i, codec, -1), 1, T0).unwrap();
+    }
+    log
+}
+
+#[test]
+fn cleaning_keeps_the_latest_value_per_key_at_its_offset() {
+    for codec in [0i16, 1, 2, 3, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = compact_log(dir.path(), codec);
+        let segs = log.num_segments();
+        assert!(segs > 3);
+        let before = log.cleanable(T0, i64::MAX, 0).unwrap();
+        assert_eq!(before.first_dirty_offset, 0);
+        assert!(before.dirty_ratio > 0.99);
+        let active_base = log.active().base_offset;
+        let stats = log.clean(clean_cfg(T0)).unwrap();
+        assert_eq!(stats.end_offset, active_base, "codec {codec}");
+        assert!(stats.records_retained <= 3 && stats.bytes_written < stats.bytes_read);
+        assert!(log.num_segments() <= segs);
+        let recs = records_of(&log);
+        // Below the active segment only the latest per key; the active segment untouched.
+        let cleaned: Vec<_> = recs.iter().filter(|r| r.0 < active_base).collect();
+        for r in &cleaned {
+            assert!(!recs.iter().any(|o| o.1 == r.1 && o.0 > r.0 && o.0 < active_base), "superseded {r:?} kept");
+        }
+        assert_eq!(recs.iter().filter(|r| r.0 >= active_base).count() as i64, 30 - active_base);
+        let last: Vec<_> = recs.iter().rev().take(3).map(|r| r.2.clone().unwrap()).collect();
+        assert_eq!(last, vec!["v29", "v28", "v27"]);
+        assert_eq!(log.log_end_offset(), 30);
+        assert_eq!(log.epochs().entries(), &[(1, 0)]);
+        // A read at an offset cleaning removed answers the next batch.
+        let gone = (0..active_base).find(|o| !recs.iter().any(|r| r.0 == *o)).unwrap();
+        let s = log.read_slice(gone, 1 << 20, None, true).unwrap();
+        assert!(s.start_offset > gone);
+        // A second cleaning with nothing new dirty leaves the log alone.
+        let again = log.cleanable(T0, i64::MAX, 0).unwrap();
+        assert_eq!(again.first_dirty_offset, active_base);
+        assert_eq!(again.dirty_bytes, 0);
+        // Reopen (clean and crash) keeps the cleaned log and its indexes.
+        log.close().unwrap();
+        drop(log);
+        let log = open(dir.path(), LogConfig { segment_bytes: 400, ..Default::default() });
+        assert_eq!(records_of(&log), recs);
+    }
+}
+
+#[test]
+fn tombstones_stay_until_the_delete_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig { segment_bytes: 300, ..Default::default() });
+    log.append_as_leader(&kv_batch(&[("a", Some("1")), ("b", Some("1"))], T0, 0, -1), 0, T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("a", None)], T0 + 5, 0, -1), 0, T0).unwrap();
+    for i in 0..6 {
+        log.append_as_leader(&kv_batch(&[("c", Some("x"))], T0 + 10 + i, 0, -1), 0, T0).unwrap();
+    }
+    log.roll(T0).unwrap();
+    let now = T0 + 100;
+    log.clean(clean_cfg(now)).unwrap();
+    let recs = records_of(&log);
+    assert!(recs.iter().any(|r| r.1 == "a" && r.2.is_none()), "tombstone kept before its horizon");
+    assert!(!recs.iter().any(|r| r.1 == "a" && r.2.is_some()));
+    // Timestamps survive the delete-horizon rewrite of the batch.
+    assert!(recs.iter().any(|r| r.1 == "a" && r.3 == T0 + 5));
+    let info = log.cleanable(now, i64::MAX, 0).unwrap();
+    assert_eq!(info.next_delete_horizon_ms, now + 1000);
+    // Before the horizon nothing changes; after it the tombstone goes.
+    log.clean(clean_cfg(now + 500)).unwrap();
+    assert!(records_of(&log).iter().any(|r| r.1 == "a"));
+    log.clean(clean_cfg(now + 1000)).unwrap();
+    let recs = records_of(&log);
+    assert!(!recs.iter().any(|r| r.1 == "a"));
+    assert!(recs.iter().any(|r| r.1 == "b"));
+    assert_eq!(log.cleanable(now + 1000, i64::MAX, 0).unwrap().next_delete_horizon_ms, -1);
+}
+
+#[test]
+fn cleaning_respects_upper_bound_and_min_lag() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = compact_log(dir.path(), 0);
+    let mut cfg = clean_cfg(T0);
+    cfg.upper_bound_offset = 0;
+    assert_eq!(log.clean(cfg).unwrap().end_offset, -1);
+    cfg.upper_bound_offset = i64::MAX;
+    cfg.min_compaction_lag_ms = 1_000_000;
+    assert_eq!(log.clean(cfg).unwrap().end_offset, -1);
+    assert_eq!(records_of(&log).len(), 30);
+}
+
+#[test]
+fn the_last_batch_of_a_producer_stays_as_an_empty_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig { segment_bytes: 200, ..Default::default() });
+    log.append_as_leader(&kv_batch(&[("a", Some("1"))], T0, 0, 7), 0, T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("a", Some("2"))], T0, 0, -1), 0, T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("b", Some("2"))], T0, 0, -1), 0, T0).unwrap();
+    log.roll(T0).unwrap();
+    log.clean(clean_cfg(T0)).unwrap();
+    let s = log.read_slice(0, 1 << 20, None, true).unwrap();
+    let hs = batch::parse_batches(&slice_bytes(&s), true).unwrap();
+    assert_eq!((hs[0].1.base_offset, hs[0].1.records_count, hs[0].1.producer_id), (0, 0, 7));
+    assert_eq!(records_of(&log).iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+}
+
+#[test]
+fn a_follower_replicates_a_compacted_log() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut leader = compact_log(a.path(), 1);
+    leader.clean(clean_cfg(T0)).unwrap();
+    let mut follower = open(b.path(), LogConfig::default());
+    let mut at = 0;
+    while at < leader.log_end_offset() {
+        let data = slice_bytes(&leader.read_slice(at, 300, None, true).unwrap());
+        let info = follower.append_as_follower(&data, T0).unwrap();
+        at = info.log_end_offset;
+    }
+    assert_eq!(records_of(&follower), records_of(&leader));
+    assert!(matches!(follower.append_as_follower(&slice_bytes(&leader.read_slice(0, 300, None, true).unwrap()), T0), Err(Error::Invalid(_))));
+}
+
+#[test]
+fn cleaning_aborts_when_the_log_changed_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = compact_log(dir.path(), 0);
+    let plan = log.clean_plan(clean_cfg(T0)).unwrap().unwrap();
+    let built = cleaner::build(&plan).unwrap();
+    log.truncate_to(5, T0).unwrap();
+    let stats = log.clean_swap(&plan, built).unwrap();
+    assert_eq!(stats.end_offset, -1);
+    assert_eq!(records_of(&log).len(), 5);
+    assert!(!fs::read_dir(dir.path()).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".cleaned")));
+}
+
+/// A crash after the .cleaned file was written discards it; a crash after
+/// the .swap rename (the commit) completes the swap on open.
+#[test]
+fn crash_recovery_discards_or_completes_a_swap() {
+    let cfg = LogConfig { segment_bytes: 400, ..Default::default() };
+    for commit in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = compact_log(dir.path(), 0);
+        let before = records_of(&log);
+        let plan = log.clean_plan(clean_cfg(T0)).unwrap().unwrap();
+        let _built = cleaner::build(&plan).unwrap();
+        drop(log); // a crash: no close, no swap
+        let cleaned: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".cleaned")).collect();
+        assert!(!cleaned.is_empty());
+        if commit {
+            for (base, end) in _built.swap_targets() {
+                let from = dir.path().join(format!("{base:020}.log.cleaned"));
+                fs::rename(from, dir.path().join(format!("{base:020}.{end:020}.swap"))).unwrap();
+            }
+        }
+        let log = open(dir.path(), cfg);
+        let after = records_of(&log);
+        let names: Vec<String> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(!names.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".swap")), "{names:?}");
+        if commit {
+            assert!(after.len() < before.len());
+            // Every key's latest value is still there, at its offset.
+            for k in ["k0", "k1", "k2"] {
+                assert_eq!(after.iter().rev().find(|r| r.1 == k), before.iter().rev().find(|r| r.1 == k));
+            }
+            // Offsets only increase.
+            assert!(after.windows(2).all(|w| w[0].0 < w[1].0));
+        } else {
+            assert_eq!(after, before);
+        }
+    }
+}
+
+/// A compacted topic's leader refuses keyless records (Kafka's LogValidator),
+/// on both append paths; a follower and a non-compacted log take them.
+#[test]
+fn compacted_log_leader_rejects_keyless_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig { compact: true, max_message_bytes: 1 << 21, ..Default::default() });
+    let keyless = |n: i32, len: usize| {
+        let mut section = Vec::new();
+        for i in 0..n {
+            encode_record(&mut section, &Record { offset_delta: i, timestamp_delta: 0, key: if i == n - 1 { None } else { Some(b"k".to_vec()) }, value: Some(vec![0; len]), headers: vec![] });
+        }
+        batch::build_batch(&section, &batch::tests::spec(0, n, T0)).unwrap()
+    };
+    assert!(matches!(log.append_as_leader(&keyless(3, 10), 0, T0), Err(Error::Invalid(_))));
+    assert!(matches!(log.append_as_leader(&keyless(700, 1000), 0, T0), Err(Error::Invalid(_)))); // streamed path
+    assert_eq!((log.log_end_offset(), log.size_bytes()), (0, 0));
+    log.append_as_leader(&kv_batch(&[("a", Some("1"))], T0, 0, -1), 0, T0).unwrap();
+    log.append_as_follower(&{ let mut b = keyless(1, 1); batch::rewrite_offset_and_epoch(&mut b, 0, 1, 0); b }, T0).unwrap();
+    let plain_dir = tempfile::tempdir().unwrap();
+    let mut plain = open(plain_dir.path(), LogConfig::default());
+    plain.append_as_leader(&keyless(3, 10), 0, T0).unwrap();
+}
+
+/// A truncation below the cleaner checkpoint lowers it: what is appended
+/// again above the truncation point is dirty and gets compacted.
+#[test]
+fn truncation_lowers_the_cleaner_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = compact_log(dir.path(), 0);
+    let end = log.clean(clean_cfg(T0)).unwrap().end_offset;
+    assert!(end > 10);
+    log.truncate_to(10, T0).unwrap();
+    let leo = log.log_end_offset();
+    assert!(leo <= 10);
+    assert_eq!(log.cleanable(T0, i64::MAX, 0).unwrap().first_dirty_offset, leo);
+    for i in 0..10 {
+        log.append_as_leader(&kv_batch(&[("k0", Some(&format!("again{i}")))], T0, 0, -1), 1, T0).unwrap();
+    }
+    log.roll(T0).unwrap();
+    log.clean(clean_cfg(T0)).unwrap();
+    let k0: Vec<_> = records_of(&log).into_iter().filter(|r| r.1 == "k0").collect();
+    assert_eq!(k0.len(), 1);
+    assert_eq!(k0[0].2.as_deref(), Some("again9"));
 }

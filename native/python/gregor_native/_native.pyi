@@ -17,7 +17,8 @@ class CorruptRecordError(NativeError):
 
 class InvalidRecordError(NativeError):
     """A batch is well formed but not acceptable: wrong magic (not 2), records_count
-    inconsistent with lastOffsetDelta, follower batch offsets going backwards.
+    inconsistent with lastOffsetDelta, follower batch offsets going backwards
+    (a follower accepts gaps, as a compacted leader log has them).
     Maps to INVALID_RECORD."""
 
 class RecordTooLargeError(NativeError):
@@ -139,6 +140,7 @@ class LogConfig:
     flush_messages: int  # flush.messages, default 9223372036854775807
     flush_ms: int  # flush.ms, default 9223372036854775807
     max_message_bytes: int  # max.message.bytes, default 1048588
+    compact: bool  # cleanup.policy includes compact: leader appends reject keyless records
     def __init__(
         self,
         *,
@@ -151,6 +153,7 @@ class LogConfig:
         flush_messages: int = 9223372036854775807,
         flush_ms: int = 9223372036854775807,
         max_message_bytes: int = 1048588,
+        compact: bool = False,
     ) -> None: ...
 
 @final
@@ -176,6 +179,31 @@ class SegmentInfo:
     log_path: str
     offset_index_entries: int
     time_index_entries: int
+
+@final
+class CleanableInfo:
+    """How dirty a log is, for the log cleaner (Kafka's LogToClean)."""
+
+    first_dirty_offset: int  # the cleaner checkpoint (or log_start_offset)
+    first_uncleanable_offset: int  # min(active segment base, upper bound, min.compaction.lag.ms limit)
+    clean_bytes: int
+    dirty_bytes: int
+    dirty_ratio: float  # dirty / (clean + dirty), 0.0 when both are 0
+    first_dirty_timestamp: int  # of the first dirty batch, -1 if none (max.compaction.lag.ms)
+    next_delete_horizon_ms: int  # earliest delete horizon of a kept tombstone, -1 if none
+
+@final
+class CleanStats:
+    """What one Log.clean did; end_offset is -1 when nothing was cleaned."""
+
+    bytes_read: int
+    bytes_written: int
+    records_read: int
+    records_retained: int
+    tombstones_removed: int
+    segments_before: int
+    segments_after: int
+    end_offset: int  # the new cleaner checkpoint
 
 @final
 class FileSlice:
@@ -288,6 +316,21 @@ class Log:
         segment is rolled for expiry only if log_end_offset <= the bound.
         Advances log_start_offset and trims the epoch cache.
         Returns the number of segments deleted."""
+    def cleanable(self, now_ms: Optional[int] = None, *, upper_bound_offset: Optional[int] = None,
+                  min_compaction_lag_ms: int = 0) -> CleanableInfo:
+        """The log cleaner's view: cleaner checkpoint, first uncleanable offset
+        (never the active segment, nothing at or above upper_bound_offset, no
+        segment with a timestamp newer than now - min_compaction_lag_ms), and
+        the dirty ratio of Kafka's min.cleanable.dirty.ratio."""
+    def clean(self, now_ms: Optional[int] = None, *, upper_bound_offset: Optional[int] = None,
+              delete_retention_ms: int = 86400000, min_compaction_lag_ms: int = 0,
+              dedupe_buffer_size: int = 134217728) -> CleanStats:
+        """Log compaction: keep the latest record per key below the first
+        uncleanable offset (offsets kept, gaps allowed), tombstones until
+        delete_retention_ms after their first cleaning, the active segment
+        untouched; cleaned segments are swapped in atomically (.cleaned/.swap,
+        finished or discarded on open). Holds the log lock only for the
+        snapshot and the swap. Raises CorruptRecordError on a damaged segment."""
     def maybe_increment_log_start_offset(self, offset: int) -> bool: ...
     def maybe_flush(self, now_ms: Optional[int] = None) -> bool:
         """Apply flush.ms: fsync if the last flush is older than flush.ms."""

@@ -1,7 +1,8 @@
 """LogManager: opens, owns and maintains every partition log under log.dirs.
 
 Directories are `<log.dir>/<topic>-<partition>` as in Kafka. Retention and
-flush run as periodic tasks on the event loop; the native calls release the
+flush run as periodic tasks on the event loop; log compaction (LogCleaner, below) runs on
+its own threads; the native calls release the
 GIL and run in worker threads so produce and fetch keep flowing.
 Concurrency: event-loop owned; the native Log objects lock internally.
 """
@@ -12,14 +13,30 @@ import asyncio
 import logging
 import os
 import shutil
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import gregor_native as native
+from prometheus_client import Counter, Gauge
 
-from gregor.common.config import BrokerConfig, log_config_kwargs
+from gregor.common.config import BrokerConfig, is_compacted, log_config_kwargs
 from gregor.common.clock import now_ms
 
 log = logging.getLogger(__name__)
+
+# Kafka's kafka.log:type=LogCleaner / LogCleanerManager metrics.
+CLEANER_MAX_DIRTY_PERCENT = Gauge("gregor_log_cleaner_max_dirty_percent",
+                                  "Highest dirty ratio (percent) of a compacted log at the last check")
+CLEANER_CLEANED_BYTES = Counter("gregor_log_cleaner_cleaned_bytes_total", "Bytes of segments read and rewritten by cleaning")
+CLEANER_WRITTEN_BYTES = Counter("gregor_log_cleaner_written_bytes_total", "Bytes written into cleaned segments")
+CLEANER_RECOPY_PERCENT = Gauge("gregor_log_cleaner_recopy_percent", "Written / read bytes of the last cleaning, percent")
+CLEANER_RUNS = Counter("gregor_log_cleaner_runs_total", "Cleanings that swapped cleaned segments in")
+CLEANER_ERRORS = Counter("gregor_log_cleaner_errors_total", "Cleanings that failed (the log is retried after backoff)")
+CLEANER_MAX_CLEAN_TIME = Gauge("gregor_log_cleaner_max_clean_time_secs", "Longest single cleaning so far, seconds")
+CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_ms",
+                                    "Milliseconds since a cleaner thread last finished a pass over the logs")
 
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
@@ -33,7 +50,9 @@ class LogManager:
         # Retention never deletes at or above a partition's high watermark (Kafka's
         # upperBoundOffset); the ReplicaManager, which owns the HW, installs this.
         self.retention_upper_bound: Callable[[tuple[str, int]], int | None] = lambda _key: None
+        self.topic_configs: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.cleaner = LogCleaner(self)
 
     def _dir_for(self, topic: str, partition: int) -> str:
         # Place new logs on the log dir with the fewest partitions, as Kafka does.
@@ -46,6 +65,7 @@ class LogManager:
 
     def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any]) -> native.Log:
         key = (topic, partition)
+        self.topic_configs[topic] = dict(topic_configs)
         existing = self.logs.get(key)
         if existing is not None:
             return existing
@@ -59,6 +79,7 @@ class LogManager:
 
     def update_config(self, topic: str, topic_configs: dict[str, Any]) -> None:
         cfg = native.LogConfig(**log_config_kwargs(topic_configs))
+        self.topic_configs[topic] = dict(topic_configs)
         for (t, _p), lg in self.logs.items():
             if t == topic:
                 lg.update_config(cfg)
@@ -78,6 +99,8 @@ class LogManager:
         # flush.ms is per topic; check at least once a second whether any log is due.
         self._tasks.append(loop.create_task(self._every(min(1000, self.config.log_flush_scheduler_interval_ms),
                                                         self.flush_dirty_logs), name="log-flusher"))
+        if self.config.log_cleaner_enable:
+            self.cleaner.start()
 
     async def _every(self, interval_ms: int, job: Any) -> None:
         while True:
@@ -100,6 +123,7 @@ class LogManager:
             await asyncio.to_thread(lg.maybe_flush, now_ms())
 
     def close(self) -> None:
+        self.cleaner.stop()
         for task in self._tasks:
             task.cancel()
         for lg in self.logs.values():
@@ -108,3 +132,134 @@ class LogManager:
             except Exception:
                 log.exception("closing %s", lg.dir)
         self.logs.clear()
+
+
+@dataclass
+class _Candidate:
+    key: tuple[str, int]
+    log: native.Log
+    configs: dict[str, Any]
+    info: native.CleanableInfo
+
+
+class LogCleaner:
+    """Kafka's LogCleaner (seed 003, log compaction): log.cleaner.threads background threads
+    that pick the "filthiest" log with cleanup.policy=compact, i.e. the highest dirty ratio
+    at or above min.cleanable.dirty.ratio, or any log whose first dirty record is older than
+    max.compaction.lag.ms or whose kept tombstones passed their delete horizon, and call the
+    native Log.clean on it. The offset map and the segment rewrite run in Rust with the GIL
+    released and the log lock held only for the snapshot and the swap, so produce and fetch
+    keep flowing. A log is cleaned by one thread at a time; nothing at or above the high
+    watermark (the LogManager's retention_upper_bound) is cleaned. Sleeps
+    log.cleaner.backoff.ms when no log needs cleaning.
+    """
+
+    def __init__(self, manager: LogManager) -> None:
+        self.manager = manager
+        self.config = manager.config
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._in_progress: set[tuple[str, int]] = set()
+        self._threads: list[threading.Thread] = []
+        self.last_run_monotonic = time.monotonic()
+        self.runs = 0
+        self.max_clean_time_s = 0.0
+        CLEANER_TIME_SINCE_LAST_RUN.set_function(lambda: (time.monotonic() - self.last_run_monotonic) * 1000.0)
+
+    def start(self) -> None:
+        for i in range(max(1, self.config.log_cleaner_threads)):
+            t = threading.Thread(target=self._run, name=f"log-cleaner-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops the threads; a cleaning in progress finishes (or its swap is undone on open)."""
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout_s)
+        self._threads.clear()
+
+    def wakeup(self) -> None:
+        """Check the logs now instead of after the backoff (tests, config changes)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                cleaned = self.clean_filthiest()
+            except Exception:  # keep the thread alive; the log is retried after the backoff
+                log.exception("log cleaner pass failed")
+                cleaned = False
+            self.last_run_monotonic = time.monotonic()
+            if not cleaned:
+                self._wake.wait(self.config.log_cleaner_backoff_ms / 1000.0)
+                self._wake.clear()
+
+    def _candidates(self, now: int) -> list[_Candidate]:
+        out: list[_Candidate] = []
+        max_dirty = 0.0
+        for key, lg in list(self.manager.logs.items()):
+            configs = self.manager.topic_configs.get(key[0])
+            if configs is None or not is_compacted(configs):
+                continue
+            try:
+                info = lg.cleanable(now, upper_bound_offset=self.manager.retention_upper_bound(key),
+                                    min_compaction_lag_ms=int(configs["min.compaction.lag.ms"]))
+            except native.LogClosedError:
+                continue
+            max_dirty = max(max_dirty, info.dirty_ratio)
+            due_by_ratio = info.dirty_bytes > 0 and info.dirty_ratio >= float(configs["min.cleanable.dirty.ratio"])
+            due_by_lag = (info.dirty_bytes > 0 and info.first_dirty_timestamp >= 0
+                          and now - info.first_dirty_timestamp > int(configs["max.compaction.lag.ms"]))
+            due_by_horizon = 0 <= info.next_delete_horizon_ms <= now
+            if due_by_ratio or due_by_lag or due_by_horizon:
+                out.append(_Candidate(key, lg, configs, info))
+        CLEANER_MAX_DIRTY_PERCENT.set(100.0 * max_dirty)
+        return out
+
+    def clean_filthiest(self) -> bool:
+        """One pass: clean the dirtiest log that is due and not being cleaned; True if one was."""
+        now = now_ms()
+        with self._lock:
+            candidates = [c for c in self._candidates(now) if c.key not in self._in_progress]
+            if not candidates:
+                return False
+            chosen = max(candidates, key=lambda c: c.info.dirty_ratio)
+            self._in_progress.add(chosen.key)
+        try:
+            return self._clean(chosen, now)
+        finally:
+            with self._lock:
+                self._in_progress.discard(chosen.key)
+
+    def _clean(self, c: _Candidate, now: int) -> bool:
+        threads = max(1, self.config.log_cleaner_threads)
+        started = time.monotonic()
+        try:
+            stats = c.log.clean(now, upper_bound_offset=self.manager.retention_upper_bound(c.key),
+                                delete_retention_ms=int(c.configs["delete.retention.ms"]),
+                                min_compaction_lag_ms=int(c.configs["min.compaction.lag.ms"]),
+                                dedupe_buffer_size=self.config.log_cleaner_dedupe_buffer_size // threads)
+        except native.LogClosedError:
+            return False
+        except Exception:
+            CLEANER_ERRORS.inc()
+            log.exception("cleaning %s-%d failed", *c.key)
+            return False
+        elapsed = time.monotonic() - started
+        if stats.end_offset < 0:
+            return False
+        self.runs += 1
+        CLEANER_RUNS.inc()
+        CLEANER_CLEANED_BYTES.inc(stats.bytes_read)
+        CLEANER_WRITTEN_BYTES.inc(stats.bytes_written)
+        CLEANER_RECOPY_PERCENT.set(100.0 * stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0)
+        if elapsed > self.max_clean_time_s:
+            self.max_clean_time_s = elapsed
+            CLEANER_MAX_CLEAN_TIME.set(elapsed)
+        log.info("cleaned %s-%d up to offset %d in %.3fs: %d -> %d bytes, %d of %d records kept, %d tombstones removed",
+                 c.key[0], c.key[1], stats.end_offset, elapsed, stats.bytes_read, stats.bytes_written,
+                 stats.records_retained, stats.records_read, stats.tombstones_removed)
+        return True

@@ -62,13 +62,27 @@ def _unlimited_or_nonneg(v: int) -> bool:
     return v >= -1
 
 
+# cleanup.policy values (Kafka's is a list; both orders of the pair are accepted).
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete", "delete,compact")
+
+
+def is_compacted(topic_configs: Mapping[str, Any]) -> bool:
+    """cleanup.policy includes compact: the log cleaner owns this log."""
+    return "compact" in str(topic_configs.get("cleanup.policy", "delete")).split(",")
+
+
+def is_retained_by_deletion(topic_configs: Mapping[str, Any]) -> bool:
+    """cleanup.policy includes delete: retention.ms / retention.bytes apply."""
+    return "delete" in str(topic_configs.get("cleanup.policy", "delete")).split(",")
+
+
 # Topic-level configs (kafka-topics --config), Kafka's defaults.
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in [
         ConfigDef("cleanup.policy", str, "delete",
-                  "delete only for now: log compaction (compact, compact,delete) arrives with the clients issue",
-                  choices=("delete",)),
+                  "delete (retention), compact (log compaction) or both",
+                  choices=CLEANUP_POLICIES),
         ConfigDef("compression.type", str, "producer",
                   "producer only for now (the broker keeps the producer's codec): broker-side recompression "
                   "(uncompressed, gzip, snappy, lz4, zstd) arrives with the clients issue",
@@ -80,6 +94,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("max.message.bytes", int, 1048588, "largest record batch accepted", _pos),
         ConfigDef("message.timestamp.type", str, "CreateTime", "CreateTime only for now", choices=("CreateTime",)),
         ConfigDef("min.cleanable.dirty.ratio", float, 0.5, "between 0 and 1", lambda v: 0 <= v <= 1),
+        ConfigDef("max.compaction.lag.ms", int, LONG_MAX, "must be >= 1", _pos),
         ConfigDef("min.compaction.lag.ms", int, 0, "must be >= 0", _nonneg),
         ConfigDef("min.insync.replicas", int, 1, "acks=all needs this many in-sync replicas", _pos),
         ConfigDef("retention.bytes", int, -1, "-1 for unlimited, else >= 0", _unlimited_or_nonneg),
@@ -101,6 +116,8 @@ BROKER_TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.index.interval.bytes": "index.interval.bytes",
     "message.max.bytes": "max.message.bytes",
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
     "min.insync.replicas": "min.insync.replicas",
     "log.retention.bytes": "retention.bytes",
     "log.segment.bytes": "segment.bytes",
@@ -148,7 +165,15 @@ class BrokerConfig:
     auto_create_topics_enable: bool = False  # deliberate deviation: explicit topics only
     log_retention_check_interval_ms: int = 300000  # log.retention.check.interval.ms
     log_flush_scheduler_interval_ms: int = LONG_MAX  # log.flush.scheduler.interval.ms
+    log_cleaner_enable: bool = True  # log.cleaner.enable: compact topics with cleanup.policy=compact
+    log_cleaner_threads: int = 1  # log.cleaner.threads
+    log_cleaner_backoff_ms: int = 15000  # log.cleaner.backoff.ms: sleep when no log needs cleaning
+    log_cleaner_dedupe_buffer_size: int = 134217728  # log.cleaner.dedupe.buffer.size (all threads together)
     replica_lag_time_max_ms: int = 30000  # replica.lag.time.max.ms
+    controlled_shutdown_enable: bool = True  # controlled.shutdown.enable: move leadership away before stopping
+    controlled_shutdown_max_retries: int = 3  # controlled.shutdown.max.retries
+    controlled_shutdown_retry_backoff_ms: int = 5000  # controlled.shutdown.retry.backoff.ms
+    producer_id_expiration_ms: int = 86400000  # producer.id.expiration.ms: idle producers' state is dropped
     socket_request_max_bytes: int = 104857600  # socket.request.max.bytes: largest gRPC message
     fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
@@ -217,17 +242,19 @@ _TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
 _TIME_UNIT_KEYS = frozenset(key for keys in _TIME_PRECEDENCE.values() for key, _ in keys)
 
 
-def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, int]:
+def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, Any]:
     """The native LogConfig arguments for a topic's effective configs."""
     c = topic_configs
+    deletes = is_retained_by_deletion(c)  # compact alone: no time or size retention (Kafka)
     return {
         "segment_bytes": int(c["segment.bytes"]),
         "segment_ms": int(c["segment.ms"]),
         "segment_index_bytes": int(c["segment.index.bytes"]),
         "index_interval_bytes": int(c["index.interval.bytes"]),
-        "retention_bytes": int(c["retention.bytes"]),
-        "retention_ms": int(c["retention.ms"]),
+        "retention_bytes": int(c["retention.bytes"]) if deletes else -1,
+        "retention_ms": int(c["retention.ms"]) if deletes else -1,
         "flush_messages": int(c["flush.messages"]),
         "flush_ms": int(c["flush.ms"]),
         "max_message_bytes": int(c["max.message.bytes"]),
+        "compact": is_compacted(c),  # leader appends then refuse keyless records (INVALID_RECORD)
     }

@@ -70,8 +70,7 @@ def test_bad_broker_values_raise_invalid_config_not_value_error(props: dict[str,
     assert info.value.code == errors.Code.INVALID_CONFIG
 
 
-@pytest.mark.parametrize("raw", [{"cleanup.policy": "compact"}, {"cleanup.policy": "compact,delete"},
-                                 {"compression.type": "gzip"}, {"compression.type": "uncompressed"},
+@pytest.mark.parametrize("raw", [{"compression.type": "gzip"}, {"compression.type": "uncompressed"},
                                  {"compression.type": "none"}])
 def test_unimplemented_topic_configs_are_rejected(raw: dict[str, str]) -> None:
     with pytest.raises(errors.GregorError) as info:

@@ -477,12 +477,21 @@ def test_append_as_follower_keeps_offsets_and_epochs(tmp_path: Path) -> None:
     log.close()
 
 
+def test_append_as_follower_accepts_a_gap_after_the_log_end(tmp_path: Path) -> None:
+    """A compacted leader log has gaps: Kafka's follower only rejects offsets below its log end."""
+    log = open_log(tmp_path)
+    log.append_as_follower(make_batch([b"x"] * 6, base_offset=0, epoch=1))
+    info = log.append_as_follower(make_batch([b"y"], base_offset=9, epoch=1))
+    assert (info.first_offset, log.log_end_offset) == (9, 10)
+    assert log.read(7, 10_000)[:8] == (9).to_bytes(8, "big")
+    log.close()
+
+
 @pytest.mark.parametrize("bad", [
-    [(7, 1)],  # gap after log_end_offset 6
     [(5, 1)],  # overlaps the log
     [(6, 2), (7, 1)],  # goes backwards inside the append
 ])
-def test_append_as_follower_rejects_gap_and_backwards(tmp_path: Path, bad: list[tuple[int, int]]) -> None:
+def test_append_as_follower_rejects_backwards(tmp_path: Path, bad: list[tuple[int, int]]) -> None:
     log = open_log(tmp_path)
     log.append_as_follower(make_batch([b"x"] * 6, base_offset=0, epoch=1))
     log.flush()

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way
 REGISTER_WAIT_S = 10.0  # a control request waits this long for our own registration to finish
+CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S = 30.0  # one ControlledShutdown attempt (Kafka: request.timeout.ms)
 CONTROLLER_KEY = "controller"  # written by the controller's election (gregor.controller.elector)
 
 
@@ -117,6 +118,49 @@ class ClusterMembership:
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._spawn_register()
+
+    # -- controlled shutdown (Kafka's KafkaServer.controlledShutdown) ---------------
+
+    async def controlled_shutdown(self, max_retries: int, retry_backoff_ms: int,
+                                  sleep: Callable[[float], Any] = asyncio.sleep) -> bool:
+        """Ask the active controller to move our leaderships away; True once it reports none left.
+
+        Up to `max_retries` attempts (controlled.shutdown.max.retries): each sends
+        ControlledShutdown(broker id, broker epoch) to the controller read from etcd;
+        an error, an unreachable controller or partitions still led means another
+        attempt after `retry_backoff_ms` (controlled.shutdown.retry.backoff.ms).
+        False when the attempts are exhausted: the broker then stops anyway
+        ("unclean" shutdown in Kafka's log), and the controller's broker-failure path
+        moves what is left once the registration goes.
+        """
+        from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+
+        for attempt in range(1, max_retries + 1):
+            try:
+                controller_id, ch = await self.controller_channel()
+                resp = await controller_pb2_grpc.ControllerServiceStub(ch).ControlledShutdown(
+                    controller_pb2.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch),
+                    timeout=CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S)
+                if resp.HasField("error") and resp.error.code != errors.Code.NONE:
+                    raise errors.from_detail(resp.error)
+                remaining = [f"{tp.topic}-{tp.partition}" for tp in resp.remaining_partitions]
+                if not remaining:
+                    log.info("broker %d: controlled shutdown succeeded (controller %d, attempt %d)",
+                             self.broker_id, controller_id, attempt)
+                    return True
+                log.warning("broker %d: controlled shutdown attempt %d: still leading %d partitions: %s",
+                            self.broker_id, attempt, len(remaining), ", ".join(remaining[:20]))
+            except grpc.RpcError as exc:
+                log.warning("broker %d: controlled shutdown attempt %d failed: %s", self.broker_id, attempt,
+                            errors.from_rpc_error(exc))
+            except (errors.GregorError, EtcdError, OSError) as exc:
+                log.warning("broker %d: controlled shutdown attempt %d failed: %s", self.broker_id, attempt, exc)
+            if attempt < max_retries:
+                log.info("broker %d: retrying controlled shutdown in %d ms", self.broker_id, retry_backoff_ms)
+                await sleep(retry_backoff_ms / 1000)
+        log.warning("broker %d: proceeding to do an unclean shutdown as all the controlled shutdown attempts failed",
+                    self.broker_id)
+        return False
 
     # -- the active controller ----------------------------------------------------
 

@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from gregor.controller.controller import LEASE_TTL_MS_DEFAULT
+from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
+                                         LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
+                                         LeaderBalanceConfig)
 
 log = logging.getLogger("gregor.controller")
 
@@ -28,6 +30,7 @@ class ControllerArgs:
     ready_file: str | None
     lease_ttl_ms: int
     delete_topic_enable: bool = True
+    leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
 
 
 def parse_args(argv: list[str]) -> ControllerArgs:
@@ -43,14 +46,31 @@ def parse_args(argv: list[str]) -> ControllerArgs:
                     help="etcd lease TTL (rounded up to whole seconds): a dead controller is replaced within it")
     ap.add_argument("--delete-topic-enable", choices=("true", "false"), default="true",
                     help="delete.topic.enable: whether DeleteTopics deletes (Kafka's default: true)")
+    ap.add_argument("--auto-leader-rebalance-enable", choices=("true", "false"),
+                    default=str(AUTO_LEADER_REBALANCE_ENABLE_DEFAULT).lower(),
+                    help="auto.leader.rebalance.enable: periodically move leadership back to preferred replicas")
+    ap.add_argument("--leader-imbalance-per-broker-percentage", type=int,
+                    default=LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT,
+                    help="leader.imbalance.per.broker.percentage: rebalance a broker above this share of "
+                         "partitions it should lead but does not")
+    ap.add_argument("--leader-imbalance-check-interval-seconds", type=float,
+                    default=LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
+                    help="leader.imbalance.check.interval.seconds: how often the imbalance is checked")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     if a.lease_ttl_ms <= 0:
         ap.error("--lease-ttl-ms must be positive")
+    if not 0 <= a.leader_imbalance_per_broker_percentage <= 100:
+        ap.error("--leader-imbalance-per-broker-percentage must be between 0 and 100")
+    if a.leader_imbalance_check_interval_seconds <= 0:
+        ap.error("--leader-imbalance-check-interval-seconds must be positive")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
-                          a.lease_ttl_ms, a.delete_topic_enable == "true")
+                          a.lease_ttl_ms, a.delete_topic_enable == "true",
+                          LeaderBalanceConfig(a.auto_leader_rebalance_enable == "true",
+                                              a.leader_imbalance_per_broker_percentage,
+                                              a.leader_imbalance_check_interval_seconds))
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -75,7 +95,7 @@ async def run(args: ControllerArgs) -> int:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
     controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
-                            delete_topic_enable=args.delete_topic_enable)
+                            delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
     controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])

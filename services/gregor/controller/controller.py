@@ -21,9 +21,13 @@ from gregor.controller.channel_manager import ControllerChannelManager
 from gregor.controller.election import OfflineElection
 from gregor.controller.elector import NO_CONTROLLER, ControllerMovedError
 from gregor.controller.event_manager import ControllerEventManager
+from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, ElectionType,
+                                              check_and_trigger_auto_leader_rebalance, do_controlled_shutdown,
+                                              partitions_still_led, process_replica_leader_election)
 from gregor.controller.membership import compute_broker_changes, on_controller_failover, process_broker_change
-from gregor.controller.requests import ControllerActions
-from gregor.controller.state import ControllerContext, ControllerState, TopicPartition
+from gregor.controller.requests import (ControllerActions, ControlRequestBatch, PartitionStateConflict,
+                                        PartitionStateWrite, perform_partition_state_writes)
+from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
 from gregor.controller.topics import on_topic_deletion, process_partition_modifications, process_topic_change
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,21 @@ LEASE_TTL_MS_DEFAULT = 10_000  # a SIGKILLed controller is replaced within this
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
 PRODUCER_ID_BLOCK_KEY = "latest_producer_id_block"
 ISR_CHANGE_NOTIFICATIONS = "isr_change_notification/"
+# auto.leader.rebalance.enable, leader.imbalance.per.broker.percentage, leader.imbalance.check.interval.seconds
+AUTO_LEADER_REBALANCE_ENABLE_DEFAULT = True
+LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT = 10
+LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT = 300.0
+# Kafka schedules the first AutoPreferredReplicaLeaderElection 5 s after failover.
+FIRST_AUTO_LEADER_REBALANCE_DELAY_S = 5.0
+
+
+@dataclass(frozen=True)
+class LeaderBalanceConfig:
+    """The auto-rebalance settings, Kafka's names and defaults."""
+
+    auto_leader_rebalance_enable: bool = AUTO_LEADER_REBALANCE_ENABLE_DEFAULT
+    leader_imbalance_per_broker_percentage: int = LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT
+    leader_imbalance_check_interval_seconds: float = LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT
 
 
 class ControllerMetrics:
@@ -62,6 +81,21 @@ class ControllerMetrics:
         self.unclean_elections = Counter("gregor_controller_unclean_leader_elections_total",
                                          "Leaders elected from outside the ISR (Kafka's UncleanLeaderElectionsPerSec).",
                                          registry=registry)
+        self.preferred_elections = Counter(
+            "gregor_controller_preferred_replica_elections_total",
+            "Partitions whose preferred replica was elected leader, by trigger: auto "
+            "(auto.leader.rebalance.enable) or admin (ElectLeaders).", ["trigger"], registry=registry)
+        self.controlled_shutdowns = Counter(
+            "gregor_controller_controlled_shutdowns_total",
+            "ControlledShutdown requests handled, by result: done (the broker leads nothing movable), "
+            "remaining (partitions left, the broker retries) or error.", ["result"], registry=registry)
+        self.shutting_down_brokers = Gauge("gregor_controller_shutting_down_brokers",
+                                           "Brokers in controlled shutdown (Kafka's shuttingDownBrokerIds).",
+                                           registry=registry)
+        self.partition_state_write_retries = Counter(
+            "gregor_controller_partition_state_write_retries_total",
+            "Partition-state writes re-run after losing their compare to a leader's ISR change "
+            "(Kafka's updateLeaderAndIsr retry).", registry=registry)
 
     def update_partition_gauges(self, ctx: ControllerContext) -> None:
         """Recompute the gauges from the context; called after every applied event and on resignation."""
@@ -69,6 +103,7 @@ class ControllerMetrics:
         self.topics.set(len(ctx.all_topics))
         self.partitions.set(sum(len(p) for p in ctx.partition_assignments.values()))
         self.preferred_replica_imbalance.set(preferred_replica_imbalance_count(ctx))
+        self.shutting_down_brokers.set(len(ctx.shutting_down_broker_ids))
 
 
 def preferred_replica_imbalance_count(ctx: ControllerContext) -> int:
@@ -116,11 +151,13 @@ class Controller:
     """
 
     def __init__(self, controller_id: int, etcd: EtcdClient, lease_ttl_ms: int = LEASE_TTL_MS_DEFAULT,
-                 registry: CollectorRegistry = REGISTRY, endpoint: str = "", delete_topic_enable: bool = True) -> None:
+                 registry: CollectorRegistry = REGISTRY, endpoint: str = "", delete_topic_enable: bool = True,
+                 leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()) -> None:
         self.controller_id = controller_id
         self.etcd = etcd
         self.endpoint = endpoint
         self.delete_topic_enable = delete_topic_enable
+        self.leader_balance = leader_balance
         self.lease_ttl_s = lease_ttl_s(lease_ttl_ms)
         self.ctx = ControllerContext()
         self.active_controller_id = NO_CONTROLLER
@@ -132,6 +169,8 @@ class Controller:
         self._controller_watch: asyncio.Task[None] | None = None
         # The active role's watches: brokers/ids, brokers/topics, admin/delete_topics.
         self._active_watches: list[asyncio.Task[None]] = []
+        # The active role's AutoPreferredReplicaLeaderElection timer (Kafka's kafkaScheduler task).
+        self._rebalance_timer: asyncio.Task[None] | None = None
         self._closing = False
 
     @property
@@ -155,7 +194,7 @@ class Controller:
         if self.is_active:
             self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
-        for task in (self._controller_watch, *self._active_watches):
+        for task in (self._controller_watch, *self._active_watches, self._rebalance_timer):
             if task is not None:
                 task.cancel()
         if self._lease is not None:
@@ -348,6 +387,9 @@ class Controller:
         await self.apply_actions(actions)
         if snapshot.topics_to_delete:
             await self.on_topic_deletion()
+        if self.leader_balance.auto_leader_rebalance_enable:
+            self._rebalance_timer = asyncio.get_running_loop().create_task(
+                self._auto_leader_rebalance_timer(), name="auto-leader-rebalance")
         self.metrics.active_controller_count.set(1)
         self.metrics.epoch.set(self.ctx.epoch)
         log.info("controller %d active: epoch %d, live brokers %s, %d topics", self.controller_id, self.ctx.epoch,
@@ -368,6 +410,9 @@ class Controller:
         for task in self._active_watches:
             task.cancel()
         self._active_watches = []
+        if self._rebalance_timer is not None:
+            self._rebalance_timer.cancel()
+            self._rebalance_timer = None
         self.channels.shutdown()
         epoch = self.ctx.epoch
         self.ctx = ControllerContext()
@@ -390,6 +435,20 @@ class Controller:
                     f"controller {self.controller_id} with epoch {self.ctx.epoch} is fenced: {exc}") from exc
             raise
 
+    async def refresh_partition_states(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Re-read partition states from etcd into the context (None: all) before deciding on them.
+
+        Kafka's elections and ISR removals read the states from ZooKeeper first
+        (getTopicPartitionStatesFromZk): leaders change ISRs by themselves (seed 000)
+        and their notifications arrive seconds later, so the context may be stale.
+        """
+        wanted = None if partitions is None else set(partitions)
+        if wanted is not None and not wanted:
+            return
+        for tp, state in (await metadata_store.load_partition_states(self.etcd)).items():
+            if (wanted is None or tp in wanted) and tp in self.ctx.partition_leadership_info:
+                self.ctx.put_partition_leadership_info(tp, state)
+
     def _election(self) -> OfflineElection:
         """Offline election, unclean only for topics that enable unclean.leader.election.enable."""
         unclean = frozenset(t for t, c in self.ctx.topic_configs.items()
@@ -399,25 +458,36 @@ class Controller:
     async def apply_actions(self, actions: ControllerActions, deleted_topics: Iterable[str] = ()) -> None:
         """Perform an event's etcd writes in order, then queue its control requests (sendRequestsToBrokers).
 
-        A write whose partition-epoch compare fails (someone else wrote the state)
-        reloads that state and drops its requests; a fenced write raises
-        ControllerMovedError and nothing is sent.
+        A write whose partition-epoch compare fails (a leader changed the ISR meanwhile)
+        re-reads the state and re-runs the transition on it, a bounded number of times
+        (Kafka's updateLeaderAndIsr retry); the requests carry the state finally stored.
+        A partition whose transition cannot complete keeps the state etcd holds and its
+        requests are dropped. A fenced write raises ControllerMovedError and nothing is sent.
         """
-        stale: list[TopicPartition] = []
-        for write in actions.writes:
-            if write.topic_partition in stale:
-                continue
-            compares, ops = metadata_store.partition_state_write(self.etcd, write)
+
+        async def write(w: PartitionStateWrite) -> None:
+            compares, ops = metadata_store.partition_state_write(self.etcd, w)
             try:
                 await self.guarded_write(compares, ops)
-            except CompareFailed:
-                stale.append(write.topic_partition)
-        for tp in stale:
-            current = await metadata_store.load_partition_state(self.etcd, tp)
-            log.warning("partition state of %s changed under us; now %s", tp, current)
+            except CompareFailed as exc:
+                raise PartitionStateConflict(str(exc)) from exc
+
+        async def load(tp: TopicPartition) -> LeaderAndIsr | None:
+            return await metadata_store.load_partition_state(self.etcd, tp)
+
+        outcome = await perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load)
+        self.metrics.partition_state_write_retries.inc(outcome.retries)
+        for tp, state in outcome.changed.items():
+            log.info("partition state of %s changed under us; the transition was re-run: %s", tp, state)
+            self.ctx.put_partition_leadership_info(tp, state)
+            actions.batch.replace_leader_and_isr(tp, state)
+        for tp, current in outcome.failed.items():
+            log.warning("partition state of %s changed under us and the transition could not be re-run; now %s",
+                        tp, current)
             if current is not None:
                 self.ctx.put_partition_leadership_info(tp, current)
-        actions.batch.discard_partitions(stale)
+            actions.failed.setdefault(tp, f"partition state of {tp} changed concurrently")
+        actions.batch.discard_partitions(outcome.failed)
         if actions.unclean_elections:
             self.metrics.unclean_elections.inc(actions.unclean_elections)
         for tp, reason in sorted(actions.failed.items()):
@@ -488,6 +558,10 @@ class Controller:
             self.channels.remove_broker(broker_id)
         for broker_id in (*changes.new, *changes.bounced):
             self.channels.add_broker(registered[broker_id].endpoint())
+        if changes.dead or changes.bounced:
+            # Leaders may have changed ISRs since their last notification: act on etcd's states.
+            gone = (*changes.dead, *changes.bounced)
+            await self.refresh_partition_states({r.topic_partition for r in self.ctx.replicas_on_brokers(gone)})
         actions = ControllerActions()
         process_broker_change(self.ctx, current, actions, self._election())
         await self.apply_actions(actions)
@@ -529,6 +603,101 @@ class Controller:
         ops = [op for topic in sorted(marked) for op in metadata_store.delete_topic_ops(self.etcd, topic)]
         await self.guarded_write([], ops)
         log.info("topics deleted: %s", sorted(deleted))
+
+    # -- leadership on purpose: controlled shutdown, ElectLeaders, auto-rebalance -----
+
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> set[TopicPartition]:
+        """The ControlledShutdown event: move leadership off a stopping broker; the partitions it still leads."""
+        return await self.run_request("ControlledShutdown", ControllerState.CONTROLLED_SHUTDOWN,
+                                      lambda: self._process_controlled_shutdown(broker_id, broker_epoch))
+
+    async def _process_controlled_shutdown(self, broker_id: int, broker_epoch: int) -> set[TopicPartition]:
+        await self.refresh_partition_states(self.ctx.partitions_on_broker(broker_id))
+        actions = ControllerActions()
+        try:
+            do_controlled_shutdown(self.ctx, broker_id, broker_epoch, actions)
+        except errors.GregorError:
+            self.metrics.controlled_shutdowns.labels(result="error").inc()
+            raise
+        # First tell every broker it is no longer live (its senders are FIFO): a new leader then never
+        # takes it back into the ISR when its last fetches arrive after the LeaderAndIsr below.
+        announce = ControlRequestBatch()
+        announce.add_update_metadata(self.ctx.live_or_shutting_down_broker_ids, [])
+        self.channels.send(announce.build(self.ctx, self.controller_id), self.ctx.topic_configs, ())
+        await self.apply_actions(actions)
+        # After the writes: a transition that could not be re-run left etcd's leader in the context.
+        remaining = partitions_still_led(self.ctx, broker_id)
+        self.metrics.controlled_shutdowns.labels(result="remaining" if remaining else "done").inc()
+        log.info("controlled shutdown of broker %d: %d partitions still led%s", broker_id, len(remaining),
+                 f" ({sorted(str(tp) for tp in remaining)})" if remaining else "")
+        return remaining
+
+    async def elect_leaders(self, partitions: list[TopicPartition] | None,
+                            election_type: ElectionType) -> dict[TopicPartition, ElectionOutcome]:
+        """ElectLeaders (kafka-leader-election.sh): preferred or unclean election, per-partition outcomes."""
+        return await self.run_request("ElectLeaders", ControllerState.MANUAL_LEADER_BALANCE,
+                                      lambda: self._process_replica_leader_election(partitions, election_type))
+
+    async def _process_replica_leader_election(
+            self, partitions: list[TopicPartition] | None,
+            election_type: ElectionType) -> dict[TopicPartition, ElectionOutcome]:
+        await self.refresh_partition_states(set(partitions) if partitions is not None else None)
+        actions = ControllerActions()
+        outcomes = process_replica_leader_election(self.ctx, partitions, election_type, actions)
+        return await self._apply_election(actions, outcomes, election_type, ElectionTrigger.ADMIN)
+
+    async def _apply_election(self, actions: ControllerActions, outcomes: dict[TopicPartition, ElectionOutcome],
+                              election_type: ElectionType,
+                              trigger: ElectionTrigger) -> dict[TopicPartition, ElectionOutcome]:
+        """Apply an election's actions; an outcome whose write could not complete becomes an error."""
+        await self.apply_actions(actions)
+        code = (errors.Code.PREFERRED_LEADER_NOT_AVAILABLE if election_type is ElectionType.PREFERRED
+                else errors.Code.ELIGIBLE_LEADERS_NOT_AVAILABLE)
+        final: dict[TopicPartition, ElectionOutcome] = {}
+        elected = 0
+        for tp, outcome in outcomes.items():
+            lai = self.ctx.partition_leadership_info.get(tp)
+            if outcome.error is None and tp in actions.failed:
+                outcome = ElectionOutcome(lai.leader if lai is not None else outcome.leader, errors.error_for(
+                    code, actions.failed[tp], topic=tp.topic, partition=tp.partition))
+            elif outcome.error is None and lai is not None:
+                outcome = ElectionOutcome(lai.leader)
+                elected += 1
+            final[tp] = outcome
+        if election_type is ElectionType.PREFERRED and elected:
+            self.metrics.preferred_elections.labels(trigger=trigger.value).inc(elected)
+        return final
+
+    async def _auto_leader_rebalance_timer(self) -> None:
+        """Queue AutoPreferredReplicaLeaderElection after 5 s, then every leader.imbalance.check.interval.seconds."""
+        interval = self.leader_balance.leader_imbalance_check_interval_seconds
+        delay = min(FIRST_AUTO_LEADER_REBALANCE_DELAY_S, interval)
+        while True:
+            await asyncio.sleep(delay)
+            delay = interval
+            try:
+                queued = await self.events.put(_Event(
+                    ControllerState.AUTO_LEADER_BALANCE, "AutoPreferredReplicaLeaderElection",
+                    lambda: self._guarded_event(self.on_auto_preferred_replica_leader_election)))
+                await queued.wait()
+            except Exception:  # the event failed or the manager is stopping: the next tick tries again
+                log.exception("AutoPreferredReplicaLeaderElection failed")
+
+    async def on_auto_preferred_replica_leader_election(self) -> None:
+        """AutoPreferredReplicaLeaderElection: elect preferred leaders for brokers over the imbalance threshold."""
+        if not self.is_active or not self.leader_balance.auto_leader_rebalance_enable:
+            return
+        await self.refresh_partition_states()
+        actions = ControllerActions()
+        outcomes = check_and_trigger_auto_leader_rebalance(
+            self.ctx, actions, self.leader_balance.leader_imbalance_per_broker_percentage)
+        if not outcomes:
+            return
+        final = await self._apply_election(actions, outcomes, ElectionType.PREFERRED, ElectionTrigger.AUTO)
+        moved = sorted(str(tp) for tp, o in final.items() if o.error is None)
+        failed = sorted(str(tp) for tp, o in final.items() if o.error is not None)
+        log.info("auto leader rebalance: preferred leaders elected for %s%s", moved,
+                 f", failed for {failed}" if failed else "")
 
     # -- requests ----------------------------------------------------------------
 
@@ -589,4 +758,4 @@ class Controller:
         return ClusterDescription(controller_id, epoch, registrations(self.etcd, brokers.kvs))
 
 
-__all__ = ["BrokerRegistration", "ClusterDescription", "Controller", "broker_epochs"]
+__all__ = ["BrokerRegistration", "ClusterDescription", "Controller", "LeaderBalanceConfig", "broker_epochs"]

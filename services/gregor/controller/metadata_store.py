@@ -117,6 +117,13 @@ async def load_assignments(etcd: EtcdClient) -> dict[str, dict[int, tuple[int, .
     return snap.assignments
 
 
+async def load_partition_states(etcd: EtcdClient) -> dict[TopicPartition, LeaderAndIsr]:
+    """Every partition state as etcd holds it now, in one range read (Kafka's getTopicPartitionStatesFromZk)."""
+    snap = TopicsSnapshot()
+    _parse_topic_keys(etcd, (await etcd.get_prefix(etcd.key(BROKER_TOPICS))).kvs, snap)
+    return snap.states
+
+
 async def load_partition_state(etcd: EtcdClient, tp: TopicPartition) -> LeaderAndIsr | None:
     kv = await etcd.get(partition_state_key(etcd, tp))
     return decode_partition_state(kv) if kv is not None else None

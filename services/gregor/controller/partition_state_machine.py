@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gregor.controller.election import ElectionStrategy, OfflineElection, elect_leader
-from gregor.controller.requests import ControllerActions
+from gregor.controller.election import ElectionStrategy, OfflineElection, PreferredElection, elect_leader
+from gregor.controller.requests import ControllerActions, Recompute
 from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
 
 __all__ = [
@@ -129,9 +129,25 @@ def _elect_leader(
         return None
     if result.is_unclean:
         actions.unclean_elections += 1
-    stored = actions.write(ctx, tp, result.new_leader_and_isr)
+    stored = actions.write(ctx, tp, result.new_leader_and_isr, recompute=_reelect(ctx, tp, strategy))
     actions.batch.add_leader_and_isr(ctx, result.live_replicas, tp, stored)
     return stored
+
+
+def _reelect(ctx: ControllerContext, tp: TopicPartition, strategy: ElectionStrategy) -> Recompute:
+    """The election re-run on a state read back after a lost compare (updateLeaderAndIsr's retry).
+
+    A preferred election whose preferred replica already leads needs no write; an
+    election that finds no leader in the fresh ISR fails.
+    """
+
+    def recompute(current: LeaderAndIsr) -> LeaderAndIsr | None:
+        assignment = ctx.partition_replica_assignment(tp)
+        if isinstance(strategy, PreferredElection) and assignment and current.leader == assignment[0]:
+            return current
+        return elect_leader(ctx, tp, current, strategy).new_leader_and_isr
+
+    return recompute
 
 
 def trigger_online_partition_state_change(

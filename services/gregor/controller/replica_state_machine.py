@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gregor.controller.requests import ControllerActions
-from gregor.controller.state import NO_LEADER, ControllerContext, PartitionReplica, ReplicaState
+from gregor.controller.state import NO_LEADER, ControllerContext, LeaderAndIsr, PartitionReplica, ReplicaState
 
 __all__ = [
     "ReplicaState",
@@ -112,14 +112,25 @@ def _to_offline(ctx: ControllerContext, replica: PartitionReplica, actions: Cont
         actions.failed[tp] = f"Leader and ISR of {tp} was written by a newer controller epoch"
         return
     if broker_id in lai.isr:
-        new_leader = NO_LEADER if lai.leader == broker_id else lai.leader
-        # The last ISR member stays: it is the only clean candidate when it returns.
-        new_isr = lai.isr if len(lai.isr) == 1 else tuple(r for r in lai.isr if r != broker_id)
-        lai = actions.write(ctx, tp, lai.new_leader_and_isr(new_leader, new_isr))
+        lai = actions.write(ctx, tp, _remove_replica_from_isr(lai, broker_id),
+                            recompute=lambda current: _remove_replica_from_isr(current, broker_id))
     if not ctx.is_topic_queued_up_for_deletion(tp.topic):
         recipients = [r for r in ctx.partition_replica_assignment(tp) if r != broker_id]
         actions.batch.add_leader_and_isr(ctx, recipients, tp, lai)
     ctx.put_replica_state(replica, R.OFFLINE)
+
+
+def _remove_replica_from_isr(lai: LeaderAndIsr, broker_id: int) -> LeaderAndIsr:
+    """Kafka's removeReplicasFromIsr for one replica: it leaves the ISR and, if it led, leadership.
+
+    The last ISR member stays: it is the only clean candidate when it returns.
+    Returns `lai` itself when the replica is already out (nothing to write).
+    """
+    if broker_id not in lai.isr and lai.leader != broker_id:
+        return lai
+    new_leader = NO_LEADER if lai.leader == broker_id else lai.leader
+    new_isr = lai.isr if len(lai.isr) == 1 else tuple(r for r in lai.isr if r != broker_id)
+    return lai.new_leader_and_isr(new_leader, new_isr)
 
 
 def _to_deletion_started(ctx: ControllerContext, replica: PartitionReplica, actions: ControllerActions) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -58,6 +59,15 @@ class UpdateMetadataRequest:
 ControlRequest = LeaderAndIsrRequest | StopReplicaRequest | UpdateMetadataRequest
 
 
+# Re-runs a transition against a partition state read back from etcd: the new state to
+# store, the argument itself when nothing needs to change any more, or None when the
+# transition no longer applies (e.g. no leader can be elected from the new ISR).
+Recompute = Callable[[LeaderAndIsr], "LeaderAndIsr | None"]
+
+# One write plus this many re-runs after failed compares (Kafka loops; we bound it).
+MAX_PARTITION_STATE_WRITE_ATTEMPTS = 5
+
+
 @dataclass(frozen=True)
 class PartitionStateWrite:
     """A conditional write of a partition's state to etcd.
@@ -65,11 +75,109 @@ class PartitionStateWrite:
     `expected_partition_epoch` is None for a create (the key must not exist);
     otherwise the stored state must still carry that partition epoch. The new
     state carries `expected + 1` (or the initial epoch for a create).
+    `recompute` re-runs the transition that produced `new_state` against a fresher
+    state (Kafka's updateLeaderAndIsr retry after a zkVersion mismatch); None: no retry.
     """
 
     topic_partition: TopicPartition
     expected_partition_epoch: int | None
     new_state: LeaderAndIsr
+    recompute: Recompute | None = field(default=None, compare=False, repr=False)
+
+    def rerun(self, current: LeaderAndIsr, controller_epoch: int) -> tuple["PartitionStateWrite | None", LeaderAndIsr | None]:
+        """The same transition against `current` (the state etcd holds now).
+
+        Returns (write, state): (a new conditional write, the state it stores), or
+        (None, current) when current already is what the transition wanted, or
+        (None, None) when it cannot be re-run: a create, no recompute, a state
+        written by a newer controller, or a transition that no longer applies.
+        """
+        if self.recompute is None or self.expected_partition_epoch is None:
+            return None, None
+        if current.controller_epoch > controller_epoch:
+            return None, None  # a newer controller owns this partition (ControllerMovedException)
+        wanted = self.recompute(current)
+        if wanted is None:
+            return None, None
+        if wanted is current or (wanted.leader, wanted.leader_epoch, wanted.isr) == (
+                current.leader, current.leader_epoch, current.isr):
+            return None, current
+        stored = wanted.with_controller_epoch(controller_epoch).with_partition_epoch(current.partition_epoch + 1)
+        return PartitionStateWrite(self.topic_partition, current.partition_epoch, stored, self.recompute), stored
+
+
+class PartitionStateConflict(Exception):
+    """A conditional partition-state write lost its compare: someone else wrote the state first."""
+
+
+@dataclass
+class WritesOutcome:
+    """What `perform_partition_state_writes` did.
+
+    `changed`: partitions whose stored state differs from what the event planned
+    (their transition was re-run), with that state. `failed`: partitions whose
+    transition could not be completed, with the state etcd holds (None if gone).
+    `retries`: re-runs performed.
+    """
+
+    changed: dict[TopicPartition, LeaderAndIsr] = field(default_factory=dict)
+    failed: dict[TopicPartition, LeaderAndIsr | None] = field(default_factory=dict)
+    retries: int = 0
+
+
+async def perform_partition_state_writes(
+    writes: Iterable[PartitionStateWrite],
+    controller_epoch: int,
+    write: Callable[[PartitionStateWrite], Awaitable[None]],
+    load: Callable[[TopicPartition], Awaitable[LeaderAndIsr | None]],
+    max_attempts: int = MAX_PARTITION_STATE_WRITE_ATTEMPTS,
+) -> WritesOutcome:
+    """Perform an event's writes in order; a lost compare re-reads the state and re-runs the transition.
+
+    Kafka's updateLeaderAndIsr: a partition leader may shrink or expand its ISR
+    between the controller's decision and its write (seed 000's compare-and-swap on
+    the state's version). Then the controller reads the state again and applies the
+    same transition to it, up to `max_attempts` writes per partition. Later writes
+    of a re-run partition in the same event are re-run on its new state.
+    `write` raises PartitionStateConflict on a lost compare (anything else propagates).
+    """
+    out = WritesOutcome()
+    for planned in writes:
+        tp = planned.topic_partition
+        if tp in out.failed:
+            continue
+        attempt: PartitionStateWrite | None = planned
+        if tp in out.changed:
+            attempt, state = planned.rerun(out.changed[tp], controller_epoch)
+            if state is None:
+                out.failed[tp] = out.changed.pop(tp)
+                continue
+            if attempt is None:
+                continue
+        for n in range(max_attempts):
+            assert attempt is not None
+            try:
+                await write(attempt)
+            except PartitionStateConflict:
+                current = await load(tp)
+                if current is None or n + 1 == max_attempts:
+                    out.failed[tp] = current
+                    out.changed.pop(tp, None)
+                    break
+                out.retries += 1
+                attempt, state = planned.rerun(current, controller_epoch)
+                if state is None:
+                    out.failed[tp] = current
+                    out.changed.pop(tp, None)
+                    break
+                if attempt is None:
+                    out.changed[tp] = state
+                    break
+                continue
+            if attempt is not planned:
+                out.changed[tp] = attempt.new_state
+            break
+    return out
 
 
 @dataclass
@@ -126,6 +234,13 @@ class ControlRequestBatch:
         self.update_metadata_brokers.update(b for b in broker_ids if b >= 0)
         self.update_metadata_partitions.update(partitions)
 
+    def replace_leader_and_isr(self, tp: TopicPartition, leader_and_isr: LeaderAndIsr) -> None:
+        """Carry a re-run transition's stored state in the LeaderAndIsr requests already batched for tp."""
+        for per_broker in self.leader_and_isr.values():
+            info = per_broker.get(tp)
+            if info is not None:
+                per_broker[tp] = PartitionStateInfo(tp, leader_and_isr, info.replicas, info.is_new)
+
     def discard_partitions(self, partitions: Iterable[TopicPartition]) -> None:
         """Drop everything about partitions whose etcd write failed; the driver retries them."""
         gone = set(partitions)
@@ -153,9 +268,12 @@ class ControlRequestBatch:
             for tp in sorted(self.update_metadata_partitions)
             if tp in ctx.partition_leadership_info
         )
+        # Brokers in controlled shutdown are left out of UpdateMetadata's live brokers, so leaders do not
+        # take them back into an ISR (KIP-841's ISR eligibility; they still get requests and lead until moved).
+        live_brokers = tuple(sorted(ctx.live_broker_ids))
         for broker_id in sorted(self.update_metadata_brokers):
             out.setdefault(broker_id, []).append(
-                UpdateMetadataRequest(controller_id, ctx.epoch, ctx.broker_epoch(broker_id), metadata, live_leaders)
+                UpdateMetadataRequest(controller_id, ctx.epoch, ctx.broker_epoch(broker_id), metadata, live_brokers)
             )
         for broker_id, stops in sorted(self.stop_replica.items()):
             if not stops:
@@ -171,9 +289,10 @@ class ControllerActions:
     """Everything one controller event decided: ordered etcd writes, control requests, failures.
 
     The pure state machines update the context as if every write succeeds; the
-    driver performs `writes` in order and, if one fails its compare, reloads
-    those partitions from etcd, calls `batch.discard_partitions` and re-runs
-    the transition (Kafka retries `updateLeaderAndIsr` the same way).
+    driver performs `writes` in order (`perform_partition_state_writes`); one that
+    fails its compare is re-read from etcd and its transition re-run on the fresh
+    state (Kafka retries `updateLeaderAndIsr` the same way); a partition whose
+    transition cannot complete is reloaded and dropped with `batch.discard_partitions`.
 
     Concurrency: owned by the controller's event task.
     """
@@ -184,15 +303,19 @@ class ControllerActions:
     topics_to_resume_deletion: set[str] = field(default_factory=set)
     unclean_elections: int = 0
 
-    def write(self, ctx: ControllerContext, tp: TopicPartition, new_state: LeaderAndIsr, create: bool = False) -> LeaderAndIsr:
-        """Record a conditional write of tp's state and apply it to the context; returns the stored state."""
+    def write(self, ctx: ControllerContext, tp: TopicPartition, new_state: LeaderAndIsr, create: bool = False,
+              recompute: Recompute | None = None) -> LeaderAndIsr:
+        """Record a conditional write of tp's state and apply it to the context; returns the stored state.
+
+        `recompute` re-runs the transition on a fresher state if the write loses its compare.
+        """
         if create:
             stored = new_state.with_controller_epoch(ctx.epoch)
             self.writes.append(PartitionStateWrite(tp, None, stored))
         else:
             expected = new_state.partition_epoch
             stored = new_state.with_controller_epoch(ctx.epoch).with_partition_epoch(expected + 1)
-            self.writes.append(PartitionStateWrite(tp, expected, stored))
+            self.writes.append(PartitionStateWrite(tp, expected, stored, recompute))
         ctx.put_partition_leadership_info(tp, stored)
         self.failed.pop(tp, None)
         return stored

@@ -9,9 +9,10 @@ import grpc
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
-from gregor.controller.state import ControllerState
+from gregor.controller.leader_balance import ElectionType
+from gregor.controller.state import ControllerState, TopicPartition
 from gregor.controller.topic_admin import NewTopic, TopicAdmin, TopicOutcome
-from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+from gregor.rpc.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 
 if TYPE_CHECKING:
     from gregor.controller.controller import Controller
@@ -35,8 +36,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     async def ControlledShutdown(self, request: controller_pb2.ControlledShutdownRequest,
                                  context: Ctx) -> controller_pb2.ControlledShutdownResponse:
         self._require_active()
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ControlledShutdown is not implemented yet")
-        raise AssertionError("unreachable")
+        remaining = await self.controller.controlled_shutdown(request.broker_id, request.broker_epoch)
+        return controller_pb2.ControlledShutdownResponse(remaining_partitions=[
+            common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in sorted(remaining)])
 
     @rpc_method("ControllerService")
     async def AllocateProducerIds(self, request: controller_pb2.AllocateProducerIdsRequest,
@@ -121,6 +123,19 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             lambda: self.topics.alter_configs(request.topic, dict(request.set), list(request.delete),
                                               request.validate_only))
         return controller_pb2.AlterConfigsResponse(result=_topic_configs(request.topic, configs, None))
+
+    @rpc_method("AdminService")
+    async def ElectLeaders(self, request: controller_pb2.ElectLeadersRequest,
+                           context: Ctx) -> controller_pb2.ElectLeadersResponse:
+        unclean = request.unclean or request.election_type == controller_pb2.UNCLEAN
+        partitions = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
+        outcomes = await self.controller.elect_leaders(
+            partitions, ElectionType.UNCLEAN if unclean else ElectionType.PREFERRED)
+        return controller_pb2.ElectLeadersResponse(results=[
+            controller_pb2.ElectionResult(
+                partition=common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition), leader=o.leader,
+                error=o.error.to_detail() if o.error is not None else None)
+            for tp, o in sorted(outcomes.items())])
 
     @rpc_method("AdminService")
     async def DescribeCluster(self, request: controller_pb2.DescribeClusterRequest,

@@ -1,0 +1,93 @@
+"""A controller write that loses its compare to a partition leader's ISR change is re-run (real etcd, in-process controller).
+
+The controller loads `t-0` = leader 1, ISR [1, 2, 3]. Broker 1 asks for a
+controlled shutdown; the controller reads the state (ISR [1, 2, 3]) and plans
+"leader 2, ISR [2, 3]". Right then, between its read and its write, the leader
+shrinks the ISR to [1, 3] with its own compare-and-swap (seed 000): the etcd client
+of the controller performs that write just before the controller's first partition
+write. The controller's write loses the zkVersion compare; it re-reads the state and
+re-runs the election on ISR [1, 3]: broker 3 leads, and the answer says nothing is
+left on broker 1 (Kafka's updateLeaderAndIsr retry).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gregor.common.etcd import Compare, Delete, EtcdClient, Put, TxnResult, version_is
+from gregor.controller import metadata_store
+from gregor.controller.controller import Controller, LeaderBalanceConfig
+from gregor.controller.state import LeaderAndIsr, TopicPartition
+from tests.helpers.cluster import Process, etcd_process
+from tests.integration.test_controller_election import register_broker, until
+
+TP = TopicPartition("t", 0)
+
+
+@pytest.fixture
+def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
+    with etcd_process(str(tmp_path / "cluster")) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def client(etcd: Process) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(f"http://{etcd.grpc}", cluster="gregor") as c:
+        yield c
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class RacingEtcd(EtcdClient):
+    """A real etcd client that runs `before_next_write` (once) just before its next guarded transaction."""
+
+    before_next_write: Callable[[], Awaitable[None]] | None = None
+
+    async def guarded_txn(self, compares: Sequence[Compare], successes: Sequence[Put | Delete]) -> TxnResult:
+        race, self.before_next_write = self.before_next_write, None
+        if race is not None:
+            await race()
+        return await super().guarded_txn(compares, successes)
+
+
+async def test_controlled_shutdown_election_is_rerun_on_the_isr_the_leader_just_wrote(client: EtcdClient) -> None:
+    epochs = {b: await register_broker(client, b) for b in (1, 2, 3)}
+    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}))
+    state_key = metadata_store.partition_state_key(client, TP)
+    await client.put(state_key, metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 2, 3))))
+    registry = CollectorRegistry()
+    async with RacingEtcd(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(0, own, lease_ttl_ms=2000, registry=registry,
+                         leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+        await ctl.start()
+        try:
+            await until(lambda: _true(ctl.is_active and TP in ctl.ctx.partition_leadership_info), 5,
+                        "controller active with t-0 loaded")
+            assert ctl.ctx.partition_leadership_info[TP].isr == (1, 2, 3)
+
+            async def leader_shrinks_isr() -> None:  # the leader's own compare-and-swap: zkVersion 1 -> 2
+                await client.guarded_txn([version_is(state_key, 1)], [Put(
+                    state_key, metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 3), controller_epoch=1)))])
+
+            own.before_next_write = leader_shrinks_isr
+            remaining = await ctl.controlled_shutdown(1, epochs[1])
+            assert own.before_next_write is None  # the race happened
+            assert remaining == set()
+            kv = await client.get(state_key)
+            assert kv is not None and kv.version == 3
+            stored = json.loads(kv.value)
+            assert (stored["leader"], stored["leader_epoch"], stored["isr"]) == (3, 1, [3])
+            assert ctl.ctx.partition_leadership_info[TP] == LeaderAndIsr(3, 1, (3,), ctl.ctx.epoch, 2)
+            assert registry.get_sample_value("gregor_controller_partition_state_write_retries_total") == 1.0
+            assert registry.get_sample_value("gregor_controller_controlled_shutdowns_total",
+                                             {"result": "done"}) == 1.0
+            assert ctl.ctx.shutting_down_broker_ids == {1}
+            assert registry.get_sample_value("gregor_controller_shutting_down_brokers") == 1.0
+        finally:
+            await ctl.stop()

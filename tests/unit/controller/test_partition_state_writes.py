@@ -1,0 +1,154 @@
+"""A controller write that loses its compare to a leader's ISR change is re-run on the fresh state (updateLeaderAndIsr)."""
+
+from __future__ import annotations
+
+from gregor.controller import replica_state_machine as rsm
+from gregor.controller.election import PreferredElection
+from gregor.controller.leader_balance import do_controlled_shutdown
+from gregor.controller.membership import on_controller_failover
+from gregor.controller import partition_state_machine as psm
+from gregor.controller.requests import (ControllerActions, LeaderAndIsrRequest, PartitionStateConflict,
+                                        PartitionStateWrite, perform_partition_state_writes)
+from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionReplica, PartitionState, ReplicaState, TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+class Store:
+    """Partition states with zkVersion semantics: a write applies only if the stored epoch is the expected one.
+
+    `interleave` runs before each write attempt: a partition leader writing the ISR concurrently.
+    """
+
+    def __init__(self, states: dict[TopicPartition, LeaderAndIsr]) -> None:
+        self.states = dict(states)
+        self.interleave: list[LeaderAndIsr] = []
+        self.attempts = 0
+
+    async def write(self, w: PartitionStateWrite) -> None:
+        self.attempts += 1
+        if self.interleave:
+            self.states[w.topic_partition] = self.interleave.pop(0)
+        current = self.states.get(w.topic_partition)
+        if w.expected_partition_epoch is None:
+            if current is not None:
+                raise PartitionStateConflict("exists")
+        elif current is None or current.partition_epoch != w.expected_partition_epoch:
+            raise PartitionStateConflict("version")
+        assert w.expected_partition_epoch is None or w.new_state.partition_epoch == w.expected_partition_epoch + 1
+        self.states[w.topic_partition] = w.new_state
+
+    async def load(self, tp: TopicPartition) -> LeaderAndIsr | None:
+        return self.states.get(tp)
+
+
+def context(lai: LeaderAndIsr, replicas: tuple[int, ...] = (1, 2, 3)) -> ControllerContext:
+    ctx = ControllerContext(live_broker_epochs={1: 11, 2: 12, 3: 13}, epoch=4)
+    ctx.all_topics.add("t")
+    ctx.update_partition_replica_assignment(TP, replicas)
+    ctx.put_partition_leadership_info(TP, lai)
+    on_controller_failover(ctx, ControllerActions())
+    return ctx
+
+
+async def test_offline_replica_rerun_after_leader_shrank_the_isr() -> None:
+    """The controller takes 3 out of the ISR while leader 1 just removed 2: the result drops both."""
+    stored = LeaderAndIsr(1, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    rsm.handle_state_changes(ctx, [PartitionReplica(TP, 3)], ReplicaState.OFFLINE, actions)
+    assert ctx.partition_leadership_info[TP].isr == (1, 2)
+    store = Store({TP: stored})
+    store.interleave = [stored.with_isr((1, 3)).with_partition_epoch(8)]  # the leader's CAS lands first
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert out.retries == 1 and not out.failed
+    assert store.states[TP] == LeaderAndIsr(1, 6, (1,), controller_epoch=4, partition_epoch=9)
+    assert out.changed == {TP: store.states[TP]}
+    # The batched LeaderAndIsr carries what was stored, not what was planned.
+    actions.batch.replace_leader_and_isr(TP, out.changed[TP])
+    ctx.put_partition_leadership_info(TP, out.changed[TP])
+    lair = next(r for r in actions.batch.build(ctx, 0)[1] if isinstance(r, LeaderAndIsrRequest))
+    assert lair.partition_states[0].leader_and_isr == store.states[TP]
+
+
+async def test_rerun_that_finds_nothing_left_to_do_writes_nothing() -> None:
+    stored = LeaderAndIsr(1, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    rsm.handle_state_changes(ctx, [PartitionReplica(TP, 3)], ReplicaState.OFFLINE, actions)
+    already = stored.with_isr((1, 2)).with_partition_epoch(8)  # the leader removed 3 itself
+    store = Store({TP: stored})
+    store.interleave = [already]
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert out.changed == {TP: already} and store.states[TP] == already and store.attempts == 1
+
+
+async def test_election_rerun_uses_the_fresh_isr_and_fails_when_no_candidate_is_left() -> None:
+    """Controlled shutdown of leader 1 picks 2; meanwhile 1 shrank the ISR to (1, 3): 3 must be elected."""
+    stored = LeaderAndIsr(1, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    do_controlled_shutdown(ctx, 1, 11, actions)
+    assert ctx.partition_leadership_info[TP].leader == 2
+    store = Store({TP: stored})
+    store.interleave = [stored.with_isr((1, 3)).with_partition_epoch(8)]
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert store.states[TP] == LeaderAndIsr(3, 6, (3,), controller_epoch=4, partition_epoch=9)
+    assert out.changed[TP] == store.states[TP]
+
+    ctx = context(stored)
+    actions = ControllerActions()
+    do_controlled_shutdown(ctx, 1, 11, actions)
+    store = Store({TP: stored})
+    alone = stored.with_isr((1,)).with_partition_epoch(8)
+    store.interleave = [alone]
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert out.failed == {TP: alone} and store.states[TP] == alone and not out.changed
+
+
+async def test_retries_are_bounded() -> None:
+    stored = LeaderAndIsr(2, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    psm.handle_state_changes(ctx, [TP], PartitionState.ONLINE, actions, PreferredElection())
+    store = Store({TP: stored})
+    # The leader wins every race (a new ISR write before each attempt).
+    store.interleave = [stored.with_isr((1, 2, 3) if i % 2 else (1, 2)).with_partition_epoch(8 + i) for i in range(10)]
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load, max_attempts=3)
+    assert store.attempts == 3 and out.retries == 2 and TP in out.failed and store.states[TP].leader == 2
+
+
+async def test_state_written_by_a_newer_controller_is_not_overwritten() -> None:
+    stored = LeaderAndIsr(1, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    rsm.handle_state_changes(ctx, [PartitionReplica(TP, 3)], ReplicaState.OFFLINE, actions)
+    newer = LeaderAndIsr(2, 9, (2, 3), controller_epoch=5, partition_epoch=8)
+    store = Store({TP: stored})
+    store.interleave = [newer]
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert out.failed == {TP: newer} and store.states[TP] == newer
+
+
+async def test_later_writes_of_a_rerun_partition_build_on_its_new_state() -> None:
+    """Two writes for one partition in one event (replicas 3, then 2, go offline): the second is re-based."""
+    stored = LeaderAndIsr(1, 5, (1, 2, 3), controller_epoch=4, partition_epoch=7)
+    ctx = context(stored)
+    actions = ControllerActions()
+    rsm.handle_state_changes(ctx, [PartitionReplica(TP, 3)], ReplicaState.OFFLINE, actions)
+    rsm.handle_state_changes(ctx, [PartitionReplica(TP, 2)], ReplicaState.OFFLINE, actions)
+    assert [w.expected_partition_epoch for w in actions.writes] == [7, 8]
+    store = Store({TP: stored})
+    store.interleave = [stored.with_isr((1, 2, 3)).with_partition_epoch(8)]  # a no-op ISR rewrite by the leader
+    out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
+    assert not out.failed
+    assert store.states[TP].isr == (1,) and store.states[TP].partition_epoch == 10
+    assert out.changed[TP] == store.states[TP]
+
+
+async def test_a_create_that_finds_the_key_is_not_rerun() -> None:
+    existing = LeaderAndIsr(2, 0, (2,), controller_epoch=4, partition_epoch=0)
+    store = Store({TP: existing})
+    out = await perform_partition_state_writes([PartitionStateWrite(TP, None, LeaderAndIsr(1, 0, (1, 2)))], 4,
+                                               store.write, store.load)
+    assert out.failed == {TP: existing} and out.retries == 1

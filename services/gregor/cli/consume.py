@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import time
@@ -49,18 +48,9 @@ def record_json(rec: ConsumerRecord) -> dict[str, Any]:
 
 
 def coordinator_servers(ctx: click.Context) -> str:
-    """Group coordinators to ask FindCoordinator: GREGOR_COORDINATORS, else the local cluster.json's coordinators."""
-    env = os.environ.get("GREGOR_COORDINATORS", "")
-    if env:
-        return env
-    path = os.path.join(obj(ctx).data_dir, "cluster.json")
-    try:
-        with open(path) as f:
-            procs = json.load(f).get("processes", [])
-    except (OSError, ValueError, AttributeError):
-        return ""
-    return ",".join(str(p["grpc"]) for p in procs if isinstance(p, dict) and p.get("role") == "coordinator"
-                    and p.get("grpc"))
+    """Optional override for FindCoordinator (GREGOR_COORDINATORS): brokers answer it, as in Kafka, so the
+    CLI needs only --bootstrap; coordinators listed here are asked only when no broker answers."""
+    return os.environ.get("GREGOR_COORDINATORS", "")
 
 
 @contextlib.contextmanager
@@ -187,9 +177,8 @@ def consume(ctx: click.Context, topic: str, group: Optional[str], from_beginning
                               "auto.offset.reset": "earliest" if from_beginning else "latest"}
     if group is not None:
         config["group.id"] = group
-        config["coordinator.bootstrap.servers"] = coordinator_servers(ctx)
     config.update(parse_kv(consumer_properties, "--consumer-property"))
-    if config.get("group.id") and not config.get("coordinator.bootstrap.servers"):
+    if config.get("group.id") and not config.get("coordinator.bootstrap.servers") and coordinator_servers(ctx):
         config["coordinator.bootstrap.servers"] = coordinator_servers(ctx)
     if config.get("group.id") and (partition is not None or offset is not None):
         raise click.UsageError("a group.id cannot be combined with --partition/--offset")

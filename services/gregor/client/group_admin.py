@@ -2,25 +2,30 @@
 listConsumerGroupOffsets / alterConsumerGroupOffsets / deleteConsumerGroups), behind `gregor groups`.
 
 Groups are sharded across coordinator instances (each owns some __consumer_offsets
-partitions), so listing asks every coordinator it can reach and merges; everything
-else goes to the group's coordinator, found with FindCoordinator.
+partitions). Everything goes to a coordinator found with FindCoordinator, asked of any
+broker (bootstrap.servers; `coordinator.bootstrap.servers` is only a fallback): a group's
+own coordinator for describe/offsets/delete, and for ListGroups any live coordinator,
+which fans the listing out to every live instance (a partial list is an error, never
+passed off as the whole).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import grpc
 
 from gregor.client.config import consumer_config, parse_bootstrap
+from gregor.client.group_membership import find_coordinator
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 TopicPartition = tuple[str, int]
+LIST_GROUPS_KEY = "__gregor_list_groups"  # the FindCoordinator key ListGroups uses to reach some live coordinator
 
 
 @dataclass
@@ -77,66 +82,51 @@ class GroupAdmin:
     def _stub(self, address: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
         return coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.metadata.channel(address))
 
-    def _candidates(self) -> list[str]:
-        return list(dict.fromkeys(self.coordinators + [b.address for b in self.metadata.brokers.values()]
-                                  + self.metadata.bootstrap))
-
     async def find_coordinator(self, group_id: str) -> str:
-        if group_id in self._owner:
-            return self._owner[group_id]
-        last: Optional[errors.GregorError] = None
-        for address in self._candidates():
-            try:
-                resp = await self._stub(address).FindCoordinator(
-                    coordinator_pb2.FindCoordinatorRequest(group_id=group_id), timeout=self.timeout_s)
-            except (grpc.RpcError, asyncio.TimeoutError) as exc:
-                last = call_error(exc)
-                if last.code == errors.Code.INVALID_GROUP_ID:
-                    raise last from None
-                continue
-            self._owner[group_id] = f"{resp.host}:{resp.port}"
-            return self._owner[group_id]
-        raise errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
-            f"no group coordinator answered FindCoordinator for {group_id!r}"
-            f"{': ' + last.message if last else ''}")
+        """host:port of group_id's coordinator (cached until a call to it fails retriably)."""
+        if group_id not in self._owner:
+            self._owner[group_id], _ = await find_coordinator(self.metadata, group_id, self.coordinators,
+                                                              self.timeout_s)
+        return self._owner[group_id]
 
-    async def _call(self, group_id: str, method: str, request: Any) -> Any:
-        """RPC to the group's coordinator, refinding it on NOT_COORDINATOR and friends."""
+    async def _call(self, group_id: str, method: str, request: Any,
+                    body_error: Optional[Callable[[Any], Any]] = None) -> Any:
+        """RPC to the group's coordinator, finding it again on NOT_COORDINATOR, UNAVAILABLE and friends.
+
+        body_error(resp) returns the ErrorDetail a response carries for the group (DescribeGroups,
+        DeleteGroups answer per group): a retriable one (the group moved) is retried like a status."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.api_timeout_s
         while True:
-            address = await self.find_coordinator(group_id)
             try:
-                return await getattr(self._stub(address), method)(request, timeout=self.timeout_s)
-            except (grpc.RpcError, asyncio.TimeoutError) as exc:
+                address = await self.find_coordinator(group_id)
+                resp = await getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+                detail = body_error(resp) if body_error is not None else None
+                if detail is None or detail.code == 0 or not errors.from_detail(detail).retriable:
+                    return resp
+                err = errors.from_detail(detail)
+            except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
                 err = call_error(exc)
             if not err.retriable or loop.time() >= deadline:
                 raise err
             self._owner.pop(group_id, None)
-            await asyncio.sleep(self.backoff_s)
+            await asyncio.sleep(max(self.backoff_s, 0.1))
 
     # ------------------------------------------------------------ operations
     async def list_groups(self) -> list[GroupListing]:
-        """Every group every reachable coordinator owns (merged; Kafka asks every broker)."""
-        found: dict[str, GroupListing] = {}
-        answered = 0
-        last: Optional[errors.GregorError] = None
-        for address in self._candidates():
-            try:
-                resp = await self._stub(address).ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=self.timeout_s)
-            except (grpc.RpcError, asyncio.TimeoutError) as exc:
-                last = call_error(exc)
-                continue
-            answered += 1
-            for g in resp.groups:
-                found.setdefault(g.group_id, GroupListing(g.group_id, g.protocol_type, g.state))
-        if not answered:
-            raise errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
-                f"no group coordinator answered ListGroups{': ' + last.message if last else ''}")
-        return sorted(found.values(), key=lambda g: g.group_id)
+        """Every group of the cluster: ListGroups to one live coordinator, which asks all of them.
+
+        Kafka's admin asks every broker (each is a coordinator); here any broker names a live
+        coordinator (FindCoordinator of a fixed key: any key's owner will do) and that coordinator
+        fans ListGroups out to every live instance. Retried while a partition is loading or moving.
+        """
+        resp = await self._call(LIST_GROUPS_KEY, "ListGroups", coordinator_pb2.ListGroupsRequest())
+        return sorted((GroupListing(g.group_id, g.protocol_type, g.state) for g in resp.groups),
+                      key=lambda g: g.group_id)
 
     async def describe_group(self, group_id: str) -> GroupDescription:
-        resp = await self._call(group_id, "DescribeGroups", coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]))
+        resp = await self._call(group_id, "DescribeGroups", coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
+                                lambda r: r.groups[0].error if r.groups and r.groups[0].HasField("error") else None)
         if not resp.groups:
             raise errors.GroupIdNotFoundError(f"group {group_id} not found")  # type: ignore[attr-defined]
         g = resp.groups[0]
@@ -180,10 +170,16 @@ class GroupAdmin:
         out: dict[str, Optional[errors.GregorError]] = {}
         for gid in group_ids:
             try:
-                resp = await self._call(gid, "DeleteGroups", coordinator_pb2.DeleteGroupsRequest(group_ids=[gid]))
+                resp = await self._call(gid, "DeleteGroups", coordinator_pb2.DeleteGroupsRequest(group_ids=[gid]),
+                                        _group_error(gid))
             except errors.GregorError as err:
                 out[gid] = err
                 continue
             detail = resp.errors.get(gid)
             out[gid] = errors.from_detail(detail) if detail is not None and detail.code != 0 else None
         return out
+
+
+def _group_error(group_id: str) -> Callable[[Any], Any]:
+    """The ErrorDetail a DeleteGroupsResponse holds for group_id (None when it has none)."""
+    return lambda resp: resp.errors.get(group_id)

@@ -38,6 +38,7 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_p
 
 if TYPE_CHECKING:
     from gregor.client.consumer import Consumer
+    from gregor.client.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,43 @@ def grouped(tps: Iterable[TopicPartition]) -> cp.TopicPartitions:
 
 def flat(tps: cp.TopicPartitions) -> list[TopicPartition]:
     return sorted((t, p) for t, ps in tps for p in ps)
+
+
+async def find_coordinator(metadata: "ClusterMetadata", group_id: str, overrides: Sequence[str],
+                           timeout_s: float) -> tuple[str, int]:
+    """One FindCoordinator round (Kafka's lookupCoordinator): (host:port, coordinator id) of group_id's coordinator.
+
+    Asks the known brokers, then bootstrap.servers (BrokerService.FindCoordinator, answered
+    from etcd), then the Gregor-only `coordinator.bootstrap.servers` override, if set, directly
+    (GroupCoordinatorService.FindCoordinator); the first answer wins. Raises the most telling
+    error otherwise: a broker's COORDINATOR_NOT_AVAILABLE over a transport failure; the error
+    carries `unimplemented=True` when no one asked serves FindCoordinator (pre-FindCoordinator brokers).
+    """
+    request = coordinator_pb2.FindCoordinatorRequest(group_id=group_id, key_type=0)  # key_type GROUP
+    brokers = list(dict.fromkeys([b.address for b in metadata.brokers.values()] + metadata.bootstrap))
+    targets = [(a, False) for a in brokers] + [(a, True) for a in dict.fromkeys(overrides) if a not in brokers]
+    best: Optional[errors.GregorError] = None
+    unimplemented = 0
+    for address, direct in targets:
+        ch = metadata.channel(address)
+        stub: Any = coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch) if direct else \
+            broker_pb2_grpc.BrokerServiceStub(ch)
+        try:
+            resp = await stub.FindCoordinator(request, timeout=timeout_s)
+        except (grpc.RpcError, asyncio.TimeoutError) as exc:
+            err = call_error(exc)
+            if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                unimplemented += 1
+            if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+                raise err from None
+            if best is None or (err.code == Code.COORDINATOR_NOT_AVAILABLE
+                                and best.code != Code.COORDINATOR_NOT_AVAILABLE):
+                best = err
+            continue
+        return f"{resp.host}:{resp.port}", int(resp.coordinator_id)
+    out: errors.GregorError = best or errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, "nowhere to ask FindCoordinator")
+    out.unimplemented = unimplemented == len(targets)  # type: ignore[attr-defined]
+    raise out
 
 
 _CLIENT_IDS = itertools.count(1)
@@ -198,44 +236,27 @@ class GroupMember:
 
     # ------------------------------------------------------------ coordinator
     async def ensure_coordinator(self, deadline: float) -> str:
-        """FindCoordinator (any broker answers), retried until deadline."""
+        """FindCoordinator through any broker (coordinator.bootstrap.servers as a fallback), retried until deadline."""
         while self.coordinator is None:
-            last: Optional[errors.GregorError] = None
-            unimplemented = 0
-            candidates = self._candidates()
-            for address in candidates:
-                try:
-                    stub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.metadata.channel(address))
-                    resp = await stub.FindCoordinator(coordinator_pb2.FindCoordinatorRequest(group_id=self.group_id),
-                                                      timeout=self.request_timeout_s)
-                except (grpc.RpcError, asyncio.TimeoutError) as exc:
-                    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                        unimplemented += 1
-                    last = call_error(exc)
-                    if last.code == Code.INVALID_GROUP_ID:
-                        raise last from None
-                    continue
-                self.coordinator = f"{resp.host}:{resp.port}"
-                log.info("group %s: coordinator %s at %s", self.group_id, resp.coordinator_id, self.coordinator)
+            try:
+                self.coordinator, cid = await find_coordinator(
+                    self.metadata, self.group_id, self.coordinator_bootstrap, self.request_timeout_s)
+                log.info("group %s: coordinator %s at %s", self.group_id, cid, self.coordinator)
                 break
-            if self.coordinator is None:
-                if unimplemented == len(candidates) and not self._warned_no_coordinator:
+            except errors.GregorError as err:
+                if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+                    raise
+                if getattr(err, "unimplemented", False) and not self._warned_no_coordinator:
                     self._warned_no_coordinator = True
-                    log.warning("group %s: none of %s serves FindCoordinator; set coordinator.bootstrap.servers to "
-                                "a group coordinator (the gregor CLI reads cluster.json or GREGOR_COORDINATORS)",
-                                self.group_id, ",".join(candidates))
+                    log.warning("group %s: no broker serves FindCoordinator (%s); set coordinator.bootstrap.servers "
+                                "to a group coordinator", self.group_id, err.message)
                 if time.monotonic() >= deadline:
-                    err = errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
-                        f"no coordinator found for group {self.group_id!r}: {last.message if last else ''}")
-                    err.discovery_failed = True
-                    raise err
-                await asyncio.sleep(max(self.backoff_s, 0.2))
+                    out = errors.CoordinatorNotAvailableError(  # type: ignore[attr-defined]
+                        f"no coordinator found for group {self.group_id!r}: {err.message}")
+                    out.discovery_failed = True
+                    raise out from None
+            await asyncio.sleep(max(self.backoff_s, 0.2))
         return self.coordinator
-
-    def _candidates(self) -> list[str]:
-        """Where to ask FindCoordinator: coordinator.bootstrap.servers, then any broker (Kafka asks a broker)."""
-        known = [b.address for b in self.metadata.brokers.values()]
-        return list(dict.fromkeys(self.coordinator_bootstrap + known + self.metadata.bootstrap))
 
     def coordinator_dead(self, why: str) -> None:
         if self.coordinator is not None:

@@ -1,0 +1,140 @@
+"""Broker-side FindCoordinator: which group coordinator instance owns a group (seed 003, 6.5 "find the coordinator").
+
+In Kafka every broker is a coordinator and any broker answers FindCoordinator with
+the leader of `__consumer_offsets` partition `partitionFor(group.id)`. In Gregor the
+coordinators are separate processes, so a broker answers from etcd instead: it
+watches `coordinators/` — the lease-bound registrations `coordinators/ids/<id>` (JSON
+{coordinator_id, host, port}) and claims `coordinators/partitions/<p>` (the holder's
+id) — and names, for the group's partition p:
+
+1. the live instance holding the claim on p (it serves p now, or is loading it), else
+2. `ownership.desired_owner(p, live ids)` — the instance that will claim p next
+   (the coordinators' own assignment rule), so after a coordinator dies the answer
+   moves to a survivor as soon as the dead one's lease expires (its registration
+   and claims vanish with it), not only after the survivor's claim lands.
+
+A group asked of an instance that is still claiming or loading p gets
+COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR from it, and the client asks again.
+No live instance (or no `__consumer_offsets` yet) is COORDINATOR_NOT_AVAILABLE
+(retriable), as is a standalone broker, which has no coordinators at all.
+
+Concurrency: event-loop owned; one watch task keeps `live` and `claims` current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from gregor.common import errors
+from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
+from gregor.coordinator.offsets_log import OFFSETS_TOPIC, partition_for
+from gregor.coordinator.ownership import desired_owner
+
+log = logging.getLogger(__name__)
+
+Code = errors.Code
+KEY_TYPE_GROUP = 0  # Kafka's FindCoordinatorRequest key_type: 0 GROUP, 1 TRANSACTION
+SYNC_WAIT_S = 2.0  # a request arriving before the first etcd read waits at most this long for it
+RETRY_S = 0.5  # pause before reading etcd again after an error
+
+
+class CoordinatorLookup:
+    """The etcd view of the coordinator instances and their claimed __consumer_offsets partitions."""
+
+    def __init__(self, etcd: EtcdClient) -> None:
+        self.etcd = etcd
+        self.live: dict[int, dict[str, Any]] = {}  # coordinator id -> registration
+        self.claims: dict[int, int] = {}  # offsets partition -> coordinator id holding its claim
+        self.num_partitions = 0  # of __consumer_offsets; 0 until the topic exists in etcd
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start watching (returns at once: the broker never waits on coordinators to serve)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="coordinator-lookup")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _watch(self) -> None:
+        prefix = self.etcd.key("coordinators") + b"/"
+        while True:
+            try:
+                res = await self.etcd.get_prefix(prefix)
+                self.live, self.claims = {}, {}
+                for kv in res.kvs:
+                    self._apply(self.etcd.relative(kv.key), kv.value)
+                self._synced.set()
+                async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
+                    self._apply(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+            except WatchCompacted:
+                continue
+            except EtcdError as exc:
+                log.warning("coordinator lookup: reading %r from etcd failed (%s); retrying", prefix, exc)
+                await asyncio.sleep(RETRY_S)
+
+    def _apply(self, rel: str, value: bytes | None) -> None:
+        """One `coordinators/{ids,partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""
+        parts = rel.split("/")
+        if len(parts) != 3 or not parts[2].isdigit():
+            return
+        n = int(parts[2])
+        try:
+            if parts[1] == "ids":
+                if value is None:
+                    self.live.pop(n, None)
+                else:
+                    self.live[n] = json.loads(value)
+            elif parts[1] == "partitions":
+                if value is None:
+                    self.claims.pop(n, None)
+                else:
+                    self.claims[n] = int(value)
+        except ValueError as exc:
+            log.warning("coordinator lookup: ignoring malformed %s: %s", rel, exc)
+
+    async def _partitions(self) -> int:
+        """Partition count of __consumer_offsets, read once from etcd (Kafka never changes it)."""
+        if self.num_partitions == 0:
+            kv = await self.etcd.get(self.etcd.key("brokers", "topics", OFFSETS_TOPIC))
+            if kv is not None:
+                self.num_partitions = len(json.loads(kv.value)["partitions"])
+        return self.num_partitions
+
+    async def find(self, group_id: str, key_type: int = KEY_TYPE_GROUP) -> tuple[int, str, int, int]:
+        """(coordinator id, host, port, offsets partition) for group_id, or a typed error."""
+        if key_type != KEY_TYPE_GROUP:
+            raise errors.error_for(Code.INVALID_REQUEST,
+                                   f"FindCoordinator key_type {key_type} is not supported: only 0 (GROUP)")
+        if not group_id:
+            raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
+        if not self._synced.is_set():
+            try:
+                await asyncio.wait_for(self._synced.wait(), SYNC_WAIT_S)
+            except asyncio.TimeoutError:
+                raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                       "this broker has not read the coordinators from etcd yet") from None
+        try:
+            n = await self._partitions()
+        except (EtcdError, ValueError, KeyError) as exc:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"cannot read {OFFSETS_TOPIC} from etcd: {exc}")
+        if n == 0:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"{OFFSETS_TOPIC} does not exist yet: no group coordinator has started")
+        p = partition_for(group_id, n)
+        owner = self.claims.get(p)
+        if owner not in self.live:
+            owner = desired_owner(p, list(self.live))
+        if owner is None:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"no group coordinator is live (group {group_id}, offsets partition {p})")
+        info = self.live[owner]
+        return owner, str(info["host"]), int(info["port"]), p
+

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from gregor.broker.cluster_membership import ClusterMembership
+from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
 from gregor.broker.local_admin import LocalTopicStore
 from gregor.broker.log_manager import LogManager
@@ -41,6 +42,7 @@ class Broker:
         self.topic_store = LocalTopicStore(self.log_manager.log_dirs[0])
         self.metadata_cache = MetadataCache(config.cluster_id)
         self.membership: ClusterMembership | None = None
+        self.coordinator_lookup: CoordinatorLookup | None = None  # FindCoordinator's etcd view (cluster mode)
         self._etcd: Any = None
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
@@ -136,6 +138,8 @@ class Broker:
                                             self.config.broker_session_timeout_ms)
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.
         self._start_replication()
+        self.coordinator_lookup = CoordinatorLookup(self._etcd)
+        self.coordinator_lookup.start()
         await self.membership.start()
 
     def _start_replication(self) -> None:
@@ -148,6 +152,7 @@ class Broker:
         assert membership is not None
         fetchers = ReplicaFetcherManager(rm, rm.endpoint_of, lambda: membership.broker_epoch)
         isr = IsrManager(rm, self._etcd, self.config.broker_id, self.config.replica_lag_time_max_ms)
+        rm.metadata_cache = self.metadata_cache  # live broker epochs for follower fetches (KIP-380/903)
         rm.attach_replication(fetchers, isr)
 
     def ready_info(self) -> dict[str, Any]:
@@ -168,8 +173,17 @@ class Broker:
 
     async def stop(self, grace_s: float = 2.0) -> None:
         if self.membership is not None:
-            await self.membership.close()  # deregister first: the controller moves leadership away
+            if self.config.controlled_shutdown_enable and self.membership.broker_epoch >= 0:
+                # Still serving: the controller moves our leaderships to other ISR members first.
+                await self.membership.controlled_shutdown(self.config.controlled_shutdown_max_retries,
+                                                          self.config.controlled_shutdown_retry_backoff_ms)
+        # Stop fetching before deregistering: a follower still fetching could be taken back into an ISR
+        # after the controller removed it, and acks=all would wait for it until replica.lag.time.max.ms.
         await self.replica_manager.stop_replication()
+        if self.membership is not None:
+            await self.membership.close()  # deregister: the controller runs onBrokerFailure for what is left
+        if self.coordinator_lookup is not None:
+            await self.coordinator_lookup.stop()
         if self._etcd is not None:
             await self._etcd.close()
         self.replica_manager.shutdown()

@@ -6,13 +6,31 @@ thread-safe on its own, so zero-copy sends may run on worker threads.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import gregor_native as native
 
+from gregor.broker.producer_state import (
+    PRODUCER_ID_EXPIRATION_MS_DEFAULT,
+    BatchInfo,
+    ProducerStateManager,
+    parse_batch_infos,
+)
 from gregor.common import errors
 from gregor.common.clock import now_ms
-from gregor.common.isr import FollowerFetchState, maybe_expand_isr, maybe_shrink_isr
+from gregor.common.isr import (
+    NO_BROKER_EPOCH,
+    REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+    FollowerFetchState,
+    compute_high_watermark,
+    is_isr_eligible,
+    is_stale_follower_fetch,
+    maybe_expand_isr,
+    maybe_shrink_isr,
+)
+
+log = logging.getLogger(__name__)
 
 
 def native_error(exc: Exception, topic: str, partition: int) -> errors.GregorError:
@@ -29,6 +47,17 @@ def native_error(exc: Exception, topic: str, partition: int) -> errors.GregorErr
     if isinstance(exc, (OSError, native.LogClosedError)):
         return errors.error_for(errors.Code.KAFKA_STORAGE_ERROR, str(exc), **where)
     return errors.error_for(errors.Code.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}", **where)
+
+
+@dataclass(frozen=True)
+class DuplicateAppendInfo:
+    """An idempotent retry of a batch already in the log: its original offsets; nothing was appended."""
+
+    first_offset: int
+    last_offset: int
+    num_records: int = 0
+    valid_bytes: int = 0
+    duplicate: bool = True
 
 
 @dataclass
@@ -53,6 +82,12 @@ class Partition:
     partition_epoch: int = -1
     # An ISR write to etcd is in flight (one at a time per partition).
     isr_update_in_flight: bool = False
+    # replica.lag.time.max.ms (broker config): the ISR shrink bound and the HW's caught-up window.
+    replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT
+    # Idempotence (seed 003): producer ids' epochs and last batches, loaded on the first append.
+    producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT
+    producer_state: ProducerStateManager | None = None
+    _segments_seen: tuple[int, int] = (-1, -1)  # (num_segments, active base offset) at the last append
 
     @property
     def key(self) -> tuple[str, int]:
@@ -123,20 +158,45 @@ class Partition:
         return True
 
     # ------------------------------------------------------------------ replication (seed 000)
-    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, fetch_time_ms: int) -> bool:
+    def check_follower_broker_epoch(self, replica_id: int, broker_epoch: int, live_epoch: int | None) -> None:
+        """Refuse a follower fetch from an earlier incarnation of that broker (STALE_BROKER_EPOCH).
+
+        The newest epoch known for the follower is the larger of what its accepted
+        fetches carried and what the controller's live-broker list says (KIP-380).
+        """
+        state = self.follower_states.get(replica_id)
+        newest = max(state.broker_epoch if state is not None else NO_BROKER_EPOCH,
+                     live_epoch if live_epoch is not None else NO_BROKER_EPOCH)
+        if is_stale_follower_fetch(broker_epoch, newest):
+            raise errors.error_for(
+                errors.Code.STALE_BROKER_EPOCH,
+                f"fetch from broker {replica_id} at broker epoch {broker_epoch}, older than {newest}",
+                topic=self.topic, partition=self.partition)
+
+    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, fetch_time_ms: int,
+                                    broker_epoch: int = NO_BROKER_EPOCH) -> bool:
         """A follower fetched at fetch_offset (its LEO): record it; True if the HW moved."""
         if not self.is_leader or replica_id not in self.replicas or replica_id == self.local_broker_id:
             return False
         state = self.follower_states.setdefault(replica_id, FollowerFetchState())
         state.update_fetch_state(fetch_offset, self.log.log_end_offset, fetch_time_ms)
-        return self.maybe_increment_leader_hw()
+        if broker_epoch != NO_BROKER_EPOCH:
+            state.broker_epoch = max(state.broker_epoch, broker_epoch)
+        return self.maybe_increment_leader_hw(fetch_time_ms)
 
-    def needs_expand_isr(self, replica_id: int) -> bool:
-        """A follower outside the ISR whose LEO reached the HW and its leader epoch's start (seed 000)."""
+    def needs_expand_isr(self, replica_id: int, live_broker_epochs: dict[int, int] | None = None) -> bool:
+        """A follower outside the ISR whose LEO reached the HW and its leader epoch's start (seed 000).
+
+        With the controller's live-broker epochs given, only the registered incarnation
+        of the follower is eligible (KIP-903): a fetch from a dead or older one is not.
+        """
         if not self.is_leader or replica_id in self.isr or replica_id not in self.replicas:
             return False
         state = self.follower_states.get(replica_id)
         if state is None:
+            return False
+        if live_broker_epochs is not None and not is_isr_eligible(
+                state.broker_epoch, live_broker_epochs.get(replica_id), bool(live_broker_epochs)):
             return False
         return maybe_expand_isr(state.log_end_offset, self.high_watermark, self.leader_epoch_start_offset)
 
@@ -171,27 +231,103 @@ class Partition:
             raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER,
                                    f"broker {self.local_broker_id} is not the leader", **where)
 
-    def append_records_to_leader(self, records: bytes, required_acks: int) -> native.AppendInfo:
-        """Validate and append as leader; offsets are assigned in the native engine."""
+    def append_records_to_leader(self, records: bytes,
+                                 required_acks: int) -> native.AppendInfo | DuplicateAppendInfo:
+        """Validate and append as leader; offsets are assigned in the native engine.
+
+        Idempotent batches are checked against the ProducerStateManager first
+        (header fields only): a duplicate answers its original offsets without
+        appending; a gap or a stale epoch rejects the request before any write.
+        """
         self.check_leader()
         if required_acks == -1 and len(self.isr) < self.min_insync_replicas:
             raise errors.error_for(
                 errors.Code.NOT_ENOUGH_REPLICAS,
                 f"ISR size {len(self.isr)} is below min.insync.replicas {self.min_insync_replicas}",
                 topic=self.topic, partition=self.partition)
+        batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
+        psm = self.producer_state_manager()
+        if batches is not None:
+            duplicate = psm.check_leader_append(batches)
+            if duplicate is not None:
+                return DuplicateAppendInfo(duplicate.first_offset, duplicate.last_offset)
         try:
             info = self.log.append_as_leader(records, self.leader_epoch, now_ms())
         except Exception as exc:
             raise native_error(exc, self.topic, self.partition) from exc
+        self._update_producer_state(batches, info.first_offset)
         self.maybe_increment_leader_hw()
         return info
 
-    def maybe_increment_leader_hw(self) -> bool:
-        """HW = min LEO over the ISR (seed 000); it never moves backwards."""
-        leos = [self.log.log_end_offset]
-        leos += [self.follower_states[r].log_end_offset if r in self.follower_states else 0
-                 for r in self.isr if r != self.local_broker_id]
-        new_hw = min(leos)
+    def append_records_to_follower(self, records: bytes) -> native.AppendInfo:
+        """Append replicated batches (offsets and epochs kept) and apply them to the producer state."""
+        self.producer_state_manager()
+        info = self.log.append_as_follower(records)
+        self._update_producer_state(parse_batch_infos(records), None)
+        return info
+
+    # ------------------------------------------------------------------ producer state (idempotence)
+    def producer_state_manager(self) -> ProducerStateManager:
+        """The partition's ProducerStateManager, loaded (snapshot + header scan) on first use.
+
+        Every append goes through the Partition, so the state's end offset equals
+        the LEO; if it does not, the log was truncated (replication) or reset
+        since, and the state is rebuilt from the snapshots for the log as it is.
+        """
+        psm = self.producer_state
+        if psm is None:
+            psm = ProducerStateManager(self.topic, self.partition, self.log.dir, self.producer_id_expiration_ms)
+        try:
+            if psm is not self.producer_state or psm.map_end_offset != self.log.log_end_offset:
+                psm.load(self.log)
+            if psm is not self.producer_state:
+                self._segments_seen = (self.log.num_segments, self.log.segments()[-1].base_offset)
+        except Exception as exc:  # unreadable log: this append fails, the next one tries again
+            self.producer_state = None
+            raise native_error(exc, self.topic, self.partition) from exc
+        self.producer_state = psm
+        return psm
+
+    def _update_producer_state(self, batches: list[BatchInfo] | None, first_offset: int | None) -> None:
+        psm = self.producer_state
+        if psm is None:
+            return
+        if batches is not None and any(b.producer_id >= 0 for b in batches):
+            psm.update(batches, first_offset)
+        psm.map_end_offset = self.log.log_end_offset
+        now = now_ms()
+        if psm.maybe_remove_expired_producers(now):
+            psm.delete_snapshots(below=self.log.log_start_offset, keep_latest=True)
+        segments = self.log.num_segments
+        if segments != self._segments_seen[0]:
+            active = self.log.segments()[-1].base_offset
+            if active != self._segments_seen[1]:
+                self.snapshot_producer_state()  # a segment rolled: Kafka snapshots at every roll
+            self._segments_seen = (segments, active)
+
+    def snapshot_producer_state(self) -> None:
+        """Write `<LEO:020>.snapshot` if the state is loaded (segment roll, clean shutdown)."""
+        psm = self.producer_state
+        if psm is None or psm.map_end_offset != self.log.log_end_offset:
+            return
+        try:
+            psm.take_snapshot()
+        except OSError as exc:
+            log.warning("%s-%d: cannot write producer snapshot: %s",
+                        self.topic, self.partition, exc)
+
+    def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
+        """Seed 000's maybeIncrementLeaderHW: min LEO over the ISR and caught-up followers; never backwards."""
+        leo = self.log.log_end_offset
+        if self.high_watermark > leo:
+            return False  # only a follower's view can be ahead of its own log; a leader never lowers it
+        states = self.follower_states
+        leos = {r: s.log_end_offset for r, s in states.items()}
+        leos.update({r: 0 for r in self.isr if r != self.local_broker_id and r not in states})
+        new_hw = compute_high_watermark(
+            leo, self.isr, leos, self.high_watermark, self.local_broker_id,
+            {r: s.last_caught_up_time_ms for r, s in states.items()}, now if now is not None else now_ms(),
+            self.replica_lag_time_max_ms)
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
             return True

@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager
-from gregor.broker.partition import Partition, native_error
+from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.common import errors
 from gregor.common.clock import now_ms
@@ -29,6 +29,7 @@ from gregor.common.config import BrokerConfig, effective_topic_configs
 
 if TYPE_CHECKING:
     from gregor.broker.isr_manager import IsrManager
+    from gregor.broker.metadata_cache import MetadataCache
     from gregor.broker.replica_fetcher import ReplicaFetcherManager
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ BYTES_IN = Counter("gregor_broker_topic_bytes_in_total", "Bytes appended by prod
 MESSAGES_IN = Counter("gregor_broker_topic_messages_in_total", "Records appended by produce requests", ["topic"])
 BYTES_OUT = Counter("gregor_broker_topic_bytes_out_total", "Bytes returned by fetch requests", ["topic"])
 FAILED_PRODUCE = Counter("gregor_broker_failed_produce_requests_total", "Produce requests that failed", ["error"])
+DUPLICATE_BATCHES = Counter("gregor_broker_produce_duplicate_requests_total",
+                            "Idempotent retries answered with their original offsets, not appended again", ["topic"])
 FAILED_FETCH = Counter("gregor_broker_failed_fetch_requests_total", "Fetch requests that failed", ["error"])
 PARTITION_COUNT = Gauge("gregor_broker_partitions", "Partition replicas hosted by this broker")
 LEADER_COUNT = Gauge("gregor_broker_leader_partitions", "Partitions this broker leads")
@@ -63,6 +66,8 @@ class ProduceResult:
     base_offset: int
     last_offset: int
     log_start_offset: int
+    # An idempotent retry of a batch already in the log: the offsets are the original ones.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class FetchResult:
 class DelayedProduce(DelayedOperation[ProduceResult]):
     """acks=all: done once the high watermark passes the append (seed 004)."""
 
-    def __init__(self, delay_ms: int, partition: Partition, info: native.AppendInfo) -> None:
+    def __init__(self, delay_ms: int, partition: Partition, info: "native.AppendInfo | DuplicateAppendInfo") -> None:
         super().__init__(delay_ms)
         self.partition = partition
         self.info = info
@@ -95,7 +100,8 @@ class DelayedProduce(DelayedOperation[ProduceResult]):
             if len(p.isr) < p.min_insync_replicas:
                 raise errors.error_for(errors.Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                                        "ISR shrank below min.insync.replicas after the append", **where)
-            return ProduceResult(self.info.first_offset, self.info.last_offset, p.log.log_start_offset)
+            return ProduceResult(self.info.first_offset, self.info.last_offset, p.log.log_start_offset,
+                                 isinstance(self.info, DuplicateAppendInfo))
         if not p.is_leader:
             raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "leadership moved before replication",
                                    leader_id=p.leader_id, leader_epoch=p.leader_epoch, **where)
@@ -151,6 +157,8 @@ class ReplicaManager:
         self.broker_endpoints: dict[int, str] = {}  # broker id -> host:port, from LeaderAndIsr's live_leaders
         self._checkpointed_hws: dict[tuple[str, int], int] = {}
         self._checkpoint_task: asyncio.Task[None] | None = None
+        # Cluster mode: the controller's live brokers (UpdateMetadata), for follower broker-epoch checks.
+        self.metadata_cache: "MetadataCache | None" = None
 
     # ------------------------------------------------------------------ replication (cluster mode)
     def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
@@ -211,8 +219,10 @@ class ReplicaManager:
         if existing is not None:
             return existing
         lg = self.log_manager.get_or_create_log(topic, partition, configs)
-        p = Partition(topic, partition, lg, self.config.broker_id, configs)
+        p = Partition(topic, partition, lg, self.config.broker_id, configs,
+                      replica_lag_time_max_ms=self.config.replica_lag_time_max_ms)
         self._load_high_watermark(p)
+        p.producer_id_expiration_ms = self.config.producer_id_expiration_ms
         self.partitions[p.key] = p
         return p
 
@@ -319,12 +329,15 @@ class ReplicaManager:
         except errors.GregorError as err:
             FAILED_PRODUCE.labels(error=err.name).inc()
             raise
+        if isinstance(info, DuplicateAppendInfo):
+            DUPLICATE_BATCHES.labels(topic=topic).inc()
         BYTES_IN.labels(topic=topic).inc(info.valid_bytes)
         MESSAGES_IN.labels(topic=topic).inc(info.num_records)
         # New data may satisfy waiting fetches (followers at once, consumers once the HW moves).
         self.fetch_purgatory.check_and_complete(p.key)
         self.produce_purgatory.check_and_complete(p.key)
-        result = ProduceResult(info.first_offset, info.last_offset, p.log.log_start_offset)
+        result = ProduceResult(info.first_offset, info.last_offset, p.log.log_start_offset,
+                               isinstance(info, DuplicateAppendInfo))
         if acks != -1:
             return result
         op = DelayedProduce(max(timeout_ms, 0), p, info)
@@ -345,7 +358,7 @@ class ReplicaManager:
 
     async def handle_fetch(self, topic: str, partition: int, fetch_offset: int, max_bytes: int,
                            min_bytes: int, max_wait_ms: int, replica_id: int = -1,
-                           current_leader_epoch: int = -1) -> FetchResult:
+                           current_leader_epoch: int = -1, replica_broker_epoch: int = -1) -> FetchResult:
         try:
             if max_bytes <= 0 or min_bytes < 0 or max_wait_ms < 0:
                 raise errors.error_for(
@@ -358,13 +371,15 @@ class ReplicaManager:
             max_bytes = min(max_bytes, self.config.fetch_max_bytes)
             p = self.get_partition(topic, partition)
             is_follower = replica_id >= 0
+            if is_follower:
+                p.check_follower_broker_epoch(replica_id, replica_broker_epoch, self.live_broker_epoch(replica_id))
 
             def read() -> FetchResult:
                 return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch)
 
             result = read()
             if is_follower:
-                self._on_follower_fetch(p, replica_id, fetch_offset)
+                self._on_follower_fetch(p, replica_id, fetch_offset, replica_broker_epoch)
             if max_wait_ms == 0 or result.slice.length >= max(min_bytes, 1):
                 BYTES_OUT.labels(topic=topic).inc(result.slice.length)
                 return result
@@ -377,9 +392,21 @@ class ReplicaManager:
             FAILED_FETCH.labels(error=err.name).inc()
             raise
 
-    def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int) -> None:
+    def live_broker_epochs(self) -> dict[int, int] | None:
+        """Broker id -> epoch of the live brokers as the controller last said (None before any UpdateMetadata)."""
+        cache = self.metadata_cache
+        if cache is None or not cache.live_brokers:
+            return None
+        return {b: e.broker_epoch for b, e in cache.live_brokers.items()}
+
+    def live_broker_epoch(self, broker_id: int) -> int | None:
+        cache = self.metadata_cache
+        endpoint = cache.live_brokers.get(broker_id) if cache is not None else None
+        return endpoint.broker_epoch if endpoint is not None else None
+
+    def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
         """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
-        if p.update_follower_fetch_state(replica_id, fetch_offset, now_ms()):
+        if p.update_follower_fetch_state(replica_id, fetch_offset, now_ms(), broker_epoch):
             self.on_high_watermark_change(p)
         if self.isr_manager is not None:
             self.isr_manager.maybe_expand_isr(p, replica_id)
@@ -410,3 +437,6 @@ class ReplicaManager:
         closing = errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "broker is shutting down")
         self.produce_purgatory.cancel_all(closing)
         self.fetch_purgatory.cancel_all(closing)
+        # Clean shutdown: snapshot every loaded producer state at its LEO, so a restart loads it without a scan.
+        for p in self.partitions.values():
+            p.snapshot_producer_state()

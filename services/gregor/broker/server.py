@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.common import errors
 from gregor.common.etcd import EtcdError
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
+from gregor.rpc.v1 import coordinator_pb2
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
@@ -26,7 +28,9 @@ async def handle_fetch_request(replicas: "ReplicaManager", request: broker_pb2.F
     return await replicas.handle_fetch(
         request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
         request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
-        request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+        request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
+        # A broker epoch is an etcd creation revision (>= 1); 0 means the follower sent none.
+        replica_broker_epoch=request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1)
 
 
 def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.FetchResponse:
@@ -42,6 +46,58 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.replicas = broker.replica_manager
+        self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
+
+    def producer_id_manager(self) -> "RpcProducerIdManager | LocalProducerIdManager":
+        """Blocks from the controller in cluster mode, a local persistent block file when standalone."""
+        if self._producer_ids is None:
+            if self.broker.cluster_mode:
+                self._producer_ids = RpcProducerIdManager(self._allocate_producer_ids)
+            else:
+                self._producer_ids = LocalProducerIdManager(self.broker.log_manager.log_dirs[0])
+        return self._producer_ids
+
+    async def _allocate_producer_ids(self) -> tuple[int, int]:
+        """One AllocateProducerIds round trip to the active controller (found through etcd)."""
+        membership = self.broker.membership
+        if membership is None:
+            raise errors.error_for(errors.Code.NOT_CONTROLLER, "not registered in a cluster")
+        try:
+            epoch = await membership.wait_registered()
+            _, ch = await membership.controller_channel()
+            resp = await controller_pb2_grpc.ControllerServiceStub(ch).AllocateProducerIds(
+                controller_pb2.AllocateProducerIdsRequest(broker_id=self.broker.config.broker_id, broker_epoch=epoch),
+                timeout=FORWARD_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc_error(exc) from None
+        except EtcdError as exc:
+            raise errors.error_for(errors.Code.NOT_CONTROLLER, f"cannot read the controller from etcd: {exc}")
+        if resp.error.code:
+            raise errors.error_for(resp.error.code, resp.error.message)
+        return resp.producer_id_start, resp.producer_id_len
+
+    @rpc_method("BrokerService")
+    async def InitProducerId(self, request: broker_pb2.InitProducerIdRequest,
+                             context: Ctx) -> broker_pb2.InitProducerIdResponse:
+        """Kafka's InitProducerId without a transactional id: a fresh producer id at epoch 0."""
+        if request.transactional_id:
+            raise errors.error_for(errors.Code.INVALID_REQUEST,
+                                   "transactions are not supported yet: InitProducerId takes no transactional_id")
+        pid = await self.producer_id_manager().generate_producer_id()
+        return broker_pb2.InitProducerIdResponse(producer_id=pid, producer_epoch=0)
+
+    @rpc_method("BrokerService")
+    async def FindCoordinator(self, request: coordinator_pb2.FindCoordinatorRequest,
+                              context: Ctx) -> coordinator_pb2.FindCoordinatorResponse:
+        """Kafka's FindCoordinator (key_type GROUP), answered from etcd (broker/coordinator_lookup.py)."""
+        lookup = self.broker.coordinator_lookup
+        if lookup is None:
+            why = ("this broker is still starting" if self.broker.cluster_mode else
+                   "a standalone broker has none: consumer groups need a cluster with coordinators")
+            raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"no group coordinator for group {request.group_id}: {why}")
+        cid, host, port, p = await lookup.find(request.group_id, request.key_type)
+        return coordinator_pb2.FindCoordinatorResponse(coordinator_id=cid, host=host, port=port, partition=p)
 
     @rpc_method("BrokerService")
     async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
@@ -51,7 +107,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             return broker_pb2.ProduceResponse(base_offset=-1, last_offset=-1, log_append_time_ms=-1,
                                               log_start_offset=result.log_start_offset)
         return broker_pb2.ProduceResponse(base_offset=result.base_offset, last_offset=result.last_offset,
-                                          log_append_time_ms=-1, log_start_offset=result.log_start_offset)
+                                          log_append_time_ms=-1, log_start_offset=result.log_start_offset,
+                                          duplicate=result.duplicate)
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:

@@ -10,6 +10,8 @@ import click
 
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
+from gregor.cli.leader_election import leader_election
+from gregor.cli.groups import groups
 from gregor.cli.logdump import log_group
 from gregor.cli.perf import perf
 from gregor.cli.produce import produce
@@ -43,6 +45,8 @@ cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(log_group)
 cli.add_command(perf)
+cli.add_command(leader_election)
+cli.add_command(groups)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import struct
 import time
 from typing import Any, Callable, Generator, NamedTuple, Optional, Sequence
 
+import gregor_native as native
+
 from gregor.common import errors
-from gregor.common.records import RECORD_OVERHEAD_BYTES, build_batch_from_deltas
+from gregor.common.records import BATCH_HEADER_SIZE, RECORD_OVERHEAD_BYTES, build_batch_from_deltas
 
 TopicPartition = tuple[str, int]
 Callback = Callable[[Optional["RecordMetadata"], Optional[BaseException]], Any]
@@ -32,7 +35,8 @@ class ProducerBatch:
     """Records of one partition sent together; one future for all of them."""
 
     __slots__ = ("topic", "partition", "records", "size_bytes", "created", "future", "callbacks",
-                 "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp")
+                 "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp",
+                 "producer_id", "producer_epoch", "base_sequence", "parts")
 
     def __init__(self, topic: str, partition: int, created: float, base_timestamp: int = 0) -> None:
         self.topic = topic
@@ -51,6 +55,12 @@ class ProducerBatch:
         self.sealed = False  # drained at least once: no more appends
         self.payload: Optional[bytes] = None  # encoded batch, kept for retries
         self.log_append_time = -1
+        # Idempotence (seed 003): set when the sender first drains the batch; -1 means none.
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
+        # A merged batch (idempotent drain): the batches it carries and the index of each one's first record.
+        self.parts: Optional[list[tuple["ProducerBatch", int]]] = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -59,8 +69,28 @@ class ProducerBatch:
     def encode(self, compression: str) -> bytes:
         if self.payload is None:
             self.payload = build_batch_from_deltas(self.records, self.base_timestamp, self.max_timestamp,
-                                                   compression)
+                                                   compression, producer_id=self.producer_id,
+                                                   producer_epoch=self.producer_epoch,
+                                                   base_sequence=self.base_sequence)
         return self.payload
+
+    @property
+    def has_sequence(self) -> bool:
+        return self.base_sequence >= 0
+
+    @property
+    def last_sequence(self) -> int:
+        return self.base_sequence + len(self.records) - 1
+
+    def set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        """Stamp producerId, producerEpoch and baseSequence into the batch header, then redo the CRC.
+
+        The CRC-32C covers attributes to the end, so it is computed after the
+        fields are in place; the records section (compressed or not) is kept.
+        """
+        self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
+        if self.payload is not None:
+            self.payload = stamp_producer_state(self.payload, producer_id, producer_epoch, base_sequence)
 
     def metadata(self, index: int) -> RecordMetadata:
         base = self.future.result()
@@ -70,6 +100,9 @@ class ProducerBatch:
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
         if self.future.done():
             return
+        if self.parts is not None:
+            for part, start in self.parts:
+                part.complete(base_offset + start if base_offset >= 0 else base_offset, log_append_time)
         self.log_append_time = log_append_time
         self.future.set_result(base_offset)
         if self.callbacks:
@@ -81,10 +114,28 @@ class ProducerBatch:
     def fail(self, exc: BaseException) -> None:
         if self.future.done():
             return
+        if self.parts is not None:
+            for part, _ in self.parts:
+                part.fail(exc)
         self.future.set_exception(exc)
         self.future.exception()  # mark retrieved: a caller who never awaits is not an "unhandled" error
         for _, cb in self.callbacks:
             _call(cb, None, exc)
+
+
+_PRODUCER_FIELDS = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence at byte 43 of a v2 batch
+_PRODUCER_FIELDS_POS = 43
+_CRC = struct.Struct(">I")
+_CRC_POS = 17
+_ATTRIBUTES_POS = 21  # the CRC covers attributes to the end of the batch
+
+
+def stamp_producer_state(payload: bytes, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    """A copy of one encoded v2 batch with new producer fields and the CRC computed over them."""
+    buf = bytearray(payload)
+    _PRODUCER_FIELDS.pack_into(buf, _PRODUCER_FIELDS_POS, producer_id, producer_epoch, base_sequence)
+    _CRC.pack_into(buf, _CRC_POS, native.crc32c(bytes(memoryview(buf)[_ATTRIBUTES_POS:])))
+    return bytes(buf)
 
 
 def _call(cb: Callback, md: Optional[RecordMetadata], exc: Optional[BaseException]) -> None:
@@ -130,6 +181,11 @@ class FutureRecordMetadata:
             _call(cb, None if exc else self.result(), exc)
         else:
             self.batch.callbacks.append((self.index, cb))
+
+
+def record_size_of(batch: ProducerBatch) -> int:
+    """The buffer.memory estimate of a batch's records."""
+    return sum(record_size(k, v, h) for k, v, h, _ in batch.records)
 
 
 def record_size(key: Optional[bytes], value: Optional[bytes], headers: Sequence[tuple[str, bytes]]) -> int:
@@ -299,12 +355,13 @@ class RecordAccumulator:
         # Someone blocked in append(): send everything rather than wait for linger.
         return self.buffered_bytes >= self.buffer_memory * 0.9
 
-    def drain(self, tp: TopicPartition, max_request_size: int) -> list[ProducerBatch]:
-        """Head batches of tp for one produce request: at least one, up to max.request.size."""
+    def drain(self, tp: TopicPartition, max_request_size: int, max_batches: Optional[int] = None) -> list[
+            ProducerBatch]:
+        """Head batches of tp for one produce request: at least one, up to max.request.size (and max_batches)."""
         dq = self.batches.get(tp)
         out: list[ProducerBatch] = []
         total = 0
-        while dq:
+        while dq and (max_batches is None or len(out) < max_batches):
             head = dq[0]
             try:
                 payload = head.encode(self.compression)
@@ -334,10 +391,87 @@ class RecordAccumulator:
             out.append(head)
         return out
 
+    def drain_merged(self, tp: TopicPartition, max_request_size: int) -> list[ProducerBatch]:
+        """Idempotent producer: the head batches never sent, as ONE batch (one sequence range) up to max.request.size.
+
+        The broker remembers the last 5 batches of a producer, so at most 5 may be
+        unacknowledged per partition; merging the ready ones into one wire batch
+        keeps requests as large as without idempotence. Each part keeps its own
+        future (completed from the merged batch's base offset). One ready batch
+        takes the ordinary drain path.
+        """
+        dq = self.batches.get(tp)
+        n, total = 0, BATCH_HEADER_SIZE
+        for b in dq or ():
+            if b.has_sequence or (n and total + b.size_bytes > max_request_size):
+                break
+            n += 1
+            total += b.size_bytes
+        if n <= 1 or dq is None:
+            return self.drain(tp, max_request_size, 1)
+        parts = [dq.popleft() for _ in range(n)]
+        first = parts[0]
+        merged = ProducerBatch(tp[0], tp[1], first.created, first.base_timestamp)
+        merged.parts = []
+        records = merged.records
+        for part in parts:
+            part.sealed = True
+            part.attempts += 1
+            merged.parts.append((part, len(records)))
+            shift = part.base_timestamp - first.base_timestamp
+            records.extend(part.records if shift == 0 else [(k, v, h, d + shift) for k, v, h, d in part.records])
+            merged.max_timestamp = max(merged.max_timestamp, part.max_timestamp)
+            merged.size_bytes += part.size_bytes
+            part.size_bytes = 0  # the merged batch holds the buffer.memory bytes now
+        merged.sealed = True
+        merged.attempts = 1
+        # Not encoded yet: the sender stamps its sequence first, then encodes once (encode_or_fail).
+        return [merged]
+
+    def encode_or_fail(self, batch: ProducerBatch) -> bool:
+        """Encode a drained batch now; False (and the batch failed with INVALID_RECORD) if the encoder rejects it."""
+        try:
+            batch.encode(self.compression)
+            return True
+        except Exception as exc:  # a record the encoder rejects fails its batches, never the sender
+            self.deallocate(batch)
+            err = errors.error_for(errors.Code.INVALID_RECORD, f"cannot encode batch: {type(exc).__name__}: {exc}",
+                                   topic=batch.topic, partition=batch.partition)
+            err.__cause__ = exc
+            batch.fail(err)
+            return False
+
+    def split_merged(self, merged: ProducerBatch) -> list[ProducerBatch]:
+        """The parts of a merged batch, each stamped with its share of the merged sequence range."""
+        assert merged.parts is not None
+        out = []
+        remaining = merged.size_bytes
+        for i, (part, start) in enumerate(merged.parts):
+            part.payload = None
+            if merged.has_sequence:
+                part.set_producer_state(merged.producer_id, merged.producer_epoch, merged.base_sequence + start)
+            part.size_bytes = remaining if i == len(merged.parts) - 1 else record_size_of(part)
+            remaining -= part.size_bytes
+            out.append(part)
+        merged.size_bytes = 0
+        return out
+
     def reenqueue(self, batch: ProducerBatch, now: float) -> None:
-        """Put a batch that failed retriably back at the head of its deque (order preserved)."""
+        """Put a batch that failed retriably back at the head of its deque (order preserved).
+
+        A batch with a sequence goes among the other retried ones in sequence order
+        (Kafka's insertInSequenceOrder): responses of in-flight batches may fail in
+        any order, the retries must go out in the order of their sequences.
+        """
         batch.retry_at = now + self.retry_backoff_s
-        self.batches.setdefault(batch.tp, collections.deque()).appendleft(batch)
+        dq = self.batches.setdefault(batch.tp, collections.deque())
+        if not batch.has_sequence:
+            dq.appendleft(batch)
+            return
+        i = 0
+        while i < len(dq) and dq[i].has_sequence and dq[i].base_sequence < batch.base_sequence:
+            i += 1
+        dq.insert(i, batch)
 
     def expire(self, now: float) -> list[ProducerBatch]:
         """Queued batches older than delivery.timeout.ms, removed from the deques."""
@@ -349,6 +483,17 @@ class RecordAccumulator:
 
     def has_undrained(self) -> bool:
         return any(self.batches.values())
+
+    def abort_undrained(self, exc: BaseException) -> None:
+        """Fail every queued batch that was never sent (the producer cannot send them, e.g. no producer id)."""
+        for dq in self.batches.values():
+            keep = [b for b in dq if b.sealed and b.attempts > 0]
+            for batch in dq:
+                if not (batch.sealed and batch.attempts > 0):
+                    self.deallocate(batch)
+                    batch.fail(exc)
+            dq.clear()
+            dq.extend(keep)
 
     def abort_all(self, exc: BaseException) -> None:
         """Fail every queued batch (sender died or producer force-closed)."""

@@ -59,13 +59,26 @@ PRODUCER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [
        choices=("none", "gzip", "snappy", "lz4", "zstd")),
     _d("max.request.size", int, 1048576, "largest produce request (and so record) this producer sends", _pos),
     _d("partitioner.ignore.keys", bool, False, "true: sticky partitioning even for keyed records"),
-    # Seams for the idempotence/transactions issue: accepted only with their off values.
-    _d("enable.idempotence", bool, False, "not available yet: must be false", lambda v: v is False),
+    # Kafka 3.x: on by default; silently off when acks/retries/max.in.flight do not allow it,
+    # unless set explicitly, then those are errors (seed 003: retries > 0, max.in.flight <= 5, acks = -1).
+    _d("enable.idempotence", bool, True, "producer id + per-partition sequences: a retry never duplicates or "
+       "reorders records (needs acks=all, retries > 0, max.in.flight.requests.per.connection <= 5)"),
+    # Seam for the transactions issue: accepted only with its off value.
     _d("transactional.id", str, "", "not available yet: must be empty", lambda v: v == ""),
 ]}
 
 CONSUMER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [
-    _d("group.id", str, "", "consumer group (groups arrive with the group coordinator)"),
+    _d("group.id", str, "", "consumer group: needed by subscribe() and commits"),
+    # Consumer groups (seed 003, 6.4-6.5): membership, rebalance and assignor settings.
+    _d("group.instance.id", str, "", "static membership: a restart within session.timeout.ms keeps the assignment"),
+    _d("partition.assignment.strategy", str, "range",
+       "assignors, most preferred first: range, roundrobin, sticky, cooperative-sticky (or Kafka's class names)"),
+    _d("session.timeout.ms", int, 45000, "the coordinator drops a member it has not heard from for this long", _pos),
+    _d("heartbeat.interval.ms", int, 3000, "heartbeat period (well under session.timeout.ms)", _pos),
+    _d("max.poll.interval.ms", int, 300000, "leave the group when poll() is not called for this long", _pos),
+    _d("default.api.timeout.ms", int, 60000, "time bound of blocking calls: commit_sync, committed, ...", _pos),
+    _d("coordinator.bootstrap.servers", str, "",
+       "Gregor only: host:port[,...] of any group coordinator, asked FindCoordinator when brokers do not answer it"),
     _d("auto.offset.reset", str, "latest", "where to start without a valid position",
        choices=("earliest", "latest", "none")),
     _d("enable.auto.commit", bool, True, "commit positions periodically (needs a group)"),
@@ -97,15 +110,44 @@ def _validate(defs: Mapping[str, ConfigDef], raw: Mapping[str, Any] | None, kind
     return out
 
 
+MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION_FOR_IDEMPOTENCE = 5  # the broker retains the last 5 batches per producer
+
+
 def producer_config(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Every producer key with its value; kwargs may use underscores (linger_ms=10)."""
-    cfg = _validate(PRODUCER_CONFIGS, {**(raw or {}), **kwargs}, "producer")
+    given = {**(raw or {}), **kwargs}
+    cfg = _validate(PRODUCER_CONFIGS, given, "producer")
     if cfg["acks"] == "all":
         cfg["acks"] = "-1"
     if cfg["delivery.timeout.ms"] < cfg["linger.ms"] + cfg["request.timeout.ms"]:
         # Kafka's rule: a batch must get at least one full attempt before it can expire.
         raise ConfigError("delivery.timeout.ms should be equal to or larger than linger.ms + request.timeout.ms")
+    user_set = any((k if k in PRODUCER_CONFIGS else k.replace("_", ".")) == "enable.idempotence" for k in given)
+    _validate_idempotence(cfg, user_set)
     return cfg
+
+
+def _validate_idempotence(cfg: dict[str, Any], user_set: bool) -> None:
+    """Kafka 3.x's postProcessAndValidateIdempotenceConfigs, with its ConfigException messages.
+
+    An explicit enable.idempotence=true with retries=0, acks other than all, or more
+    than 5 requests in flight is an error; the default (true) quietly turns off.
+    """
+    if not cfg["enable.idempotence"]:
+        return
+    problems = []
+    if cfg["retries"] == 0:
+        problems.append("Must set retries to non-zero when using the idempotent producer.")
+    if cfg["acks"] != "-1":
+        problems.append("Must set acks to all in order to use the idempotent producer. "
+                        "Otherwise we cannot guarantee idempotence.")
+    if cfg["max.in.flight.requests.per.connection"] > MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION_FOR_IDEMPOTENCE:
+        problems.append("Must set max.in.flight.requests.per.connection to at most 5 to use the idempotent "
+                        "producer.")
+    if problems and user_set:
+        raise ConfigError(problems[0])
+    if problems:
+        cfg["enable.idempotence"] = False
 
 
 def consumer_config(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:

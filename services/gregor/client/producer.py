@@ -22,8 +22,9 @@ from gregor.client.config import parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.partitioner import DefaultPartitioner
+from gregor.client.transaction_manager import TransactionManager
 from gregor.common import errors
-from gregor.rpc.v1 import broker_pb2
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
 _time = time.time
@@ -57,14 +58,24 @@ def _check_record(key: Any, value: Any, headers: Any) -> Sequence[tuple[str, byt
 class Sender:
     """Drains ready batches to partition leaders (one asyncio task plus one task per request).
 
-    Ordering: at most one produce request per partition is in flight, so a
-    retried batch can never overtake a later one; max.in.flight.requests.per.connection
-    bounds the requests per broker across partitions.
+    Ordering: without idempotence at most one produce request per partition is
+    in flight, so a retried batch can never overtake a later one. With
+    enable.idempotence up to max.in.flight.requests.per.connection (<= 5) batches
+    per partition are unacknowledged, each with its sequence; the leader refuses
+    a gap, so a later batch cannot land before a retried earlier one, and
+    retries go out alone in sequence order (TransactionManager). Either way
+    max.in.flight.requests.per.connection bounds the requests per broker.
     """
 
     def __init__(self, metadata: ClusterMetadata, acc: RecordAccumulator, cfg: Mapping[str, Any]) -> None:
         self.metadata = metadata
         self.acc = acc
+        # enable.idempotence (seed 003): producer id + per-partition sequences, up to 5 batches in flight
+        # per partition; without it, one request per partition keeps retries in order.
+        self.txn: Optional[TransactionManager] = (
+            TransactionManager(int(cfg["max.in.flight.requests.per.connection"]))
+            if cfg["enable.idempotence"] else None)
+        self._init_pid_task: Optional[asyncio.Task[None]] = None
         self.acks = int(cfg["acks"])
         self.max_request_size = int(cfg["max.request.size"])
         self.max_in_flight = int(cfg["max.in.flight.requests.per.connection"])
@@ -83,6 +94,8 @@ class Sender:
         while True:
             acc.wakeup.clear()
             now = time.monotonic()
+            if self.txn is not None and not self.txn.has_producer_id and acc.has_undrained():
+                self._maybe_init_producer_id()
             for batch in acc.expire(now):
                 self._fail(batch, errors.RequestTimedOutError(  # type: ignore[attr-defined]
                     f"Expiring {len(batch.records)} record(s) for {batch.topic}-{batch.partition}: "
@@ -97,10 +110,26 @@ class Sender:
                     continue
                 if self.in_flight.get(leader, 0) >= self.max_in_flight:
                     continue
-                batches = acc.drain(tp, self.max_request_size)
-                if not batches:
-                    continue
-                self.muted.add(tp)
+                if self.txn is not None:
+                    dq = acc.batches.get(tp)
+                    allowed = self.txn.drainable(tp, dq[0]) if dq else 0
+                    if allowed <= 0:
+                        continue
+                    # New batches leave merged into one (one of the 5 in-flight batches); a retry alone.
+                    batches = (acc.drain(tp, self.max_request_size, 1) if dq[0].has_sequence  # type: ignore[index]
+                               else acc.drain_merged(tp, self.max_request_size))
+                    if not batches:
+                        continue
+                    self.txn.assign_sequences(tp, batches)
+                    if batches[0].payload is None and not acc.encode_or_fail(batches[0]):  # a merged batch
+                        self.txn.request_done(tp)
+                        self.txn.on_failed(batches[0])
+                        continue
+                else:
+                    batches = acc.drain(tp, self.max_request_size)
+                    if not batches:
+                        continue
+                    self.muted.add(tp)
                 self.in_flight[leader] = self.in_flight.get(leader, 0) + 1
                 task = asyncio.ensure_future(self._produce(leader, tp, batches))
                 self.requests.add(task)
@@ -109,6 +138,8 @@ class Sender:
                 self._maybe_refresh_metadata()
                 delay = min(delay, self.metadata.retry_backoff_s)
             if self.closing and not acc.has_undrained() and not self.requests:
+                if self._init_pid_task is not None:
+                    self._init_pid_task.cancel()
                 return
             if need_metadata or not acc.has_undrained():
                 delay = max(delay, 0.005) if acc.has_undrained() else 1.0
@@ -116,6 +147,31 @@ class Sender:
                 await asyncio.wait_for(acc.wakeup.wait(), delay)
             except asyncio.TimeoutError:
                 pass
+
+    def _maybe_init_producer_id(self) -> None:
+        if self._init_pid_task is None or self._init_pid_task.done():
+            self._init_pid_task = asyncio.ensure_future(self._init_producer_id())
+
+    async def _init_producer_id(self) -> None:
+        """InitProducerId on any broker (Kafka asks the least loaded node), retried until it answers."""
+        assert self.txn is not None
+        while not self.txn.has_producer_id:
+            try:
+                stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel(self.metadata.any_address()))
+                resp = await stub.InitProducerId(broker_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1),
+                                                 timeout=self.request_timeout_ms / 1000)
+            except (grpc.RpcError, asyncio.TimeoutError) as exc:
+                err = call_error(exc)
+                if not err.retriable:
+                    # Nothing can be sent without a producer id: fail what is queued, keep trying for later sends.
+                    log.error("InitProducerId failed: %s", err)
+                    self.acc.abort_undrained(err)
+                else:
+                    log.warning("InitProducerId failed: %s; retrying", err)
+                await asyncio.sleep(self.metadata.retry_backoff_s)
+                continue
+            self.txn.set_producer_id_and_epoch(resp.producer_id, resp.producer_epoch)
+        self.acc.wakeup.set()
 
     def _maybe_refresh_metadata(self) -> None:
         if self._refresh_task is None or self._refresh_task.done():
@@ -138,10 +194,16 @@ class Sender:
             # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
             resp = await stub.Produce(request, timeout=self.request_timeout_ms / 1000 + 1)
         except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+            if self.txn is not None:
+                self.txn.request_done(tp)
             self._on_error(tp, batches, call_error(exc))
         else:
+            if self.txn is not None:
+                self.txn.request_done(tp)
             base = resp.base_offset
             for batch in batches:
+                if self.txn is not None:
+                    self.txn.on_success(batch)
                 self.acc.deallocate(batch)
                 batch.complete(base, resp.log_append_time_ms)
                 if base >= 0:  # batches of one request get contiguous offsets
@@ -156,16 +218,29 @@ class Sender:
             err.topic, err.partition = tp
         now = time.monotonic()
         self.metadata.request_update(err)
-        # Put retriable batches back in order (last first, since each goes to the head).
+        # Put retriable batches back in order (last first, since each goes to the head;
+        # batches with sequences go in sequence order whatever the order here).
         for batch in reversed(batches):
+            if (self.txn is not None and batch.parts is not None and err.code == errors.Code.MESSAGE_TOO_LARGE
+                    and not self.closing_forced):
+                # The merged batch is over the topic's max.message.bytes: send its parts one by one
+                # (Kafka splits a batch on MESSAGE_TOO_LARGE); they keep their share of its sequences.
+                parts = self.acc.split_merged(batch)
+                self.txn.replace_with_parts(batch, parts)
+                for part in parts:
+                    self.acc.reenqueue(part, now)
+                continue
             expired = now - batch.created >= self.delivery_timeout_s
-            if err.retriable and batch.attempts <= self.retries and not expired and not self.closing_forced:
+            retriable = self.txn.can_retry(batch, err) if self.txn is not None else err.retriable
+            if retriable and batch.attempts <= self.retries and not expired and not self.closing_forced:
                 log.debug("retrying %s-%s after %s (attempt %d)", *tp, err.name, batch.attempts)
                 self.acc.reenqueue(batch, now)
             else:
                 self._fail(batch, err)
 
     def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        if self.txn is not None:
+            self.txn.on_failed(batch)
         self.acc.deallocate(batch)
         batch.fail(exc)
 
@@ -261,6 +336,8 @@ class Producer:
             if not done:
                 self._sender.closing_forced = True
                 self._sender_task.cancel()
+                if self._sender._init_pid_task is not None:
+                    self._sender._init_pid_task.cancel()
                 for t in list(self._sender.requests):
                     t.cancel()
                 self._acc.abort_all(errors.RequestTimedOutError(  # type: ignore[attr-defined]

@@ -50,7 +50,10 @@ def test_values_are_parsed_from_strings_and_underscored_kwargs() -> None:
     ({"batch.size": "-1"}, "batch.size"),
     ({"batch.size": "big"}, "expected int"),
     ({"delivery.timeout.ms": 1000}, "delivery.timeout.ms should be equal to or larger"),
-    ({"enable.idempotence": "true"}, "enable.idempotence"),
+    ({"enable.idempotence": "true", "acks": "1"}, "Must set acks to all in order to use the idempotent producer"),
+    ({"enable.idempotence": "true", "retries": 0}, "Must set retries to non-zero"),
+    ({"enable.idempotence": "true", "max.in.flight.requests.per.connection": 6},
+     "Must set max.in.flight.requests.per.connection to at most 5"),
 ])
 def test_bad_producer_configs_raise_a_clear_config_error(raw: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -71,3 +74,12 @@ def test_bootstrap_parsing() -> None:
     for bad in ("", "nohost", "h:port", ":9092"):
         with pytest.raises(ConfigError):
             parse_bootstrap(bad)
+
+
+def test_idempotence_is_on_by_default_and_quietly_off_when_incompatible() -> None:
+    """Kafka 3.x: the default turns itself off for acks != all, retries=0 or > 5 in flight; explicit true fails."""
+    assert producer_config()["enable.idempotence"] is True
+    assert producer_config(acks="1")["enable.idempotence"] is False
+    assert producer_config(retries=0)["enable.idempotence"] is False
+    assert producer_config({"max.in.flight.requests.per.connection": 6})["enable.idempotence"] is False
+    assert producer_config(enable_idempotence=False)["enable.idempotence"] is False

@@ -70,6 +70,26 @@ def parse_kv(items: Iterable[str], option: str) -> dict[str, str]:
     return out
 
 
+def load_properties_file(path: str, option: str) -> dict[str, str]:
+    """A Java .properties file (`key=value` or `key: value`, `#`/`!` comments), as
+    Kafka's --command-config / --producer.config / --consumer.config read it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint=option) from None
+    out: dict[str, str] = {}
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut <= 0:
+            raise click.BadParameter(f"{path}:{n}: expected key=value, got {raw!r}", param_hint=option)
+        out[line[:cut].strip()] = line[cut + 1:].strip()
+    return out
+
+
 def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional
 
 import click
 
-from gregor.cli.common import emit_json, is_tty, obj, parse_kv, run, text
+from gregor.cli.common import emit_json, is_tty, load_properties_file, obj, parse_kv, run, text
 from gregor.client.admin import AdminClient
 from gregor.client.config import ConfigError, consumer_config
 from gregor.client.consumer import Consumer, ConsumerRecord
@@ -138,14 +138,16 @@ async def _print_loop(consumer: Consumer, stop: asyncio.Event, max_messages: Opt
 @click.option("--timeout-ms", type=int, help="exit when no record arrives for this long")
 @click.option("--isolation-level", type=click.Choice(["read_uncommitted", "read_committed"]),
               default="read_uncommitted", show_default=True)
-@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+@click.option("--property", "--formatter-property", "properties", multiple=True, metavar="KEY=VALUE",
               help="formatter property: print.key, print.offset, print.partition, print.timestamp, key.separator ...")
-@click.option("--consumer-property", "consumer_properties", multiple=True, metavar="KEY=VALUE",
-              help="consumer config, e.g. fetch.max.wait.ms=100 (repeatable)")
+@click.option("--consumer-property", "--command-property", "consumer_properties", multiple=True,
+              metavar="KEY=VALUE", help="consumer config, e.g. fetch.max.wait.ms=100 (repeatable)")
+@click.option("--command-config", "--consumer.config", "command_config", metavar="FILE",
+              help="consumer config from a .properties file (--consumer-property wins)")
 @click.pass_context
 def consume(ctx: click.Context, topic: str, group: Optional[str], from_beginning: bool, offset: Optional[str],
             partition: Optional[int], max_messages: Optional[int], timeout_ms: Optional[int], isolation_level: str,
-            properties: tuple[str, ...], consumer_properties: tuple[str, ...]) -> None:
+            properties: tuple[str, ...], consumer_properties: tuple[str, ...], command_config: Optional[str]) -> None:
     """Print records of TOPIC (one per line; --output json: one JSON object per record)."""
     if group is not None and (partition is not None or offset is not None):
         raise click.UsageError("--group cannot be combined with --partition/--offset: a group's partitions "
@@ -177,6 +179,8 @@ def consume(ctx: click.Context, topic: str, group: Optional[str], from_beginning
                               "auto.offset.reset": "earliest" if from_beginning else "latest"}
     if group is not None:
         config["group.id"] = group
+    if command_config:
+        config.update(load_properties_file(command_config, "--command-config"))
     config.update(parse_kv(consumer_properties, "--consumer-property"))
     if config.get("group.id") and not config.get("coordinator.bootstrap.servers") and coordinator_servers(ctx):
         config["coordinator.bootstrap.servers"] = coordinator_servers(ctx)

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Optional
 
 import click
 
-from gregor.cli.common import emit_json, obj, parse_kv, run, text
+from gregor.cli.common import emit_json, obj, load_properties_file, parse_kv, run, text
 from gregor.client.accumulator import FutureRecordMetadata
 from gregor.client.admin import AdminClient
 from gregor.client.config import ConfigError, producer_config
@@ -119,16 +119,19 @@ async def _produce(bootstrap: str, topic: str, config: dict[str, Any], props: di
 @click.argument("topic")
 @click.option("--acks", type=click.Choice(["0", "1", "all", "-1"]), default="all", show_default=True)
 @click.option("--key-separator", help="split each line into KEY<SEP>VALUE (implies parse.key=true)")
-@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+@click.option("--property", "--reader-property", "properties", multiple=True, metavar="KEY=VALUE",
               help="reader property: parse.key, key.separator, ignore.error, parse.headers, null.marker ...")
-@click.option("--producer-property", "producer_properties", multiple=True, metavar="KEY=VALUE",
-              help="producer config, e.g. linger.ms=10 (repeatable)")
+@click.option("--producer-property", "--command-property", "producer_properties", multiple=True,
+              metavar="KEY=VALUE", help="producer config, e.g. linger.ms=10 (repeatable)")
+@click.option("--command-config", "--producer.config", "command_config", metavar="FILE",
+              help="producer config from a .properties file (--producer-property wins)")
 @click.option("--compression-type", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="none",
               show_default=True)
 @click.option("--partition", type=int, help="send every record to this partition")
 @click.pass_context
 def produce(ctx: click.Context, topic: str, acks: str, key_separator: Optional[str], properties: tuple[str, ...],
-            producer_properties: tuple[str, ...], compression_type: str, partition: Optional[int]) -> None:
+            producer_properties: tuple[str, ...], command_config: Optional[str], compression_type: str,
+            partition: Optional[int]) -> None:
     """Produce one record per stdin line to TOPIC.
 
     With --output json, prints one line per record: {"partition","offset","key","value"}
@@ -147,6 +150,8 @@ def produce(ctx: click.Context, topic: str, acks: str, key_separator: Optional[s
         props["parse.key"], props["key.separator"] = "true", key_separator
     config: dict[str, Any] = {"bootstrap.servers": obj(ctx).bootstrap(), "acks": acks,
                               "compression.type": compression_type}
+    if command_config:
+        config.update(load_properties_file(command_config, "--command-config"))
     config.update(parse_kv(producer_properties, "--producer-property"))
     try:
         producer_config(config)  # validate before reading stdin

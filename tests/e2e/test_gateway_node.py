@@ -78,6 +78,10 @@ def test_node_producer_records_land_in_the_log(node_example: Path, cluster: Loca
     code, streamed, err = run_node(node_example, "--gateway", gateway, "--topic", "from-node", "--count", "30",
                                    "--mode", "stream", "--partition", "2", "--prefix", "stream-")
     assert code == 0, err
+    code, batched, err = run_node(node_example, "--gateway", gateway, "--topic", "from-node", "--count", "25",
+                                  "--mode", "stream-batch", "--batch-size", "10", "--key-prefix", "bk-",
+                                  "--prefix", "batch-")
+    assert code == 0, err
     code, piped, err = run_node(node_example, "--gateway", gateway, "--topic", "from-node", "--stdin",
                                 stdin="k1:hello\nk2:world\nno separator\n")
     assert code == 0, err
@@ -87,15 +91,22 @@ def test_node_producer_records_land_in_the_log(node_example: Path, cluster: Loca
     stream_offsets = [r["offset"] for r in streamed]
     assert stream_offsets == sorted(stream_offsets)  # one partition: order kept
 
-    records = asyncio.run(read_back(cluster.bootstrap, 53))
+    # ProduceStreamBatch: 3 messages of up to 10 records, one result each, keyed by the default partitioner.
+    assert [r["correlation_id"] for r in batched] == list(range(25))
+    assert [r["partition"] for r in batched] == [to_positive(murmur2(b"bk-%d" % i)) % PARTITIONS for i in range(25)]
+
+    records = asyncio.run(read_back(cluster.bootstrap, 78))
     at = {(r.partition, r.offset): r for r in records}
-    assert len(records) == 53
+    assert len(records) == 78
     for i, r in enumerate(unary):
         rec = at[(int(r["partition"]), int(r["offset"]))]  # type: ignore[call-overload]
         assert (rec.key, rec.value, rec.headers) == (b"user-%d" % i, b"unary-%d" % i, [("client", b"node")])
     for i, r in enumerate(streamed):
         rec = at[(2, int(r["offset"]))]  # type: ignore[call-overload]
         assert (rec.key, rec.value) == (None, b"stream-%d" % i)
+    for i, r in enumerate(batched):
+        rec = at[(int(r["partition"]), int(r["offset"]))]  # type: ignore[call-overload]
+        assert (rec.key, rec.value) == (b"bk-%d" % i, b"batch-%d" % i)
     got = [(at[(int(r["partition"]), int(r["offset"]))].key, at[(int(r["partition"]), int(r["offset"]))].value)  # type: ignore[call-overload]
            for r in piped]
     assert got == [(b"k1", b"hello"), (b"k2", b"world"), (None, b"no separator")]

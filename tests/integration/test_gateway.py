@@ -38,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster.up(str(tmp_path_factory.mktemp("gw")), brokers=1, gateways=1,
                         gateway_props={"compression.type": "lz4"})
     try:
-        asyncio.run(_create(c.bootstrap, ["orders", "bad", "slow", "lz"]))
+        asyncio.run(_create(c.bootstrap, ["orders", "bad", "slow", "lz", "sb", "sbad", "sb-slow"]))
         yield c
     finally:
         tear_down(c)
@@ -84,6 +84,17 @@ async def stream(target: str, msgs: list[gateway_pb2.GatewayRecord]) -> list[gat
 
     async with GatewayClient(target) as client:
         return [r async for r in client.stub().ProduceStream(gen(), timeout=60)]
+
+
+async def stream_batches(target: str, batches: list[list[gateway_pb2.GatewayRecord]],
+                         ) -> list[gateway_pb2.GatewayRecordResultBatch]:
+    """ProduceStreamBatch: every batch written, every result message read."""
+    async def gen() -> AsyncIterator[gateway_pb2.GatewayRecordBatch]:
+        for b in batches:
+            yield gateway_pb2.GatewayRecordBatch(records=b)
+
+    async with GatewayClient(target) as client:
+        return [r async for r in client.stub().ProduceStreamBatch(gen(), timeout=60)]
 
 
 def metric(p: Process, name: str, labels: str = "") -> float:
@@ -134,6 +145,24 @@ async def test_stream_keeps_order_per_partition(cluster: LocalCluster) -> None:
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     got = await read_back(cluster.bootstrap, "lz", 400)
     assert sorted(r.value for r in got) == sorted(m.record.value for m in msgs)  # lz4 batches read back
+
+
+async def test_stream_batch_keeps_order_per_partition_and_coalesces_results(cluster: LocalCluster) -> None:
+    msgs = [gw_msg("sb", 1000 + i, b"b-%04d" % i, key=b"k%d" % (i % 4)) for i in range(1000)]
+    replies = await stream_batches(gateway(cluster), [msgs[i:i + 250] for i in range(0, 1000, 250)])
+    results = [r for reply in replies for r in reply.results]
+    assert sorted(r.correlation_id for r in results) == list(range(1000, 2000))
+    assert all(r.error.code == Code.NONE and r.offset >= 0 for r in results)
+    assert len(replies) < len(results)  # results of one produce batch travel in one message
+    by_cid = {r.correlation_id: r for r in results}
+    for key_no in range(4):  # one key -> one partition, offsets in send order, also across messages
+        mine = [by_cid[1000 + i] for i in range(key_no, 1000, 4)]
+        assert len({r.partition for r in mine}) == 1
+        offsets = [r.offset for r in mine]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    got = {(r.partition, r.offset): r.value for r in await read_back(cluster.bootstrap, "sb", 1000)}
+    assert all(got[(by_cid[m.correlation_id].partition, by_cid[m.correlation_id].offset)] == m.record.value
+               for m in msgs)
 
 
 async def test_bad_records_get_typed_errors_and_the_stream_goes_on(cluster: LocalCluster) -> None:
@@ -221,3 +250,26 @@ def test_cluster_json_lists_gateways_with_health(cluster: LocalCluster) -> None:
             return int(resp.status)
 
     assert asyncio.run(check()) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_stream_batch_answers_bad_records_per_record(cluster: LocalCluster, tiny: Process) -> None:
+    big = b"x" * (1048576 + 10)
+    batch = [gw_msg("sbad", 100, b"sb-ok-0"), gw_msg("no-such-topic", 101, b"lost"), gw_msg("sbad", 102, big),
+             gw_msg("sbad", 103, b"sb-bad-partition", partition=PARTITIONS + 5), gw_msg("", 104, b"x"),
+             gw_msg("sbad", 105, b"sb-ok-5", partition=1)]
+    replies = await stream_batches(gateway(cluster), [batch, [], [gw_msg("sbad", 106, b"sb-ok-6", key=b"k")]])
+    code = {r.correlation_id: r.error.code for reply in replies for r in reply.results}
+    assert code == {100: Code.NONE, 101: Code.UNKNOWN_TOPIC_OR_PARTITION, 102: Code.MESSAGE_TOO_LARGE,
+                    103: Code.UNKNOWN_TOPIC_OR_PARTITION, 104: Code.INVALID_TOPIC_EXCEPTION, 105: Code.NONE,
+                    106: Code.NONE}
+    got = await read_back(cluster.bootstrap, "sbad", 3)
+    assert sorted(r.value for r in got) == [b"sb-ok-0", b"sb-ok-5", b"sb-ok-6"]
+    # A full buffer.memory: the records it cannot take are answered THROTTLING_QUOTA_EXCEEDED at once.
+    value = b"v" * 1000
+    t0 = time.monotonic()
+    replies = await stream_batches(tiny.grpc, [[gw_msg("sb-slow", i, value, partition=0) for i in range(5)]])
+    results = sorted((r for reply in replies for r in reply.results), key=lambda r: r.correlation_id)
+    assert [r.error.code for r in results] == [Code.NONE] * 3 + [Code.THROTTLING_QUOTA_EXCEEDED] * 2
+    assert time.monotonic() - t0 >= LINGER_SLOW_MS / 1000 * 0.9  # the three accepted waited for linger.ms
+    # An empty stream ends at once with no results.
+    assert await stream_batches(gateway(cluster), []) == []

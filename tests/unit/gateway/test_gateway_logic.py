@@ -56,3 +56,32 @@ def test_metrics_histogram_is_cumulative() -> None:
     buckets = {s.labels["le"]: s.value for s in hist.samples if s.name.endswith("_bucket")}
     assert buckets["0.0001"] == 1 and buckets["0.005"] == 3 and buckets["30.0"] == 3 and buckets["+Inf"] == 4
     assert fams["gregor_gateway_records_in"].samples[0].value == 4
+
+
+def test_batch_done_answers_every_member_of_a_produce_batch_once() -> None:
+    """send_many's per-produce-batch completion (ProduceStreamBatch): one list of results per batch."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gregor.client.accumulator import RecordMetadata
+
+    recs = [InRecord("t", None, b"v", [], None, None)] * 3
+    loop = asyncio.new_event_loop()
+    try:
+        def handle(offset: int) -> SimpleNamespace:
+            return SimpleNamespace(batch=SimpleNamespace(partition=2),
+                                   result=lambda: RecordMetadata("t", 2, offset, 77))
+
+        got: list[list[tuple[int, object]]] = []
+        ok = loop.create_future()
+        ok.set_result(10)
+        ProducerGateway._batch_done(recs, [(0, handle(10)), (2, handle(11))], 0.0, got.append, ok)  # type: ignore[arg-type]
+        assert got == [[(0, (2, 10, 77, None)), (2, (2, 11, 77, None))]]
+        failed = loop.create_future()
+        failed.set_exception(errors.NotEnoughReplicasError("2 of 3"))  # type: ignore[attr-defined]
+        ProducerGateway._batch_done(recs, [(1, handle(0))], 0.0, got.append, failed)  # type: ignore[arg-type]
+        (idx, (part, offset, _, err)), = got[1]
+        assert (idx, part, offset) == (1, 2, -1)
+        assert err.code == errors.Code.NOT_ENOUGH_REPLICAS and err.topic == "t"  # type: ignore[union-attr]
+    finally:
+        loop.close()

@@ -7,6 +7,7 @@ thread-safe on its own, so zero-copy sends may run on worker threads.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gregor_native as native
@@ -26,6 +27,7 @@ from gregor.common.isr import (
     compute_high_watermark,
     is_isr_eligible,
     is_stale_follower_fetch,
+    isr_eligible_followers,
     maybe_expand_isr,
     maybe_shrink_isr,
 )
@@ -84,6 +86,9 @@ class Partition:
     isr_update_in_flight: bool = False
     # replica.lag.time.max.ms (broker config): the ISR shrink bound and the HW's caught-up window.
     replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT
+    # The metadata cache's live brokers -> broker epoch (None before the first UpdateMetadata; brokers in
+    # controlled shutdown are left out): which caught-up followers the HW waits for (isReplicaIsrEligible).
+    live_broker_epochs: Callable[[], dict[int, int] | None] | None = None
     # Idempotence (seed 003): producer ids' epochs and last batches, loaded on the first append.
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT
     producer_state: ProducerStateManager | None = None
@@ -317,17 +322,19 @@ class Partition:
                         self.topic, self.partition, exc)
 
     def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
-        """Seed 000's maybeIncrementLeaderHW: min LEO over the ISR and caught-up followers; never backwards."""
+        """Seed 000's maybeIncrementLeaderHW: min LEO of the ISR and caught-up ISR-eligible followers; never back."""
         leo = self.log.log_end_offset
         if self.high_watermark > leo:
             return False  # only a follower's view can be ahead of its own log; a leader never lowers it
         states = self.follower_states
         leos = {r: s.log_end_offset for r, s in states.items()}
         leos.update({r: 0 for r in self.isr if r != self.local_broker_id and r not in states})
+        live = self.live_broker_epochs() if self.live_broker_epochs is not None else None
         new_hw = compute_high_watermark(
             leo, self.isr, leos, self.high_watermark, self.local_broker_id,
             {r: s.last_caught_up_time_ms for r, s in states.items()}, now if now is not None else now_ms(),
-            self.replica_lag_time_max_ms)
+            self.replica_lag_time_max_ms,
+            isr_eligible_followers({r: s.broker_epoch for r, s in states.items()}, live))
         if new_hw > self.high_watermark:
             self.high_watermark = new_hw
             return True

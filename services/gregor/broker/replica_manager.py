@@ -220,7 +220,8 @@ class ReplicaManager:
             return existing
         lg = self.log_manager.get_or_create_log(topic, partition, configs)
         p = Partition(topic, partition, lg, self.config.broker_id, configs,
-                      replica_lag_time_max_ms=self.config.replica_lag_time_max_ms)
+                      replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
+                      live_broker_epochs=self.live_broker_epochs)
         self._load_high_watermark(p)
         p.producer_id_expiration_ms = self.config.producer_id_expiration_ms
         self.partitions[p.key] = p

@@ -129,13 +129,19 @@ def compute_high_watermark(
     follower_last_caught_up_ms: Mapping[int, int] | None = None,
     now_ms: int | None = None,
     replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT,
+    isr_eligible: Collection[int] | None = None,
 ) -> int:
     """The leader's high watermark (seed 000's maybeIncrementLeaderHW); never below `current_hw`.
 
     The min LEO over the ISR **plus** every follower outside the ISR that was
     caught up within replica.lag.time.max.ms (it fetched up to the leader's LEO
-    recently but its ISR expansion is not written yet): Kafka counts such a
-    replica so that, once it joins the ISR, the HW is not already past its LEO.
+    recently but its ISR expansion is not written yet) **and** may join the ISR:
+    Kafka waits for such a replica (Partition.shouldWaitForReplicaToJoinIsr) so
+    that, once it joins, the HW is not already past its LEO. A replica that may
+    not join (isReplicaIsrEligible, KIP-841: its broker is not registered, is in
+    controlled shutdown, or fetched as an older incarnation) is not waited for,
+    so a departing broker that fetched once does not hold acks=all back for
+    replica.lag.time.max.ms. ISR members always count, eligible or not.
 
     Args:
         leader_leo: the leader's log end offset.
@@ -147,6 +153,8 @@ def compute_high_watermark(
             non-ISR followers count too. None counts the ISR only.
         now_ms: the time the caught-up window is measured from.
         replica_lag_time_max_ms: the caught-up window.
+        isr_eligible: the followers that may join the ISR (`isr_eligible_followers`); a caught-up
+            follower outside the ISR and outside this set is not waited for. None: all may.
 
     Raises:
         ValueError: current_hw is above leader_leo (a corrupt state).
@@ -164,6 +172,8 @@ def compute_high_watermark(
     if follower_last_caught_up_ms is not None and now_ms is not None:
         for replica, leo in follower_leos.items():
             if replica == leader_id or replica in isr or replica not in follower_last_caught_up_ms:
+                continue
+            if isr_eligible is not None and replica not in isr_eligible:
                 continue
             if is_caught_up(follower_last_caught_up_ms[replica], now_ms, replica_lag_time_max_ms):
                 candidate = min(candidate, leo)
@@ -195,6 +205,26 @@ def is_isr_eligible(fetch_broker_epoch: int, live_broker_epoch: int | None, meta
     if not metadata_known:
         return True
     return live_broker_epoch is not None and fetch_broker_epoch in (live_broker_epoch, NO_BROKER_EPOCH)
+
+
+def isr_eligible_followers(
+    follower_broker_epochs: Mapping[int, int], live_broker_epochs: Mapping[int, int] | None
+) -> set[int] | None:
+    """The followers that may join the ISR, by the leader's metadata cache (Kafka's isReplicaIsrEligible).
+
+    `follower_broker_epochs` maps each follower to the broker epoch its fetches carried
+    (-1: none); `live_broker_epochs` is the controller's live-broker list as the last
+    UpdateMetadata gave it, which leaves out unregistered (fenced) brokers and brokers
+    in controlled shutdown. None (no UpdateMetadata yet, or a standalone broker): no
+    check is possible, so None (everyone eligible) is returned.
+    """
+    if not live_broker_epochs:
+        return None
+    return {
+        replica
+        for replica, epoch in follower_broker_epochs.items()
+        if is_isr_eligible(epoch, live_broker_epochs.get(replica), True)
+    }
 
 
 @dataclass

@@ -50,9 +50,8 @@ def do_controlled_shutdown(
     The broker joins `shutting_down_broker_ids` (it stays registered, but is no
     longer live for elections). Every replicated partition it leads moves to the
     first live ISR replica not shutting down (ControlledShutdownPartitionLeaderElectionStrategy),
-    the ISR losing the shutting-down brokers; LeaderAndIsr goes to the other live
-    replicas and the old leader gets StopReplica (no delete) instead of becoming a
-    follower (see the comment below). Every partition it follows gets StopReplica
+    the ISR losing the shutting-down brokers; LeaderAndIsr goes to the live replicas
+    and to the old leader, which becomes a follower. Every partition it follows gets StopReplica
     (no delete) on it and the OfflineReplica transition: out of the ISR, LeaderAndIsr
     to the others.
 
@@ -81,14 +80,11 @@ def do_controlled_shutdown(
     )
     led = [tp for tp in to_act_on if ctx.partition_leadership_info[tp].leader == broker_id]
     followed = [tp for tp in to_act_on if ctx.partition_leadership_info[tp].leader != broker_id]
+    # The election's LeaderAndIsr goes to the live and shutting-down replicas, the old leader included: it
+    # becomes a follower, as in Kafka. Leaders do not wait for it in the high watermark (it is left out of
+    # UpdateMetadata's live brokers: not ISR-eligible, KIP-841) nor take it back into the ISR.
     psm.handle_state_changes(ctx, [tp for tp in led if ctx.partition_state(tp) is PartitionState.ONLINE],
                              PartitionState.ONLINE, actions, ControlledShutdownElection())
-    for tp in led:
-        if ctx.partition_leadership_info[tp].leader != broker_id:
-            # Deviation: Kafka makes the old leader a follower; here it stops the replica instead, since our
-            # leaders count a caught-up follower in the high watermark for replica.lag.time.max.ms whatever
-            # its broker's state (no KIP-841 check), and a departing follower would hold acks=all back.
-            actions.batch.add_stop_replica([broker_id], tp, delete_partition=False)
     for tp in followed:
         actions.batch.add_stop_replica([broker_id], tp, delete_partition=False)
     followers = [PartitionReplica(tp, broker_id) for tp in followed]

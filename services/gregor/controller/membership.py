@@ -131,13 +131,27 @@ def process_broker_change(
 def on_controller_failover(ctx: ControllerContext, actions: ControllerActions, election: OfflineElection | None = None) -> None:
     """The pure part of onControllerFailover, once the driver has loaded the context from etcd.
 
-    Initializes partition and replica states, tells every live broker the full
-    metadata, then brings offline and new partitions online.
+    Tells every live broker the full metadata, then runs Kafka's
+    ReplicaStateMachine.startup: replicas on live brokers go OnlineReplica
+    (LeaderAndIsr to them), replicas on brokers that are not registered go
+    OfflineReplica, which takes them out of the ISR (the last member stays) and
+    out of leadership through the guarded partition-state write. A broker that
+    died while no controller was active thus leaves every ISR at once instead
+    of holding acks=all until each leader's isr-expiration drops it. Then
+    PartitionStateMachine.startup: partitions whose leader is not live (now
+    `leader: -1`) are Offline and get elected with the new ISR, new ones are
+    initialized.
     """
     live = ctx.live_or_shutting_down_broker_ids
     actions.batch.add_update_metadata(live, ctx.partitions_with_leaders())
     rsm.initialize_replica_states(ctx)
-    psm.initialize_partition_states(ctx)
-    online = [r for r, s in ctx.replica_states.items() if s is ReplicaState.ONLINE]
+    online = sorted(r for r, s in ctx.replica_states.items() if s is ReplicaState.ONLINE)
+    # Replicas of topics queued for deletion stay ReplicaDeletionIneligible (the deletion takes them).
+    offline = sorted(
+        r for r, s in ctx.replica_states.items()
+        if s is not ReplicaState.ONLINE and not ctx.is_topic_queued_up_for_deletion(r.topic_partition.topic)
+    )
     rsm.handle_state_changes(ctx, online, ReplicaState.ONLINE, actions)
+    rsm.handle_state_changes(ctx, offline, ReplicaState.OFFLINE, actions)
+    psm.initialize_partition_states(ctx)
     psm.trigger_online_partition_state_change(ctx, actions, election)

@@ -1,7 +1,8 @@
 """The leader's HW counts caught-up followers outside the ISR; follower fetches are fenced by broker epoch.
 
 Seed 000's maybeIncrementLeaderHW: min LEO over the ISR plus every replica whose
-lastCaughtUpTimeMs is within replica.lag.time.max.ms. KIP-380/903: a fetch from
+lastCaughtUpTimeMs is within replica.lag.time.max.ms and that may join the ISR
+(Kafka's shouldWaitForReplicaToJoinIsr / isReplicaIsrEligible, KIP-841). KIP-380/903: a fetch from
 an earlier incarnation of a follower is STALE_BROKER_EPOCH, and only the live
 incarnation may join the ISR.
 """
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from gregor.broker.partition import Partition
 from gregor.common import errors
 from gregor.common.config import effective_topic_configs, log_config_kwargs
-from gregor.common.isr import compute_high_watermark, is_isr_eligible, is_stale_follower_fetch
+from gregor.common.isr import compute_high_watermark, is_isr_eligible, is_stale_follower_fetch, isr_eligible_followers
 from tests.helpers.batches import make_batch
 
 LAG_MS = 2000
@@ -35,6 +36,27 @@ def test_caught_up_follower_outside_isr_holds_the_hw() -> None:
     assert compute_high_watermark(10, [1, 2], leos, 0, 1, caught_up, 9_500 + LAG_MS + 1, LAG_MS) == 10
     # Exactly at the bound still counts (Kafka: <= replicaLagTimeMaxMs).
     assert compute_high_watermark(10, [1, 2], leos, 0, 1, caught_up, 9_500 + LAG_MS, LAG_MS) == 4
+
+
+def test_ineligible_caught_up_follower_is_not_waited_for() -> None:
+    # Follower 3 is caught up at LEO 4, outside the ISR {1, 2}.
+    leos = {2: 10, 3: 4}
+    caught_up = {2: 9_900, 3: 9_500}
+    args = (10, [1, 2], leos, 0, 1, caught_up, 10_000, LAG_MS)
+    assert compute_high_watermark(*args, isr_eligible={2, 3}) == 4  # eligible: waited for
+    assert compute_high_watermark(*args, isr_eligible={2}) == 10  # dead / shutting down / older incarnation
+    assert compute_high_watermark(*args, isr_eligible=None) == 4  # nothing known: waited for (as before)
+    # ISR members always count, eligible or not (Kafka's maximalIsr).
+    assert compute_high_watermark(10, [1, 2], {2: 6}, 0, 1, {2: 9_900}, 10_000, LAG_MS, isr_eligible=set()) == 6
+
+
+def test_isr_eligible_followers_by_metadata_cache() -> None:
+    fetched = {2: 20, 3: 30, 4: -1, 5: 49}
+    # 3 is in controlled shutdown (left out of UpdateMetadata's live brokers), 5 fetched as an older
+    # incarnation, 4 sent no epoch (not judged), 2 matches.
+    assert isr_eligible_followers(fetched, {1: 10, 2: 20, 4: 40, 5: 50}) == {2, 4}
+    assert isr_eligible_followers(fetched, None) is None  # no UpdateMetadata yet
+    assert isr_eligible_followers(fetched, {}) is None
 
 
 def test_caught_up_follower_never_lowers_the_hw() -> None:
@@ -90,6 +112,33 @@ def test_partition_hw_waits_for_a_caught_up_follower_outside_the_isr(partition: 
     p.update_follower_fetch_state(2, 5, t0 + 30)
     assert p.high_watermark == 3  # 3 is caught up (20 ms ago) at LEO 3: it holds the HW
     assert p.maybe_increment_leader_hw(t0 + 20 + LAG_MS + 1) and p.high_watermark == 5
+
+
+def test_partition_hw_does_not_wait_for_a_departing_follower(partition: Partition) -> None:
+    """A follower outside the ISR that fetched once and then went into controlled shutdown.
+
+    Before the fix the leader counted it for replica.lag.time.max.ms (30 s by default),
+    holding acks=all back; now the metadata cache's live brokers decide.
+    """
+    p = partition
+    live: dict[int, int] | None = {1: 10, 2: 20, 3: 30}
+    p.live_broker_epochs = lambda: live
+    p.append_records_to_leader(make_batch([b"a", b"b", b"c"]), 1)
+    t0 = p.follower_states[2].last_caught_up_time_ms
+    p.update_follower_fetch_state(3, 3, t0 + 10, broker_epoch=30)  # caught up at LEO 3
+    p.update_follower_fetch_state(2, 3, t0 + 10, broker_epoch=20)
+    assert p.high_watermark == 3
+    p.append_records_to_leader(make_batch([b"d", b"e"]), 1)
+    p.update_follower_fetch_state(2, 5, t0 + 20, broker_epoch=20)
+    assert p.high_watermark == 3  # 3 is eligible and caught up: waited for
+    live = {1: 10, 2: 20}  # UpdateMetadata without broker 3 (controlled shutdown or gone)
+    assert p.maybe_increment_leader_hw(t0 + 30) and p.high_watermark == 5
+    # Before any UpdateMetadata there is nothing to check against: it would be waited for again.
+    p.append_records_to_leader(make_batch([b"f"]), 1)
+    p.update_follower_fetch_state(3, 5, t0 + 40, broker_epoch=30)
+    live = None
+    p.update_follower_fetch_state(2, 6, t0 + 50, broker_epoch=20)
+    assert p.high_watermark == 5
 
 
 def test_fetch_from_an_older_incarnation_is_stale(partition: Partition) -> None:

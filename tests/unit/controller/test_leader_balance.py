@@ -53,11 +53,13 @@ def test_controlled_shutdown_moves_leadership_to_first_live_isr_replica_and_leav
     assert ctx.partition_leadership_info[tp(1)] == LeaderAndIsr(2, 3, (2, 3), 3, 3)
     assert ctx.partition_leadership_info[tp(2)].leader == 1
     assert [(w.topic_partition, w.expected_partition_epoch) for w in actions.writes] == [(tp(0), 7), (tp(1), 2)]
-    # Both replicas stop on the departing broker (it neither leads nor follows them any more).
+    # The old leader becomes a follower of the partition it led (Kafka's LeaderAndIsr to the live or
+    # shutting-down replicas); the partition it followed stops on it.
     to_1 = requests_for(actions, ctx, 1)
-    assert not any(isinstance(r, LeaderAndIsrRequest) for r in to_1)
+    lair_1 = next(r for r in to_1 if isinstance(r, LeaderAndIsrRequest))
+    assert [(p.topic_partition, p.leader_and_isr.leader) for p in lair_1.partition_states] == [(tp(0), 2)]
     stop = next(r for r in to_1 if isinstance(r, StopReplicaRequest))
-    assert stop.partitions == ((tp(0), False), (tp(1), False))
+    assert stop.partitions == ((tp(1), False),)
     assert ctx.replica_state(PartitionReplica(tp(1), 1)) is ReplicaState.OFFLINE
     lair_2 = next(r for r in requests_for(actions, ctx, 2) if isinstance(r, LeaderAndIsrRequest))
     assert {p.topic_partition for p in lair_2.partition_states} == {tp(0), tp(1)}

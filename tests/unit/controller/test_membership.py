@@ -83,7 +83,9 @@ def test_controller_failover_initializes_states_and_informs_everyone() -> None:
     ctx.put_partition_leadership_info(TP, LeaderAndIsr(1, 4, (1, 3), controller_epoch=6, partition_epoch=9))
     actions = ControllerActions()
     on_controller_failover(ctx, actions)
-    assert ctx.replica_state(PartitionReplica(TP, 1)) is ReplicaState.DELETION_INELIGIBLE
+    # ReplicaStateMachine.startup: the dead broker's replica goes OfflineReplica (leader -1, out of the
+    # ISR: one write), then the partition state machine elects 3 from the shrunk ISR (a second write).
+    assert ctx.replica_state(PartitionReplica(TP, 1)) is ReplicaState.OFFLINE
     lai = ctx.partition_leadership_info[TP]
-    assert (lai.leader, lai.leader_epoch, lai.controller_epoch, lai.partition_epoch) == (3, 5, 7, 10)
+    assert (lai.leader, lai.isr, lai.leader_epoch, lai.controller_epoch, lai.partition_epoch) == (3, (3,), 6, 7, 11)
     assert actions.batch.update_metadata_brokers == {2, 3}

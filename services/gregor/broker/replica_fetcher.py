@@ -227,10 +227,16 @@ class ReplicaFetcherManager:
         self.endpoint_of = endpoint_of
         self.broker_epoch = broker_epoch
         self.fetchers: dict[int, ReplicaFetcher] = {}
+        self.stopped = False
 
     def add_partition(self, p: "Partition") -> None:
-        """Follow p from its leader (removing it from any other fetcher first); truncation runs first."""
+        """Follow p from its leader (removing it from any other fetcher first); truncation runs first.
+
+        After shutdown() (a broker on its way out of a controlled shutdown) a late
+        LeaderAndIsr does not start a new fetcher."""
         self.remove_partitions([p.key])
+        if self.stopped:
+            return
         fetcher = self.fetchers.get(p.leader_id)
         if fetcher is None or fetcher.task.done():
             fetcher = self.fetchers[p.leader_id] = ReplicaFetcher(self, p.leader_id)
@@ -242,6 +248,7 @@ class ReplicaFetcherManager:
                 fetcher.partitions.pop(key, None)
 
     async def shutdown(self) -> None:
+        self.stopped = True
         for f in self.fetchers.values():
             f.task.cancel()
         await asyncio.gather(*(f.task for f in self.fetchers.values()), return_exceptions=True)

@@ -279,8 +279,11 @@ class RecordAccumulator:
                    last: Optional[ProducerBatch], timestamp_ms: int) -> ProducerBatch:
         if dq is None:
             dq = self.batches[(topic, partition)] = collections.deque()
-        if last is not None and not last.sealed:
-            self.wakeup.set()  # the previous batch is complete: ready to send
+        # Kafka's append wakes the sender whenever a batch is created (newBatchCreated), not only
+        # when the previous one is complete: an idle sender (nothing queued, nothing in flight, e.g.
+        # after every request of a failover failed at once) would otherwise sleep its whole idle
+        # poll before it sees the batch, and one second per failover round adds up.
+        self.wakeup.set()
         batch = ProducerBatch(topic, partition, time.monotonic(), timestamp_ms)
         dq.append(batch)
         self.incomplete.add(batch)

@@ -7,6 +7,7 @@ flight at a time, callers share its result).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,9 @@ class ClusterMetadata:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._refresh: Optional[asyncio.Task[None]] = None
         self._wanted: set[str] = set()
+        self._refreshed_at = 0.0  # when the last refresh attempt ended
+        # (topic, partition) -> (leader epoch a leader hint set, until when older answers are overruled)
+        self._hinted: dict[tuple[str, int], tuple[int, float]] = {}
         self._closed = False
 
     # ------------------------------------------------------------ channels
@@ -141,6 +145,18 @@ class ClusterMetadata:
     def stale(self) -> bool:
         return time.monotonic() - self.updated_at > self.max_age_s
 
+    def refresh_backoff_left(self, now: float) -> float:
+        """Seconds until another refresh may start: retry.backoff.ms after the last one ended
+        (Kafka's Metadata.timeToAllowUpdate), so a cluster mid-failover is not hammered."""
+        return max(0.0, self._refreshed_at + self.retry_backoff_s - now)
+
+    def connectable(self, broker_id: int) -> bool:
+        """False while the channel to the broker is failing (Kafka's NetworkClient.ready() false for a
+        node whose connection failed): the sender holds its batches instead of failing them."""
+        broker = self.brokers.get(broker_id)
+        ch = self._channels.get(broker.address) if broker is not None else None
+        return ch is None or ch.get_state(try_to_connect=False) != grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
     # ------------------------------------------------------------ refresh
     def add_topics(self, *topics: str) -> None:
         self._wanted.update(topics)
@@ -151,18 +167,41 @@ class ClusterMetadata:
             self._wanted.update(topics)
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.ensure_future(self._do_refresh())
-        await asyncio.shield(self._refresh)
+        try:
+            await asyncio.shield(self._refresh)
+        finally:
+            if self._refresh.done():
+                self._refreshed_at = time.monotonic()
 
     def request_update(self, err: errors.GregorError | None = None) -> None:
-        """Mark metadata stale after err (refreshed by the next caller that needs it)."""
+        """Mark metadata stale after err (refreshed by the next caller that needs it).
+
+        A NOT_LEADER_OR_FOLLOWER (or fenced epoch) that names the current leader and a newer
+        leader epoch moves the partition to that leader right away (KIP-951, Kafka 3.7+):
+        the retry goes there without waiting for the Metadata round trip.
+        """
         if err is None or err.code in STALE_METADATA_CODES:
             self.updated_at = 0.0
+        if err is not None and err.leader_id >= 0 and err.topic:
+            self._apply_leader_hint(err.topic, err.partition, err.leader_id, err.leader_epoch)
+
+    def _apply_leader_hint(self, topic: str, partition: int, leader: int, leader_epoch: int) -> None:
+        info = self.topics.get(topic)
+        if info is None or leader not in self.brokers:
+            return
+        for i, p in enumerate(info.partitions):
+            if p.partition == partition and leader_epoch > p.leader_epoch:
+                info.partitions[i] = dataclasses.replace(p, leader=leader, leader_epoch=leader_epoch)
+                self._hinted[(topic, partition)] = (leader_epoch, time.monotonic() + self.request_timeout_s)
+                return
 
     async def _do_refresh(self) -> None:
         addresses = [b.address for b in self.brokers.values()] + self.bootstrap
         last: errors.GregorError | None = None
-        # Every known broker, then the bootstrap list: the first answer wins.
-        for address in dict.fromkeys(addresses):
+        # Every known broker, then the bootstrap list: the first answer wins. Brokers whose
+        # channel is failing (e.g. the leader that just died) go last, as Kafka asks the least
+        # loaded *connectable* node.
+        for address in sorted(dict.fromkeys(addresses), key=self._failing):
             stub = broker_pb2_grpc.BrokerServiceStub(self.channel(address))
             try:
                 resp = await stub.Metadata(broker_pb2.MetadataRequest(topics=sorted(self._wanted)),
@@ -175,19 +214,36 @@ class ClusterMetadata:
         raise errors.NetworkExceptionError(  # type: ignore[attr-defined]
             f"no broker of {','.join(self.bootstrap)} answered Metadata: {last.message if last else ''}")
 
+    def _failing(self, address: str) -> bool:
+        ch = self._channels.get(address)
+        return ch is not None and ch.get_state(try_to_connect=False) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
     def _apply(self, resp: broker_pb2.MetadataResponse) -> None:
         self.cluster_id = resp.cluster_id
         self.controller_id = resp.controller_id
         self.brokers = {b.broker_id: BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
                         for b in resp.brokers}
+        lagging = False
         for t in resp.topics:
-            self.topics[t.name] = TopicInfo(
-                t.name,
-                sorted((PartitionInfo(t.name, p.partition, p.leader, p.leader_epoch, tuple(p.replicas),
-                                      tuple(p.isr), tuple(p.offline_replicas), p.error)
-                        for p in t.partitions), key=lambda p: p.partition),
-                t.error, t.is_internal)
-        self.updated_at = time.monotonic()
+            parts = sorted((PartitionInfo(t.name, p.partition, p.leader, p.leader_epoch, tuple(p.replicas),
+                                          tuple(p.isr), tuple(p.offline_replicas), p.error)
+                            for p in t.partitions), key=lambda p: p.partition)
+            if self._hinted:
+                # A broker whose metadata is older than a leader hint we followed must not move the
+                # partition back to the old leader (Kafka keeps the newer leader epoch); ask again.
+                # Without topic ids a hint only overrules answers for request.timeout.ms (a recreated
+                # topic starts its epochs again).
+                now = time.monotonic()
+                for i, p in enumerate(parts):
+                    hinted, until = self._hinted.pop((t.name, p.partition), (-1, 0.0))
+                    old = self.partition(t.name, p.partition)
+                    if hinted > p.leader_epoch and now < until and old is not None and old.leader_epoch == hinted:
+                        parts[i] = dataclasses.replace(p, leader=old.leader, leader_epoch=hinted)
+                        self._hinted[(t.name, p.partition)] = (hinted, until)
+                        lagging = True
+            self.topics[t.name] = TopicInfo(t.name, parts, t.error, t.is_internal)
+        # Behind a leader hint: ask again after retry.backoff.ms rather than trust this answer for long.
+        self.updated_at = time.monotonic() - (self.max_age_s if lagging else 0.0)
 
     async def wait_for_topic(self, topic: str, max_wait_ms: int) -> list[PartitionInfo]:
         """Partitions of topic, refreshing until known or max_wait_ms passed (Kafka's waitOnMetadata)."""

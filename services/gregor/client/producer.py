@@ -108,6 +108,12 @@ class Sender:
                 if leader < 0:
                     need_metadata = True
                     continue
+                if not self.metadata.connectable(leader):
+                    # The leader's connection failed (it died?): keep the batches (delivery.timeout.ms
+                    # bounds them) and ask for metadata; they go as soon as it names a new leader.
+                    need_metadata = True
+                    self.metadata.request_update()
+                    continue
                 if self.in_flight.get(leader, 0) >= self.max_in_flight:
                     continue
                 if self.txn is not None:
@@ -134,9 +140,14 @@ class Sender:
                 task = asyncio.ensure_future(self._produce(leader, tp, batches))
                 self.requests.add(task)
                 task.add_done_callback(self.requests.discard)
-            if need_metadata or (ready and self.metadata.stale):
-                self._maybe_refresh_metadata()
-                delay = min(delay, self.metadata.retry_backoff_s)
+            # Kafka's NetworkClient updates metadata first once an update is requested (a request
+            # failed with NOT_LEADER_OR_FOLLOWER, a network error, ...): refresh at once, not when
+            # the retried batch's backoff has passed, so the retry already goes to the new leader.
+            if need_metadata or (self.metadata.stale and (ready or acc.has_undrained())):
+                wait = self.metadata.refresh_backoff_left(now)
+                if wait <= 0:
+                    self._maybe_refresh_metadata()
+                delay = min(delay, wait or self.metadata.retry_backoff_s)
             if self.closing and not acc.has_undrained() and not self.requests:
                 if self._init_pid_task is not None:
                     self._init_pid_task.cancel()

@@ -30,6 +30,11 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.so_reuseport", 0),
     # A 16 MiB stream window so one 1-8 MiB produce or fetch message needs no window updates mid-way.
     ("grpc.http2.lookahead_bytes", 16 << 20),
+    # Kafka's reconnect.backoff.ms (50) and reconnect.backoff.max.ms (1000) for a peer that went away.
+    # gRPC's own defaults (1 s, growing to 120 s) left a restarted broker unreachable for seconds after
+    # it was back (measured: 6.7 s after an 8 s outage; 0.8 s with these).
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 Req = TypeVar("Req")

@@ -100,12 +100,29 @@ async def test_gateway_sigkill_under_load_loses_no_acknowledged_record(tmp_path:
         tear_down(c)
 
 
+async def _leader_once_propagated(admin: AdminClient, topic: str, timeout_s: float = 15.0) -> int:
+    """CreateTopics answers once the controller wrote the topic; brokers learn it by UpdateMetadata a
+    moment later (as in Kafka), so wait until a broker names partition 0's leader."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            leader = (await admin.describe_topics([topic]))[topic].partitions[0].leader
+            if leader >= 0:
+                return leader
+        except errors.UnknownTopicOrPartitionError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}-0 has no leader after {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
 async def test_leader_change_behind_the_gateway_is_invisible_to_clients(tmp_path: object) -> None:
     c = LocalCluster.up(str(tmp_path), brokers=3, controllers=1, lease_ttl_ms=2000, gateways=1)
     try:
         async with AdminClient({"bootstrap.servers": c.bootstrap}) as admin:
             await admin.create_topic("ha", 2, 3, configs={"min.insync.replicas": "2"})
-            leader = (await admin.describe_topics(["ha"]))["ha"].partitions[0].leader
+            leader = await _leader_once_propagated(admin, "ha")
         gw = c.by_role("gateway")[0]
         total = 1500
         results: list[gateway_pb2.GatewayRecordResult] = []

@@ -1,7 +1,8 @@
-//! Kafka's batch compression codecs, for the log cleaner only: produce and
-//! fetch never decompress. The same formats as the Python side (cramjam):
-//! gzip, raw snappy (xerial-framed snappy from Java clients is read too),
-//! the LZ4 frame format, zstd.
+//! Kafka's batch compression codecs, for the log cleaner and the leader's
+//! recompression into a topic's compression.type (`recompress.rs`); with
+//! compression.type=producer produce and fetch never decompress. The same
+//! formats as the Python side (cramjam): gzip, raw snappy (xerial-framed
+//! snappy from Java clients is read too), the LZ4 frame format, zstd.
 
 use std::io::{Read, Write};
 
@@ -53,11 +54,22 @@ fn xerial_decompress(data: &[u8]) -> Result<Vec<u8>> {
 
 /// Compresses a records section with `codec` (raw snappy, LZ4 frame, zstd level 3).
 pub fn compress(codec: i16, data: &[u8]) -> Result<Vec<u8>> {
+    compress_level(codec, data, None)
+}
+
+/// `compress` at a level (KIP-390's compression.gzip.level 1..9 and
+/// compression.zstd.level; None or gzip's -1 is the codec's default: gzip 6,
+/// zstd 3). lz4_flex has one level only, so an LZ4 level is accepted and ignored.
+pub fn compress_level(codec: i16, data: &[u8], level: Option<i32>) -> Result<Vec<u8>> {
     let io = |e: std::io::Error| crate::error::Error::Io(e);
     match codec {
         NONE => Ok(data.to_vec()),
         GZIP => {
-            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let gz = match level {
+                Some(l @ 1..=9) => flate2::Compression::new(l as u32),
+                _ => flate2::Compression::default(),
+            };
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), gz);
             enc.write_all(data).map_err(io)?;
             enc.finish().map_err(io)
         }
@@ -67,7 +79,7 @@ pub fn compress(codec: i16, data: &[u8]) -> Result<Vec<u8>> {
             enc.write_all(data).map_err(io)?;
             enc.finish().or_else(|e| invalid(format!("lz4: {e}")))
         }
-        ZSTD => zstd::stream::encode_all(data, 3).map_err(io),
+        ZSTD => zstd::bulk::compress(data, level.unwrap_or(3)).map_err(io),
         other => invalid(format!("compression codec {other} is not supported")),
     }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod index;
 pub mod log;
 pub mod records;
+pub mod recompress;
 pub mod retention;
 pub mod segment;
 pub mod sendfile;
@@ -156,6 +157,25 @@ fn record_of(i: usize, item: &Bound<'_, PyAny>) -> PyResult<Record> {
         value: optional_bytes_of(&value)?,
         headers: hs,
     })
+}
+
+/// Broker-side recompression into the topic's compression.type (see
+/// `recompress.rs`): validated and rewritten with the GIL released; None when
+/// every batch is already in `codec` (the caller appends its own bytes).
+#[pyfunction]
+#[pyo3(signature = (data, codec, max_message_bytes, *, level = None, require_keys = false))]
+#[pyo3(text_signature = "(data, codec, max_message_bytes, *, level=None, require_keys=False)")]
+fn recompress_batches<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    codec: i16,
+    max_message_bytes: i64,
+    level: Option<i32>,
+    require_keys: bool,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let max = max_message_bytes.max(0) as usize;
+    let out = py.detach(|| recompress::recompress_for_append(data, codec, level, max, require_keys)).map_err(to_py)?;
+    Ok(out.map(|b| PyBytes::new(py, &b)))
 }
 
 #[pyfunction]
@@ -815,6 +835,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_records, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(build_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(recompress_batches, m)?)?;
     m.add_class::<PyBatchHeader>()?;
     m.add_class::<PyLogConfig>()?;
     m.add_class::<PyAppendInfo>()?;

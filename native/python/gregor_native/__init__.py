@@ -32,6 +32,7 @@ from ._native import (
     decode_records,
     encode_records,
     parse_batches,
+    recompress_batches,
 )
 
 __all__ = [
@@ -66,4 +67,5 @@ __all__ = [
     "decode_records",
     "encode_records",
     "parse_batches",
+    "recompress_batches",
 ]

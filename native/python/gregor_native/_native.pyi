@@ -91,6 +91,19 @@ def parse_batches(data: bytes, verify_crc: bool = True) -> list[BatchHeader]:
     header or a CRC mismatch (when verify_crc), InvalidRecordError on a magic
     other than 2. Empty input returns []."""
 
+def recompress_batches(
+    data: bytes, codec: int, max_message_bytes: int, *, level: Optional[int] = None, require_keys: bool = False
+) -> Optional[bytes]:
+    """Broker-side recompression (topic compression.type, Kafka's LogValidator).
+
+    Validates data as a leader append does, then rewrites every non-control
+    batch whose codec is not `codec` (0 none .. 4 zstd): decompressed, records
+    walked, recompressed at `level` (gzip 1..9, zstd; None or -1: the codec's
+    default; LZ4 has one level) and rebuilt with the same header fields and a
+    new CRC. Returns None when no batch needed it. Raises CorruptRecordError
+    (cannot decompress / bad records), InvalidRecordError, RecordTooLargeError
+    (an input or rewritten batch above max_message_bytes). GIL released."""
+
 def encode_records(
     records: Sequence[tuple[Optional[bytes], Optional[bytes], Sequence[tuple[str, Optional[bytes]]], int]],
 ) -> bytes:

@@ -20,6 +20,7 @@ from gregor.broker.producer_state import (
 )
 from gregor.common import errors
 from gregor.common.clock import now_ms
+from gregor.common.config import is_compacted, recompression_target
 from gregor.common.isr import (
     NO_BROKER_EPOCH,
     REPLICA_LAG_TIME_MAX_MS_DEFAULT,
@@ -250,6 +251,7 @@ class Partition:
                 errors.Code.NOT_ENOUGH_REPLICAS,
                 f"ISR size {len(self.isr)} is below min.insync.replicas {self.min_insync_replicas}",
                 topic=self.topic, partition=self.partition)
+        records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
         psm = self.producer_state_manager()
         if batches is not None:
@@ -263,6 +265,24 @@ class Partition:
         self._update_producer_state(batches, info.first_offset)
         self.maybe_increment_leader_hw()
         return info
+
+    def _recompress(self, records: bytes) -> bytes:
+        """Leader only: batches not in the topic's compression.type rewritten into it (Kafka's LogValidator).
+
+        One native call (GIL released); compression.type=producer, or every batch already in the
+        topic's codec, keeps the producer's bytes. Producer id/epoch/sequence stay in the header,
+        so the ProducerStateManager below reads the rewritten batches. Followers copy the leader's bytes.
+        """
+        target = recompression_target(self.configs)
+        if target is None:
+            return records
+        try:
+            rewritten = native.recompress_batches(
+                records, target[0], int(self.configs.get("max.message.bytes", 1048588)),
+                level=target[1], require_keys=is_compacted(self.configs))
+        except Exception as exc:
+            raise native_error(exc, self.topic, self.partition) from exc
+        return records if rewritten is None else rewritten
 
     def append_records_to_follower(self, records: bytes) -> native.AppendInfo:
         """Append replicated batches (offsets and epochs kept) and apply them to the producer state."""

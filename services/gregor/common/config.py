@@ -76,6 +76,26 @@ def is_retained_by_deletion(topic_configs: Mapping[str, Any]) -> bool:
     return "delete" in str(topic_configs.get("cleanup.policy", "delete")).split(",")
 
 
+# compression.type (topic and broker default): `producer` keeps the producer's codec; any other value
+# makes the partition leader recompress batches in another codec (Kafka's LogValidator, KIP-390 levels).
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+COMPRESSION_CODECS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def recompression_target(topic_configs: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """(codec id, level) a leader recompresses produced batches into; None for compression.type=producer.
+
+    The level is compression.gzip.level / .lz4.level / .zstd.level of that codec (None: the
+    codec's default, gzip's -1 included).
+    """
+    codec = COMPRESSION_CODECS.get(str(topic_configs.get("compression.type", "producer")))
+    if codec is None:
+        return None
+    level_key = {1: "compression.gzip.level", 3: "compression.lz4.level", 4: "compression.zstd.level"}.get(codec)
+    level = topic_configs.get(level_key) if level_key else None
+    return codec, (None if level is None or (codec == 1 and int(level) == -1) else int(level))
+
+
 # Topic-level configs (kafka-topics --config), Kafka's defaults.
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
@@ -84,9 +104,12 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
                   "delete (retention), compact (log compaction) or both",
                   choices=CLEANUP_POLICIES),
         ConfigDef("compression.type", str, "producer",
-                  "producer only for now (the broker keeps the producer's codec): broker-side recompression "
-                  "(uncompressed, gzip, snappy, lz4, zstd) arrives with the clients issue",
-                  choices=("producer",)),
+                  "String must be one of: " + ", ".join(COMPRESSION_TYPES), lambda v: v in COMPRESSION_TYPES),
+        ConfigDef("compression.gzip.level", int, -1, "Value must be between 1 and 9 or equal to -1",
+                  lambda v: 1 <= v <= 9 or v == -1),
+        ConfigDef("compression.lz4.level", int, 9, "Value must be between 1 and 17", lambda v: 1 <= v <= 17),
+        ConfigDef("compression.zstd.level", int, 3, "Value must be between -131072 and 22",
+                  lambda v: -131072 <= v <= 22),
         ConfigDef("delete.retention.ms", int, 86400000, "how long tombstones are kept (compacted topics)", _nonneg),
         ConfigDef("flush.messages", int, LONG_MAX, "fsync after this many messages", _pos),
         ConfigDef("flush.ms", int, LONG_MAX, "fsync when the last flush is older than this", _nonneg),
@@ -110,6 +133,9 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
 BROKER_TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleanup.policy": "cleanup.policy",
     "compression.type": "compression.type",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
     "log.cleaner.delete.retention.ms": "delete.retention.ms",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",

@@ -364,6 +364,17 @@ class EtcdClient:
                 attempts -= 1
                 if attempts <= 0 or not isinstance(err, EtcdUnavailable) or not (idempotent or _never_sent(exc)):
                     raise err from exc
+            except asyncio.CancelledError:
+                # Another call failed on this channel and _rotate closed it: grpc.aio reports the calls
+                # still in flight on it as locally cancelled. That is a transport failure of this call,
+                # not a cancellation of the caller's task (which must still propagate).
+                task = asyncio.current_task()
+                if client is self._client or (task is not None and task.cancelling()):
+                    raise
+                attempts -= 1
+                if attempts <= 0 or not idempotent:
+                    raise EtcdUnavailable(f"etcd {what}: channel to {self.endpoint} closed by endpoint "
+                                          f"failover while the call was in flight") from None
 
     async def _translate(self, what: str, exc: grpc.aio.AioRpcError, client: aetcd.Client | None = None) -> EtcdError:
         message = f"etcd {what} at {self.endpoint}: {exc.code().name}: {exc.details()}"

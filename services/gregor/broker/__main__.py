@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from gregor.common import errors
@@ -57,17 +56,14 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
 async def run(config: BrokerConfig, ready_file: str | None) -> None:
     from gregor.broker.broker import Broker
     from gregor.common.memory import tune_allocator
+    from gregor.common.rpc import wait_for_shutdown
 
     tune_allocator()
     broker = Broker(config)
     await broker.start()
     if ready_file:
         broker.write_ready_file(ready_file)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_shutdown("broker")
     await broker.stop()
 
 

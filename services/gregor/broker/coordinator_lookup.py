@@ -31,7 +31,7 @@ from typing import Any
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
 from gregor.coordinator.offsets_log import OFFSETS_TOPIC, partition_for
-from gregor.coordinator.ownership import desired_owner
+from gregor.coordinator.ownership import apply_registry_key, desired_owner
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +82,8 @@ class CoordinatorLookup:
 
     def _apply(self, rel: str, value: bytes | None) -> None:
         """One `coordinators/{ids,partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""
-        parts = rel.split("/")
-        if len(parts) != 3 or not parts[2].isdigit():
-            return
-        n = int(parts[2])
         try:
-            if parts[1] == "ids":
-                if value is None:
-                    self.live.pop(n, None)
-                else:
-                    self.live[n] = json.loads(value)
-            elif parts[1] == "partitions":
-                if value is None:
-                    self.claims.pop(n, None)
-                else:
-                    self.claims[n] = int(value)
+            apply_registry_key(self.live, self.claims, rel, value)
         except ValueError as exc:
             log.warning("coordinator lookup: ignoring malformed %s: %s", rel, exc)
 

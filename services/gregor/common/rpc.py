@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import signal
 import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
@@ -99,3 +101,21 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[s
 def channel(target: str) -> grpc.aio.Channel:
     """An insecure aio channel with Gregor's message limits."""
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+async def wait_for_shutdown(name: str, stopped: "asyncio.Future[Any] | None" = None) -> int:
+    """Block a service's main task until SIGTERM/SIGINT, or until the service's own `stopped`
+    future completes (e.g. the controller lost etcd for good). Returns the process exit code:
+    1 when `stopped` ended with an exception (logged), else 0."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stop_wait] + ([stopped] if stopped is not None else []),
+                       return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    if stopped is not None and stopped.done() and not stopped.cancelled() and stopped.exception() is not None:
+        log.error("%s failed: %s", name, stopped.exception())
+        return 1
+    return 0

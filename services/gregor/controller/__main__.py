@@ -7,10 +7,8 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
@@ -83,7 +81,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 async def run(args: ControllerArgs) -> int:
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import serve_metrics
-    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.controller.controller import Controller
     from gregor.controller.server import ControllerAdminServicer, ControllerServicer
     from gregor.rpc.v1 import controller_pb2_grpc
@@ -109,18 +107,7 @@ async def run(args: ControllerArgs) -> int:
             "pid": os.getpid()})
     log.info("controller %d serving gRPC on %s:%d, metrics %d, etcd %s", args.controller_id, args.host, port,
              metrics_port, args.etcd)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    stopped: asyncio.Future[Any] = controller.stopped
-    await asyncio.wait([stop_wait, stopped], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if controller.stopped.done() and controller.stopped.exception() is not None:
-        log.error("controller failed: %s", controller.stopped.exception())
-        code = 1
-    stop_wait.cancel()
+    code = await wait_for_shutdown("controller", controller.stopped)
     # Revoke the lease first: the standby takes over while we finish shutting down.
     await controller.stop()
     await server.stop(1.0)

@@ -7,9 +7,7 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
-from typing import Any
 
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
@@ -88,7 +86,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 async def run(a: argparse.Namespace) -> int:
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import serve_metrics
-    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.coordinator.coordinator import GroupCoordinator
     from gregor.coordinator.server import GroupCoordinatorServicer
     from gregor.rpc.v1 import coordinator_pb2_grpc
@@ -110,17 +108,7 @@ async def run(a: argparse.Namespace) -> int:
             "metrics": f"http://{a.host}:{metrics_port}/metrics" if metrics_port >= 0 else "", "pid": os.getpid()})
     log.info("coordinator %d serving gRPC on %s:%d, metrics %d, etcd %s, %s has %d partitions", a.coordinator_id,
              a.host, port, metrics_port, a.etcd, "__consumer_offsets", coordinator.num_partitions)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([stop_wait, coordinator.stopped], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if coordinator.stopped.done() and coordinator.stopped.exception() is not None:
-        log.error("coordinator failed: %s", coordinator.stopped.exception())
-        code = 1
-    stop_wait.cancel()
+    code = await wait_for_shutdown("coordinator", coordinator.stopped)
     await coordinator.stop()
     await server.stop(1.0)
     await etcd.close()

@@ -38,7 +38,7 @@ from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompac
 from gregor.coordinator import offsets_log as ol
 from gregor.coordinator.group import Group, GroupState, Member
 from gregor.coordinator.group_manager import GroupConfig, GroupManager
-from gregor.coordinator.ownership import desired_partitions
+from gregor.coordinator.ownership import apply_registry_key, desired_partitions
 
 log = logging.getLogger(__name__)
 Code = errors.Code
@@ -239,20 +239,7 @@ class GroupCoordinator:
                 continue
 
     def _apply_coordinator_kv(self, rel: str, value: bytes | None) -> None:
-        parts = rel.split("/")
-        if len(parts) != 3 or not parts[2].isdigit():
-            return
-        n = int(parts[2])
-        if parts[1] == "ids":
-            if value is None:
-                self.live.pop(n, None)
-            else:
-                self.live[n] = json.loads(value)
-        elif parts[1] == "partitions":
-            if value is None:
-                self.claims.pop(n, None)
-            else:
-                self.claims[n] = int(value)
+        apply_registry_key(self.live, self.claims, rel, value)
 
     async def _reconcile_loop(self) -> None:
         while True:

@@ -12,6 +12,9 @@ expires with its lease — then the new owner claims p and loads it.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 
 def desired_owner(partition: int, live_ids: list[int]) -> int | None:
     """The instance that should own partition, or None when no instance is alive."""
@@ -24,3 +27,26 @@ def desired_owner(partition: int, live_ids: list[int]) -> int | None:
 def desired_partitions(my_id: int, live_ids: list[int], num_partitions: int) -> set[int]:
     """Partitions my_id should own under the current live set."""
     return {p for p in range(num_partitions) if desired_owner(p, live_ids) == my_id}
+
+
+def apply_registry_key(live: dict[int, dict[str, Any]], claims: dict[int, int], rel: str,
+                       value: bytes | None) -> None:
+    """Fold one `coordinators/{ids,partitions}/<n>` key into the etcd view (value None: deleted,
+    e.g. its lease expired). Used by the coordinators and by brokers answering FindCoordinator.
+
+    Raises ValueError on a malformed value; other keys are ignored.
+    """
+    parts = rel.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return
+    n = int(parts[2])
+    if parts[1] == "ids":
+        if value is None:
+            live.pop(n, None)
+        else:
+            live[n] = json.loads(value)
+    elif parts[1] == "partitions":
+        if value is None:
+            claims.pop(n, None)
+        else:
+            claims[n] = int(value)

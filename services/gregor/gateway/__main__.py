@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from dataclasses import dataclass, field
 
@@ -60,7 +59,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 async def run(args: GatewayArgs) -> int:
     from gregor.common.memory import tune_allocator
     from gregor.common.metrics import serve_metrics
-    from gregor.common.rpc import add_health_and_reflection, make_server
+    from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.gateway.gateway import ProducerGateway
     from gregor.gateway.server import ProducerGatewayServicer
     from gregor.rpc.v1 import gateway_pb2_grpc
@@ -84,11 +83,7 @@ async def run(args: GatewayArgs) -> int:
     log.info("gateway %d serving gRPC on %s:%d, metrics %d, bootstrap %s, idempotence %s, compression %s",
              args.gateway_id, args.host, port, metrics_port, args.bootstrap,
              gateway.config.get("enable.idempotence"), gateway.config["compression.type"])
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_shutdown("gateway")
     # Stop taking RPCs, let in-flight ones be answered, then flush what is still buffered.
     await server.stop(SHUTDOWN_GRACE_S)
     await gateway.close(SHUTDOWN_GRACE_S)

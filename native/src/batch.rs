@@ -1,7 +1,8 @@
 //! Kafka v2 record batches: the 61-byte header, CRC-32C, validation, building.
 //!
-//! The engine never decompresses: records are only decoded (see `records.rs`)
-//! when a caller hands over an uncompressed section.
+//! This module never decompresses: records are only decoded (see `records.rs`)
+//! when a caller hands over an uncompressed section; the codecs live in
+//! `codec.rs` (log cleaner, recompression into a topic's compression.type).
 
 use crate::error::{corrupt, invalid, Error, Result};
 

@@ -486,12 +486,13 @@ impl PyFileSlice {
         Self::read_bytes(py, &self.0)
     }
 
-    #[pyo3(signature = (fd, prefix = b"".as_slice()), text_signature = "($self, fd, prefix=b'')")]
-    fn send_to(&self, py: Python<'_>, fd: i32, prefix: &[u8]) -> PyResult<u64> {
+    #[pyo3(signature = (fd, prefix = b"".as_slice(), timeout_ms = -1),
+           text_signature = "($self, fd, prefix=b'', timeout_ms=-1)")]
+    fn send_to(&self, py: Python<'_>, fd: i32, prefix: &[u8], timeout_ms: i32) -> PyResult<u64> {
         let s = &self.0;
         py.detach(|| match &s.file {
-            Some(f) => sendfile::send_range(fd, prefix, f, s.position, s.length),
-            None => sendfile::write_all_fd(fd, prefix).map(|_| 0),
+            Some(f) => sendfile::send_range(fd, prefix, f, s.position, s.length, timeout_ms),
+            None => sendfile::write_all_fd(fd, prefix, timeout_ms).map(|_| 0),
         })
         .map_err(PyErr::from)
     }

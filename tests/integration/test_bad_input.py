@@ -7,6 +7,7 @@ import hashlib
 import os
 import socket
 import struct
+import time
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from gregor.common import errors
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
+from tests.helpers.cluster import broker_process
 from tests.integration.test_broker import create_topic, fetch, produce
 
 Code = errors.Code
@@ -191,3 +193,47 @@ async def test_garbage_on_the_data_port_gets_an_error_and_a_closed_connection(br
     async with channel(broker.grpc) as ch:
         stub = broker_pb2_grpc.BrokerServiceStub(ch)
         assert (await produce(stub, "safe", make_batch([b"still fine"]))).base_offset == 0
+
+
+def test_stalled_data_port_readers_are_cut_off_after_the_send_timeout(tmp_path) -> None:
+    """More peers that stop reading than the port has send threads: each is disconnected after
+    data.port.send.timeout.ms, so a well-behaved reader behind them is served within a bounded time."""
+    with broker_process(str(tmp_path / "b"), overrides={"num.network.threads": "1",
+                                                        "data.port.send.timeout.ms": "1500"}) as proc:
+        asyncio.run(create_topic(proc.grpc, "big"))
+
+        async def fill() -> None:
+            async with channel(proc.grpc) as ch:
+                stub = broker_pb2_grpc.BrokerServiceStub(ch)
+                for _ in range(40):
+                    await produce(stub, "big", make_batch([os.urandom(100_000) for _ in range(5)]))
+        asyncio.run(fill())
+        host, port = proc.data.rsplit(":", 1)
+        whole = _frame(broker_pb2.FetchRequest(topic="big", partition=0, fetch_offset=0, max_bytes=50 << 20))
+        stalled = []
+        for _ in range(3):  # three times the send threads
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(whole)
+            stalled.append(s)
+        time.sleep(0.3)
+        started = time.monotonic()
+        header, body = _data_port_roundtrip(proc.data, _frame(broker_pb2.FetchRequest(
+            topic="big", partition=0, fetch_offset=0, max_bytes=200_000)))
+        assert header.error.code == 0 and len(body) > 0
+        # Served behind at most the stalled sends' timeouts, one after another on the single thread.
+        assert time.monotonic() - started < 3 * 1.5 + 5
+        for s in stalled:
+            s.settimeout(30)
+            got = 0
+            while True:  # drain what was sent before the cut; then the broker's close shows as EOF
+                try:
+                    chunk = s.recv(1 << 20)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                got += len(chunk)
+            assert got < 20 * 500_000, "a stalled reader was sent the whole answer"
+            s.close()

@@ -228,10 +228,12 @@ class FileSlice:
     start_offset: int  # base offset of the first batch in the slice (-1 if empty)
     def read(self) -> bytes:
         """pread the range straight into a new bytes object (no extra copy)."""
-    def send_to(self, fd: int, prefix: bytes = b"") -> int:
+    def send_to(self, fd: int, prefix: bytes = b"", timeout_ms: int = -1) -> int:
         """Write prefix then the range to socket fd with sendfile(2); waits with
-        poll(2) on EAGAIN, so non-blocking sockets work. Releases the GIL.
-        Returns the file bytes sent (not counting prefix)."""
+        poll(2) on EAGAIN, so non-blocking sockets work, at most timeout_ms per
+        wait (negative: no bound), then raises TimeoutError. Releases the GIL.
+        Returns the file bytes sent (not counting prefix; less than length only
+        if the file shrank)."""
 
 @final
 class Log:

@@ -116,7 +116,9 @@ class Broker:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
         if self.config.data_port >= 0:
-            self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port)
+            self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
+                                            threads=self.config.num_network_threads,
+                                            send_timeout_ms=self.config.data_port_send_timeout_ms)
             await self.data_port.start()
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)

@@ -9,7 +9,10 @@ seed's zero-copy path (seed 003) use this raw TCP port instead. Framing
 
 The fetch goes through the same ReplicaManager path as gRPC (DelayedFetch
 included); only the transfer differs. The header and the file range leave in
-one native call that releases the GIL on a worker thread.
+one native call that releases the GIL on a worker thread of the port's own pool
+(`num.network.threads`), so slow readers never hold the threads that retention
+and flushes run on; a peer that reads nothing for `data.port.send.timeout.ms`
+is disconnected.
 Concurrency: one asyncio task per connection, requests on a connection served in order.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
@@ -41,10 +45,13 @@ BAD_FRAMES = Counter("gregor_broker_data_port_bad_frames_total", "Malformed fram
 class DataPortServer:
     """Raw TCP fetch server over the ReplicaManager (event-loop owned)."""
 
-    def __init__(self, replica_manager: "ReplicaManager", host: str, port: int) -> None:
+    def __init__(self, replica_manager: "ReplicaManager", host: str, port: int, threads: int = 3,
+                 send_timeout_ms: int = 30000) -> None:
         self.replicas = replica_manager
         self.host = host
         self.port = port
+        self.send_timeout_ms = send_timeout_ms
+        self._senders = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="data-port-send")
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
@@ -56,6 +63,7 @@ class DataPortServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        self._senders.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -89,8 +97,12 @@ class DataPortServer:
             response=fetch_response(result), records_length=result.slice.length).SerializeToString()
         await writer.drain()  # nothing of ours may sit in the transport buffer before the raw send
         sent = await asyncio.get_running_loop().run_in_executor(
-            None, result.slice.send_to, fd, FRAME.pack(len(header)) + header)
+            self._senders, result.slice.send_to, fd, FRAME.pack(len(header)) + header, self.send_timeout_ms)
         ZERO_COPY_BYTES.inc(sent)
+        if sent < result.slice.length:
+            # The segment shrank under the read (truncation): the peer was promised records_length
+            # bytes and the framing cannot recover, so end the connection; the client reconnects.
+            raise ConnectionResetError(f"sent {sent} of {result.slice.length} promised bytes")
 
     async def _reject(self, writer: asyncio.StreamWriter, why: str) -> None:
         BAD_FRAMES.inc()

@@ -202,6 +202,8 @@ class BrokerConfig:
     producer_id_expiration_ms: int = 86400000  # producer.id.expiration.ms: idle producers' state is dropped
     socket_request_max_bytes: int = 104857600  # socket.request.max.bytes: largest gRPC message
     fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
+    num_network_threads: int = 3  # num.network.threads: threads that run the data port's sendfile transfers
+    data_port_send_timeout_ms: int = 30000  # a data-port peer that reads nothing for this long is disconnected
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
 
     @classmethod

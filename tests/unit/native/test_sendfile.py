@@ -168,3 +168,17 @@ def test_send_to_a_closed_socket_fails(log: native.Log) -> None:
     with pytest.raises(OSError):
         slice_.send_to(a.fileno())
     a.close()
+
+
+def test_send_to_a_peer_that_stops_reading_times_out(tmp_path: Path) -> None:
+    log = big_log(tmp_path / "p", batches=80)  # ~8 MB: far more than two socket buffers
+    slice_ = log.read_slice(0, 1 << 30)
+    a, b = socket.socketpair()  # b never reads
+    a.setblocking(False)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        slice_.send_to(a.fileno(), b"", timeout_ms=300)
+    assert time.monotonic() - started < 5
+    a.close()
+    b.close()
+    log.close()

@@ -9,7 +9,7 @@ TOPIC=${TOPIC:-demo}
 
 if [ -f "$DATA_DIR/cluster.json" ]; then "$GREGOR" cluster down --data-dir "$DATA_DIR" >/dev/null 2>&1 || true; fi
 echo "== starting a local cluster in $DATA_DIR"
-"$GREGOR" cluster up --data-dir "$DATA_DIR" --brokers 1 >/dev/null
+"$GREGOR" cluster up --data-dir "$DATA_DIR" --brokers 1 --controllers 0 >/dev/null
 trap '"$GREGOR" cluster down --data-dir "$DATA_DIR" >/dev/null' EXIT
 export GREGOR_DATA_DIR="$DATA_DIR"
 "$GREGOR" cluster describe

@@ -76,6 +76,26 @@ def test_topics_lifecycle_text_and_json(broker) -> None:
     failed(gregor("topics", "delete", "orders", bootstrap=b), "UNKNOWN_TOPIC_OR_PARTITION")
 
 
+def test_topics_create_and_delete_print_one_json_document(broker) -> None:
+    b = broker.grpc
+    create = ("-o", "json", "topics", "create", "js", "--partitions", "2", "--replication-factor", "1")
+    assert json_lines(ok(gregor(*create, bootstrap=b))) == [{"topic": "js", "created": True}]
+    assert json_lines(ok(gregor(*create, "--if-not-exists", bootstrap=b))) == [{"topic": "js", "created": False}]
+    proc = gregor(*create, bootstrap=b)
+    failed(proc, "TOPIC_ALREADY_EXISTS")
+    assert proc.stdout == "", "a failure prints no JSON document"
+    (desc,) = json_lines(ok(gregor("-o", "json", "topics", "describe", "js", bootstrap=b)))
+    assert desc[0]["partition_count"] == 2
+
+    delete = ("-o", "json", "topics", "delete", "js")
+    assert json_lines(ok(gregor(*delete, bootstrap=b))) == [{"topic": "js", "deleted": True}]
+    assert json_lines(ok(gregor(*delete, "--if-exists", bootstrap=b))) == [{"topic": "js", "deleted": False}]
+    proc = gregor(*delete, bootstrap=b)
+    failed(proc, "UNKNOWN_TOPIC_OR_PARTITION")
+    assert proc.stdout == ""
+    assert json_lines(ok(gregor("-o", "json", "topics", "list", bootstrap=b))) == [[]]
+
+
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_produce_then_consume_json_round_trip(broker, codec: str) -> None:
     b = broker.grpc

@@ -18,8 +18,8 @@ KAFKA_SUMMARY = re.compile(r"^(\d+) records sent, [\d.]+ records/sec \([\d.]+ MB
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d = str(tmp_path_factory.mktemp("gwcli"))
     env = {"GREGOR_DATA_DIR": d}
-    up = gregor("cluster", "up", "--gateways", "2", "--gateway-property", "compression.type=gzip", env=env,
-                timeout=120)
+    up = gregor("cluster", "up", "--brokers", "1", "--controllers", "0", "--gateways", "2",
+                "--gateway-property", "compression.type=gzip", env=env, timeout=120)
     try:
         ok(up)
         ok(gregor("topics", "create", "perf", "--partitions", "2", "--replication-factor", "1", env=env))
@@ -41,12 +41,13 @@ def test_cluster_up_lists_gateways(data_dir: str) -> None:
 
 def test_cluster_up_rejects_bad_gateway_flags(tmp_path: object) -> None:
     env = {"GREGOR_DATA_DIR": str(tmp_path)}
-    failed(gregor("cluster", "up", "--gateways", "-1", env=env), "--gateways", code=2)
-    failed(gregor("cluster", "up", "--gateways", "1", "--gateway-property", "nonsense", env=env),
+    standalone = ("--brokers", "1", "--controllers", "0")
+    failed(gregor("cluster", "up", *standalone, "--gateways", "-1", env=env), "--gateways", code=2)
+    failed(gregor("cluster", "up", *standalone, "--gateways", "1", "--gateway-property", "nonsense", env=env),
            "KEY=VALUE", code=2)
     # A bad producer config stops that gateway at start; the launcher reports why and cleans up.
-    proc = gregor("cluster", "up", "--gateways", "1", "--gateway-property", "compression.type=brotli", env=env,
-                  timeout=120)
+    proc = gregor("cluster", "up", *standalone, "--gateways", "1", "--gateway-property", "compression.type=brotli",
+                  env=env, timeout=120)
     failed(proc, "compression.type")
 
 

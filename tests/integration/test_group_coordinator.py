@@ -284,14 +284,15 @@ def test_cli_cluster_up_starts_coordinators(tmp_path: Any) -> None:
 
     d = str(tmp_path / "cli")
     runner = CliRunner()
-    res = runner.invoke(cli, ["cluster", "up", "--data-dir", d, "--controllers", "1", "--coordinators", "2",
-                              "--coordinator-property", "offsets.topic.num.partitions=2"])
+    res = runner.invoke(cli, ["cluster", "up", "--data-dir", d, "--brokers", "1", "--controllers", "1",
+                              "--coordinators", "2", "--coordinator-property", "offsets.topic.num.partitions=2"])
     try:
         assert res.exit_code == 0, res.output
         info = json.loads(res.output)
         coords = [p for p in info["processes"] if p["role"] == "coordinator"]
         assert [p["id"] for p in coords] == [0, 1] and all(p["grpc"] and p["metrics"] for p in coords)
-        bad = runner.invoke(cli, ["cluster", "up", "--data-dir", str(tmp_path / "bad"), "--coordinators", "1"])
+        bad = runner.invoke(cli, ["cluster", "up", "--data-dir", str(tmp_path / "bad"), "--brokers", "1",
+                                   "--controllers", "0", "--coordinators", "1"])
         assert bad.exit_code != 0 and "cluster mode" in bad.output
     finally:
         if os.path.exists(os.path.join(d, "cluster.json")):

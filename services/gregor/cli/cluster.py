@@ -17,14 +17,6 @@ def _data_dir(ctx: click.Context, value: str | None) -> str:
     return str(root.get("data_dir") or os.environ.get("GREGOR_DATA_DIR") or "./.gregor")
 
 
-def _json_output(ctx: click.Context) -> bool:
-    obj = ctx.find_root().obj
-    output = getattr(obj, "output", None) if obj is not None else None
-    if output is None and isinstance(obj, dict):
-        output = obj.get("output")
-    return output == "json"
-
-
 @click.group()
 def cluster() -> None:
     """Run a local cluster (etcd + services) as background processes."""
@@ -32,9 +24,10 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("--data-dir", help="where logs, data and cluster.json go (default ./.gregor)")
-@click.option("--brokers", type=int, default=1, show_default=True)
-@click.option("--controllers", type=int, default=0, show_default=True,
-              help="0 runs one standalone broker; 1 or more run brokers in cluster mode under the controller")
+@click.option("--brokers", type=int, default=3, show_default=True)
+@click.option("--controllers", type=int, default=2, show_default=True,
+              help="1 or more run the brokers in cluster mode under an elected controller (the others stand by); "
+                   "0 runs one standalone broker (--brokers 1 --controllers 0)")
 @click.option("--lease-ttl-ms", type=int, default=None,
               help="controller lease TTL and broker.session.timeout.ms (default 10000)")
 @click.option("--coordinators", type=int, default=0, show_default=True,
@@ -100,36 +93,41 @@ def down(ctx: click.Context, data_dir: str | None) -> None:
 
 
 @cluster.command()
-@click.option("--data-dir", help="the cluster's directory (default ./.gregor)")
+@click.option("--data-dir", help="the local cluster whose cluster.json names the brokers (default ./.gregor); "
+                                 "--bootstrap / GREGOR_BOOTSTRAP take precedence")
 @click.pass_context
 def describe(ctx: click.Context, data_dir: str | None) -> None:
-    """Controller id and epoch, and brokers with id, epoch and endpoint."""
-    import asyncio
+    """Controller id and epoch, and brokers with id, epoch and endpoint (asked of any broker)."""
+    import grpc
 
+    from gregor.cli.common import CliContext, obj, run
     from gregor.common import errors
     from gregor.common.rpc import channel
     from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 
-    try:
-        c = LocalCluster.load(_data_dir(ctx, data_dir))
-    except ClusterError as exc:
-        raise click.ClickException(str(exc))
+    # The connection rules of every command (--bootstrap, GREGOR_BOOTSTRAP, else cluster.json); this
+    # command's own --data-dir only moves the cluster.json fallback.
+    settings = obj(ctx)
+    if data_dir:
+        settings = CliContext(settings.bootstrap_flag, data_dir, settings.output)
+    targets = [t.strip() for t in settings.bootstrap().split(",") if t.strip()]
 
     async def ask() -> controller_pb2.DescribeClusterResponse:
-        last: Exception | None = None
-        for target in c.bootstrap.split(","):
+        last: errors.GregorError | None = None
+        for target in targets:  # any broker answers (it forwards to the controller); try the next one
             async with channel(target) as ch:
                 try:
                     return await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(
                         controller_pb2.DescribeClusterRequest(), timeout=10)
-                except Exception as exc:  # try the next broker
-                    last = exc
-        raise click.ClickException(f"no broker answered: {errors.from_rpc_error(last) if last else 'none'}")
+                except grpc.RpcError as exc:
+                    last = errors.from_rpc_error(exc)
+        raise click.ClickException(f"cannot reach the cluster: no broker of {','.join(targets)} answered "
+                                   f"DescribeCluster ({last})")
 
-    resp = asyncio.run(ask())
+    resp = run(ask())
     brokers = [{"id": b.broker_id, "epoch": b.broker_epoch, "grpc": f"{b.host}:{b.grpc_port}",
                 "data": f"{b.host}:{b.data_port}" if b.data_port else ""} for b in resp.brokers]
-    if _json_output(ctx):
+    if settings.json:
         click.echo(json.dumps({"cluster_id": resp.cluster_id, "controller_id": resp.controller_id,
                                "controller_epoch": resp.controller_epoch, "brokers": brokers}))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -235,6 +236,21 @@ def test_admin_client_lifecycle(broker) -> None:
         admin.delete_topic("adm")
         with pytest.raises(errors.UnknownTopicOrPartitionError):  # type: ignore[attr-defined]
             admin.describe_topics(["adm"])
+
+
+def test_admin_client_moves_past_an_unreachable_broker(broker) -> None:
+    """A dead address first in bootstrap.servers (as a broker killed moments ago stays in the
+    metadata): every admin call is answered by the live broker; with no live one the error is typed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
+    with SyncAdminClient({"bootstrap.servers": f"{dead},{broker.grpc}"}) as admin:
+        for i in range(6):  # the order is shuffled per call only among known brokers; bootstrap order is kept
+            admin.create_topic(f"via-live-{i}", 1, 1)
+        assert {f"via-live-{i}" for i in range(6)} <= set(admin.list_topics())
+    with SyncAdminClient({"bootstrap.servers": dead, "request.timeout.ms": 3000}) as admin:
+        with pytest.raises(errors.NetworkExceptionError):  # type: ignore[attr-defined]
+            admin.create_topic("nowhere", 1, 1)
 
 
 def test_sync_producer_and_consumer(broker) -> None:

@@ -6,6 +6,7 @@ Every method raises a GregorError subclass on failure, never a raw RpcError.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVar
 
@@ -15,7 +16,7 @@ from gregor.client.config import admin_config, parse_bootstrap
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import BrokerInfo, ClusterMetadata, TopicInfo, call_error
 from gregor.common import errors
-from gregor.rpc.v1 import controller_pb2
+from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 
 T = TypeVar("T")
 
@@ -73,10 +74,25 @@ class AdminClient:
         await self.metadata.close()
 
     async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
-        try:
-            return await fn(self.metadata.admin_stub())
-        except (grpc.RpcError, asyncio.TimeoutError) as exc:
-            raise call_error(exc) from None
+        """Run fn on the AdminService of one broker, moving on to the next known broker (then the
+        bootstrap servers) while the one asked cannot be reached: a broker that just died is still in
+        the metadata until the controller notices, and any live broker forwards to the controller."""
+        known = [b.address for b in self.metadata.brokers.values()]
+        random.shuffle(known)
+        addresses = list(dict.fromkeys(known + self.metadata.bootstrap))
+        for i, address in enumerate(addresses):
+            stub = controller_pb2_grpc.AdminServiceStub(self.metadata.channel(address))
+            try:
+                return await fn(stub)
+            except grpc.RpcError as exc:
+                err = call_error(exc)
+                # UNAVAILABLE with no typed detail: the request never reached a server.
+                unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and err.code == errors.Code.NETWORK_EXCEPTION
+                if not unreachable or i == len(addresses) - 1:
+                    raise err from None
+            except asyncio.TimeoutError as exc:
+                raise call_error(exc) from None
+        raise AssertionError("unreachable: the address list is never empty")
 
     # ------------------------------------------------------------ topics
     async def create_topics(self, topics: Iterable[NewTopic], validate_only: bool = False) -> dict[

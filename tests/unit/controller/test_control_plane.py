@@ -7,7 +7,7 @@ import pytest
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, KeyValue
 from gregor.controller import metadata_store as store
-from gregor.controller.channel_manager import ChannelMetrics, ControllerChannelManager
+from gregor.controller.channel_manager import ControllerChannelManager
 from gregor.controller.requests import ControllerActions, PartitionStateWrite, StopReplicaRequest
 from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
 from gregor.controller.topic_admin import check_assignment
@@ -83,9 +83,3 @@ async def test_channel_manager_builds_protos_per_broker_and_drops_unknown_broker
     finally:
         manager.shutdown()
     assert manager.broker_ids == set()
-
-
-def test_channel_metrics_register_in_their_own_registry() -> None:
-    registry = CollectorRegistry()
-    ChannelMetrics(registry)
-    assert registry.get_sample_value("gregor_controller_channel_queue_size", {"broker_id": "1"}) is None

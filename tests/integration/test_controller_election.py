@@ -14,13 +14,13 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gregor.cli.local_cluster import start_controller, stop_process
+from gregor.cli.local_cluster import LocalCluster, start_controller, stop_process
 from gregor.common import errors
 from gregor.common.etcd import CompareFailed, EtcdClient, Put
 from gregor.controller import elector
-from gregor.controller.controller import PRODUCER_ID_BLOCK_KEY, Controller
-from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import Process, etcd_process
+from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, PRODUCER_ID_BLOCK_KEY, Controller
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import Process, etcd_process, tear_down
 
 LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
 TAKEOVER_MARGIN_S = 3.0  # lease expiry check interval (0.5 s) + watch + election + slack
@@ -123,42 +123,136 @@ async def test_one_active_and_sigkill_failover(client: EtcdClient, controllers: 
     print(f"takeover after SIGKILL: {took:.2f} s")
 
 
-async def test_zombie_is_fenced_then_sigterm_handover(client: EtcdClient, controllers: list[Process]) -> None:
-    await until(lambda: _any_registered(client), 5, "a controller registered")
-    broker_epoch = await register_broker(client, 1)
-    first_id = await elector.read_controller_id(client)
-    zombie, other = (controllers[0], controllers[1]) if first_id == 1 else (controllers[1], controllers[0])
-    await until(lambda: _eq(active_metric(zombie), 1.0), 3, "first controller active")
-    assert await _retry_allocate(zombie, 1, broker_epoch) == 0
+async def test_zombie_is_fenced_then_sigterm_handover(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A controller SIGSTOPped past its lease, then resumed, changes nothing in etcd or on the brokers.
 
-    os.kill(zombie.pid, signal.SIGSTOP)  # frozen past its lease: etcd expires it, the standby takes over
-    await until(lambda: controller_is(client, other.id), LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S,
-                "standby took over from the stopped controller")
-    await until(lambda: _eq(active_metric(other), 1.0), 2, "standby active")
-    assert await allocate(other, 1, broker_epoch) == 1000
-    block_before = await client.get(client.key(PRODUCER_ID_BLOCK_KEY))
+    A real cluster (two controllers, three brokers, two topics). The active controller
+    (the zombie) is frozen; the standby takes over. While the zombie sleeps a broker is
+    SIGKILLed, so the zombie wakes up with that broker's failure (and its own timers)
+    pending: work that would write partition states. The new controller handles the
+    failure; once it has settled, the whole range under /gregor/<cluster>/ (key, value,
+    create and mod revisions, version, lease) and every broker's metadata (leaders,
+    leader epochs, ISRs, controller id) are recorded. The zombie resumes, is refused
+    as controller, resigns and goes idle: both records are unchanged, key for key.
+    """
+    cluster = LocalCluster.up(str(tmp_path / "cluster"), brokers=3, controllers=2, lease_ttl_ms=LEASE_TTL_MS)
+    try:
+        brokers = cluster.by_role("broker")
+        for name, partitions_, rf in (("zombie-a", 3, 3), ("zombie-b", 2, 2)):
+            async with grpc.aio.insecure_channel(brokers[0].grpc) as ch:
+                resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
+                    topics=[controller_pb2.CreatableTopic(name=name, num_partitions=partitions_,
+                                                          replication_factor=rf)]), timeout=30)
+            assert resp.results[0].error.code == 0, resp
+        await until(lambda: _settled(brokers, ZOMBIE_TOPICS), 30, "every partition led with a full ISR everywhere")
 
-    os.kill(zombie.pid, signal.SIGCONT)
-    # Whatever the zombie tries first, nothing it writes may land.
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await allocate(zombie, 1, broker_epoch)
-    assert errors.from_rpc_error(info.value).code == errors.Code.NOT_CONTROLLER
-    await until(lambda: _eq(active_metric(zombie), 0.0), 3, "the zombie resigned")
-    assert await elector.read_controller_id(client) == other.id
-    assert (await elector.read_controller_epoch(client))[0] == 2
-    assert await client.get(client.key(PRODUCER_ID_BLOCK_KEY)) == block_before
-    fenced = scrape(zombie)["gregor_controller_fenced_writes_total"]
-    print(f"zombie fenced writes: {fenced:.0f}")
+        async with EtcdClient(f"http://{cluster.by_role('etcd')[0].grpc}", cluster="gregor") as client:
+            first_id = await elector.read_controller_id(client)
+            zombie = next(c for c in cluster.by_role("controller") if c.id == first_id)
+            other = next(c for c in cluster.by_role("controller") if c.id != first_id)
+            await until(lambda: _eq(active_metric(zombie), 1.0), 3, "first controller active")
+            b0 = brokers[0]
+            assert await _retry_allocate(zombie, b0.id, b0.extra["broker_epoch"]) == 0
 
-    # A clean shutdown revokes the lease: the resigned zombie, now a standby, takes over at once.
-    started = time.monotonic()
-    os.kill(other.pid, signal.SIGTERM)
-    await until(lambda: controller_is(client, zombie.id), 1.0, "takeover within 1 s of SIGTERM")
-    took = time.monotonic() - started
-    assert (await elector.read_controller_epoch(client))[0] == 3
-    await until(lambda: _eq(active_metric(zombie), 1.0), 2, "former zombie active again")
-    assert await allocate(zombie, 1, broker_epoch) == 2000
-    print(f"takeover after SIGTERM: {took:.3f} s")
+            os.kill(zombie.pid, signal.SIGSTOP)  # frozen past its lease: etcd expires it, the standby takes over
+            await until(lambda: controller_is(client, other.id), LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S,
+                        "standby took over from the stopped controller")
+            took_over = time.monotonic()
+            await until(lambda: _eq(active_metric(other), 1.0), 2, "standby active")
+            # Pending work for the zombie: a broker dies while it sleeps; the new controller handles it.
+            victim = brokers[2]
+            stop_process(victim, signal.SIGKILL)
+            survivors = brokers[:2]
+            await until(lambda: _settled(survivors, ZOMBIE_TOPICS, dead=victim.id), LEASE_TTL_MS / 1000 + 10,
+                        "the new controller moved leaders and ISRs off the dead broker, on every broker")
+            assert await allocate(other, b0.id, b0.extra["broker_epoch"]) == 1000
+            # The new controller's own first auto-rebalance check (5 s after its failover) is behind us,
+            # and it has been quiet for a while: nothing legitimate writes from here on.
+            remaining = FIRST_AUTO_LEADER_REBALANCE_DELAY_S + 0.5 - (time.monotonic() - took_over)
+            await asyncio.sleep(max(0.0, remaining))
+            await until(lambda: _quiet(client), 15, "etcd unchanged for a second (the new controller settled)")
+            etcd_before = await _snapshot(client)
+            brokers_before = [await _broker_view(b) for b in survivors]
+            assert all(v[0] == other.id for v in brokers_before), brokers_before
+
+            os.kill(zombie.pid, signal.SIGCONT)
+            # Whatever the zombie tries first, nothing it writes may land.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await allocate(zombie, b0.id, b0.extra["broker_epoch"])
+            assert errors.from_rpc_error(info.value).code == errors.Code.NOT_CONTROLLER
+            await until(lambda: _eq(active_metric(zombie), 0.0), 3, "the zombie resigned")
+            await until(lambda: _idle(zombie), 10, "the zombie's event queue drained, its state Idle")
+            assert await elector.read_controller_id(client) == other.id
+            assert (await elector.read_controller_epoch(client))[0] == 2
+            etcd_after = await _snapshot(client)
+            assert etcd_after == etcd_before, _diff(etcd_before, etcd_after)
+            assert [await _broker_view(b) for b in survivors] == brokers_before
+            print(f"zombie fenced writes: {scrape(zombie)['gregor_controller_fenced_writes_total']:.0f}"
+                  f" ({len(etcd_before)} keys unchanged)")
+
+            # A clean shutdown revokes the lease: the resigned zombie, now a standby, takes over at once.
+            started = time.monotonic()
+            os.kill(other.pid, signal.SIGTERM)
+            await until(lambda: controller_is(client, zombie.id), 1.0, "takeover within 1 s of SIGTERM")
+            took = time.monotonic() - started
+            assert (await elector.read_controller_epoch(client))[0] == 3
+            await until(lambda: _eq(active_metric(zombie), 1.0), 2, "former zombie active again")
+            assert await allocate(zombie, b0.id, b0.extra["broker_epoch"]) == 2000
+            print(f"takeover after SIGTERM: {took:.3f} s")
+    finally:
+        tear_down(cluster)
+
+
+ZOMBIE_TOPICS = {"zombie-a": 3, "zombie-b": 2}
+BrokerView = tuple[int, dict[tuple[str, int], tuple[int, int, tuple[int, ...]]]]
+
+
+async def _broker_view(b: Process) -> BrokerView:
+    """(controller id, (topic, partition) -> (leader, leader epoch, sorted ISR)) as broker b's metadata says."""
+    async with grpc.aio.insecure_channel(b.grpc) as ch:
+        resp = await broker_pb2_grpc.BrokerServiceStub(ch).Metadata(
+            broker_pb2.MetadataRequest(topics=sorted(ZOMBIE_TOPICS)), timeout=5)
+    return resp.controller_id, {(t.name, p.partition): (p.leader, p.leader_epoch, tuple(sorted(p.isr)))
+                                for t in resp.topics for p in t.partitions}
+
+
+async def _settled(brokers: list[Process], topics: dict[str, int], dead: int = -1) -> bool:
+    """Every broker shows the same metadata: every partition led by a live broker, the dead one in no ISR."""
+    try:
+        views = [await _broker_view(b) for b in brokers]
+    except grpc.aio.AioRpcError:
+        return False
+    _, parts = views[0]
+    if len(parts) != sum(topics.values()) or any(v != views[0] for v in views):
+        return False
+    return all(leader not in (-1, dead) and dead not in isr and len(isr) >= 1 for leader, _, isr in parts.values())
+
+
+async def _snapshot(client: EtcdClient) -> dict[str, tuple[bytes, int, int, int, int]]:
+    """Every key under /gregor/<cluster>/: value, create revision, mod revision, version, lease."""
+    rng = await client.get_prefix(client.prefix)
+    return {client.relative(kv.key): (kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
+            for kv in rng.kvs}
+
+
+async def _quiet(client: EtcdClient) -> bool:
+    """No key under the prefix changed during one second."""
+    before = await _snapshot(client)
+    await asyncio.sleep(1.0)
+    return await _snapshot(client) == before
+
+
+async def _idle(proc: Process) -> bool:
+    try:
+        m = await asyncio.to_thread(scrape, proc)
+    except OSError:
+        return False
+    return m.get("gregor_controller_event_queue_size") == 0.0 and m.get("gregor_controller_state") == 0.0
+
+
+def _diff(before: dict[str, tuple], after: dict[str, tuple]) -> str:
+    keys = sorted(set(before) | set(after))
+    return "; ".join(f"{k}: {before.get(k)} -> {after.get(k)}" for k in keys if before.get(k) != after.get(k))
 
 
 async def test_guarded_write_of_a_deposed_controller_fails(client: EtcdClient) -> None:

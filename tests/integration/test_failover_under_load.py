@@ -22,7 +22,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -32,6 +31,7 @@ from gregor.common import errors
 from gregor.common.etcd import EtcdClient
 from gregor.common.rpc import channel
 from gregor.controller import elector
+from gregor.controller.channel_manager import RETRY_BACKOFF_S
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch
 from tests.helpers.cluster import AckedLoad, etcd_endpoints, replica_log_bytes, restart_broker, tear_down
@@ -44,6 +44,20 @@ REPLICA_LAG_TIME_MAX_MS = 4000
 BROKER_OVERRIDES = {"replica.lag.time.max.ms": str(REPLICA_LAG_TIME_MAX_MS), "broker.session.timeout.ms": "2000"}
 # Lease expiry (TTL, keepalives every TTL/3) + watch + election + LeaderAndIsr, on 2 busy cores.
 FAILOVER_WITHIN_S = LEASE_TTL_MS / 1000 + 8
+# "No partition left without a leader longer than the lease TTL plus one election" (issue 3). A partition
+# is leaderless from its leader's SIGKILL until a surviving broker's metadata names a live leader. Bound:
+# - the lease TTL: the dead broker's registration (broker.session.timeout.ms) and the dead controller's
+#   lease expire at most this long after their last keepalive, and both expire concurrently;
+# - etcd's lessor revokes expired leases on a 500 ms tick;
+# - one election: the standby's watch fires, it wins the controller key, loads the cluster from etcd,
+#   elects from the ISR, writes the partition state, sends LeaderAndIsr and UpdateMetadata. On an idle
+#   machine that is 0.1-0.4 s; the budget allows for the two shared cores, and for one resend of a
+#   control request after the channel manager's first backoff (RETRY_BACKOFF_S).
+LEASE_EXPIRY_TICK_S = 0.5
+ELECTION_BOUND_S = 2.0 + RETRY_BACKOFF_S
+MAX_LEADERLESS_S = max(LEASE_TTL_MS, int(BROKER_OVERRIDES["broker.session.timeout.ms"])) / 1000 \
+    + LEASE_EXPIRY_TICK_S + ELECTION_BOUND_S
+LEADER_POLL_INTERVAL_S = 0.05  # the measurement's resolution
 # A restarted broker rejoins: truncation, catch-up, the leader's ISR write, 5 s of quiet + the 2.5 s
 # propagation check, the controller's UpdateMetadata.
 REJOIN_WITHIN_S = 40
@@ -107,6 +121,47 @@ async def acks_resume_everywhere(load: AckedLoad, after: float) -> bool:
     return all(any(t > after for t in load.ack_times.get(p, [])) for p in range(PARTITIONS))
 
 
+class LeaderWatch:
+    """Polls one live broker's Metadata every LEADER_POLL_INTERVAL_S: (time, partition -> leader) samples."""
+
+    def __init__(self, broker: Process) -> None:
+        self.broker = broker
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            v = await view(self.broker)  # {} when the call fails: no sample, no verdict
+            if v:
+                self.samples.append((t, {p: leader for p, (leader, *_rest) in v.items()}))
+            await asyncio.sleep(LEADER_POLL_INTERVAL_S)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await self._task
+
+    def longest_leaderless_s(self, partition: int, dead: int, died_at: float) -> float:
+        """The longest stretch with no live leader: leader -1, or the dead broker from its SIGKILL on.
+
+        A stretch that starts with the leader's death is counted from the SIGKILL (the metadata
+        still names the dead leader until the controller elects); one that starts with -1 from
+        the first sample showing it. An open stretch at the end runs to the last sample.
+        """
+        longest, since = 0.0, None
+        for t, leaders in self.samples:
+            leader = leaders.get(partition, -1)
+            no_live_leader = leader == -1 or (leader == dead and t >= died_at)
+            if no_live_leader and since is None:
+                since = died_at if leader == dead else t
+            elif not no_live_leader and since is not None:
+                longest, since = max(longest, t - since), None
+        if since is not None:
+            longest = max(longest, self.samples[-1][0] - since)
+        return longest
+
+
 def report(name: str, load: AckedLoad, t0: float, figures: dict[str, float]) -> None:
     stalls = {p: load.max_stall_s(p, after=t0 - 1) for p in range(PARTITIONS)}
     print(f"\n[{name}] acked {len(load.acked)} of {load.sent} sent; errors {dict(load.errors)}")
@@ -136,11 +191,13 @@ async def test_controller_and_leader_killed_under_load(tmp_cluster_dir: str) -> 
             led = [p for p, (leader, *_rest) in before.items() if leader == victim.id]
             survivors = [b for b in brokers if b.id != victim.id]
 
+            watch = LeaderWatch(survivors[0])
+            await until(lambda: _true(len(watch.samples) > 5), 5, "the leader watch samples")
             t0 = time.monotonic()
             stop_process(active, signal.SIGKILL)
             await asyncio.sleep(0.3)
+            t_broker = time.monotonic()  # from the signal on, the victim's partitions have no live leader
             stop_process(victim, signal.SIGKILL)
-            t_broker = time.monotonic()
 
             async def standby_active() -> bool:
                 return await elector.read_controller_id(etcd) == standby.id
@@ -160,8 +217,17 @@ async def test_controller_and_leader_killed_under_load(tmp_cluster_dir: str) -> 
         await until(lambda: acks_resume_everywhere(load, t_elected), 20, "acknowledgements resume on every partition")
         resumed_after = time.monotonic() - t0
         await asyncio.sleep(2.0)
+        await watch.stop()
         stop.set()
         await task
+        leaderless = {p: watch.longest_leaderless_s(p, victim.id, t_broker) for p in range(PARTITIONS)}
+        print(f"\n[controller+leader SIGKILL] longest time without a live leader per partition (bound "
+              f"{MAX_LEADERLESS_S:.2f} s): " + ", ".join(f"p{p} {s:.2f} s" for p, s in leaderless.items()))
+        for p in range(PARTITIONS):
+            if p in led:
+                assert 0 < leaderless[p] <= MAX_LEADERLESS_S, (p, leaderless)
+            else:
+                assert leaderless[p] == 0.0, (p, leaderless)  # its leader survived: never leaderless
 
         back = await asyncio.to_thread(restart_broker, cluster, victim, BROKER_OVERRIDES)
         everyone = [back, *survivors]
@@ -275,3 +341,7 @@ async def test_bounced_broker_under_load(tmp_cluster_dir: str) -> None:
                                             "of which waiting for the ISR after the bounce": rejoined})
     finally:
         tear_down(cluster)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -4,6 +4,10 @@ acks=all waits for the ISR and leaves three byte-identical replicas; a SIGSTOPpe
 follower leaves the ISR within replica.lag.time.max.ms and the controller's
 metadata shows it, then rejoins after SIGCONT; a SIGKILLed leader under acks=all
 load loses no acknowledged record, and once it is back every replica matches.
+Leader epochs that clients act on (KIP-320): a fetch with an older epoch than the
+leader's gets FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH, and the SDK
+consumer, which sends its metadata's epoch, recovers from both. Seed 002's A/B
+example is in test_seed002.py.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import pytest
 from gregor.cli.local_cluster import LocalCluster, Process, start_broker, stop_process
 from gregor.common import errors
 from gregor.common.rpc import channel
-from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import tear_down
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import restart_broker, tear_down
 from tests.helpers.batches import make_batch, record_values
 from tests.integration.test_cluster_control import broker, metadata, partitions, until
 
@@ -217,60 +221,210 @@ async def test_leader_killed_under_acks_all_load_loses_nothing(cluster: LocalClu
     await until(full_isr, ISR_PROPAGATION_MARGIN_S, "the restarted broker rejoins the ISR")
 
 
-async def test_seed_002_old_leader_truncates_by_leader_epoch(cluster: LocalCluster) -> None:
-    """Seed 002's A/B example: A leads epoch e with offsets B lacks; B leads e+1 and appends; A comes back.
+# -- leader epochs that clients act on (KIP-320): FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH ---------------
 
-    A asks OffsetForLeaderEpoch(e), B answers the start offset of e+1, A cuts its
-    extra records there and copies B's: both logs end byte-identical.
+def failed_fetches(p: Process, error: str) -> float:
+    """gregor_broker_failed_fetch_requests_total{error=...} of one broker."""
+    with urllib.request.urlopen(p.metrics, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(f'gregor_broker_failed_fetch_requests_total{{error="{error}"}} '):
+                return float(line.split()[1])
+    return 0.0
+
+
+def errors_reported(consumer: object) -> list[tuple[int, int]]:
+    """(error code, leader id the error names) of every error the consumer reports to its metadata, from now on.
+
+    A spy around ClusterMetadata.request_update, which the consumer calls after each failed
+    fetch: it records and delegates, so the consumer behaves exactly as it would.
     """
-    topic = "seed002"
-    brokers = cluster.by_role("broker")
-    a, b = brokers[0], brokers[1]
-    async with channel(b.grpc) as ch:
+    md = consumer.metadata  # type: ignore[attr-defined]
+    seen: list[tuple[int, int]] = []
+    real = md.request_update
+
+    def spy(err: errors.GregorError | None = None) -> None:
+        if err is not None:
+            seen.append((err.code, err.leader_id))
+        real(err)
+    md.request_update = spy
+    return seen
+
+
+async def fetch_with_epoch(p: Process, topic: str, epoch: int) -> broker_pb2.FetchResponse:
+    async with channel(p.grpc) as ch:
+        return await broker_pb2_grpc.BrokerServiceStub(ch).Fetch(broker_pb2.FetchRequest(
+            topic=topic, partition=0, fetch_offset=0, max_bytes=1 << 20, min_bytes=0, max_wait_ms=0,
+            current_leader_epoch=epoch), timeout=5)
+
+
+async def fetch_error(p: Process, topic: str, epoch: int) -> errors.GregorError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await fetch_with_epoch(p, topic, epoch)
+    return errors.from_rpc_error(info.value)
+
+
+async def non_preferred_leader(cluster: LocalCluster, topic: str) -> tuple[Process, Process, Process]:
+    """A partition (replicas P, Q, R) led by Q at epoch 1, P down: returns (P's stopped process, Q, R).
+
+    P leads epoch 0; its controlled shutdown hands leadership to Q (epoch 1).
+    """
+    p_, q, r = sorted(cluster.by_role("broker"), key=lambda b: b.id)
+    async with channel(q.grpc) as ch:
         resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
             topics=[controller_pb2.CreatableTopic(name=topic, num_partitions=-1, replication_factor=-1, assignments={
-                0: controller_pb2.ReplicaList(broker_ids=[a.id, b.id])})]), timeout=30)
+                0: controller_pb2.ReplicaList(broker_ids=[p_.id, q.id, r.id])})]), timeout=30)
     assert resp.results[0].error.code == 0, resp
 
-    async def led_by_a() -> bool:
-        v = await view(a, topic)
-        return bool(v) and v[0][0] == a.id and len(v[0][3]) == 2
-    await until(led_by_a, 15, "A leads with ISR {A, B}")
-    epoch_a = (await view(a, topic))[0][1]
-    for i in range(4):  # offsets 0..3 on both
-        await produce(a, [f"m{i}".encode()], acks=-1, topic=topic)
-    os.kill(b.pid, signal.SIGSTOP)
-    try:
-        # Offsets 4..7 on A. B's fetch parked at the leader may still carry offset 4
-        # to B's socket (it was answered before the stop); nothing later can.
-        for i in range(4, 8):
-            await produce(a, [f"a-only-{i}".encode()], acks=1, topic=topic)
-        stop_process(a, signal.SIGKILL)
-    finally:
-        os.kill(b.pid, signal.SIGCONT)
-
-    async def led_by_b() -> bool:
-        v = await view(b, topic)
-        return bool(v) and v[0][0] == b.id
-    await until(led_by_b, BROKER_SESSION_TIMEOUT_MS / 1000 + 8, "B leads the next epoch")
-    assert (await view(b, topic))[0][1] > epoch_a
-    first = (await produce(b, [b"b-0"], acks=1, topic=topic)).base_offset
-    assert first in (4, 5), first  # B's epoch starts where its log ended
-    for i in (1, 2):
-        await produce(b, [f"b-{i}".encode()], acks=1, topic=topic)
-
-    back = start_broker(a.data_dir.rsplit("/", 1)[0], a.id, overrides={
-        "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS), "replica.lag.time.max.ms": str(REPLICA_LAG_TIME_MAX_MS)},
-        etcd_endpoint=cluster.by_role("etcd")[0].grpc)
-    cluster.processes = [p for p in cluster.processes if p.pid != a.pid] + [back]
-    await until(lambda: replicas_identical([back, b], topic), 20, "A truncated to B's epoch start and caught up")
-    hw, seen = await consume_topic(b, topic)
-    expected = [b"m0", b"m1", b"m2", b"m3", *([b"a-only-4"] if first == 5 else []), b"b-0", b"b-1", b"b-2"]
-    assert hw == first + 3 and seen == expected, (hw, seen)
+    async def led_by(b: Process, epoch: int, isr_size: int) -> bool:
+        v = await view(q, topic)
+        return bool(v) and v[0][0] == b.id and v[0][1] == epoch and len(v[0][3]) == isr_size
+    await until(lambda: led_by(p_, 0, 3), 15, "P leads epoch 0 with a full ISR")
+    await asyncio.to_thread(stop_process, p_, signal.SIGTERM)  # controlled shutdown: leadership moves to Q
+    await until(lambda: led_by(q, 1, 2), 15, "Q leads epoch 1")
+    return p_, q, r
 
 
-async def consume_topic(p: Process, topic: str) -> tuple[int, list[bytes]]:
-    async with channel(p.grpc) as ch:
-        resp = await broker_pb2_grpc.BrokerServiceStub(ch).Fetch(broker_pb2.FetchRequest(
-            topic=topic, partition=0, fetch_offset=0, max_bytes=1 << 24, min_bytes=0, max_wait_ms=0), timeout=5)
-    return resp.high_watermark, record_values(resp.records)
+async def back_to_preferred(cluster: LocalCluster, p_: Process, q: Process, topic: str) -> Process:
+    """Restart P; once the controller knows it is back in the ISR, the preferred election makes it leader at 2.
+
+    auto.leader.rebalance.enable may get there first (its first check runs 5 s after
+    the controller starts): ElectLeaders then answers ELECTION_NOT_NEEDED.
+    """
+    back = await asyncio.to_thread(restart_broker, cluster, p_, {
+        "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+        "replica.lag.time.max.ms": str(REPLICA_LAG_TIME_MAX_MS)})
+
+    async def p_in_isr() -> bool:
+        v = await view(q, topic)
+        return bool(v) and back.id in v[0][3]
+    await until(p_in_isr, ISR_PROPAGATION_MARGIN_S + 10, "P rejoins the ISR (controller's view)")
+    async with channel(q.grpc) as ch:
+        resp = await controller_pb2_grpc.AdminServiceStub(ch).ElectLeaders(controller_pb2.ElectLeadersRequest(
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=0)]), timeout=30)
+    assert resp.results[0].error.code in (0, errors.Code.ELECTION_NOT_NEEDED), resp
+
+    async def p_leads_2() -> bool:
+        v = await view(q, topic)
+        return bool(v) and v[0][:2] == (back.id, 2)
+    await until(p_leads_2, 10, "the preferred election moves leadership to P at epoch 2")
+    return back
+
+
+async def test_stale_and_newer_leader_epochs_are_fenced_with_typed_errors(cluster: LocalCluster) -> None:
+    """Fetch with current_leader_epoch: older than the leader's -> FENCED_LEADER_EPOCH, newer -> UNKNOWN_LEADER_EPOCH.
+
+    Both carry the partition, the broker's leader and its leader epoch in the ErrorDetail;
+    a follower asked at the current epoch answers NOT_LEADER_OR_FOLLOWER naming the leader.
+    """
+    topic = "epochs"
+    p_, q, _ = await non_preferred_leader(cluster, topic)
+    await produce(q, [b"e1"], acks=-1, topic=topic)
+    p_ = await back_to_preferred(cluster, p_, q, topic)
+
+    assert (await fetch_with_epoch(p_, topic, 2)).leader_epoch == 2  # the current epoch is served
+    stale = await fetch_error(p_, topic, 1)
+    assert (stale.code, stale.topic, stale.partition, stale.leader_id, stale.leader_epoch) == (
+        errors.Code.FENCED_LEADER_EPOCH, topic, 0, p_.id, 2), stale
+    assert stale.retriable
+    newer = await fetch_error(p_, topic, 3)
+    assert (newer.code, newer.topic, newer.partition, newer.leader_id, newer.leader_epoch) == (
+        errors.Code.UNKNOWN_LEADER_EPOCH, topic, 0, p_.id, 2), newer
+    assert newer.retriable
+    # Q, now a follower at epoch 2: an older epoch is fenced there too, the current one is not led there.
+    assert (await fetch_error(q, topic, 1)).code == errors.Code.FENCED_LEADER_EPOCH
+    follower = await fetch_error(q, topic, 2)
+    assert (follower.code, follower.leader_id, follower.leader_epoch) == (
+        errors.Code.NOT_LEADER_OR_FOLLOWER, p_.id, 2), follower
+
+
+async def test_consumer_with_stale_metadata_is_fenced_and_recovers(cluster: LocalCluster) -> None:
+    """The SDK consumer sends its metadata's leader epoch; after a leader change it is fenced, refreshes, reads all.
+
+    Q leads epoch 1 and the consumer reads from it; a preferred election (or
+    auto.leader.rebalance, if it gets there first) makes P leader at epoch 2 while Q
+    stays up as a follower. The consumer's next fetch still goes to Q with epoch 1: Q
+    answers FENCED_LEADER_EPOCH (without the epoch it would have been
+    NOT_LEADER_OR_FOLLOWER), the consumer follows the error's leader hint to P at
+    epoch 2 and reads every record once, in order.
+    """
+    from gregor.client import Consumer
+
+    topic = "stale-consumer"
+    p_, q, _ = await non_preferred_leader(cluster, topic)
+    first = [f"before-{i}".encode() for i in range(10)]
+    for v in first:
+        await produce(q, [v], acks=-1, topic=topic)
+    async with Consumer({"bootstrap.servers": cluster.bootstrap, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "fetch.max.wait.ms": 500}) as c:
+        c.assign([(topic, 0)])
+        c.seek_to_beginning((topic, 0))
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(first):
+            assert time.monotonic() < deadline, got
+            got += [r.value for r in await c.poll(timeout_ms=500)]
+        known = c.metadata.partition(topic, 0)
+        assert known is not None and (known.leader, known.leader_epoch) == (q.id, 1)
+        fenced_before = failed_fetches(q, "FENCED_LEADER_EPOCH")
+        seen = errors_reported(c)
+
+        p_ = await back_to_preferred(cluster, p_, q, topic)
+        second = [f"after-{i}".encode() for i in range(10)]
+        for v in second:
+            await produce(p_, [v], acks=-1, topic=topic)
+        deadline = time.monotonic() + 20
+        while len(got) < len(first) + len(second):
+            assert time.monotonic() < deadline, got
+            got += [r.value for r in await c.poll(timeout_ms=500)]
+        assert got == first + second
+        # The consumer itself was fenced (Q's counter also counts R's replica fetcher, fenced the same way).
+        assert (errors.Code.FENCED_LEADER_EPOCH, p_.id) in seen, seen  # Q names P, the new leader
+        assert failed_fetches(q, "FENCED_LEADER_EPOCH") > fenced_before
+        known = c.metadata.partition(topic, 0)
+        assert known is not None and (known.leader, known.leader_epoch) == (p_.id, 2)
+
+
+async def test_consumer_ahead_of_the_broker_backs_off_and_recovers(cluster: LocalCluster) -> None:
+    """A consumer whose metadata names a newer leader epoch than the leader applied gets UNKNOWN_LEADER_EPOCH.
+
+    Emulated by raising the epoch in the consumer's metadata cache (as an answer from a
+    broker that already applied a newer LeaderAndIsr would): the leader refuses the
+    fetch, the consumer backs off, refreshes and reads everything at the real epoch.
+    """
+    import dataclasses
+
+    from gregor.client import Consumer
+
+    topic = "ahead-consumer"
+    brokers = cluster.by_role("broker")
+    async with channel(brokers[0].grpc) as ch:
+        resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
+            topics=[controller_pb2.CreatableTopic(name=topic, num_partitions=1, replication_factor=3)]), timeout=30)
+    assert resp.results[0].error.code == 0, resp
+
+    async def led() -> bool:
+        v = await view(brokers[0], topic)
+        return bool(v) and v[0][0] >= 0
+    await until(led, 15, "the partition has a leader")
+    leader_id, epoch, _, _ = (await view(brokers[0], topic))[0]
+    leader = broker(cluster, leader_id)
+    values = [f"v{i}".encode() for i in range(5)]
+    await produce(leader, values, acks=-1, topic=topic)
+    unknown_before = failed_fetches(leader, "UNKNOWN_LEADER_EPOCH")
+    async with Consumer({"bootstrap.servers": cluster.bootstrap, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False}) as c:
+        await c.metadata.wait_for_topic(topic, 10000)
+        info = c.metadata.topics[topic]
+        info.partitions[0] = dataclasses.replace(info.partitions[0], leader_epoch=epoch + 5)
+        seen = errors_reported(c)
+        c.assign([(topic, 0)])
+        c.seek((topic, 0), 0)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(values):
+            assert time.monotonic() < deadline, got
+            got += [r.value for r in await c.poll(timeout_ms=500)]
+        assert got == values
+        assert c.metadata.partition(topic, 0).leader_epoch == epoch  # type: ignore[union-attr]
+        assert (errors.Code.UNKNOWN_LEADER_EPOCH, leader_id) in seen, seen
+    assert failed_fetches(leader, "UNKNOWN_LEADER_EPOCH") > unknown_before, "the newer epoch was refused first"

@@ -48,10 +48,29 @@ class GrpcFetcher:
         self.max_wait_ms = int(cfg["fetch.max.wait.ms"])
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
 
-    def request(self, tp: TopicPartition, offset: int, isolation: int) -> broker_pb2.FetchRequest:
-        return broker_pb2.FetchRequest(topic=tp[0], partition=tp[1], fetch_offset=offset, max_bytes=self.max_bytes,
-                                       min_bytes=self.min_bytes, max_wait_ms=self.max_wait_ms,
-                                       isolation_level=isolation)  # type: ignore[arg-type]
+    def request(self, tp: TopicPartition, offset: int, isolation: int, leader: int) -> broker_pb2.FetchRequest:
+        """A consumer fetch carrying the leader epoch our metadata knows for `leader` (KIP-320).
+
+        The leader answers FENCED_LEADER_EPOCH if our epoch is older than its own (our
+        metadata is stale: the consumer refreshes it, following the error's leader hint)
+        and UNKNOWN_LEADER_EPOCH if it is newer (the broker has not applied the
+        LeaderAndIsr we already know of: the consumer backs off and retries). Without
+        a known epoch the field stays absent and the broker skips the check.
+        """
+        req = broker_pb2.FetchRequest(topic=tp[0], partition=tp[1], fetch_offset=offset, max_bytes=self.max_bytes,
+                                      min_bytes=self.min_bytes, max_wait_ms=self.max_wait_ms,
+                                      isolation_level=isolation)  # type: ignore[arg-type]
+        epoch = self.current_leader_epoch(tp, leader)
+        if epoch is not None:
+            req.current_leader_epoch = epoch
+        return req
+
+    def current_leader_epoch(self, tp: TopicPartition, leader: int) -> Optional[int]:
+        """The metadata's leader epoch of tp if it names `leader` as the leader, else None."""
+        info = self.metadata.partition(tp[0], tp[1])
+        if info is None or info.leader != leader or info.leader_epoch < 0:
+            return None
+        return info.leader_epoch
 
     @property
     def timeout_s(self) -> float:
@@ -59,9 +78,9 @@ class GrpcFetcher:
         return (self.max_wait_ms + self.request_timeout_ms) / 1000
 
     async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
-        _, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+        leader, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
         try:
-            resp = await stub.Fetch(self.request(tp, offset, isolation), timeout=self.timeout_s)
+            resp = await stub.Fetch(self.request(tp, offset, isolation, leader), timeout=self.timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             raise call_error(exc) from None
         return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch)
@@ -77,7 +96,7 @@ class DataPortFetcher(GrpcFetcher):
         super().__init__(metadata, cfg)
         self._conn: Optional[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = None
 
-    async def _connect(self, tp: TopicPartition) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, tp: TopicPartition) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
         leader, _ = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
         broker = self.metadata.brokers[leader]
         if not broker.data_port:
@@ -93,11 +112,11 @@ class DataPortFetcher(GrpcFetcher):
             except (OSError, asyncio.TimeoutError) as exc:
                 raise errors.NetworkExceptionError(f"data port {address}: {exc}") from None  # type: ignore[attr-defined]
             self._conn = (address, reader, writer)
-        return self._conn[1], self._conn[2]
+        return leader, self._conn[1], self._conn[2]
 
     async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
-        reader, writer = await self._connect(tp)
-        body = self.request(tp, offset, isolation).SerializeToString()
+        leader, reader, writer = await self._connect(tp)
+        body = self.request(tp, offset, isolation, leader).SerializeToString()
         try:
             writer.write(FRAME.pack(len(body)) + body)
             await writer.drain()

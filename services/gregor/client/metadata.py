@@ -17,9 +17,17 @@ import grpc
 
 from gregor.common import errors
 from gregor.common import rpc
-from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 # Errors after which the leader we know is probably wrong (Kafka's invalidMetadata set).
+# Leader epochs (KIP-320; the consumer's fetches carry the epoch this cache holds):
+# FENCED_LEADER_EPOCH means ours is older than the broker's, so a refresh is due, and the
+# error's leader hint (request_update) moves the partition at once. UNKNOWN_LEADER_EPOCH
+# means ours is newer: the broker has not applied that LeaderAndIsr yet, and the caller
+# backs off (retry.backoff.ms) and retries. Kafka's consumer does not refresh for it; we
+# do, because without topic ids a topic deleted and created again under the same name
+# starts its epochs at 0 again, and a client holding the old, larger epoch would be
+# refused until metadata.max.age.ms. A refresh costs one Metadata call per backoff.
 STALE_METADATA_CODES = frozenset({
     errors.Code.NOT_LEADER_OR_FOLLOWER, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
     errors.Code.LEADER_NOT_AVAILABLE, errors.Code.FENCED_LEADER_EPOCH,
@@ -113,10 +121,6 @@ class ClusterMetadata:
     def any_address(self) -> str:
         known = [b.address for b in self.brokers.values()]
         return random.choice(known or self.bootstrap)
-
-    def admin_stub(self) -> controller_pb2_grpc.AdminServiceStub:
-        """AdminService of any broker (brokers forward to the active controller)."""
-        return controller_pb2_grpc.AdminServiceStub(self.channel(self.any_address()))
 
     async def close(self) -> None:
         self._closed = True

@@ -101,6 +101,9 @@ class FakeMetadata:
     async def leader_stub(self, topic: str, partition: int, timeout_ms: int) -> tuple[int, None]:
         return 1, None
 
+    def partition(self, topic: str, partition: int) -> None:
+        return None  # no leader epoch known: the fetch carries none
+
 
 async def data_port(answer: bytes) -> tuple[asyncio.Server, int]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -15,6 +15,9 @@ def test_kafka_defaults() -> None:
     assert c["retention.ms"] == 604800000 and c["retention.bytes"] == -1
     assert c["min.insync.replicas"] == 1 and c["unclean.leader.election.enable"] is False
     assert c["max.message.bytes"] == 1048588 and c["cleanup.policy"] == "delete"
+    assert c["flush.messages"] == 2**63 - 1 and c["flush.ms"] == 2**63 - 1  # Long.MAX_VALUE: leave fsync to the OS
+    assert c["compression.type"] == "producer" and c["min.cleanable.dirty.ratio"] == 0.5
+    assert c["delete.retention.ms"] == 86400000 and c["min.compaction.lag.ms"] == 0
 
 
 def test_overrides_beat_broker_defaults_beat_kafka_defaults() -> None:

@@ -53,9 +53,9 @@ def config(c: LocalCluster, group: str, **extra: Any) -> dict[str, Any]:
             "auto.offset.reset": "earliest", **FAST, **{k.replace("_", "."): v for k, v in extra.items()}}
 
 
-async def create_topic(c: LocalCluster, name: str, partitions: int) -> None:
+async def create_topic(c: LocalCluster, name: str, partitions: int, replication_factor: int = 3) -> None:
     async with AdminClient({"bootstrap.servers": bootstrap(c)}) as admin:
-        await admin.create_topics([NewTopic(name, partitions, 3)])
+        await admin.create_topics([NewTopic(name, partitions, replication_factor)])
         for _ in range(100):
             try:
                 info = (await admin.describe_topics([name]))[name]
@@ -290,6 +290,79 @@ async def test_max_poll_interval_leaves_group_and_partitions_are_lost(cluster: L
             await other.close()
 
 
+# ------------------------------------------------------------------ topic deletion and creation (seed 003 triggers)
+async def test_coordinator_rebalances_on_deletion_and_creation_of_a_subscribed_topic(cluster: LocalCluster) -> None:
+    from tests.integration.coordinator_client import Member, join_and_sync, stub
+    from tests.integration.test_group_coordinator import retrying
+
+    await create_topic(cluster, "doomed", 2)
+
+    async def rebalancing(m: Member, others: list[Member]) -> bool:
+        """Heartbeat m (and keep the others alive) until the coordinator says REBALANCE_IN_PROGRESS."""
+        for o in others:
+            await o.heartbeat()
+        try:
+            await m.heartbeat()
+        except errors.GregorError as exc:
+            assert exc.code == errors.Code.REBALANCE_IN_PROGRESS, exc
+            return True
+        return False
+
+    ch, s = stub(cluster.by_role("coordinator")[0].grpc)
+    async with ch, AdminClient({"bootstrap.servers": bootstrap(cluster)}) as admin:
+        m = Member(s, "g-doomed", ["doomed"])
+        other = Member(s, "g-unrelated", ["unrelated"])
+        await retrying(lambda: join_and_sync([m], {"doomed": 2}))
+        await retrying(lambda: join_and_sync([other], {"unrelated": 1}))
+        await admin.delete_topic("doomed")
+        took = await until(lambda: rebalancing(m, [other]), 10, "deleting a subscribed topic rebalances its group")
+        await other.heartbeat()  # a group not subscribed to the topic is left alone
+        await join_and_sync([m], {})  # the leader assigns what exists: nothing
+        assert m.generation == 2 and m.assignment is not None and m.assignment.partitions == []
+
+        waiting = Member(s, "g-later", ["later"])  # subscribed to a topic that does not exist yet
+        await join_and_sync([waiting], {})
+        await create_topic(cluster, "later", 2)
+        await until(lambda: rebalancing(waiting, [m, other]), 10, "creating a subscribed topic rebalances its group")
+        await join_and_sync([waiting], {"later": 2})
+        assert waiting.assignment is not None and waiting.assignment.partitions == [("later", [0, 1])]
+        print(f"rebalance {took:.2f} s after the subscribed topic was deleted")
+
+
+async def test_deleting_a_subscribed_topic_revokes_its_partitions(cluster: LocalCluster) -> None:
+    await create_topic(cluster, "keep", 2)
+    await create_topic(cluster, "drop", 2)
+    recorders = [Recorder(), Recorder()]
+    pollers = []
+    for i, r in enumerate(recorders):
+        c = Consumer(config(cluster, "drop-g", client_id=f"d{i}"))
+        c.subscribe(["keep", "drop"], listener=r)
+        pollers.append(Poller(c))
+    both = {("keep", 0), ("keep", 1), ("drop", 0), ("drop", 1)}
+    try:
+        async def owned(expected: set[TP], each: int) -> bool:
+            parts = [set(p.consumer.assignment()) for p in pollers]
+            return set().union(*parts) == expected and all(len(x) == each for x in parts)
+
+        await until(lambda: owned(both, 2), 60, "two members with one partition of each topic")
+        async with AdminClient({"bootstrap.servers": bootstrap(cluster)}) as admin:
+            await admin.delete_topic("drop")
+        took = await until(lambda: owned({("keep", 0), ("keep", 1)}, 1), 30, "drop's partitions revoked")
+        for r in recorders:
+            revoked = [tp for kind, tps in r.calls if kind == "revoked" for tp in tps]
+            assert any(tp[0] == "drop" for tp in revoked), r.calls
+            assert r.calls[-1][0] == "assigned" and all(tp[0] == "keep" for tp in r.calls[-1][1]), r.calls
+            assert not any(kind == "lost" for kind, _ in r.calls), r.calls
+        async with GroupAdmin(config(cluster, "drop-g")) as ga:
+            desc = await ga.describe_group("drop-g")
+        assert desc.state == "Stable"
+        assert sorted(tp for m in desc.members for tp in m.assignment) == [("keep", 0), ("keep", 1)]
+        print(f"partitions of the deleted topic revoked after {took:.2f} s")
+    finally:
+        for p in pollers:
+            await p.close()
+
+
 # ------------------------------------------------------------------ processes: SIGKILL, CLI
 def gregor_cmd(cluster: LocalCluster, *args: str) -> list[str]:
     return [sys.executable, "-m", "gregor.cli.main", "--data-dir", cluster.data_dir, *args]
@@ -415,8 +488,8 @@ async def test_groups_describe_shows_lag_and_reset_offsets_dry_run_then_execute(
     rows = {r["partition"]: r for r in json.loads(described.stdout)["partitions"]}
     assert {p: (r["current_offset"], r["log_end_offset"], r["lag"]) for p, r in rows.items()} == {
         p: (10, 14, 4) for p in range(3)}
-    text = run_cli(cluster, "groups", "describe", group).stdout
-    assert "LOG-END-OFFSET" in text and "has no active members" in text
+    text = run_cli(cluster, "groups", "describe", group)
+    assert "LOG-END-OFFSET" in text.stdout and "has no active members" in text.stderr  # Kafka's note, on stderr
 
     listed = json.loads(run_cli(cluster, "-o", "json", "groups", "list").stdout)
     assert {"group": group, "state": "Empty", "protocol_type": "consumer"} in listed

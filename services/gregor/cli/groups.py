@@ -34,6 +34,32 @@ def groups() -> None:
     """Consumer groups: list, describe (members, assignment, offsets, lag), reset-offsets, delete."""
 
 
+def _one_group(positional: Optional[str], option: Optional[str]) -> str:
+    """The group named as `G` (DESIGN.md's contract) or `--group G` (kafka-consumer-groups.sh's flag)."""
+    if positional and option and positional != option:
+        raise click.UsageError(f"two different groups given: {positional!r} and --group {option!r}")
+    group = positional or option
+    if not group:
+        raise click.UsageError("give the group: GROUP or --group GROUP")
+    return group
+
+
+def _group_state_note(group: str, state: str) -> None:
+    """kafka-consumer-groups.sh's notes about an inactive or rebalancing group, on stderr."""
+    if state == "Empty":
+        click.echo(f"\nConsumer group '{group}' has no active members.", err=True)
+    elif state in ("PreparingRebalance", "CompletingRebalance"):
+        click.echo(f"\nWarning: Consumer group '{group}' is rebalancing.", err=True)
+
+
+def _assignment_text(assignment: list[TopicPartition]) -> str:
+    """--members --verbose ASSIGNMENT as Kafka prints it: `orders(0,1), payments(2)`, `-` when empty."""
+    by_topic: dict[str, list[int]] = {}
+    for t, p in assignment:
+        by_topic.setdefault(t, []).append(p)
+    return ", ".join(f"{t}({','.join(str(p) for p in sorted(ps))})" for t, ps in sorted(by_topic.items())) or "-"
+
+
 @groups.command("list")
 @click.option("--state", "with_state", is_flag=True, help="also print each group's state")
 @click.pass_context
@@ -81,15 +107,18 @@ async def _offset_rows(admin: GroupAdmin, desc: GroupDescription, bootstrap: str
 
 
 @groups.command()
-@click.argument("group")
+@click.argument("group", required=False)
+@click.option("--group", "group_opt", metavar="GROUP", help="the group (same as the GROUP argument)")
 @click.option("--members", is_flag=True, help="members and how many partitions each has")
 @click.option("--state", is_flag=True, help="coordinator, assignment strategy, state and member count")
 @click.option("--verbose", is_flag=True, help="with --members: each member's assignment")
 @click.pass_context
-def describe(ctx: click.Context, group: str, members: bool, state: bool, verbose: bool) -> None:
+def describe(ctx: click.Context, group: Optional[str], group_opt: Optional[str], members: bool, state: bool,
+             verbose: bool) -> None:
     """A group's partitions with committed offset, log-end offset and lag (or --members / --state)."""
     if members and state:
         raise click.UsageError("--members and --state are mutually exclusive")
+    group = _one_group(group, group_opt)
     cfg = _config(ctx)
 
     async def go() -> tuple[GroupDescription, list[dict[str, Any]]]:
@@ -118,19 +147,18 @@ def describe(ctx: click.Context, group: str, members: bool, state: bool, verbose
         if as_json:
             emit_json(out)
             return
+        _group_state_note(group, desc.state)
         if not out:
-            click.echo(f"Consumer group '{group}' has no active members.")
             return
         header = ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
         table = [[r["group"], r["consumer_id"], r["group_instance_id"], r["host"], r["client_id"], r["partitions"]]
-                 + ([",".join(r["assignment"]) or "-"] if verbose else []) for r in out]
+                 + ([_assignment_text(m.assignment)] if verbose else []) for r, m in zip(out, desc.members)]
         _table(table, header + (["ASSIGNMENT"] if verbose else []))
         return
     if as_json:
         emit_json({"group": desc.group_id, "state": desc.state, "partitions": rows})
         return
-    if not desc.members:
-        click.echo(f"\nConsumer group '{group}' has no active members.\n")
+    _group_state_note(group, desc.state)
     _table([[r["group"], r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
              r["consumer_id"], r["host"], r["client_id"]] for r in rows],
            ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST",
@@ -186,7 +214,9 @@ def plan_reset(tps: list[TopicPartition], committed: dict[TopicPartition, int], 
 
 
 @groups.command("reset-offsets")
-@click.option("--group", required=True, help="the consumer group (must have no active members to --execute)")
+@click.argument("group", required=False)
+@click.option("--group", "group_opt", metavar="GROUP", help="the consumer group (same as the GROUP argument); "
+              "it must have no active members")
 @click.option("--topic", "topics", multiple=True, metavar="TOPIC[:P,...]", help="topic (and partitions) to reset")
 @click.option("--all-topics", is_flag=True, help="every topic the group has committed offsets for")
 @click.option("--to-earliest", is_flag=True)
@@ -197,10 +227,14 @@ def plan_reset(tps: list[TopicPartition], committed: dict[TopicPartition, int], 
 @click.option("--dry-run", is_flag=True, help="print the new offsets only (the default)")
 @click.option("--execute", is_flag=True, help="commit the new offsets")
 @click.pass_context
-def reset_offsets(ctx: click.Context, group: str, topics: tuple[str, ...], all_topics: bool, to_earliest: bool,
-                  to_latest: bool, to_offset: Optional[int], to_datetime: Optional[str], shift_by: Optional[int],
-                  dry_run: bool, execute: bool) -> None:
-    """Set a group's committed offsets (kafka-consumer-groups.sh --reset-offsets)."""
+def reset_offsets(ctx: click.Context, group: Optional[str], group_opt: Optional[str], topics: tuple[str, ...],
+                  all_topics: bool, to_earliest: bool, to_latest: bool, to_offset: Optional[int],
+                  to_datetime: Optional[str], shift_by: Optional[int], dry_run: bool, execute: bool) -> None:
+    """Set a group's committed offsets (kafka-consumer-groups.sh --reset-offsets).
+
+    As Kafka's tool, only a group without active members (Empty, or unknown) can be reset,
+    even in a dry run: an active member would overwrite the new offsets with its next commit."""
+    group = _one_group(group, group_opt)
     if bool(topics) == all_topics:
         raise click.UsageError("give exactly one of --topic and --all-topics")
     chosen = [to_earliest, to_latest, to_offset is not None, to_datetime is not None, shift_by is not None]
@@ -221,7 +255,7 @@ def reset_offsets(ctx: click.Context, group: str, topics: tuple[str, ...], all_t
     async def go() -> dict[TopicPartition, int]:
         async with GroupAdmin(cfg) as admin, Consumer({"bootstrap.servers": cfg["bootstrap.servers"]}) as c:
             desc = await admin.describe_group(group)
-            if execute and desc.state not in INACTIVE_STATES:
+            if desc.state not in INACTIVE_STATES:
                 raise click.ClickException(f"Assignments can only be reset if the group '{group}' is inactive, "
                                            f"but the current state is {desc.state}.")
             committed = await admin.committed_offsets(group)
@@ -261,10 +295,18 @@ def reset_offsets(ctx: click.Context, group: str, topics: tuple[str, ...], all_t
 
 
 @groups.command()
-@click.option("--group", "group_ids", multiple=True, required=True, help="group to delete (repeatable)")
+@click.argument("groups_pos", metavar="[GROUP]...", nargs=-1)
+@click.option("--group", "group_opts", multiple=True, metavar="GROUP",
+              help="group to delete (repeatable; same as the GROUP arguments)")
 @click.pass_context
-def delete(ctx: click.Context, group_ids: tuple[str, ...]) -> None:
+def delete(ctx: click.Context, groups_pos: tuple[str, ...], group_opts: tuple[str, ...]) -> None:
     """Delete groups without active members, with their committed offsets."""
+    group_ids = tuple(dict.fromkeys(groups_pos + group_opts))
+    if not group_ids:
+        raise click.UsageError("give the groups to delete: GROUP... or --group GROUP")
+    if any(not g for g in group_ids):
+        raise click.UsageError("a group id must not be empty")
+
     async def go() -> dict[str, Optional[errors.GregorError]]:
         async with GroupAdmin(_config(ctx)) as admin:
             return await admin.delete_groups(group_ids)

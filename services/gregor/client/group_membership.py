@@ -178,6 +178,9 @@ class GroupMember:
         self._warned_no_coordinator = False
         self._join_prepared = False
         self.rebalance_count = 0
+        # The leader's partition counts of the subscribed topics when it last assigned (Kafka's
+        # assignmentSnapshot): metadata that differs later (a topic deleted, created, grown) means rejoin.
+        self._assignment_snapshot: Optional[tuple[list[str], dict[str, int]]] = None
 
     # ------------------------------------------------------------ subscription
     def subscribe(self, topics: Sequence[str] | None, pattern: Optional[re.Pattern[str]],
@@ -214,6 +217,7 @@ class GroupMember:
             await self._refresh_pattern()
         if self.lost_pending and self._join_task is None:
             await self._lose_all()
+        self._maybe_metadata_changed()
         if self.need_rejoin and self._join_task is None:
             self._join_task = asyncio.ensure_future(self._rebalance())
         if self._join_task is not None:
@@ -223,6 +227,33 @@ class GroupMember:
             if self._join_task.done():
                 task, self._join_task = self._join_task, None
                 task.result()  # a fatal join error (e.g. INCONSISTENT_GROUP_PROTOCOL) surfaces from poll()
+
+    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        """Partition count per topic as the metadata knows it; topics it does not know are left out."""
+        counts = {}
+        for t in topics:
+            n = len(self.metadata.partitions_for(t))
+            if n:
+                counts[t] = n
+        return counts
+
+    def _maybe_metadata_changed(self) -> bool:
+        """Kafka's ConsumerCoordinator.rejoinNeededOrPending: the leader rejoins when the metadata of the
+        subscribed topics no longer matches what it assigned (the coordinator also rebalances on the
+        etcd change; this catches what it cannot see, e.g. metadata the leader refreshed after a
+        fetch error on a deleted topic)."""
+        if (self._assignment_snapshot is None or self.need_rejoin or self._join_task is not None
+                or self.generation < 0 or self.leader != self.member_id):
+            return False
+        topics, counts = self._assignment_snapshot
+        now = self._partition_counts(topics)
+        if now == counts:
+            return False
+        log.info("group %s: subscribed topics' metadata changed since the assignment (%s -> %s): rejoining",
+                 self.group_id, counts, now)
+        self._assignment_snapshot = None
+        self.need_rejoin = True
+        return True
 
     @property
     def rebalancing(self) -> bool:
@@ -375,10 +406,8 @@ class GroupMember:
                 await self.metadata.refresh(topics)
             except errors.GregorError as err:
                 log.warning("group %s: metadata refresh for assignment failed: %s", self.group_id, err)
-            for t in topics:
-                parts = self.metadata.partitions_for(t)
-                if parts:
-                    counts[t] = len(parts)
+            counts = self._partition_counts(topics)
+        self._assignment_snapshot = (topics, counts)
         plan = assignor.assign(counts, subs)
         log.info("group %s generation %d: %s assigned %s", self.group_id, self.generation, assignor.name,
                  {m: len(v) for m, v in plan.items()})

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from gregor.common.errors import GregorError
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
 
@@ -30,7 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="etcd lease TTL: a dead coordinator's groups move to the survivors within it")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Kafka group/offsets settings: offsets.topic.num.partitions, "
-                         "offsets.topic.replication.factor, offsets.retention.minutes, "
+                         "offsets.topic.replication.factor, offsets.topic.segment.bytes, offsets.retention.minutes, "
                          "offsets.retention.check.interval.ms, offsets.commit.timeout.ms, "
                          "offsets.retention.ms (test-only, overrides offsets.retention.minutes), "
                          "group.min.session.timeout.ms, "
@@ -39,6 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     keys = {"offsets.topic.num.partitions": d.offsets_topic_num_partitions,
             "offsets.topic.replication.factor": d.offsets_topic_replication_factor,
+            "offsets.topic.segment.bytes": d.offsets_topic_segment_bytes,
             "offsets.retention.minutes": d.offsets_retention_ms // 60000,
             "offsets.retention.check.interval.ms": d.offsets_retention_check_interval_ms,
             "offsets.commit.timeout.ms": d.offsets_commit_timeout_ms,
@@ -63,6 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a.config = CoordinatorConfig(
         offsets_topic_num_partitions=keys["offsets.topic.num.partitions"],
         offsets_topic_replication_factor=keys["offsets.topic.replication.factor"],
+        offsets_topic_segment_bytes=keys["offsets.topic.segment.bytes"],
         offsets_retention_ms=keys["offsets.retention.ms"] or keys["offsets.retention.minutes"] * 60000,
         offsets_retention_check_interval_ms=keys["offsets.retention.check.interval.ms"],
         offsets_commit_timeout_ms=keys["offsets.commit.timeout.ms"],
@@ -121,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run(args))
     except OSError as exc:
         print(f"gregor.coordinator: {exc}", file=sys.stderr)
+        return 1
+    except GregorError as exc:  # e.g. __consumer_offsets could not be created as required
+        print(f"gregor.coordinator: {exc.name}: {exc.message}", file=sys.stderr)
         return 1
 
 

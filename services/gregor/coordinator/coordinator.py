@@ -57,6 +57,8 @@ class CoordinatorConfig:
 
     offsets_topic_num_partitions: int = 50  # offsets.topic.num.partitions
     offsets_topic_replication_factor: int = 3  # offsets.topic.replication.factor (capped at live brokers)
+    # offsets.topic.segment.bytes: small segments so the log cleaner compacts (and loads replay) quickly.
+    offsets_topic_segment_bytes: int = 104857600
     offsets_retention_ms: int = 10080 * 60000  # offsets.retention.minutes (7 days)
     offsets_retention_check_interval_ms: int = 600000  # offsets.retention.check.interval.ms
     offsets_commit_timeout_ms: int = 5000  # offsets.commit.timeout.ms (capped at 2/5 of the lease TTL)
@@ -194,33 +196,55 @@ class GroupCoordinator:
                     await asyncio.sleep(0.1)
             if kv is None:
                 raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"{ol.OFFSETS_TOPIC} did not appear in etcd")
+        else:
+            await self._check_offsets_topic_configs()
         self.num_partitions = len(json.loads(kv.value)["partitions"])
         if self.num_partitions != self.config.offsets_topic_num_partitions:
             log.warning("%s has %d partitions, not offsets.topic.num.partitions %d: using %d", ol.OFFSETS_TOPIC,
                         self.num_partitions, self.config.offsets_topic_num_partitions, self.num_partitions)
 
+    def offsets_topic_configs(self) -> dict[str, str]:
+        """The topic configs __consumer_offsets is created with (Kafka's GroupMetadataManager.offsetsTopicConfigs)."""
+        return {"cleanup.policy": "compact", "segment.bytes": str(self.config.offsets_topic_segment_bytes)}
+
     async def _create_offsets_topic(self, rf: int) -> None:
-        configs: dict[str, str] = {"cleanup.policy": "compact"}
+        """CreateTopics through the controller, retrying retriable errors for a minute.
+
+        A refused config (INVALID_CONFIG) is fatal: without compaction the topic would grow
+        without bound and every takeover would replay all of it, so the coordinator does not
+        start rather than run on an uncompacted offsets topic."""
+        configs = self.offsets_topic_configs()
         deadline = time.monotonic() + 60
         async with AdminClient({"bootstrap.servers": self.bootstrap}) as admin:
             while True:
                 try:
                     await admin.create_topic(ol.OFFSETS_TOPIC, self.config.offsets_topic_num_partitions, rf, configs)
                     log.info("created %s (%d partitions, RF %d, %s)", ol.OFFSETS_TOPIC,
-                             self.config.offsets_topic_num_partitions, rf, configs or "default configs")
+                             self.config.offsets_topic_num_partitions, rf, configs)
                     return
                 except errors.GregorError as exc:
                     if exc.code == Code.TOPIC_ALREADY_EXISTS:
                         return
-                    if exc.code == Code.INVALID_CONFIG and configs:
-                        # Compaction is not in the engine yet: the topic works without it (keys are compactable).
-                        log.warning("cleanup.policy=compact rejected (%s): creating %s with default cleanup.policy",
-                                    exc.message, ol.OFFSETS_TOPIC)
-                        configs = {}
-                        continue
                     if not exc.retriable or time.monotonic() > deadline:
-                        raise
+                        log.error("cannot create %s with %s: %s: %s", ol.OFFSETS_TOPIC, configs, exc.name, exc.message)
+                        raise errors.error_for(exc.code, f"creating {ol.OFFSETS_TOPIC} (RF {rf}, {configs}) failed: "
+                                                         f"{exc.name}: {exc.message}") from exc
                     await asyncio.sleep(0.5)
+
+    async def _check_offsets_topic_configs(self) -> None:
+        """Warn when an existing __consumer_offsets is not compacted (e.g. created by hand, or by a
+        release that fell back to cleanup.policy=delete): offsets would be lost to retention.ms."""
+        try:
+            async with AdminClient({"bootstrap.servers": self.bootstrap}) as admin:
+                entries = (await admin.describe_configs([ol.OFFSETS_TOPIC])).get(ol.OFFSETS_TOPIC, [])
+        except errors.GregorError as exc:
+            log.warning("cannot read the configs of %s: %s", ol.OFFSETS_TOPIC, exc)
+            return
+        policy = next((e.value for e in entries if e.name == "cleanup.policy"), "delete")
+        if "compact" not in policy.split(","):
+            log.error("%s has cleanup.policy=%s, not compact: committed offsets older than retention.ms will be "
+                      "deleted. Fix: gregor topics alter %s --config cleanup.policy=compact",
+                      ol.OFFSETS_TOPIC, policy, ol.OFFSETS_TOPIC)
 
     # ------------------------------------------------------------------ ownership
     async def _watch_coordinators(self) -> None:
@@ -605,33 +629,50 @@ class GroupCoordinator:
         MEMBERS.set(members)
 
     async def _watch_topics(self) -> None:
-        """Partition-count changes of topics (etcd brokers/topics/<t>) trigger rebalances of subscribed groups."""
+        """Changes of topics (etcd brokers/topics/<t>) trigger rebalances of the groups subscribed to them:
+        a partition-count change, a deletion, or the creation of a subscribed topic (seed 003)."""
         prefix = self.etcd.key("brokers", "topics") + b"/"
+        initial = True
         while True:
             res = await self.etcd.get_prefix(prefix)
+            listed: set[str] = set()
             for kv in res.kvs:
-                self._apply_topic(self.etcd.relative(kv.key), kv.value, initial=True)
+                topic = self._apply_topic(self.etcd.relative(kv.key), kv.value, initial=initial)
+                if topic is not None:
+                    listed.add(topic)
+            if not initial:
+                # Re-listed after a compacted watch: topics deleted meanwhile sent no event.
+                for topic in sorted(set(self.topic_partitions) - listed):
+                    self._apply_topic(f"brokers/topics/{topic}", None)
+            initial = False
             try:
                 async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
                     self._apply_topic(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
             except WatchCompacted:
                 continue
 
-    def _apply_topic(self, rel: str, value: bytes | None, initial: bool = False) -> None:
+    def _apply_topic(self, rel: str, value: bytes | None, initial: bool = False) -> str | None:
+        """Track a topic's partition count; rebalance the subscribed groups when it changes (0 = deleted).
+        Returns the topic name (None for keys that are not a topic's assignment)."""
         parts = rel.split("/")
         if len(parts) != 3:
-            return  # partition state keys, not the topic's assignment
+            return None  # partition state keys, not the topic's assignment
         topic = parts[2]
         if value is None:
-            self.topic_partitions.pop(topic, None)
-            return
-        try:
-            count = len(json.loads(value)["partitions"])
-        except (ValueError, KeyError, TypeError):
-            return
-        before = self.topic_partitions.get(topic)
-        self.topic_partitions[topic] = count
-        if not initial and before is not None and before != count:
-            hit = self.manager.on_topic_partitions_changed(topic, monotonic_ms())
-            if hit:
-                log.info("topic %s now has %d partitions (was %d): rebalancing %s", topic, count, before, hit)
+            count = 0
+        else:
+            try:
+                count = len(json.loads(value)["partitions"])
+            except (ValueError, KeyError, TypeError):
+                return None
+        before = self.topic_partitions.pop(topic, 0)
+        if count:
+            self.topic_partitions[topic] = count
+        if initial or before == count:
+            return topic
+        change = ("deleted" if not count else "created" if not before
+                  else f"now has {count} partitions (was {before})")
+        hit = self.manager.on_topic_partitions_changed(topic, monotonic_ms(), change)
+        if hit:
+            log.info("topic %s %s: rebalancing %s", topic, change, hit)
+        return topic

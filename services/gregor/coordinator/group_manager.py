@@ -10,9 +10,10 @@ member's join, the leader's sync, a tick) resolves — Kafka's DelayedJoin.
 
 Rebalance triggers (seed 003): a member joins, a member leaves (LeaveGroup),
 a member misses its heartbeats for session.timeout.ms, a member's subscription
-(protocol metadata) changes, a subscribed topic's partition count changes, a
-member that joined a generation does not send SyncGroup within the rebalance
-timeout (Kafka's pending-sync expiry, KAFKA-13134).
+(protocol metadata) changes, a subscribed topic's partition count changes (or it
+is deleted, or created after the members subscribed to it), a member that joined
+a generation does not send SyncGroup within the rebalance timeout (Kafka's
+pending-sync expiry, KAFKA-13134).
 """
 
 from __future__ import annotations
@@ -428,12 +429,14 @@ class GroupManager:
                          group.group_id, mid, group.generation_id)
                 self._remove_member_and_update(group, mid, "did not sync within the rebalance timeout", now_ms)
 
-    def on_topic_partitions_changed(self, topic: str, now_ms: int) -> list[str]:
-        """A subscribed topic's partition count changed: rebalance every group reading it (seed 003)."""
+    def on_topic_partitions_changed(self, topic: str, now_ms: int,
+                                    change: str = "changed its partition count") -> list[str]:
+        """A subscribed topic's partition count changed — including a deletion (to 0) or the creation of a
+        topic that was subscribed but missing: rebalance every group reading it (seed 003)."""
         hit = []
         for group in self.groups.values():
             if (group.is_(S.STABLE) or group.is_(S.COMPLETING_REBALANCE)) and topic in group.subscribed_topics():
-                self._prepare_rebalance(group, f"partition count of subscribed topic {topic} changed", now_ms)
+                self._prepare_rebalance(group, f"subscribed topic {topic} {change}", now_ms)
                 hit.append(group.group_id)
         return hit
 

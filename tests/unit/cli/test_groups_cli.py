@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gregor.cli.groups import _parse_topic, parse_datetime, plan_reset
+from gregor.cli.groups import _assignment_text, _parse_topic, parse_datetime, plan_reset
 from gregor.cli.main import cli
 
 T0, T1 = ("t", 0), ("t", 1)
@@ -58,10 +58,21 @@ def test_datetime_and_topic_specs() -> None:
     (["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-latest", "--shift-by", "1"], "exactly one"),
     (["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-latest", "--dry-run", "--execute"],
      "mutually exclusive"),
+    (["groups", "reset-offsets", "--all-topics", "--to-latest"], "give the group"),
+    (["groups", "reset-offsets", "g", "--group", "h", "--all-topics", "--to-latest"], "two different groups"),
     (["groups", "describe", "g", "--members", "--state"], "mutually exclusive"),
+    (["groups", "describe"], "give the group"),
+    (["groups", "describe", "g", "--group", "h"], "two different groups"),
+    (["groups", "delete"], "give the groups to delete"),
+    (["groups", "delete", ""], "must not be empty"),
     (["consume", "t", "--group", "g", "--partition", "0"], "cannot be combined"),
 ])
 def test_usage_errors_exit_2(args: list[str], fragment: str) -> None:
     result = CliRunner().invoke(cli, ["--bootstrap", "127.0.0.1:1", *args])
     assert result.exit_code == 2, result.output
     assert fragment in result.output
+
+
+def test_members_verbose_assignment_is_printed_as_kafka_does() -> None:
+    assert _assignment_text([("orders", 1), ("orders", 0), ("audit", 2)]) == "audit(2), orders(0,1)"
+    assert _assignment_text([]) == "-"

@@ -8,7 +8,7 @@ watches `coordinators/` — the lease-bound registrations `coordinators/ids/<id>
 id) — and names, for the group's partition p:
 
 1. the live instance holding the claim on p (it serves p now, or is loading it), else
-2. `ownership.desired_owner(p, live ids)` — the instance that will claim p next
+2. `coordinator_ownership.desired_owner(p, live ids)` — the instance that will claim p next
    (the coordinators' own assignment rule), so after a coordinator dies the answer
    moves to a survivor as soon as the dead one's lease expires (its registration
    and claims vanish with it), not only after the survivor's claim lands.
@@ -30,8 +30,7 @@ from typing import Any
 
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
-from gregor.coordinator.offsets_log import OFFSETS_TOPIC, partition_for
-from gregor.coordinator.ownership import apply_registry_key, desired_owner
+from gregor.common.coordinator_ownership import OFFSETS_TOPIC, apply_registry_key, desired_owner, partition_for
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Kafka's GroupCoordinator + GroupMetadataManager (seed 003) over etcd: groups are
 sharded by the __consumer_offsets partition their id hashes to; this instance
-serves the partitions it has claimed (see ownership.py), loads each one's
+serves the partitions it has claimed (see common/coordinator_ownership.py), loads each one's
 committed offsets and group metadata from the log when it takes it over
 (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and answers NOT_COORDINATOR for the
 others. Offsets and group metadata are written to the log with acks=all before
@@ -38,7 +38,7 @@ from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompac
 from gregor.coordinator import offsets_log as ol
 from gregor.coordinator.group import Group, GroupState, Member
 from gregor.coordinator.group_manager import GroupConfig, GroupManager
-from gregor.coordinator.ownership import apply_registry_key, desired_partitions
+from gregor.common.coordinator_ownership import apply_registry_key, desired_partitions
 
 log = logging.getLogger(__name__)
 Code = errors.Code

@@ -21,28 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gregor.common import errors
+# The topic name and Kafka's group-to-partition rule live in common: brokers answer FindCoordinator with them.
+from gregor.common.coordinator_ownership import OFFSETS_TOPIC, java_string_hash, partition_for  # noqa: F401
 from gregor.common.consumer_protocol import Reader, Writer
 
-OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2
 OFFSET_VALUE_VERSION = 3
 GROUP_VALUE_VERSION = 3
-
-
-def java_string_hash(s: str) -> int:
-    """Java's String.hashCode (UTF-16 code units, 32-bit wrap-around), signed."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, num_partitions: int) -> int:
-    """Kafka's partitionFor: Utils.abs(groupId.hashCode) % offsets.topic.num.partitions (abs(MIN_VALUE) = 0)."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
 
 
 @dataclass

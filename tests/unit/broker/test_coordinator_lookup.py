@@ -10,8 +10,7 @@ import pytest
 
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.common import errors
-from gregor.coordinator.offsets_log import partition_for
-from gregor.coordinator.ownership import desired_owner
+from gregor.common.coordinator_ownership import desired_owner, partition_for
 
 
 def lookup(num_partitions: int = 4) -> CoordinatorLookup:

@@ -7,7 +7,7 @@ import pytest
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.coordinator import offsets_log as ol
-from gregor.coordinator.ownership import desired_owner, desired_partitions
+from gregor.common.coordinator_ownership import desired_owner, desired_partitions
 
 
 def test_java_string_hash_matches_java() -> None:

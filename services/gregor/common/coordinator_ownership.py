@@ -1,4 +1,7 @@
-"""Which coordinator instance owns which __consumer_offsets partition (pure assignment rule).
+"""Which coordinator instance owns which __consumer_offsets partition (pure rules shared by the
+coordinators, which claim partitions, and the brokers, which answer FindCoordinator).
+
+A group lives in partition `partition_for(group id)` of __consumer_offsets (Kafka's rule).
 
 Every live instance registers `coordinators/ids/<id>` bound to its lease. The
 desired owner of partition p is the (p mod n)-th of the n live ids in sorted
@@ -14,6 +17,23 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+OFFSETS_TOPIC = "__consumer_offsets"
+
+
+def java_string_hash(s: str) -> int:
+    """Java's String.hashCode (UTF-16 code units, 32-bit wrap-around), signed."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, num_partitions: int) -> int:
+    """Kafka's partitionFor: Utils.abs(groupId.hashCode) % offsets.topic.num.partitions (abs(MIN_VALUE) = 0)."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
 
 
 def desired_owner(partition: int, live_ids: list[int]) -> int | None:

@@ -4,11 +4,11 @@ from gregor.client.accumulator import FutureRecordMetadata, RecordMetadata
 from gregor.client.admin import AdminClient, ClusterDescription, ConfigEntry, NewTopic, SyncAdminClient
 from gregor.client.config import ConfigError
 from gregor.client.consumer import Consumer, ConsumerRecord, SyncConsumer
-from gregor.client.partitioner import DefaultPartitioner, murmur2
+from gregor.client.partitioner import DefaultPartitioner, Partitioner, RoundRobinPartitioner, murmur2
 from gregor.client.producer import Producer, SyncProducer
 
 __all__ = [
     "AdminClient", "ClusterDescription", "ConfigEntry", "ConfigError", "Consumer", "ConsumerRecord",
-    "DefaultPartitioner", "FutureRecordMetadata", "NewTopic", "Producer", "RecordMetadata", "SyncAdminClient",
-    "SyncConsumer", "SyncProducer", "murmur2",
+    "DefaultPartitioner", "FutureRecordMetadata", "NewTopic", "Partitioner", "Producer", "RecordMetadata",
+    "RoundRobinPartitioner", "SyncAdminClient", "SyncConsumer", "SyncProducer", "murmur2",
 ]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dataclasses import dataclass
+
+from gregor.client.partitioner import PartitionerClassError, resolve_partitioner_class
 from gregor.common.config import ConfigDef
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 
@@ -30,6 +33,20 @@ def _pos(v: int) -> bool:
 
 def _d(name: str, type_: type, default: Any, doc: str, check: Any = None, choices: tuple[str, ...] = ()) -> ConfigDef:
     return ConfigDef(name, type_, default, doc, check or (lambda v: True), choices)
+
+
+@dataclass(frozen=True)
+class _PartitionerClassDef(ConfigDef):
+    """partitioner.class: Kafka's CLASS type. The value becomes the class (or instance) it names; None or ""
+    keep the built-in partitioner."""
+
+    def parse(self, raw: Any) -> Any:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        try:
+            return resolve_partitioner_class(raw)
+        except PartitionerClassError as exc:  # Kafka's ConfigException wording
+            raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: {exc}") from None
 
 
 _COMMON = [
@@ -59,6 +76,11 @@ PRODUCER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [
        choices=("none", "gzip", "snappy", "lz4", "zstd")),
     _d("max.request.size", int, 1048576, "largest produce request (and so record) this producer sends", _pos),
     _d("partitioner.ignore.keys", bool, False, "true: sticky partitioning even for keyed records"),
+    _PartitionerClassDef("partitioner.class", object, None,
+                         "a Partitioner (gregor.client.partitioner) for records without a partition: an import "
+                         "path package.module.Class or package.module:Class, one of Kafka's class names "
+                         "(org.apache.kafka.clients.producer.RoundRobinPartitioner), or a class or instance; "
+                         "unset: murmur2 of the key, sticky partitioning for null keys"),
     # Kafka 3.x: on by default; silently off when acks/retries/max.in.flight do not allow it,
     # unless set explicitly, then those are errors (seed 003: retries > 0, max.in.flight <= 5, acks = -1).
     _d("enable.idempotence", bool, True, "producer id + per-partition sequences: a retry never duplicates or "

@@ -1,9 +1,12 @@
-"""Kafka's default partitioner: murmur2 of the key for keyed records, a sticky partition for the rest."""
+"""Partitioners: Kafka's default (murmur2 of the key, sticky for null keys), round-robin, and `partitioner.class`."""
 
 from __future__ import annotations
 
+import importlib
 import random
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+
+from gregor.common import errors
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -76,3 +79,174 @@ class DefaultPartitioner:
         chosen = self._rng.choice(candidates)
         self._sticky[topic] = chosen
         return chosen
+
+
+class UniformStickyPartitioner(DefaultPartitioner):
+    """Kafka's (deprecated) UniformStickyPartitioner: sticky partitioning for every record, keys ignored."""
+
+    def __init__(self, rng: Optional[random.Random] = None) -> None:
+        super().__init__(ignore_keys=True, rng=rng)
+
+
+# ---------------------------------------------------------------- custom partitioners (partitioner.class)
+@runtime_checkable
+class Partitioner(Protocol):
+    """Kafka's org.apache.kafka.clients.producer.Partitioner, for `partitioner.class`.
+
+    partition() picks the partition of every record sent without an explicit one
+    (no sticky logic around it, as in Kafka 3.3+); it must return an int in
+    [0, num_partitions). available_partitions are the partitions that have a
+    leader now. Optional methods, called when present: configure(configs) with the
+    producer's config once the producer has instantiated the class itself (Kafka's
+    Configurable), and close() when the producer closes.
+    """
+
+    def partition(self, topic: str, key: Optional[bytes], value: Optional[bytes], num_partitions: int,
+                  available_partitions: Sequence[int]) -> int: ...
+
+
+class RoundRobinPartitioner:
+    """Kafka's RoundRobinPartitioner: a per-topic counter, taken modulo the partitions that have a leader.
+
+    Keys are ignored. Like Kafka's, the counter is a 32-bit int that wraps; when no
+    partition has a leader it counts over all of them. Event-loop owned.
+    """
+
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+
+    def partition(self, topic: str, key: Optional[bytes], value: Optional[bytes], num_partitions: int,
+                  available_partitions: Sequence[int] = ()) -> int:
+        next_value = self._counters.get(topic, 0)
+        self._counters[topic] = (next_value + 1) & _MASK  # AtomicInteger.getAndIncrement wraps at 2^31
+        if next_value & 0x80000000:
+            next_value -= 1 << 32
+        if available_partitions:
+            return available_partitions[to_positive(next_value) % len(available_partitions)]
+        return to_positive(next_value) % num_partitions
+
+    def close(self) -> None:
+        self._counters.clear()
+
+
+# Kafka's class names of its built-in partitioners, so a Java producer's properties carry over.
+KAFKA_PARTITIONERS: dict[str, type] = {
+    "org.apache.kafka.clients.producer.RoundRobinPartitioner": RoundRobinPartitioner,
+    "org.apache.kafka.clients.producer.internals.DefaultPartitioner": DefaultPartitioner,
+    "org.apache.kafka.clients.producer.UniformStickyPartitioner": UniformStickyPartitioner,
+}
+
+
+class PartitionerClassError(ValueError):
+    """partitioner.class names nothing loadable, or something that is not a partitioner (config.py makes it a
+    ConfigError)."""
+
+
+def resolve_partitioner_class(value: Any) -> Any:
+    """The class (or instance) a `partitioner.class` value names; raises PartitionerClassError in Kafka's words.
+
+    Accepts a class or an instance with a partition() method, one of Kafka's class
+    names (KAFKA_PARTITIONERS), or an import path `package.module.ClassName` or
+    `package.module:ClassName`.
+    """
+    if isinstance(value, str):
+        name = value.strip()
+        found = KAFKA_PARTITIONERS.get(name)
+        if found is None:
+            found = _import_class(name)
+            if found is None:
+                raise PartitionerClassError(f"Class {name} could not be found.")
+        value = found
+    elif value is None:
+        raise PartitionerClassError("Expected a Class instance or class name.")
+    if not callable(getattr(value, "partition", None)):
+        shown = (value.__qualname__ if isinstance(value, type) else
+                 getattr(value, "__qualname__", None) or f"a {type(value).__qualname__} instance")
+        raise PartitionerClassError(
+            f"{shown} is not an instance of {__name__}.Partitioner: it needs a method "
+            "partition(topic, key, value, num_partitions, available_partitions) -> int")
+    return value
+
+
+def _import_class(path: str) -> Any:
+    """`pkg.mod:Attr` or `pkg.mod.Attr` (the longest importable module prefix), or None."""
+    if ":" in path:
+        module_name, _, attr_path = path.partition(":")
+        candidates = [(module_name, attr_path)]
+    else:
+        parts = path.split(".")
+        candidates = [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+    for module_name, attr_path in candidates:
+        if not module_name or not attr_path or not all(p.isidentifier() for p in attr_path.split(".")):
+            continue
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                continue  # no such module: try a shorter prefix
+            raise PartitionerClassError(  # the module exists but one of its own imports fails
+                f"Class {path} could not be loaded: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            raise PartitionerClassError(f"Class {path} could not be loaded: {type(exc).__name__}: {exc}") from None
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    return None
+
+
+def new_partitioner(spec: Any, config: Mapping[str, Any], ignore_keys: bool = False) -> Any:
+    """The partitioner a producer uses: `spec` is a resolved partitioner.class (None: Kafka's built-in logic).
+
+    A class is instantiated without arguments and, if it has configure(), configured
+    with the producer's config (Kafka's getConfiguredInstance); an instance is used as given.
+    """
+    if spec is None:
+        return DefaultPartitioner(ignore_keys=ignore_keys)
+    if spec is DefaultPartitioner:
+        return DefaultPartitioner(ignore_keys=ignore_keys)
+    if not isinstance(spec, type):
+        return spec
+    try:
+        instance = spec()
+    except Exception as exc:
+        raise PartitionerClassError(f"Could not instantiate class {spec.__qualname__}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+    configure = getattr(instance, "configure", None)
+    if callable(configure):
+        try:
+            configure(dict(config))
+        except Exception as exc:
+            raise PartitionerClassError(f"{spec.__qualname__}.configure() failed: {type(exc).__name__}: {exc}") \
+                from exc
+    return instance
+
+
+def is_builtin(partitioner: Any) -> bool:
+    """True for the built-in sticky partitioner (the producer runs KIP-480 around it)."""
+    return isinstance(partitioner, DefaultPartitioner)
+
+
+class InvalidPartitionError(errors.InvalidRequestError, ValueError):  # type: ignore[name-defined,misc]
+    """A custom partitioner returned something that is not a partition of the topic (INVALID_REQUEST)."""
+
+
+def checked_partition(partitioner: Any, topic: str, key: Optional[bytes], value: Optional[bytes],
+                      num_partitions: int, available: Sequence[int]) -> int:
+    """A custom partitioner's choice for one record, or InvalidPartitionError when it is out of [0, n)."""
+    chosen = partitioner.partition(topic, key, value, num_partitions, available)
+    if isinstance(chosen, bool) or not isinstance(chosen, int):
+        err = InvalidPartitionError(
+            f"The partitioner {type(partitioner).__qualname__} returned {chosen!r} for topic {topic!r}: "
+            f"a partition number must be an int in [0, {num_partitions})")
+    elif not 0 <= chosen < num_partitions:
+        err = InvalidPartitionError(
+            f"The partitioner {type(partitioner).__qualname__} generated an invalid partition number: {chosen}. "
+            f"Topic {topic!r} has {num_partitions} partitions: it must be in [0, {num_partitions})")
+        err.partition = chosen
+    else:
+        return chosen
+    err.topic = topic
+    raise err

@@ -18,10 +18,10 @@ from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
     record_size,
 )
-from gregor.client.config import parse_bootstrap, producer_config
+from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
-from gregor.client.partitioner import DefaultPartitioner
+from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -271,7 +271,14 @@ class Producer:
                                         request_timeout_ms=cfg["request.timeout.ms"],
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
                                         metadata_max_age_ms=cfg["metadata.max.age.ms"])
-        self.partitioner = DefaultPartitioner(ignore_keys=cfg["partitioner.ignore.keys"])
+        # partitioner.class: a custom partitioner decides every record without a partition (no sticky
+        # logic around it, as in Kafka 3.3+); unset, the built-in murmur2 / KIP-480 sticky partitioner.
+        try:
+            self.partitioner = new_partitioner(cfg["partitioner.class"], cfg, cfg["partitioner.ignore.keys"])
+        except PartitionerClassError as exc:
+            raise ConfigError(f"Invalid value {cfg['partitioner.class']} for configuration partitioner.class: "
+                              f"{exc}") from exc
+        self._custom_partitioner = not is_builtin(self.partitioner)
         self.max_block_ms = int(cfg["max.block.ms"])
         self.max_request_size = int(cfg["max.request.size"])
         self._acc: Optional[RecordAccumulator] = None
@@ -355,6 +362,12 @@ class Producer:
                     "producer closed before the record was sent"))
                 await asyncio.gather(self._sender_task, *self._sender.requests, return_exceptions=True)
         await self.metadata.close()
+        close = getattr(self.partitioner, "close", None) if self._custom_partitioner else None
+        if callable(close):
+            try:  # Kafka closes the partitioner quietly: its failure does not fail close()
+                close()
+            except Exception:
+                log.exception("partitioner %s failed to close", type(self.partitioner).__qualname__)
 
     # ------------------------------------------------------------ sending
     async def partitions_for(self, topic: str) -> list[int]:
@@ -389,14 +402,18 @@ class Producer:
         _, n, available = cached
         size = record_size(key, value, hdrs)
         partitioner = self.partitioner
-        # Null keys (or partitioner.ignore.keys): the sticky partition of KIP-480.
-        sticky = partition is None and (key is None or partitioner.ignore_keys)
-        if partition is None:
+        sticky = False
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                    f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
+                    topic=topic, partition=partition)
+        elif self._custom_partitioner:  # partitioner.class decides (InvalidPartitionError outside [0, n))
+            partition = checked_partition(partitioner, topic, key, value, n, available)
+        else:
+            # Null keys (or partitioner.ignore.keys): the sticky partition of KIP-480.
+            sticky = key is None or partitioner.ignore_keys
             partition = partitioner.partition(topic, None if sticky else key, n, available)
-        elif not 0 <= partition < n:
-            raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
-                f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
-                topic=topic, partition=partition)
         if size > self.max_request_size:
             raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                 f"The message is {size} bytes when serialized which is larger than max.request.size "

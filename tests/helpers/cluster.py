@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
 
 __all__ = ["AckedLoad", "LocalCluster", "Process", "broker_process", "etcd_endpoints", "etcd_process",
-           "replica_log_bytes", "replica_values", "restart_broker", "stop_process", "tear_down"]
+           "replica_log_bytes", "replica_values", "restart_broker", "running_cluster", "stop_process", "tear_down"]
 
 
 @contextlib.contextmanager
@@ -48,6 +48,16 @@ def tear_down(cluster: LocalCluster) -> None:
     cluster.down()
     for p in cluster.processes:
         stop_process(p, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_cluster(data_dir: str, **kwargs: Any) -> Iterator[LocalCluster]:
+    """LocalCluster.up(data_dir, **kwargs), torn down on exit even if processes are paused or were restarted."""
+    cluster = LocalCluster.up(data_dir, **kwargs)
+    try:
+        yield cluster
+    finally:
+        tear_down(cluster)
 
 
 # -- replication tests under load (H3): restarts, a continuous acks=all producer, on-disk replica logs ----------

@@ -35,7 +35,7 @@ from gregor.common.rpc import channel
 from gregor.controller import metadata_store as store
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
-from tests.helpers.cluster import tear_down
+from tests.helpers.cluster import running_cluster, tear_down
 from tests.integration.test_cluster_control import metadata, partitions, until
 from tests.integration.test_controlled_shutdown import start_controller_with
 
@@ -48,12 +48,9 @@ DEFAULT_MAX_MESSAGE_BYTES = "1048588"  # Kafka's max.message.bytes default
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.up(str(tmp_path_factory.mktemp("topic-admin")), brokers=3, controllers=1,
-                        lease_ttl_ms=LEASE_TTL_MS)
-    try:
+    with running_cluster(str(tmp_path_factory.mktemp("topic-admin")), brokers=3, controllers=1,
+                         lease_ttl_ms=LEASE_TTL_MS) as c:
         yield c
-    finally:
-        tear_down(c)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from gregor.cli.local_cluster import LocalCluster, Process, stop_process
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
-from tests.helpers.cluster import replica_log_bytes, replica_values, restart_broker, tear_down
+from tests.helpers.cluster import replica_log_bytes, replica_values, restart_broker, running_cluster
 from tests.integration.test_cluster_control import metadata, partitions, until
 
 LEASE_TTL_MS = 2000  # the controller's lease
@@ -52,12 +52,9 @@ REJOIN_WITHIN_S = BROKER_SESSION_TIMEOUT_MS / 1000 + 5 + 2.5 + 15
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.up(str(tmp_path_factory.mktemp("seed003")), brokers=3, controllers=1,
-                        lease_ttl_ms=LEASE_TTL_MS, broker_overrides=OVERRIDES)
-    try:
+    with running_cluster(str(tmp_path_factory.mktemp("seed003")), brokers=3, controllers=1,
+                         lease_ttl_ms=LEASE_TTL_MS, broker_overrides=OVERRIDES) as c:
         yield c
-    finally:
-        tear_down(c)
 
 
 def by_id(cluster: LocalCluster, broker_id: int) -> Process:

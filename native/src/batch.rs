@@ -256,29 +256,47 @@ pub struct BatchSpec {
 
 /// Wraps a records section into a full v2 batch with batchLength and CRC.
 pub fn build_batch(section: &[u8], s: &BatchSpec) -> Result<Vec<u8>> {
-    let batch_length = (BATCH_HEADER_SIZE - LOG_OVERHEAD + section.len()) as i64;
-    if batch_length > i32::MAX as i64 {
-        return Err(Error::TooLarge(format!("section of {} bytes", section.len())));
-    }
     let mut b = Vec::with_capacity(BATCH_HEADER_SIZE + section.len());
-    b.extend_from_slice(&s.base_offset.to_be_bytes());
-    b.extend_from_slice(&(batch_length as i32).to_be_bytes());
-    b.extend_from_slice(&s.partition_leader_epoch.to_be_bytes());
-    b.push(MAGIC_V2 as u8);
-    b.extend_from_slice(&[0; 4]); // CRC, filled below
-    b.extend_from_slice(&s.attributes.to_be_bytes());
-    b.extend_from_slice(&s.last_offset_delta.to_be_bytes());
-    b.extend_from_slice(&s.base_timestamp.to_be_bytes());
-    b.extend_from_slice(&s.max_timestamp.to_be_bytes());
-    b.extend_from_slice(&s.producer_id.to_be_bytes());
-    b.extend_from_slice(&s.producer_epoch.to_be_bytes());
-    b.extend_from_slice(&s.base_sequence.to_be_bytes());
-    b.extend_from_slice(&s.records_count.to_be_bytes());
+    b.resize(BATCH_HEADER_SIZE, 0);
     b.extend_from_slice(section);
+    finish_batch(&mut b, s)?;
+    Ok(b)
+}
+
+/// Fills the header of `b`, a batch whose records section already follows
+/// `BATCH_HEADER_SIZE` reserved bytes, then its CRC: the in-place half of
+/// `build_batch`, for encoders that write the section straight after the header.
+pub fn finish_batch(b: &mut [u8], s: &BatchSpec) -> Result<()> {
+    if b.len() < BATCH_HEADER_SIZE {
+        return Err(Error::Invalid(format!("{} bytes cannot hold a batch header", b.len())));
+    }
+    let batch_length = (b.len() - LOG_OVERHEAD) as i64;
+    if batch_length > i32::MAX as i64 {
+        return Err(Error::TooLarge(format!("section of {} bytes", b.len() - BATCH_HEADER_SIZE)));
+    }
+    let mut pos = 0;
+    let mut put = |field: &[u8]| {
+        b[pos..pos + field.len()].copy_from_slice(field);
+        pos += field.len();
+    };
+    put(&s.base_offset.to_be_bytes());
+    put(&(batch_length as i32).to_be_bytes());
+    put(&s.partition_leader_epoch.to_be_bytes());
+    put(&[MAGIC_V2 as u8]);
+    put(&[0; 4]); // CRC, filled below
+    put(&s.attributes.to_be_bytes());
+    put(&s.last_offset_delta.to_be_bytes());
+    put(&s.base_timestamp.to_be_bytes());
+    put(&s.max_timestamp.to_be_bytes());
+    put(&s.producer_id.to_be_bytes());
+    put(&s.producer_epoch.to_be_bytes());
+    put(&s.base_sequence.to_be_bytes());
+    put(&s.records_count.to_be_bytes());
+    debug_assert_eq!(pos, BATCH_HEADER_SIZE);
     let crc = crc32c(&b[ATTRIBUTES_POS..]);
     b[CRC_POS..CRC_POS + 4].copy_from_slice(&crc.to_be_bytes());
     debug_assert_eq!(b[MAGIC_POS], 2);
-    Ok(b)
+    Ok(())
 }
 
 #[cfg(test)]

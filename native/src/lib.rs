@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyTypeError};
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 use crate::batch::{BatchHeader, BatchSpec};
 use crate::error::Error;
@@ -178,28 +178,209 @@ fn recompress_batches<'py>(
     Ok(out.map(|b| PyBytes::new(py, &b)))
 }
 
+/// Key or value of a record to encode: bytes are borrowed, a bytearray (mutable) is copied.
+enum Field<'a> {
+    Null,
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Field<'_> {
+    fn get(&self) -> Option<&[u8]> {
+        match self {
+            Field::Null => None,
+            Field::Borrowed(b) => Some(b),
+            Field::Owned(v) => Some(v),
+        }
+    }
+}
+
+fn field_of<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<Field<'a>> {
+    if obj.is_none() {
+        return Ok(Field::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Field::Borrowed(b.as_bytes()));
+    }
+    bytes_of(obj).map(Field::Owned)
+}
+
+/// Appends the records of `records` ((key, value, headers, timestamp_delta)
+/// tuples) to `out`, offset deltas 0, 1, ...; returns how many there were.
+/// Keys and values are copied once, straight from their bytes objects.
+fn encode_records_into(out: &mut Vec<u8>, records: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let mut n = 0;
+    let mut encode_one = |item: &Bound<'_, PyAny>| -> PyResult<()> {
+        let t = match item.cast::<PyTuple>() {
+            Ok(t) if t.len() == 4 => t,
+            _ => {
+                // Not a 4-tuple: the generic path (other sequences, or its TypeError).
+                records::encode_record(out, &record_of(n, item)?);
+                n += 1;
+                return Ok(());
+            }
+        };
+        let (key, value, headers) = (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?);
+        let timestamp_delta: i64 = t.get_item(3)?.extract()?;
+        let (key, value) = (field_of(&key)?, field_of(&value)?);
+        let offset_delta = i32::try_from(n).map_err(|_| PyValueError::new_err("too many records for one batch"))?;
+        if headers.len().map(|l| l == 0).unwrap_or(false) {
+            records::encode_record_parts(out, offset_delta, timestamp_delta, key.get(), value.get(), &[]);
+        } else {
+            let mut hs: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+            for h in headers.try_iter()? {
+                let (k, v): (String, Bound<PyAny>) = h?.extract()?;
+                hs.push((k, optional_bytes_of(&v)?));
+            }
+            let refs: Vec<(&[u8], Option<&[u8]>)> = hs.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
+            records::encode_record_parts(out, offset_delta, timestamp_delta, key.get(), value.get(), &refs);
+        }
+        n += 1;
+        Ok(())
+    };
+    if let Ok(list) = records.cast::<PyList>() {
+        for item in list.iter() {
+            encode_one(&item)?;
+        }
+    } else {
+        for item in records.try_iter()? {
+            encode_one(&item?)?;
+        }
+    }
+    Ok(n)
+}
+
 #[pyfunction]
 fn encode_records<'py>(py: Python<'py>, records: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     let mut out = Vec::new();
-    for (i, item) in records.try_iter()?.enumerate() {
-        records::encode_record(&mut out, &record_of(i, &item?)?);
+    encode_records_into(&mut out, records)?;
+    Ok(PyBytes::new(py, &out))
+}
+
+/// One uncompressed batch straight from its records: encode_records and
+/// build_batch in one pass (the producer's path for compression.type=none).
+#[pyfunction]
+#[pyo3(signature = (records, *, attributes = 0, base_timestamp = 0, max_timestamp = 0, producer_id = -1,
+    producer_epoch = -1, base_sequence = -1))]
+#[pyo3(text_signature = "(records, *, attributes=0, base_timestamp=0, max_timestamp=0, producer_id=-1, producer_epoch=-1, base_sequence=-1)")]
+#[allow(clippy::too_many_arguments)]
+fn encode_batch<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyAny>,
+    attributes: i16,
+    base_timestamp: i64,
+    max_timestamp: i64,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::with_capacity(4096);
+    out.resize(batch::BATCH_HEADER_SIZE, 0);
+    let n = encode_records_into(&mut out, records)?;
+    if n == 0 {
+        return Err(PyValueError::new_err("a record batch holds at least one record"));
     }
+    let count = i32::try_from(n).map_err(|_| PyValueError::new_err("too many records for one batch"))?;
+    let spec = BatchSpec {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes,
+        last_offset_delta: count - 1,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        records_count: count,
+    };
+    batch::finish_batch(&mut out, &spec).map_err(to_py)?;
     Ok(PyBytes::new(py, &out))
 }
 
 type DecodedRecord<'py> = (i32, i64, Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>, Vec<(String, Option<Bound<'py, PyBytes>>)>);
 
+fn opt_bytes<'py>(py: Python<'py>, b: Option<&[u8]>) -> Bound<'py, PyAny> {
+    match b {
+        Some(b) => PyBytes::new(py, b).into_any(),
+        None => py.None().into_bound(py),
+    }
+}
+
+fn headers_list<'py>(py: Python<'py>, headers: &[(&str, Option<&[u8]>)]) -> PyResult<Bound<'py, PyList>> {
+    let items: Vec<Bound<'py, PyTuple>> = headers
+        .iter()
+        .map(|(k, v)| PyTuple::new(py, [PyString::new(py, k).into_any(), opt_bytes(py, *v)]))
+        .collect::<PyResult<_>>()?;
+    PyList::new(py, items)
+}
+
 #[pyfunction]
 fn decode_records<'py>(py: Python<'py>, section: &[u8], count: usize) -> PyResult<Vec<DecodedRecord<'py>>> {
-    let recs = records::decode_records(section, count).map_err(to_py)?;
-    let b = |v: Option<Vec<u8>>| v.map(|v| PyBytes::new(py, &v));
+    let recs = records::decode_record_refs(section, count).map_err(to_py)?;
+    let b = |v: Option<&[u8]>| v.map(|v| PyBytes::new(py, v));
     Ok(recs
         .into_iter()
         .map(|r| {
-            let headers = r.headers.into_iter().map(|(k, v)| (k, b(v))).collect();
+            let headers = r.headers.iter().map(|(k, v)| (k.to_string(), b(*v))).collect();
             (r.offset_delta, r.timestamp_delta, b(r.key), b(r.value), headers)
         })
         .collect())
+}
+
+/// The consumer's rows of one uncompressed records section, built in one pass:
+/// `(*prefix, offset, timestamp, key, value, headers)` for every record at or
+/// above min_offset. The section is `data[start:end]` (end None: to the end),
+/// so a fetched buffer is decoded without slicing it first.
+#[pyfunction]
+#[pyo3(signature = (data, count, *, start = 0, end = None, base_offset = 0, base_timestamp = 0,
+    log_append_time = None, min_offset = -1, prefix = None))]
+#[pyo3(text_signature = "(data, count, *, start=0, end=None, base_offset=0, base_timestamp=0, log_append_time=None, min_offset=-1, prefix=None)")]
+#[allow(clippy::too_many_arguments)]
+fn decode_rows<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    count: usize,
+    start: usize,
+    end: Option<usize>,
+    base_offset: i64,
+    base_timestamp: i64,
+    log_append_time: Option<i64>,
+    min_offset: i64,
+    prefix: Option<&Bound<'py, PyTuple>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let end = end.unwrap_or(data.len());
+    if start > end || end > data.len() {
+        return Err(PyValueError::new_err(format!("section [{start}:{end}] is outside data of {} bytes", data.len())));
+    }
+    let recs = records::decode_record_refs(&data[start..end], count).map_err(to_py)?;
+    let prefix: Vec<Bound<'py, PyAny>> = match prefix {
+        Some(p) => p.iter().collect(),
+        None => Vec::new(),
+    };
+    let out = PyList::empty(py);
+    let mut row: Vec<Bound<'py, PyAny>> = Vec::with_capacity(prefix.len() + 5);
+    for r in &recs {
+        let offset = base_offset + r.offset_delta as i64;
+        if offset < min_offset {
+            continue;
+        }
+        row.clear();
+        row.extend(prefix.iter().cloned());
+        row.push(offset.into_pyobject(py)?.into_any());
+        row.push(match log_append_time {
+            Some(t) => t.into_pyobject(py)?.into_any(),
+            // Python's arithmetic: a sum beyond i64 is still the exact integer.
+            None => match base_timestamp.checked_add(r.timestamp_delta) {
+                Some(t) => t.into_pyobject(py)?.into_any(),
+                None => (base_timestamp as i128 + r.timestamp_delta as i128).into_pyobject(py)?.into_any(),
+            },
+        });
+        row.push(opt_bytes(py, r.key));
+        row.push(opt_bytes(py, r.value));
+        row.push(headers_list(py, &r.headers)?.into_any());
+        out.append(PyTuple::new(py, row.drain(..))?)?;
+    }
+    Ok(out)
 }
 
 #[pyfunction]
@@ -834,7 +1015,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(parse_batches, m)?)?;
     m.add_function(wrap_pyfunction!(encode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_batch, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_rows, m)?)?;
     m.add_function(wrap_pyfunction!(build_batch, m)?)?;
     m.add_function(wrap_pyfunction!(recompress_batches, m)?)?;
     m.add_class::<PyBatchHeader>()?;

@@ -113,21 +113,61 @@ fn put_nullable(out: &mut Vec<u8>, b: Option<&[u8]>) {
     }
 }
 
+/// Bytes of `v` as a zigzag varint.
+pub fn varlong_len(v: i64) -> usize {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    let mut n = 1;
+    while z >= 0x80 {
+        z >>= 7;
+        n += 1;
+    }
+    n
+}
+
+fn nullable_len(b: Option<&[u8]>) -> usize {
+    match b {
+        None => 1,
+        Some(b) => varlong_len(b.len() as i64) + b.len(),
+    }
+}
+
+/// Appends one record (length-prefixed) to `out` from borrowed fields: the
+/// body length is computed first, so every byte is written once, in place.
+pub fn encode_record_parts(
+    out: &mut Vec<u8>,
+    offset_delta: i32,
+    timestamp_delta: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(&[u8], Option<&[u8]>)],
+) {
+    let mut body = 1
+        + varlong_len(timestamp_delta)
+        + varlong_len(offset_delta as i64)
+        + nullable_len(key)
+        + nullable_len(value)
+        + varlong_len(headers.len() as i64);
+    for (k, v) in headers {
+        body += nullable_len(Some(k)) + nullable_len(*v);
+    }
+    out.reserve(body + 5);
+    put_varint(out, body as i32);
+    out.push(0); // record attributes, unused in v2
+    put_varlong(out, timestamp_delta);
+    put_varint(out, offset_delta);
+    put_nullable(out, key);
+    put_nullable(out, value);
+    put_varint(out, headers.len() as i32);
+    for (k, v) in headers {
+        put_nullable(out, Some(k));
+        put_nullable(out, *v);
+    }
+}
+
 /// Appends one record (length-prefixed) to `out`.
 pub fn encode_record(out: &mut Vec<u8>, r: &Record) {
-    let mut body = Vec::with_capacity(32);
-    body.push(0); // record attributes, unused in v2
-    put_varlong(&mut body, r.timestamp_delta);
-    put_varint(&mut body, r.offset_delta);
-    put_nullable(&mut body, r.key.as_deref());
-    put_nullable(&mut body, r.value.as_deref());
-    put_varint(&mut body, r.headers.len() as i32);
-    for (k, v) in &r.headers {
-        put_nullable(&mut body, Some(k.as_bytes()));
-        put_nullable(&mut body, v.as_deref());
-    }
-    put_varint(out, body.len() as i32);
-    out.extend_from_slice(&body);
+    let headers: Vec<(&[u8], Option<&[u8]>)> = r.headers.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
+    encode_record_parts(out, r.offset_delta, r.timestamp_delta, r.key.as_deref(), r.value.as_deref(), &headers);
 }
 
 fn decode_body(body: &[u8]) -> Result<Record> {
@@ -315,6 +355,72 @@ pub fn validate_section_compacted(section: &[u8], count: i32, last_offset_delta:
     Ok(())
 }
 
+/// One record of a section, borrowed (see `decode_record_refs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    pub offset_delta: i32,
+    pub timestamp_delta: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    /// Keys checked to be UTF-8.
+    pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+}
+
+fn nullable_ref<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>> {
+    let len = r.varint()?;
+    if len < -1 {
+        return corrupt(format!("negative length {len}"));
+    }
+    if len == -1 {
+        return Ok(None);
+    }
+    Ok(Some(r.take(len as usize)?))
+}
+
+fn decode_body_ref(body: &[u8]) -> Result<RecordRef<'_>> {
+    let mut r = Reader::new(body);
+    r.take(1)?; // attributes
+    let timestamp_delta = r.varlong()?;
+    let offset_delta = r.varint()?;
+    let key = nullable_ref(&mut r)?;
+    let value = nullable_ref(&mut r)?;
+    let n = r.varint()?;
+    if n < 0 {
+        return corrupt(format!("negative header count {n}"));
+    }
+    let mut headers = Vec::new();
+    for _ in 0..n {
+        let Some(k) = nullable_ref(&mut r)? else {
+            return corrupt("null header key");
+        };
+        let Ok(k) = std::str::from_utf8(k) else {
+            return corrupt("header key is not utf-8");
+        };
+        headers.push((k, nullable_ref(&mut r)?));
+    }
+    if r.remaining() != 0 {
+        return corrupt(format!("{} bytes left inside a record", r.remaining()));
+    }
+    Ok(RecordRef { offset_delta, timestamp_delta, key, value, headers })
+}
+
+/// `decode_records` without copying: every field borrows from `section`.
+pub fn decode_record_refs(section: &[u8], count: usize) -> Result<Vec<RecordRef<'_>>> {
+    let mut r = Reader::new(section);
+    let mut out = Vec::with_capacity(count.min(section.len() / 7 + 1));
+    for _ in 0..count {
+        let len = r.varint()?;
+        if len < 0 {
+            return corrupt(format!("negative record length {len}"));
+        }
+        out.push(decode_body_ref(r.take(len as usize)?)?);
+    }
+    if r.remaining() != 0 {
+        return corrupt(format!("{} bytes after {count} records", r.remaining()));
+    }
+    Ok(out)
+}
+
 /// Decodes exactly `count` records from an uncompressed section.
 pub fn decode_records(section: &[u8], count: usize) -> Result<Vec<Record>> {
     let mut r = Reader::new(section);
@@ -397,6 +503,32 @@ mod tests {
         assert!(validate_section(&tail, 3).is_err());
     }
 
+    /// The reference encoding: the body in its own buffer, then its length.
+    fn encode_with_body_buffer(out: &mut Vec<u8>, r: &Record) {
+        let mut body = Vec::new();
+        body.push(0);
+        put_varlong(&mut body, r.timestamp_delta);
+        put_varint(&mut body, r.offset_delta);
+        put_nullable(&mut body, r.key.as_deref());
+        put_nullable(&mut body, r.value.as_deref());
+        put_varint(&mut body, r.headers.len() as i32);
+        for (k, v) in &r.headers {
+            put_nullable(&mut body, Some(k.as_bytes()));
+            put_nullable(&mut body, v.as_deref());
+        }
+        put_varint(out, body.len() as i32);
+        out.extend_from_slice(&body);
+    }
+
+    #[test]
+    fn varlong_len_matches_encoding() {
+        for v in [0i64, 1, -1, 63, 64, -64, -65, 300, i32::MAX as i64, i32::MIN as i64, i64::MAX, i64::MIN] {
+            let mut b = Vec::new();
+            put_varlong(&mut b, v);
+            assert_eq!(varlong_len(v), b.len(), "{v}");
+        }
+    }
+
     #[test]
     fn bad_varint_is_corrupt() {
         assert!(decode_records(&[0xff; 12], 1).is_err());
@@ -443,6 +575,33 @@ mod tests {
                 ok = w.advance(&s[..end], end == s.len()).is_ok();
             }
             prop_assert_eq!(ok, whole);
+        }
+
+        #[test]
+        fn prop_encode_in_place_matches_body_buffer(mut recs in proptest::collection::vec(arb_record(), 0..20)) {
+            for (i, r) in recs.iter_mut().enumerate() { r.offset_delta = i as i32 * 1000; }
+            let (mut ours, mut reference) = (Vec::new(), Vec::new());
+            for r in &recs { encode_record(&mut ours, r); encode_with_body_buffer(&mut reference, r); }
+            prop_assert_eq!(ours, reference);
+        }
+
+        #[test]
+        fn prop_refs_match_owned_decode(mut recs in proptest::collection::vec(arb_record(), 0..20), cut in any::<usize>()) {
+            for (i, r) in recs.iter_mut().enumerate() { r.offset_delta = i as i32; }
+            let mut s = Vec::new();
+            for r in &recs { encode_record(&mut s, r); }
+            let refs = decode_record_refs(&s, recs.len()).unwrap();
+            let owned: Vec<Record> = refs.iter().map(|r| Record {
+                offset_delta: r.offset_delta, timestamp_delta: r.timestamp_delta,
+                key: r.key.map(|k| k.to_vec()), value: r.value.map(|v| v.to_vec()),
+                headers: r.headers.iter().map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()))).collect(),
+            }).collect();
+            prop_assert_eq!(owned, recs.clone());
+            // A cut section fails the same way for both decoders.
+            if !s.is_empty() {
+                let at = cut % s.len();
+                prop_assert_eq!(decode_record_refs(&s[..at], recs.len()).is_err(), decode_records(&s[..at], recs.len()).is_err());
+            }
         }
 
         #[test]

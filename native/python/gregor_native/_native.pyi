@@ -5,7 +5,7 @@ services. Offsets are i64, timestamps are milliseconds since the epoch (i64),
 sizes are bytes. All functions that do disk or socket I/O release the GIL.
 """
 
-from typing import Optional, Sequence, final
+from typing import Any, Optional, Sequence, final
 
 # ---------------------------------------------------------------- errors
 class NativeError(Exception):
@@ -113,6 +113,21 @@ def encode_records(
     0, 1, 2, ... in order. None key/value is encoded as length -1 (so is a
     None header value, which Kafka's wire format allows)."""
 
+def encode_batch(
+    records: Sequence[tuple[Optional[bytes], Optional[bytes], Sequence[tuple[str, Optional[bytes]]], int]],
+    *,
+    attributes: int = 0,
+    base_timestamp: int = 0,
+    max_timestamp: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """One uncompressed v2 batch straight from its records, in one pass:
+    build_batch(encode_records(records), len(records), ...) without the
+    intermediate section (base_offset 0, partition_leader_epoch -1,
+    last_offset_delta len(records) - 1). Raises ValueError for no records."""
+
 def decode_records(
     section: bytes, count: int
 ) -> list[tuple[int, int, Optional[bytes], Optional[bytes], list[tuple[str, Optional[bytes]]]]]:
@@ -120,6 +135,27 @@ def decode_records(
     (offset_delta, timestamp_delta, key, value, headers) tuples. A header value
     written as null (length -1, e.g. by a Java client) decodes as None.
     Raises CorruptRecordError if the section does not hold exactly count records."""
+
+def decode_rows(
+    data: bytes,
+    count: int,
+    *,
+    start: int = 0,
+    end: Optional[int] = None,
+    base_offset: int = 0,
+    base_timestamp: int = 0,
+    log_append_time: Optional[int] = None,
+    min_offset: int = -1,
+    prefix: Optional[tuple[Any, ...]] = None,
+) -> list[tuple[Any, ...]]:
+    """The consumer's rows of the uncompressed records section data[start:end]
+    (end None: to the end), which holds exactly count records:
+    (*prefix, offset, timestamp, key, value, headers) for each record whose
+    offset (base_offset + offset delta) is at least min_offset. timestamp is
+    log_append_time when given (LogAppendTime batches), else base_timestamp +
+    the record's delta; headers is a list of (str, bytes or None).
+    Raises CorruptRecordError as decode_records, ValueError for a range
+    outside data."""
 
 def build_batch(
     section: bytes,

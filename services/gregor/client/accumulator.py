@@ -36,7 +36,7 @@ class ProducerBatch:
 
     __slots__ = ("topic", "partition", "records", "size_bytes", "created", "future", "callbacks",
                  "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp",
-                 "producer_id", "producer_epoch", "base_sequence", "parts")
+                 "producer_id", "producer_epoch", "base_sequence", "parts", "registry")
 
     def __init__(self, topic: str, partition: int, created: float, base_timestamp: int = 0) -> None:
         self.topic = topic
@@ -61,6 +61,9 @@ class ProducerBatch:
         self.base_sequence = -1
         # A merged batch (idempotent drain): the batches it carries and the index of each one's first record.
         self.parts: Optional[list[tuple["ProducerBatch", int]]] = None
+        # The accumulator's set of incomplete batches, left once the batch completes or fails
+        # (directly, not through a future callback: one scheduled callback less per batch).
+        self.registry: Optional[set["ProducerBatch"]] = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -98,6 +101,8 @@ class ProducerBatch:
         return RecordMetadata(self.topic, self.partition, base + index if base >= 0 else -1, ts)
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
+        if self.registry is not None:
+            self.registry.discard(self)
         if self.future.done():
             return
         if self.parts is not None:
@@ -112,6 +117,8 @@ class ProducerBatch:
                 _call(cb, RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1, ts), None)
 
     def fail(self, exc: BaseException) -> None:
+        if self.registry is not None:
+            self.registry.discard(self)
         if self.future.done():
             return
         if self.parts is not None:
@@ -287,7 +294,7 @@ class RecordAccumulator:
         batch = ProducerBatch(topic, partition, time.monotonic(), timestamp_ms)
         dq.append(batch)
         self.incomplete.add(batch)
-        batch.future.add_done_callback(lambda _f, b=batch: self.incomplete.discard(b))
+        batch.registry = self.incomplete
         return batch
 
     async def append(self, topic: str, partition: int, key: Optional[bytes], value: Optional[bytes],

@@ -30,7 +30,7 @@ from gregor.client.group_membership import ConsumerRebalanceListener, GroupMembe
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
-from gregor.common.records import decoded_batches, split_batches
+from gregor.common.records import batch_headers, fetched_rows
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -500,10 +500,10 @@ class Consumer:
         if not result.records:
             return
         assert state.fetch_offset is not None
-        batches = split_batches(result.records, self.check_crcs)
+        headers = batch_headers(result.records, self.check_crcs)
         start = state.fetch_offset
-        recs = _consumer_records(tp[0], tp[1], batches, start)
-        state.fetch_offset = max(start, batches[-1][0].base_offset + batches[-1][0].last_offset_delta + 1)
+        recs = _consumer_records(tp[0], tp[1], result.records, headers, start)
+        state.fetch_offset = max(start, headers[-1].base_offset + headers[-1].last_offset_delta + 1)
         if recs:
             # Flow control counts fetched bytes (records plus their framing), not per-record sizes.
             size = len(result.records)
@@ -518,18 +518,16 @@ class Consumer:
 _new_tuple = tuple.__new__
 
 
-def _consumer_records(topic: str, partition: int, batches: list[tuple[Any, Any]],
+def _consumer_records(topic: str, partition: int, data: bytes, headers: list[Any],
                       min_offset: int) -> list[ConsumerRecord]:
     """ConsumerRecords of whole fetched batches at or above min_offset, control batches skipped.
 
-    Decoding is records.decoded_batches (shared with the tools); this only adds topic and partition.
+    Decoding is records.fetched_rows (one native pass per batch, rows already carrying topic
+    and partition); this only makes each row a ConsumerRecord.
     """
-    out: list[ConsumerRecord] = []
-    extend = out.extend
     cls = ConsumerRecord
-    for _, rows in decoded_batches(batches, min_offset=min_offset):
-        extend([_new_tuple(cls, (topic, partition, *row)) for row in rows])
-    return out
+    return [_new_tuple(cls, row) for row in fetched_rows(data, headers, min_offset=min_offset,
+                                                         prefix=(topic, partition))]
 
 
 class SyncConsumer:

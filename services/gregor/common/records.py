@@ -155,17 +155,26 @@ def build_batch_from_deltas(records: Sequence[OutRecord], base_timestamp: int, m
         raise ValueError("a record batch holds at least one record")
     codec = codec_id(compression) if isinstance(compression, str) else compression
     attributes = codec | (TRANSACTIONAL_FLAG if transactional else 0)
+    if codec == 0:  # one native pass: records straight into the batch, no intermediate section
+        return native.encode_batch(records, attributes=attributes, base_timestamp=base_timestamp,
+                                   max_timestamp=max_timestamp, producer_id=producer_id,
+                                   producer_epoch=producer_epoch, base_sequence=base_sequence)
     return native.build_batch(compress(codec, native.encode_records(records)), len(records), attributes=attributes,
                               base_timestamp=base_timestamp, max_timestamp=max_timestamp, producer_id=producer_id,
                               producer_epoch=producer_epoch, base_sequence=base_sequence)
 
 
-def split_batches(data: bytes, verify_crc: bool = True) -> list[tuple["native.BatchHeader", memoryview]]:
-    """(header, whole batch bytes) for every batch in data; CorruptMessageError if it is not whole batches."""
+def batch_headers(data: bytes, verify_crc: bool = True) -> list["native.BatchHeader"]:
+    """The header of every batch in data, in order; CorruptMessageError if it is not whole batches."""
     try:
-        headers = native.parse_batches(data, verify_crc)
+        return native.parse_batches(data, verify_crc)
     except native.NativeError as exc:
         raise CorruptMessageError(f"invalid record batches: {exc}") from None
+
+
+def split_batches(data: bytes, verify_crc: bool = True) -> list[tuple["native.BatchHeader", memoryview]]:
+    """(header, whole batch bytes) for every batch in data; CorruptMessageError if it is not whole batches."""
+    headers = batch_headers(data, verify_crc)
     view = memoryview(data)
     out, pos = [], 0
     for h in headers:
@@ -185,6 +194,29 @@ def batch_records(header: "native.BatchHeader", batch: bytes | memoryview) -> li
         raise CorruptMessageError(f"batch at offset {header.base_offset}: {exc}") from None
 
 
+def batch_rows(header: "native.BatchHeader", data: bytes, start: int, *, min_offset: int = -1,
+               prefix: Optional[tuple[Any, ...]] = None) -> list[tuple[Any, ...]]:
+    """(*prefix, offset, timestamp, key, value, headers) of the records at or above min_offset of the
+    whole batch at data[start:]: one native pass per batch (decompressing first when compressed).
+
+    LogAppendTime batches give every record the batch's max timestamp.
+    """
+    codec = header.attributes & CODEC_MASK
+    log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_FLAG else None
+    try:
+        if codec == 0:  # decoded straight from the fetched buffer: no copy of the section
+            return native.decode_rows(data, header.records_count, start=start + BATCH_HEADER_SIZE,
+                                      end=start + header.size_bytes, base_offset=header.base_offset,
+                                      base_timestamp=header.base_timestamp, log_append_time=log_append_time,
+                                      min_offset=min_offset, prefix=prefix)
+        section = decompress(codec, bytes(data[start + BATCH_HEADER_SIZE:start + header.size_bytes]))
+        return native.decode_rows(section, header.records_count, base_offset=header.base_offset,
+                                  base_timestamp=header.base_timestamp, log_append_time=log_append_time,
+                                  min_offset=min_offset, prefix=prefix)
+    except native.NativeError as exc:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: {exc}") from None
+
+
 def iter_records(data: bytes, *, min_offset: int = -1, skip_control: bool = True,
                  verify_crc: bool = True) -> Iterator[LogRecord]:
     """Every record in `data` (whole batches) at or above min_offset, in offset order.
@@ -200,29 +232,36 @@ Row = tuple[int, int, Optional[bytes], Optional[bytes], list[Header]]
 
 def decoded_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,
                     min_offset: int = -1, skip_control: bool = True) -> Iterator[tuple["native.BatchHeader", list[Row]]]:
-    """(header, rows at or above min_offset) for each batch: the one decoding path of the consumer and the tools.
+    """(header, rows at or above min_offset) for each batch: the decoding path of the tools.
 
     Control batches (transaction markers) are skipped unless skip_control is False;
     LogAppendTime batches give every record the batch's max timestamp.
-    One native decode per batch, one tuple per record (the consumer's hot loop).
+    One native decode per batch (batch_rows), one tuple per record.
     """
     for header, raw in batches:
         if skip_control and header.attributes & CONTROL_FLAG:
             continue
-        base = header.base_offset
-        if base + header.last_offset_delta < min_offset:
+        if header.base_offset + header.last_offset_delta < min_offset:
             continue  # a fetch from inside a batch returns the whole batch
-        decoded = batch_records(header, raw)
-        if header.attributes & TIMESTAMP_TYPE_FLAG:  # LogAppendTime: every record has the batch's time
-            ts = header.max_timestamp
-            rows = [(base + d, ts, k, v, h) for d, _, k, v, h in decoded if base + d >= min_offset]
-        else:
-            bts = header.base_timestamp
-            if base >= min_offset:
-                rows = [(base + d, bts + td, k, v, h) for d, td, k, v, h in decoded]
-            else:
-                rows = [(base + d, bts + td, k, v, h) for d, td, k, v, h in decoded if base + d >= min_offset]
-        yield header, rows
+        yield header, batch_rows(header, raw if isinstance(raw, bytes) else bytes(raw), 0,  # type: ignore[misc]
+                                 min_offset=min_offset)
+
+
+def fetched_rows(data: bytes, headers: Sequence["native.BatchHeader"], *, min_offset: int = -1,
+                 skip_control: bool = True, prefix: Optional[tuple[Any, ...]] = None) -> list[tuple[Any, ...]]:
+    """The consumer's rows of a fetched buffer whose batch headers are `headers` (batch_headers(data)):
+    (*prefix, offset, timestamp, key, value, headers) of every record at or above min_offset, in
+    order, control batches skipped unless skip_control is False. Each batch is decoded in place."""
+    out: list[tuple[Any, ...]] = []
+    pos = 0
+    for header in headers:
+        start, pos = pos, pos + header.size_bytes
+        if skip_control and header.attributes & CONTROL_FLAG:
+            continue
+        if header.base_offset + header.last_offset_delta < min_offset:
+            continue
+        out += batch_rows(header, data, start, min_offset=min_offset, prefix=prefix)
+    return out
 
 
 def records_of_batches(batches: Sequence[tuple["native.BatchHeader", bytes | memoryview]], *,

@@ -128,6 +128,53 @@ def test_build_batch_matches_reference(recs: list, fields: dict[str, int]) -> No
     assert native.decode_records(ours[61:], h.records_count) == codec.decode_records(section, len(recs))
 
 
+@given(records, batch_fields())
+def test_encode_batch_matches_reference(recs: list, fields: dict[str, int]) -> None:
+    """The producer's one-pass encoder writes exactly the reference batch (base offset 0, epoch -1)."""
+    keep = {k: fields[k] for k in ("attributes", "base_timestamp", "max_timestamp", "producer_id",
+                                   "producer_epoch", "base_sequence")}
+    ours = native.encode_batch(recs, **keep)
+    assert ours == codec.build_batch(codec.encode_records(recs), len(recs), base_offset=0,
+                                     partition_leader_epoch=-1, **keep)
+    assert native.encode_batch(recs, **keep) == native.build_batch(native.encode_records(recs), len(recs), **keep)
+
+
+def test_encode_batch_refuses_no_records_and_bad_fields() -> None:
+    with pytest.raises(ValueError, match="at least one record"):
+        native.encode_batch([])
+    for bad, error in ((("not bytes", b"v", [], 0), TypeError), ((None, b"v", []), ValueError)):
+        for encode in (native.encode_batch, native.encode_records):  # both refuse it alike
+            with pytest.raises(error):
+                encode([bad])
+    # bytearray keys and values are accepted (copied), as encode_records does.
+    assert native.encode_batch([(bytearray(b"k"), bytearray(b"v"), [], 0)]) == native.encode_batch([(b"k", b"v", [], 0)])
+
+
+@given(records, I64, st.integers(-(2**40), 2**40), st.integers(-1, 14), st.booleans())
+def test_decode_rows_matches_decode_records(recs: list, base_ts: int, base_offset: int, skip: int,
+                                            log_append: bool) -> None:
+    """Rows are (*prefix, offset, timestamp, key, value, headers) at or above min_offset, decoded in place."""
+    section = codec.encode_records(recs)
+    data = b"junk" + section + b"tail"
+    min_offset = base_offset + skip
+    rows = native.decode_rows(data, len(recs), start=4, end=4 + len(section), base_offset=base_offset,
+                              base_timestamp=base_ts, log_append_time=77 if log_append else None,
+                              min_offset=min_offset, prefix=("t", 3))
+    assert rows == [("t", 3, base_offset + d, 77 if log_append else base_ts + td, k, v, h)
+                    for d, td, k, v, h in native.decode_records(section, len(recs)) if base_offset + d >= min_offset]
+
+
+def test_decode_rows_bad_input() -> None:
+    section = codec.encode_records([(None, b"x", [], 0)] * 2)
+    assert native.decode_rows(section, 2) == [(0, 0, None, b"x", []), (1, 1 - 1, None, b"x", [])]
+    with pytest.raises(native.CorruptRecordError):
+        native.decode_rows(section, 3)
+    with pytest.raises(native.CorruptRecordError):
+        native.decode_rows(section[:-1], 2)
+    with pytest.raises(ValueError, match="outside"):
+        native.decode_rows(section, 2, start=1, end=len(section) + 1)
+
+
 @given(st.binary(max_size=500), st.integers(0, 1000), st.integers(-1, 2000))
 def test_build_batch_wraps_any_section(section: bytes, count: int, last_offset_delta: int) -> None:
     """build_batch treats the section as opaque (it may be compressed)."""

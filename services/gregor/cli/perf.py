@@ -3,10 +3,12 @@ with their flags and output (seed 003, 6.10)."""
 
 from __future__ import annotations
 
-import array
 import asyncio
+import bisect
 import functools
 import gc
+import itertools
+import operator
 import os
 import random
 import re
@@ -30,6 +32,9 @@ from gregor.common import errors
 from gregor.common.memory import tune_allocator
 
 REPORT_INTERVAL_S = 5.0  # ProducerPerformance's reportingInterval
+PERF_GC_YOUNG_OBJECTS = 50_000  # gc generation-0 threshold during `perf produce` (default 700); see _perf_produce
+# A ProducerBatch record is (key, value, headers, timestamp - batch.base_timestamp).
+_VALUE, _TIMESTAMP_DELTA = operator.itemgetter(1), operator.itemgetter(3)
 PRODUCER_CLIENT_ID = "perf-producer-client"  # ProducerPerformance's client.id unless one is given
 CONSUMER_CLIENT_ID = "perf-consumer-client"  # ConsumerPerformance's
 THREADS_WARNING = ("WARNING: option [threads] and [num-fetch-threads] have been deprecated and will be ignored "
@@ -42,12 +47,16 @@ def perf() -> None:
 
 
 class Stats:
-    """ProducerPerformance.Stats: windowed progress lines and the final summary (latencies in ms)."""
+    """ProducerPerformance.Stats: windowed progress lines and the final summary (latencies in ms).
+
+    Latencies are kept as a histogram (latency -> records): the percentiles are exact over every
+    record (Kafka samples at most 500,000 of them), in memory and time per distinct latency.
+    """
 
     def __init__(self, num_records: int, echo: bool) -> None:
         self.start = time.monotonic()
         self.window_start = self.start
-        self.latencies = array.array("l")
+        self.histogram: dict[int, int] = {}
         self.count = self.bytes = self.max_latency = self.total_latency = 0
         self.w_count = self.w_bytes = self.w_max = self.w_total = 0
         self.echo = echo
@@ -57,7 +66,7 @@ class Stats:
         self.bytes += size
         self.total_latency += latency_ms
         self.max_latency = max(self.max_latency, latency_ms)
-        self.latencies.append(latency_ms)
+        self.histogram[latency_ms] = self.histogram.get(latency_ms, 0) + 1
         self.w_count += 1
         self.w_bytes += size
         self.w_total += latency_ms
@@ -65,19 +74,22 @@ class Stats:
         if now - self.window_start >= REPORT_INTERVAL_S:
             self.print_window(now)
 
-    def record_many(self, latencies_ms: list[int], size: int, now: float, nbytes: Optional[int] = None) -> None:
-        """record() for several records acknowledged together (one produce batch); nbytes, when given, is
-        their total payload size (records of different sizes), else each is `size` bytes."""
-        n = len(latencies_ms)
-        if not n:
+    def record_counts(self, latency_counts: dict[int, int], nbytes: int, now: float) -> None:
+        """record() for records acknowledged together (one produce batch), grouped by latency
+        (latency -> how many records had it); nbytes is their total payload size."""
+        if not latency_counts:
             return
-        total, top = sum(latencies_ms), max(latencies_ms)
-        nbytes = n * size if nbytes is None else nbytes
+        n = total = 0
+        histogram = self.histogram
+        for latency, records in latency_counts.items():
+            n += records
+            total += latency * records
+            histogram[latency] = histogram.get(latency, 0) + records
+        top = max(latency_counts)
         self.count += n
         self.bytes += nbytes
         self.total_latency += total
         self.max_latency = max(self.max_latency, top)
-        self.latencies.extend(latencies_ms)
         self.w_count += n
         self.w_bytes += nbytes
         self.w_total += total
@@ -95,18 +107,24 @@ class Stats:
         self.window_start = now
         self.w_count = self.w_bytes = self.w_max = self.w_total = 0
 
+    def percentiles(self, ps: list[float]) -> list[int]:
+        """Kafka's Stats.percentiles: the latency at index int(p * records) of the sorted latencies."""
+        items = sorted(self.histogram.items())
+        if not items:
+            return [0 for _ in ps]
+        records_up_to = list(itertools.accumulate(records for _, records in items))
+        n = records_up_to[-1]
+        # The latency at sorted index i is the first one whose cumulative count exceeds i.
+        return [items[bisect.bisect_right(records_up_to, int(p * n))][0] for p in ps]
+
     def summary(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        lat = sorted(self.latencies)
-
-        def pct(p: float) -> int:
-            return lat[int(p * len(lat))] if lat else 0
-
+        p50, p95, p99, p999 = self.percentiles([0.5, 0.95, 0.99, 0.999])
         return {"records": self.count, "records_per_sec": self.count / elapsed,
                 "mb_per_sec": self.bytes / elapsed / 1048576,
                 "avg_latency_ms": self.total_latency / self.count if self.count else 0.0,
-                "max_latency_ms": float(self.max_latency), "p50_ms": pct(0.5), "p95_ms": pct(0.95),
-                "p99_ms": pct(0.99), "p999_ms": pct(0.999)}
+                "max_latency_ms": float(self.max_latency), "p50_ms": p50, "p95_ms": p95,
+                "p99_ms": p99, "p999_ms": p999}
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -177,6 +195,20 @@ def perf_payloads(record_size: Optional[int], payload_file: Optional[str], delim
 
 
 # ---------------------------------------------------------------- perf produce
+def batch_latency_counts(batch: ProducerBatch, ack_ms: int) -> dict[int, int]:
+    """Kafka's PerfCallback latency (ack time - send time, wall-clock ms) of each record of an acknowledged
+    batch, as latency -> records. A record's send time is the timestamp send() gave it."""
+    ack = ack_ms - batch.base_timestamp
+    deltas = list(map(_TIMESTAMP_DELTA, batch.records))
+    first = min(deltas)
+    if first == max(deltas):  # the usual batch: every record sent within one millisecond
+        return {ack - first: len(deltas)}
+    counts: dict[int, int] = {}
+    for delta in deltas:
+        counts[ack - delta] = counts.get(ack - delta, 0) + 1
+    return counts
+
+
 async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, payloads: list[bytes],
                         throughput: float, echo: bool, print_metrics: bool) -> dict[str, Any]:
     async with AdminClient({"bootstrap.servers": config["bootstrap.servers"]}) as admin:
@@ -188,28 +220,27 @@ async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, pa
                if print_metrics else None)
     failures: list[BaseException] = []
     failed = 0
-    monotonic = time.monotonic
-    # Per-record latency as Kafka's PerfCallback measures it (ack time - send time, ms), but with
-    # one callback per produce batch: the send times of a batch's records are collected here and
-    # turned into latencies when the batch (and so each of its records) is acknowledged.
-    sends_of: dict[ProducerBatch, list[float]] = {}
+    monotonic, wall = time.monotonic, time.time
+    # Per-record latency as Kafka's PerfCallback measures it: ack time - send time, both wall-clock
+    # ms (System.currentTimeMillis). The send time of a record is the timestamp the producer gave it
+    # in send() (Kafka's tool reads the same clock just before send()), so nothing is kept per record:
+    # one callback per produce batch groups its records by timestamp when the batch is acknowledged.
+    watched: set[ProducerBatch] = set()
 
     def batch_done(batch: ProducerBatch, fut: "asyncio.Future[int]") -> None:
         nonlocal failed
-        sends = sends_of.pop(batch)
+        watched.discard(batch)
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if metrics is not None:
             metrics.on_batch(batch, exc is not None)
+        records = batch.records
         if exc is not None:
-            failed += len(sends)
+            failed += len(records)
             failures.append(exc)
             return
-        now = monotonic()
-        latencies = [int((now - t) * 1000) for t in sends]
-        if fixed_size is not None:
-            stats.record_many(latencies, fixed_size, now)
-        else:  # --payload-file: the batch's records are this run's payloads, in send order
-            stats.record_many(latencies, 0, now, nbytes=sum(len(r[1] or b"") for r in batch.records))
+        # --payload-file: the batch's records are this run's payloads, in send order
+        nbytes = len(records) * fixed_size if fixed_size is not None else sum(map(len, map(_VALUE, records)))
+        stats.record_counts(batch_latency_counts(batch, int(wall() * 1000)), nbytes, monotonic())
 
     # Kafka picks a payload of --payload-file at random for each record (seeded, as its SplittableRandom(0)).
     pick = random.Random(0).randrange
@@ -221,28 +252,31 @@ async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, pa
         # Everything alive now (modules, the producer) stays for the whole run: keep the cyclic GC from
         # re-walking it in every collection the run's allocations trigger.
         gc.freeze()
-        start = monotonic()
-        current: Optional[ProducerBatch] = None
-        current_sends: list[float] = []
-        for i in range(num_records):
-            if count > 1:
-                payload = payloads[pick(count)]
-            sent_at = monotonic()
-            batch = (await send(topic, payload)).batch
-            if batch is not current:
-                current = batch
-                sends = sends_of.get(batch)
-                if sends is None:
-                    sends = sends_of[batch] = []
-                    batch.future.add_done_callback(functools.partial(batch_done, batch))
-                current_sends = sends
-            current_sends.append(sent_at)
-            if throughput > 0:
-                # ThroughputThrottler: sleep whenever we are ahead of the target rate.
-                ahead = (i + 1) / throughput - (monotonic() - start)
-                if ahead > 0.002:
-                    await asyncio.sleep(ahead)
-        await producer.flush()
+        # The run keeps up to buffer.memory of records alive (32k of 1 KiB): with the default young
+        # generation (700 objects) each record tuple is scanned while alive and its batch's objects are
+        # rescanned by the older generations; a young generation of PERF_GC_YOUNG_OBJECTS lets most die unscanned.
+        gc_threshold = gc.get_threshold()
+        gc.set_threshold(PERF_GC_YOUNG_OBJECTS, *gc_threshold[1:])
+        try:
+            start = monotonic()
+            current: Optional[ProducerBatch] = None
+            for i in range(num_records):
+                if count > 1:
+                    payload = payloads[pick(count)]
+                batch = (await send(topic, payload)).batch
+                if batch is not current:
+                    current = batch
+                    if batch not in watched:
+                        watched.add(batch)
+                        batch.future.add_done_callback(functools.partial(batch_done, batch))
+                if throughput > 0:
+                    # ThroughputThrottler: sleep whenever we are ahead of the target rate.
+                    ahead = (i + 1) / throughput - (monotonic() - start)
+                    if ahead > 0.002:
+                        await asyncio.sleep(ahead)
+            await producer.flush()
+        finally:
+            gc.set_threshold(*gc_threshold)
         await asyncio.sleep(0)  # let the last batches' callbacks run
         snapshot: dict[str, float] = {}
         if metrics is not None:

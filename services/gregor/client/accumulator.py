@@ -261,29 +261,37 @@ class RecordAccumulator:
         """
         if self.closed:
             raise errors.GregorError("producer is closed")
-        if self.buffered_bytes + size > self.buffer_memory:
+        buffered = self.buffered_bytes + size
+        if buffered > self.buffer_memory:
             if size > self.buffer_memory:
                 raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                     f"record of {size} bytes is larger than buffer.memory ({self.buffer_memory})")
             return None
+        # The common case first, with every attribute read once: the partition's last batch has room.
+        batch_size = self.batch_size
         dq = self.batches.get((topic, partition))
-        batch = dq[-1] if dq else None
-        if batch is None or batch.sealed or (batch.records and batch.size_bytes + size > self.batch_size):
+        if dq:
+            batch = dq[-1]
+            if batch.sealed or (batch.records and batch.size_bytes + size > batch_size):
+                if abort_on_new_batch:
+                    return NEW_BATCH
+                batch = self._new_batch(topic, partition, dq, timestamp_ms)
+            elif timestamp_ms > batch.max_timestamp:
+                batch.max_timestamp = timestamp_ms
+        else:
             if abort_on_new_batch and dq is not None:  # a brand-new partition does not count
                 return NEW_BATCH
-            batch = self._new_batch(topic, partition, dq, batch, timestamp_ms)
-        elif timestamp_ms > batch.max_timestamp:
-            batch.max_timestamp = timestamp_ms
+            batch = self._new_batch(topic, partition, dq, timestamp_ms)
         records = batch.records
         records.append((key, value, headers, timestamp_ms - batch.base_timestamp))
         batch.size_bytes += size
-        self.buffered_bytes += size
-        if batch.size_bytes >= self.batch_size or self.linger_s == 0:
+        self.buffered_bytes = buffered
+        if batch.size_bytes >= batch_size or self.linger_s == 0:
             self.wakeup.set()
         return FutureRecordMetadata(batch, len(records) - 1)
 
     def _new_batch(self, topic: str, partition: int, dq: Optional[collections.deque[ProducerBatch]],
-                   last: Optional[ProducerBatch], timestamp_ms: int) -> ProducerBatch:
+                   timestamp_ms: int) -> ProducerBatch:
         if dq is None:
             dq = self.batches[(topic, partition)] = collections.deque()
         # Kafka's append wakes the sender whenever a batch is created (newBatchCreated), not only

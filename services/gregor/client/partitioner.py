@@ -75,8 +75,18 @@ class DefaultPartitioner:
             self._choose(topic, num_partitions, available, previous=partition)
 
     def _choose(self, topic: str, num_partitions: int, available: Sequence[int], previous: Optional[int]) -> int:
-        candidates = [p for p in (available or range(num_partitions)) if p != previous] or [previous or 0]
-        chosen = self._rng.choice(candidates)
+        """A uniformly random partition of `available` (all when empty) other than `previous`, if there is one."""
+        pool = available or range(num_partitions)
+        count = len(pool)
+        # Draw among the count - 1 others without building their list (once per batch): the previous
+        # partition's slot, if drawn, stands for the last one.
+        others = count - 1 if previous is not None and previous in pool else count
+        if others <= 0:
+            chosen = previous or 0
+        else:
+            chosen = pool[int(self._rng.random() * others)]
+            if chosen == previous:
+                chosen = pool[-1]
         self._sticky[topic] = chosen
         return chosen
 

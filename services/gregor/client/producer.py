@@ -24,6 +24,7 @@ from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.common import errors
+from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -382,25 +383,21 @@ class Producer:
         otherwise it never suspends (no await on the common path).
         callback(metadata, exception) runs on the event loop once the record is done.
         """
-        if self._closed:
-            raise errors.GregorError("cannot send after the producer is closed")
-        if self._failure is not None:
-            raise self._sender_failed_error()
-        hdrs = _check_record(key, value, headers)
+        if self._closed or self._failure is not None:
+            raise (errors.GregorError("cannot send after the producer is closed") if self._closed
+                   else self._sender_failed_error())
+        # The common record (bytes or None, no headers) is checked and sized inline: this runs per record.
+        if headers is None and (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
+            hdrs: Sequence[tuple[str, bytes]] = _NO_HEADERS
+            size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+        else:
+            hdrs = _check_record(key, value, headers)
+            size = record_size(key, value, hdrs)
         acc = self._acc
-        if acc is None:
-            await self.start()
-            acc = self._acc
-            assert acc is not None
         cached = self._parts_cache.get(topic)
-        if cached is None or self.metadata.topics.get(topic) is not cached[0]:
-            cached = self._topic_parts(topic)
-            if cached is None:
-                await self.metadata.wait_for_topic(topic, self.max_block_ms)
-                cached = self._topic_parts(topic)
-                assert cached is not None
-        _, n, available = cached
-        size = record_size(key, value, hdrs)
+        if acc is None or cached is None or self.metadata.topics.get(topic) is not cached[0]:
+            acc, cached = await self._prepare(topic)
+        n, available = cached[1], cached[2]
         partitioner = self.partitioner
         sticky = False
         if partition is not None:
@@ -410,18 +407,18 @@ class Producer:
                     topic=topic, partition=partition)
         elif self._custom_partitioner:  # partitioner.class decides (InvalidPartitionError outside [0, n))
             partition = checked_partition(partitioner, topic, key, value, n, available)
-        else:
+        elif key is None or partitioner.ignore_keys:
             # Null keys (or partitioner.ignore.keys): the sticky partition of KIP-480.
-            sticky = key is None or partitioner.ignore_keys
-            partition = partitioner.partition(topic, None if sticky else key, n, available)
+            sticky = True
+            partition = partitioner.partition(topic, None, n, available)
+        else:
+            partition = partitioner.partition(topic, key, n, available)
         if size > self.max_request_size:
             raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                 f"The message is {size} bytes when serialized which is larger than max.request.size "
                 f"({self.max_request_size})", topic=topic, partition=partition)
         if timestamp_ms is None:
             timestamp_ms = int(_time() * 1000)
-        if self._failure is not None:  # the sender died while we waited for metadata
-            raise self._sender_failed_error()
         handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size, sticky)
         if handle is NEW_BATCH:
             # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
@@ -435,10 +432,27 @@ class Producer:
                 partitioner.on_batch_full(topic, partition, n, available)
                 partition = partitioner.partition(topic, None, n, available)
             handle, _ = await acc.append(topic, partition, key, value, hdrs, timestamp_ms, size)
-        assert isinstance(handle, FutureRecordMetadata)
         if callback is not None:
-            handle.add_done_callback(callback)
-        return handle
+            handle.add_done_callback(callback)  # type: ignore[union-attr]
+        return handle  # type: ignore[return-value]
+
+    async def _prepare(self, topic: str) -> tuple[RecordAccumulator, tuple[Any, int, list[int]]]:
+        """send()'s slow path: start the producer if needed and get the topic's partitions (waiting up to
+        max.block.ms for metadata); raises the sender's failure if it died meanwhile."""
+        if self._acc is None:
+            await self.start()
+        acc = self._acc
+        assert acc is not None
+        cached = self._parts_cache.get(topic)
+        if cached is None or self.metadata.topics.get(topic) is not cached[0]:
+            cached = self._topic_parts(topic)
+            if cached is None:
+                await self.metadata.wait_for_topic(topic, self.max_block_ms)
+                cached = self._topic_parts(topic)
+                assert cached is not None
+        if self._failure is not None:  # the sender died while we waited
+            raise self._sender_failed_error()
+        return acc, cached
 
     def _topic_parts(self, topic: str) -> Optional[tuple[Any, int, list[int]]]:
         """(TopicInfo, partition count, partitions with a leader) of topic, cached until the metadata

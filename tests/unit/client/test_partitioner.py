@@ -64,6 +64,25 @@ def test_sticky_choice_prefers_available_partitions() -> None:
     assert p.partition("t", None, 8, available=[3, 5]) == 3
 
 
+def test_moving_on_picks_uniformly_among_the_other_partitions() -> None:
+    p = DefaultPartitioner(rng=random.Random(11))
+    for available, previous in (([], 2), ([], 5), ([1, 4, 6, 7], 4), ([1, 4, 6, 7], 7), ([1, 4, 6, 7], 3)):
+        others = [q for q in (available or range(8)) if q != previous]
+        seen: dict[int, int] = {}
+        for _ in range(6000):
+            p._sticky["t"] = previous
+            p.on_batch_full("t", previous, 8, available)
+            chosen = p.partition("t", None, 8, available)
+            seen[chosen] = seen.get(chosen, 0) + 1
+        assert sorted(seen) == others, (available, previous)
+        expected = 6000 / len(others)  # 750 to 1500 draws each: 20% is over 5 standard deviations
+        assert all(abs(n - expected) < expected * 0.2 for n in seen.values()), (available, previous, seen)
+    # The only partition there is stays chosen.
+    p._sticky["t"] = 0
+    p.on_batch_full("t", 0, 1)
+    assert p.partition("t", None, 1) == 0
+
+
 def test_ignore_keys_makes_keyed_records_sticky() -> None:
     p = DefaultPartitioner(ignore_keys=True, rng=random.Random(3))
     assert len({p.partition("t", f"k{i}".encode(), 12) for i in range(50)}) == 1

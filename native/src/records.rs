@@ -90,8 +90,8 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// A length-prefixed byte string; length -1 is null.
-    pub fn nullable_bytes(&mut self) -> Result<Option<Vec<u8>>> {
+    /// A length-prefixed byte string borrowed from the buffer; length -1 is null.
+    pub fn nullable_bytes(&mut self) -> Result<Option<&'a [u8]>> {
         let len = self.varint()?;
         if len < -1 {
             return corrupt(format!("negative length {len}"));
@@ -99,7 +99,7 @@ impl<'a> Reader<'a> {
         if len == -1 {
             return Ok(None);
         }
-        Ok(Some(self.take(len as usize)?.to_vec()))
+        Ok(Some(self.take(len as usize)?))
     }
 }
 
@@ -168,33 +168,6 @@ pub fn encode_record_parts(
 pub fn encode_record(out: &mut Vec<u8>, r: &Record) {
     let headers: Vec<(&[u8], Option<&[u8]>)> = r.headers.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())).collect();
     encode_record_parts(out, r.offset_delta, r.timestamp_delta, r.key.as_deref(), r.value.as_deref(), &headers);
-}
-
-fn decode_body(body: &[u8]) -> Result<Record> {
-    let mut r = Reader::new(body);
-    r.take(1)?; // attributes
-    let timestamp_delta = r.varlong()?;
-    let offset_delta = r.varint()?;
-    let key = r.nullable_bytes()?;
-    let value = r.nullable_bytes()?;
-    let n = r.varint()?;
-    if n < 0 {
-        return corrupt(format!("negative header count {n}"));
-    }
-    let mut headers = Vec::new();
-    for _ in 0..n {
-        let Some(k) = r.nullable_bytes()? else {
-            return corrupt("null header key");
-        };
-        let Ok(k) = String::from_utf8(k) else {
-            return corrupt("header key is not utf-8");
-        };
-        headers.push((k, r.nullable_bytes()?));
-    }
-    if r.remaining() != 0 {
-        return corrupt(format!("{} bytes left inside a record", r.remaining()));
-    }
-    Ok(Record { offset_delta, timestamp_delta, key, value, headers })
 }
 
 /// Walks one record body without allocating; returns its offset delta and
@@ -366,15 +339,17 @@ pub struct RecordRef<'a> {
     pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
 }
 
-fn nullable_ref<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>> {
-    let len = r.varint()?;
-    if len < -1 {
-        return corrupt(format!("negative length {len}"));
+impl RecordRef<'_> {
+    /// The same record with every field copied out of the section.
+    pub fn to_record(&self) -> Record {
+        Record {
+            offset_delta: self.offset_delta,
+            timestamp_delta: self.timestamp_delta,
+            key: self.key.map(<[u8]>::to_vec),
+            value: self.value.map(<[u8]>::to_vec),
+            headers: self.headers.iter().map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec))).collect(),
+        }
     }
-    if len == -1 {
-        return Ok(None);
-    }
-    Ok(Some(r.take(len as usize)?))
 }
 
 fn decode_body_ref(body: &[u8]) -> Result<RecordRef<'_>> {
@@ -382,21 +357,21 @@ fn decode_body_ref(body: &[u8]) -> Result<RecordRef<'_>> {
     r.take(1)?; // attributes
     let timestamp_delta = r.varlong()?;
     let offset_delta = r.varint()?;
-    let key = nullable_ref(&mut r)?;
-    let value = nullable_ref(&mut r)?;
+    let key = r.nullable_bytes()?;
+    let value = r.nullable_bytes()?;
     let n = r.varint()?;
     if n < 0 {
         return corrupt(format!("negative header count {n}"));
     }
     let mut headers = Vec::new();
     for _ in 0..n {
-        let Some(k) = nullable_ref(&mut r)? else {
+        let Some(k) = r.nullable_bytes()? else {
             return corrupt("null header key");
         };
         let Ok(k) = std::str::from_utf8(k) else {
             return corrupt("header key is not utf-8");
         };
-        headers.push((k, nullable_ref(&mut r)?));
+        headers.push((k, r.nullable_bytes()?));
     }
     if r.remaining() != 0 {
         return corrupt(format!("{} bytes left inside a record", r.remaining()));
@@ -421,21 +396,10 @@ pub fn decode_record_refs(section: &[u8], count: usize) -> Result<Vec<RecordRef<
     Ok(out)
 }
 
-/// Decodes exactly `count` records from an uncompressed section.
+/// Decodes exactly `count` records from an uncompressed section (owned copies
+/// of `decode_record_refs`).
 pub fn decode_records(section: &[u8], count: usize) -> Result<Vec<Record>> {
-    let mut r = Reader::new(section);
-    let mut out = Vec::with_capacity(count.min(section.len() / 7 + 1));
-    for _ in 0..count {
-        let len = r.varint()?;
-        if len < 0 {
-            return corrupt(format!("negative record length {len}"));
-        }
-        out.push(decode_body(r.take(len as usize)?)?);
-    }
-    if r.remaining() != 0 {
-        return corrupt(format!("{} bytes after {count} records", r.remaining()));
-    }
-    Ok(out)
+    Ok(decode_record_refs(section, count)?.iter().map(RecordRef::to_record).collect())
 }
 
 #[cfg(test)]

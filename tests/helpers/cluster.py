@@ -8,14 +8,17 @@ import contextlib
 import glob
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
+from gregor.cli.local_cluster import (LocalCluster, Process, _process_dir, _spawn, _wait_ready, start_broker,
+                                      start_etcd, stop_process)
 
 __all__ = ["AckedLoad", "LocalCluster", "Process", "broker_process", "etcd_endpoints", "etcd_process",
-           "replica_log_bytes", "replica_values", "restart_broker", "running_cluster", "stop_process", "tear_down"]
+           "replica_log_bytes", "replica_values", "restart_broker", "running_cluster", "start_controller_with",
+           "stop_process", "tear_down", "with_controller_flags"]
 
 
 @contextlib.contextmanager
@@ -55,6 +58,37 @@ def running_cluster(data_dir: str, **kwargs: Any) -> Iterator[LocalCluster]:
     """LocalCluster.up(data_dir, **kwargs), torn down on exit even if processes are paused or were restarted."""
     cluster = LocalCluster.up(data_dir, **kwargs)
     try:
+        yield cluster
+    finally:
+        tear_down(cluster)
+
+
+def start_controller_with(data_dir: str, controller_id: int, etcd: str, *flags: str,
+                          lease_ttl_ms: int = 2000) -> Process:
+    """A controller process like local_cluster.start_controller, with extra command-line flags."""
+    controller_dir, ready = _process_dir(data_dir, f"controller-{controller_id}")
+    log_path = os.path.join(data_dir, "logs", f"controller-{controller_id}.log")
+    cmd = [sys.executable, "-m", "gregor.controller", "--controller-id", str(controller_id), "--etcd",
+           f"http://{etcd}", "--cluster", "gregor", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+           "--ready-file", ready, "--lease-ttl-ms", str(lease_ttl_ms), *flags]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    return Process("controller", controller_id, proc.pid, info["grpc"], info["metrics"], log_path, controller_dir)
+
+
+@contextlib.contextmanager
+def with_controller_flags(data_dir: str, brokers: int, broker_overrides: dict[str, str],
+                          *flags: str) -> Iterator[LocalCluster]:
+    """etcd, one controller started with extra command-line flags, and `brokers` brokers; torn down on exit."""
+    cluster = LocalCluster(data_dir)
+    try:
+        etcd = start_etcd(cluster.data_dir)
+        cluster.processes.append(etcd)
+        cluster.processes.append(start_controller_with(cluster.data_dir, 0, etcd.grpc, *flags))
+        for b in range(brokers):
+            cluster.processes.append(start_broker(cluster.data_dir, b, overrides=broker_overrides,
+                                                  etcd_endpoint=etcd.grpc))
+        cluster.save()
         yield cluster
     finally:
         tear_down(cluster)

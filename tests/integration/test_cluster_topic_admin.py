@@ -22,22 +22,20 @@ leader's answer to produce.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
 
-from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
+from gregor.cli.local_cluster import LocalCluster, Process
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient
 from gregor.common.rpc import channel
 from gregor.controller import metadata_store as store
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
-from tests.helpers.cluster import running_cluster, tear_down
+from tests.helpers.cluster import running_cluster, with_controller_flags
 from tests.integration.test_cluster_control import metadata, partitions, until
-from tests.integration.test_controlled_shutdown import start_controller_with
 
 LEASE_TTL_MS = 2000  # controller lease and broker.session.timeout.ms
 # Control requests are queued before the admin RPC answers, so brokers converge in well under a second;
@@ -283,20 +281,9 @@ async def test_create_partitions_adds_led_fully_replicated_partitions(cluster: L
 @pytest.fixture
 def no_delete_cluster(tmp_path: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """etcd, a controller with --delete-topic-enable false, two brokers."""
-    c = LocalCluster(str(tmp_path))
-    try:
-        etcd = start_etcd(c.data_dir)
-        c.processes.append(etcd)
-        c.processes.append(start_controller_with(c.data_dir, 0, etcd.grpc, "--delete-topic-enable", "false"))
-        for b in range(2):
-            c.processes.append(start_broker(c.data_dir, b, etcd_endpoint=etcd.grpc,
-                                            overrides={"broker.session.timeout.ms": str(LEASE_TTL_MS)}))
-        c.save()
+    with with_controller_flags(str(tmp_path), 2, {"broker.session.timeout.ms": str(LEASE_TTL_MS)},
+                               "--delete-topic-enable", "false") as c:
         yield c
-    finally:
-        tear_down(c)
-        for p in c.processes:
-            stop_process(p, signal.SIGKILL)
 
 
 async def test_delete_topic_disabled_refuses_and_ignores_a_deletion_mark(no_delete_cluster: LocalCluster) -> None:

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gregor.cli.local_cluster import (LocalCluster, Process, _process_dir, _spawn, _wait_ready, start_broker, start_etcd,
-                                      stop_process)
+from gregor.cli.local_cluster import LocalCluster, Process, start_broker, stop_process
 from gregor.client.producer import Producer
 from gregor.common.etcd import EtcdClient
 from gregor.common.rpc import channel
@@ -39,26 +38,13 @@ from gregor.controller import metadata_store
 from gregor.controller.state import TopicPartition
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import record_values
-from tests.helpers.cluster import tear_down
+from tests.helpers.cluster import with_controller_flags
 from tests.integration.test_cluster_control import metadata, partitions, until
 
 TOPIC = "payments"
 SESSION_TIMEOUT_MS = 6000  # broker.session.timeout.ms: how long a crashed broker goes unnoticed
-LEASE_TTL_MS = 2000
 ASSIGNMENT = {0: [0, 1, 2], 1: [0, 2, 1], 2: [1, 2, 0]}  # broker 0 is the preferred leader of 0 and 1
 LED_BY_0 = (0, 1)
-
-
-def start_controller_with(data_dir: str, controller_id: int, etcd: str, *flags: str) -> Process:
-    """A controller process like local_cluster.start_controller, with extra command-line flags."""
-    controller_dir, ready = _process_dir(data_dir, f"controller-{controller_id}")
-    log_path = os.path.join(data_dir, "logs", f"controller-{controller_id}.log")
-    cmd = [sys.executable, "-m", "gregor.controller", "--controller-id", str(controller_id), "--etcd",
-           f"http://{etcd}", "--cluster", "gregor", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-           "--ready-file", ready, "--lease-ttl-ms", str(LEASE_TTL_MS), *flags]
-    proc = _spawn(cmd, log_path)
-    info = _wait_ready(proc, ready, log_path)
-    return Process("controller", controller_id, proc.pid, info["grpc"], info["metrics"], log_path, controller_dir)
 
 
 def broker_overrides() -> dict[str, str]:
@@ -67,17 +53,8 @@ def broker_overrides() -> dict[str, str]:
 
 @pytest.fixture()
 def cluster(tmp_path: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(str(tmp_path))
-    try:
-        etcd = start_etcd(c.data_dir)
-        c.processes.append(etcd)
-        c.processes.append(start_controller_with(c.data_dir, 0, etcd.grpc, "--auto-leader-rebalance-enable", "false"))
-        for b in range(3):
-            c.processes.append(start_broker(c.data_dir, b, overrides=broker_overrides(), etcd_endpoint=etcd.grpc))
-        c.save()
+    with with_controller_flags(str(tmp_path), 3, broker_overrides(), "--auto-leader-rebalance-enable", "false") as c:
         yield c
-    finally:
-        tear_down(c)
 
 
 def node(c: LocalCluster, broker_id: int) -> Process:

@@ -25,12 +25,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
+from gregor.cli.local_cluster import LocalCluster, Process, start_broker, stop_process
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import tear_down
+from tests.helpers.cluster import with_controller_flags
 from tests.integration.test_cluster_control import until
-from tests.integration.test_controlled_shutdown import controller_metrics, start_controller_with, stored_state
+from tests.integration.test_controlled_shutdown import controller_metrics, stored_state
 
 TOPIC = "ledger"
 SESSION_TIMEOUT_MS = 2000
@@ -43,18 +43,9 @@ def overrides() -> dict[str, str]:
 
 @pytest.fixture()
 def cluster(tmp_path: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(str(tmp_path))
-    try:
-        etcd = start_etcd(c.data_dir)
-        c.processes.append(etcd)
-        c.processes.append(start_controller_with(c.data_dir, 0, etcd.grpc,
-                                                 "--leader-imbalance-check-interval-seconds", "1"))
-        for b in range(3):
-            c.processes.append(start_broker(c.data_dir, b, overrides=overrides(), etcd_endpoint=etcd.grpc))
-        c.save()
+    with with_controller_flags(str(tmp_path), 3, overrides(),
+                               "--leader-imbalance-check-interval-seconds", "1") as c:
         yield c
-    finally:
-        tear_down(c)
 
 
 def node(c: LocalCluster, broker_id: int) -> Process:

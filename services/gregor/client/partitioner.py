@@ -213,9 +213,7 @@ def new_partitioner(spec: Any, config: Mapping[str, Any], ignore_keys: bool = Fa
     A class is instantiated without arguments and, if it has configure(), configured
     with the producer's config (Kafka's getConfiguredInstance); an instance is used as given.
     """
-    if spec is None:
-        return DefaultPartitioner(ignore_keys=ignore_keys)
-    if spec is DefaultPartitioner:
+    if spec is None or spec is DefaultPartitioner:
         return DefaultPartitioner(ignore_keys=ignore_keys)
     if not isinstance(spec, type):
         return spec

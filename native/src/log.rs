@@ -16,11 +16,13 @@ use crate::error::{invalid, Error, Result};
 use crate::records::decode_records;
 use crate::segment::{write_all_vectored_at, OpenMode, Scanner, Segment, Step};
 
-/// Leader appends of at least this many bytes validate and write in one
-/// pass of STREAM_CHUNK_BYTES pieces: a piece and its page-cache copy stay
-/// in L2 (2 MiB per core here); 512 KiB measured best (256 KiB and below pay
-/// more per-call kernel overhead than they save, 1 MiB spills L2).
+/// Leader appends of at least this many bytes are written while they are
+/// validated, on two threads (`overlapped_write_validate`); smaller ones
+/// validate first, where a pool handoff would cost more than it saves.
 const STREAM_MIN_BYTES: usize = 512 * 1024;
+/// Piece size of the one-thread fallback (`stream_write_validate`): a piece
+/// and its page-cache copy stay in L2; 512 KiB measured best (256 KiB and
+/// below pay more per-call kernel overhead than they save, 1 MiB spills L2).
 const STREAM_CHUNK_BYTES: usize = 512 * 1024;
 
 /// Written by close() and removed by open(); its absence means recovery.
@@ -136,7 +138,7 @@ pub struct Log {
 
 /// The leading bytes of a batch a leader rewrites: baseOffset, batchLength,
 /// partitionLeaderEpoch.
-type BatchHead = [u8; 16];
+pub(crate) type BatchHead = [u8; 16];
 
 fn segment_bases(dir: &Path) -> Result<Vec<i64>> {
     let mut bases = Vec::new();
@@ -355,11 +357,11 @@ impl Log {
         self.after_append(&batches, data.len(), now_ms)
     }
 
-    /// The leader append in one pass over the data for buffers that fit the
-    /// active segment: per cache-sized piece, the write, then the CRC-32C
-    /// update and record walk while the kernel's copy left the bytes in L2
-    /// (validate-then-write read a buffer from DRAM twice before the kernel
-    /// copy read it a third time).
+    /// The leader append for buffers that fit the active segment: the write
+    /// and the checks (CRC-32C, record walk) run at the same time on two
+    /// threads, or, without the check threads, in one pass of cache-sized
+    /// pieces (validate-then-write read a buffer from DRAM twice before the
+    /// kernel copy read it a third time).
     /// Nothing is published until every batch validated: a bad batch cuts
     /// the file back to its old size, readers are bounded by the segment size
     /// in the meantime, and offsets, indexes and epochs do not move. Returns
@@ -388,7 +390,11 @@ impl Log {
         }
         let (file, start) = (self.active().file.clone(), self.active().size);
         let max = self.config.max_message_bytes.max(0) as usize;
-        if let Err(e) = stream_write_validate(&file, start, data, &original, &heads, max, self.config.compact) {
+        let streamed = match check_pool() {
+            Some(pool) => overlapped_write_validate(pool, &file, start, data, &original, &heads, max, self.config.compact),
+            None => stream_write_validate(&file, start, data, &original, &heads, max, self.config.compact),
+        };
+        if let Err(e) = streamed {
             file.set_len(start)?;
             return Err(e);
         }
@@ -609,13 +615,47 @@ impl Log {
     }
 }
 
+/// The threads that validate a large leader append while the appending
+/// thread writes it (one per core, named for `top -H`); None if they could
+/// not be started, and appends validate and write on one thread.
+pub(crate) fn check_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("gregor-check-{i}")).build().ok())
+        .as_ref()
+}
+
+/// `stream_write_validate` on two cores: the calling thread writes the whole
+/// buffer (one pwritev per 1024 parts) while a pool thread runs the checks of
+/// `validate_for_append` over it, so an append takes about as long as the
+/// kernel's copy instead of copy + CRC-32C + record walk (1 MiB batches
+/// here: the checks were ~30% of a serial append; docs/benchmarks.md).
+/// Nothing is published before both finish, as there; an error leaves
+/// written bytes behind for the caller to cut. A check failure is reported
+/// before a write error (the batch is bad either way).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn overlapped_write_validate(pool: &rayon::ThreadPool, file: &File, start: u64, data: &[u8], batches: &[(usize, BatchHeader)], heads: &[BatchHead], max: usize, require_keys: bool) -> Result<()> {
+    let mut checked: Result<()> = Ok(());
+    let written = pool.in_place_scope(|s| {
+        s.spawn(|_| checked = StreamCheck::new(data, batches, max, require_keys).feed(data.len()));
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batches.len() + 1);
+        let mut cur = 0;
+        for ((pos, _), head) in batches.iter().zip(heads) {
+            parts.extend([&data[cur..*pos], &head[..]]);
+            cur = pos + 16;
+        }
+        parts.push(&data[cur..]);
+        write_all_vectored_at(file, &parts, start)
+    });
+    checked.and(written.map_err(Error::from))
+}
+
 /// Writes `batches` of `data` with the leader's `heads` at `start` of `file`
 /// in STREAM_CHUNK_BYTES pieces, and validates each piece right after its
 /// write, while the kernel's copy has just pulled it into cache: the source
 /// comes from DRAM once, as for a plain write(2). Checks are those of
 /// `validate_for_append`. An error leaves written bytes behind for the
 /// caller to cut.
-fn stream_write_validate(file: &File, start: u64, data: &[u8], batches: &[(usize, BatchHeader)], heads: &[BatchHead], max: usize, require_keys: bool) -> Result<()> {
+pub(crate) fn stream_write_validate(file: &File, start: u64, data: &[u8], batches: &[(usize, BatchHeader)], heads: &[BatchHead], max: usize, require_keys: bool) -> Result<()> {
     let mut check = StreamCheck::new(data, batches, max, require_keys);
     let mut parts: Vec<&[u8]> = Vec::new();
     let (mut c0, mut b) = (0usize, 0usize);

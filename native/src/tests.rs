@@ -891,6 +891,58 @@ fn streamed_leader_append_rolls_back_on_bad_input() {
     assert_eq!(read_all(&log, 0), vec![(0, 1), (2, 1201)]);
 }
 
+/// The two-core append (write on the caller, checks on a pool thread) and
+/// the one-thread fallback write the same bytes and refuse the same input
+/// with the same error.
+#[test]
+fn overlapped_and_serial_streamed_writes_agree() {
+    use crate::log::{check_pool, overlapped_write_validate, stream_write_validate, BatchHead};
+    let pool = check_pool().expect("check threads start");
+    let good = [batch_with(1200, T0, 1000), batch_with(3, T0, 10), batch_with(700, T0, 900)].concat();
+    let mut bad_crc = good.clone();
+    bad_crc[600_000] ^= 1;
+    let mut section = Vec::new();
+    for i in 0..1199 {
+        encode_record(&mut section, &Record { offset_delta: i, timestamp_delta: 0, key: None, value: Some(vec![1; 1000]), headers: vec![] });
+    }
+    let mut spec = batch::tests::spec(0, 1200, T0);
+    spec.partition_leader_epoch = -1;
+    let short = [batch_with(3, T0, 10), batch::build_batch(&section, &spec).unwrap()].concat();
+    for (data, max, ok) in [(&good, 1 << 21, true), (&bad_crc, 1 << 21, false), (&short, 1 << 21, false), (&good, 1 << 20, false)] {
+        let batches = batch::parse_batches(data, false).unwrap();
+        let heads: Vec<BatchHead> = batches
+            .iter()
+            .map(|(p, _)| {
+                let mut h: BatchHead = data[*p..*p + 16].try_into().unwrap();
+                batch::rewrite_offset_and_epoch(&mut h, 0, 7, 3);
+                h
+            })
+            .collect();
+        let run = |overlapped: bool| {
+            let file = tempfile::tempfile().unwrap();
+            file.write_all_at(b"earlier", 0).unwrap();
+            let r = if overlapped {
+                overlapped_write_validate(pool, &file, 7, data, &batches, &heads, max, false)
+            } else {
+                stream_write_validate(&file, 7, data, &batches, &heads, max, false)
+            };
+            // A refused append may stop writing early: read what is there (the caller cuts it).
+            let mut bytes = vec![0u8; file.metadata().unwrap().len() as usize];
+            file.read_exact_at(&mut bytes, 0).unwrap();
+            (r.map_err(|e| format!("{e:?}")), bytes)
+        };
+        let (two, one) = (run(true), run(false));
+        assert_eq!(two.0, one.0);
+        assert_eq!(two.0.is_ok(), ok, "{:?}", two.0);
+        if ok {
+            assert!(two.1 == one.1, "written bytes differ");
+            assert_eq!(two.1.len(), 7 + data.len());
+            assert_eq!(&two.1[..7], b"earlier");
+            assert_eq!(&two.1[7 + 16..7 + batches[1].0], &data[16..batches[1].0]);
+        }
+    }
+}
+
 /// A big append that needs a roll takes the general path and still rolls.
 #[test]
 fn streamed_leader_append_falls_back_when_a_roll_is_needed() {

@@ -617,11 +617,16 @@ impl Log {
 
 /// The threads that validate a large leader append while the appending
 /// thread writes it (one per core, named for `top -H`); None if they could
-/// not be started, and appends validate and write on one thread.
+/// not be started, and in a child forked after they were (it has none of
+/// them: waiting on them would hang): appends then validate and write on
+/// one thread.
 pub(crate) fn check_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("gregor-check-{i}")).build().ok())
-        .as_ref()
+    static POOL: std::sync::OnceLock<(u32, Option<rayon::ThreadPool>)> = std::sync::OnceLock::new();
+    let (pid, pool) = POOL.get_or_init(|| {
+        let pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("gregor-check-{i}")).build().ok();
+        (std::process::id(), pool)
+    });
+    pool.as_ref().filter(|_| *pid == std::process::id())
 }
 
 /// `stream_write_validate` on two cores: the calling thread writes the whole

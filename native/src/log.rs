@@ -18,7 +18,8 @@ use crate::segment::{write_all_vectored_at, OpenMode, Scanner, Segment, Step};
 
 /// Leader appends of at least this many bytes are written while they are
 /// validated, on two threads (`overlapped_write_validate`); smaller ones
-/// validate first, where a pool handoff would cost more than it saves.
+/// validate first (the threshold of the earlier one-thread streamed path,
+/// not re-measured for the pool: a handoff costs ~10 µs).
 const STREAM_MIN_BYTES: usize = 512 * 1024;
 /// Piece size of the one-thread fallback (`stream_write_validate`): a piece
 /// and its page-cache copy stay in L2; 512 KiB measured best (256 KiB and
@@ -390,10 +391,7 @@ impl Log {
         }
         let (file, start) = (self.active().file.clone(), self.active().size);
         let max = self.config.max_message_bytes.max(0) as usize;
-        let streamed = match check_pool() {
-            Some(pool) => overlapped_write_validate(pool, &file, start, data, &original, &heads, max, self.config.compact),
-            None => stream_write_validate(&file, start, data, &original, &heads, max, self.config.compact),
-        };
+        let streamed = write_checked(&file, start, data, &original, &heads, max, self.config.compact);
         if let Err(e) = streamed {
             file.set_len(start)?;
             return Err(e);
@@ -629,19 +627,54 @@ pub(crate) fn check_pool() -> Option<&'static rayon::ThreadPool> {
     pool.as_ref().filter(|_| *pid == std::process::id())
 }
 
+/// Writes a leader append at `start` of `file` while (or as) it is checked,
+/// on two threads when the check pool runs, else on one. Bytes go to the
+/// file before their checks end, so the first batch is written with a
+/// provisional head and gets its real one only once every check passed: a
+/// crash in between leaves a tail that recovery cuts at its first byte (a
+/// refused request never comes back with offsets after a restart). On an
+/// error the written bytes stay for the caller to cut.
+pub(crate) fn write_checked(file: &File, start: u64, data: &[u8], batches: &[(usize, BatchHeader)], heads: &[BatchHead], max: usize, require_keys: bool) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let provisional = provisional_heads(heads);
+    match check_pool() {
+        Some(pool) => overlapped_write_validate(pool, file, start, data, batches, &provisional, max, require_keys),
+        None => stream_write_validate(file, start, data, batches, &provisional, max, require_keys),
+    }?;
+    if let (Some((pos, _)), Some(head)) = (batches.first(), heads.first()) {
+        file.write_all_at(head, start + *pos as u64)?;
+    }
+    Ok(())
+}
+
+/// `heads` with the first batch's batchLength set to 0: what recovery reads
+/// there is no batch, so it cuts the log at that point.
+pub(crate) fn provisional_heads(heads: &[BatchHead]) -> Vec<BatchHead> {
+    let mut out = heads.to_vec();
+    if let Some(first) = out.first_mut() {
+        first[8..12].copy_from_slice(&0i32.to_be_bytes());
+    }
+    out
+}
+
 /// `stream_write_validate` on two cores: the calling thread writes the whole
 /// buffer (one pwritev per 1024 parts) while a pool thread runs the checks of
 /// `validate_for_append` over it, so an append takes about as long as the
 /// kernel's copy instead of copy + CRC-32C + record walk (1 MiB batches
 /// here: the checks were ~30% of a serial append; docs/benchmarks.md).
 /// Nothing is published before both finish, as there; an error leaves
-/// written bytes behind for the caller to cut. A check failure is reported
-/// before a write error (the batch is bad either way).
+/// written bytes behind for the caller to cut. A write error is reported
+/// before a check failure, so a failing disk surfaces as a storage error; a
+/// panic in the check is a failed check, not an unwind past the caller's cut.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn overlapped_write_validate(pool: &rayon::ThreadPool, file: &File, start: u64, data: &[u8], batches: &[(usize, BatchHeader)], heads: &[BatchHead], max: usize, require_keys: bool) -> Result<()> {
     let mut checked: Result<()> = Ok(());
     let written = pool.in_place_scope(|s| {
-        s.spawn(|_| checked = StreamCheck::new(data, batches, max, require_keys).feed(data.len()));
+        s.spawn(|_| {
+            let check = || StreamCheck::new(data, batches, max, require_keys).feed(data.len());
+            checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
+                .unwrap_or_else(|_| Err(Error::Corrupt("the batch check panicked".into())));
+        });
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batches.len() + 1);
         let mut cur = 0;
         for ((pos, _), head) in batches.iter().zip(heads) {
@@ -651,7 +684,7 @@ pub(crate) fn overlapped_write_validate(pool: &rayon::ThreadPool, file: &File, s
         parts.push(&data[cur..]);
         write_all_vectored_at(file, &parts, start)
     });
-    checked.and(written.map_err(Error::from))
+    written.map_err(Error::from).and(checked)
 }
 
 /// Writes `batches` of `data` with the leader's `heads` at `start` of `file`

@@ -215,7 +215,8 @@ pub fn validate_section(section: &[u8], count: i32) -> Result<()> {
 
 /// `validate_section` in steps, for a section that arrives in pieces: each
 /// `advance` walks the records lying wholly inside the prefix seen so far,
-/// so a streamed append reads every byte while it is still in cache.
+/// so the one-thread streamed append (the fallback of log.rs's two-core
+/// path) reads every byte while it is still in cache.
 #[derive(Debug, Clone, Copy)]
 pub struct SectionWalk {
     pos: usize,

@@ -943,6 +943,49 @@ fn overlapped_and_serial_streamed_writes_agree() {
     }
 }
 
+/// A crash between the write of a big leader append and the end of its
+/// checks leaves what `write_checked` wrote before its verdict: recovery cuts
+/// all of it (the provisional first head), where the real heads would let
+/// the CRC-valid batches come back with offsets; a passed check leaves the
+/// real head.
+#[test]
+fn crash_before_the_verdict_of_a_big_append_leaves_nothing_after_recovery() {
+    use crate::log::{write_checked, BatchHead};
+    let good = [batch_with(700, T0, 1000), batch_with(3, T0, 10)].concat();
+    let mut oversize_cfg = FILL_CFG;
+    oversize_cfg.max_message_bytes = 1 << 21;
+    // Refused for max.message.bytes (every CRC valid), and accepted.
+    for (max, ok) in [(1usize << 16, false), (1 << 21, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ends, size) = fill(dir.path(), 3);
+        let batches = batch::parse_batches(&good, false).unwrap();
+        let mut next = ends[2] + 1;
+        let heads: Vec<BatchHead> = batches
+            .iter()
+            .map(|(p, h)| {
+                let mut head: BatchHead = good[*p..*p + 16].try_into().unwrap();
+                batch::rewrite_offset_and_epoch(&mut head, 0, next, 1);
+                next += h.records_count as i64;
+                head
+            })
+            .collect();
+        let f = OpenOptions::new().read(true).write(true).open(active_log_path(dir.path())).unwrap();
+        let verdict = write_checked(&f, size, &good, &batches, &heads, max, false);
+        assert_eq!(verdict.is_ok(), ok, "{verdict:?}");
+        let mut first = [0u8; 16];
+        f.read_exact_at(&mut first, size).unwrap();
+        assert_eq!(first == heads[0], ok, "the real first head is written only after the checks passed");
+        // The process dies here (no cut, no commit); the next open recovers.
+        let log = open(dir.path(), oversize_cfg);
+        if ok {
+            assert_eq!(log.log_end_offset(), next, "valid batches past the published end are kept, as an unflushed tail");
+        } else {
+            assert_eq!((log.log_end_offset(), log.size_bytes()), (ends[2] + 1, size));
+            assert_eq!(log.recovered_bytes_truncated(), good.len() as u64);
+        }
+    }
+}
+
 /// A big append that needs a roll takes the general path and still rolls.
 #[test]
 fn streamed_leader_append_falls_back_when_a_roll_is_needed() {

@@ -546,5 +546,14 @@ class EtcdClient:
                                      ev.kv.mod_revision, ev.kv.version)
         except grpc.aio.AioRpcError as exc:
             raise await self._translate(f"watch {key!r}", exc, client) from exc
+        except asyncio.CancelledError:
+            # Another call failed and _rotate closed this channel: grpc.aio reports the stream as
+            # locally cancelled. That is a broken stream (re-created on the next endpoint), not a
+            # cancellation of the watching task, which must still propagate; taken for one, it
+            # ended the watch silently (the controller stopped seeing broker deaths).
+            task = asyncio.current_task()
+            if client is self._client or (task is not None and task.cancelling()):
+                raise
+            raise EtcdUnavailable(f"etcd watch {key!r}: channel closed by endpoint failover") from None
         finally:
             call.cancel()

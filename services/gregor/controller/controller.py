@@ -208,9 +208,18 @@ class Controller:
         return task
 
     def _on_watch_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._closing:
+        if self._closing:
             return
-        reason = task.exception() or RuntimeError(f"{task.get_name()} ended")
+        reason: BaseException
+        if task.cancelled():
+            # Resignation drops the active role's watches before they finish cancelling, and stop()
+            # sets _closing: a watch still ours that ends cancelled was cancelled behind our back, and
+            # without it the controller would go on blind to its keys (no broker death noticed).
+            if task is not self._controller_watch and task not in self._active_watches:
+                return
+            reason = RuntimeError(f"{task.get_name()} was cancelled")
+        else:
+            reason = task.exception() or RuntimeError(f"{task.get_name()} ended")
         log.error("%s died; the controller stops", task.get_name(), exc_info=reason)
         if not self.stopped.done():
             self.stopped.set_exception(reason)

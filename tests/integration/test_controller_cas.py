@@ -13,7 +13,7 @@ left on broker 1 (Kafka's updateLeaderAndIsr retry).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -22,16 +22,10 @@ from gregor.common.etcd import Compare, Delete, EtcdClient, Put, TxnResult, vers
 from gregor.controller import metadata_store
 from gregor.controller.controller import Controller, LeaderBalanceConfig
 from gregor.controller.state import LeaderAndIsr, TopicPartition
-from tests.helpers.cluster import Process, etcd_process
+from tests.helpers.cluster import Process
 from tests.integration.test_controller_election import register_broker, until
 
 TP = TopicPartition("t", 0)
-
-
-@pytest.fixture
-def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
-    with etcd_process(str(tmp_path / "cluster")) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -20,16 +20,10 @@ from gregor.common.etcd import CompareFailed, EtcdClient, Put
 from gregor.controller import elector
 from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, PRODUCER_ID_BLOCK_KEY, Controller
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import Process, etcd_process, tear_down
+from tests.helpers.cluster import Process, tear_down
 
 LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
 TAKEOVER_MARGIN_S = 3.0  # lease expiry check interval (0.5 s) + watch + election + slack
-
-
-@pytest.fixture
-def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
-    with etcd_process(str(tmp_path / "cluster")) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -6,21 +6,15 @@ notices broker deaths (what a silently cancelled broker watch did)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gregor.common.etcd import EtcdClient
 from gregor.controller.controller import Controller, LeaderBalanceConfig
-from tests.helpers.cluster import Process, etcd_process
+from tests.helpers.cluster import Process
 from tests.integration.test_controller_election import until
-
-
-@pytest.fixture
-def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
-    with etcd_process(str(tmp_path / "cluster")) as proc:
-        yield proc
 
 
 @pytest.fixture

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator
 
 import pytest
 
 from gregor.common.etcd import (CompareFailed, Delete, EtcdClient, EtcdUnavailable, Put, WatchEvent,
                                 lease_ttl_s, mod_revision_is, parse_endpoints, prefix_range_end, version_is)
-from tests.helpers.cluster import Process, etcd_process
-
-
-@pytest.fixture
-def etcd(tmp_path) -> Iterator[Process]:  # type: ignore[no-untyped-def]
-    with etcd_process(str(tmp_path / "etcd")) as proc:
-        yield proc
+from tests.helpers.cluster import Process
 
 
 @pytest.fixture

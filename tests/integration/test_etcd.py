@@ -109,22 +109,28 @@ async def test_watch_sees_put_and_delete(client: EtcdClient) -> None:
     assert events[0].create_revision == events[0].mod_revision and events[1].version == 0
 
 
+async def _watching(c: EtcdClient, prefix: str) -> "tuple[asyncio.Task[None], asyncio.Queue[WatchEvent]]":
+    """A task watching c.key(prefix) into a queue, checked with a first put (prefix/1 = b"1")."""
+    got: asyncio.Queue[WatchEvent] = asyncio.Queue()
+
+    async def collect() -> None:
+        async for ev in c.watch_prefix(c.key(prefix)):
+            await got.put(ev)
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0.2)
+    await c.put(c.key(prefix, 1), b"1")
+    assert (await asyncio.wait_for(got.get(), 5)).value == b"1"
+    return task, got
+
+
 async def test_watch_survives_a_failover_another_call_started(etcd: Process) -> None:
     """A call that fails moves the client to the next endpoint and closes the channel a watch streams
     on; the watch goes on from the next revision on the new channel, losing nothing. grpc.aio reports
     such a stream as locally cancelled (asyncio.CancelledError), which used to end the watch and, in
     the controller, silently stop its broker watch (a partition leader was never replaced)."""
     async with EtcdClient([etcd.grpc, etcd.grpc], cluster="t") as c:  # one member listed twice
-        got: asyncio.Queue[WatchEvent] = asyncio.Queue()
-
-        async def collect() -> None:
-            async for ev in c.watch_prefix(c.key("w")):
-                await got.put(ev)
-
-        task = asyncio.create_task(collect())
-        await asyncio.sleep(0.2)
-        await c.put(c.key("w", 1), b"1")
-        assert (await asyncio.wait_for(got.get(), 5)).value == b"1"
+        task, got = await _watching(c, "w")
         # What a call that fails with UNAVAILABLE does (EtcdClient._translate): move to the next
         # endpoint, closing the current channel under the watch stream.
         await c._rotate(c._client)
@@ -143,16 +149,7 @@ async def test_watch_resumes_after_etcd_restart(tmp_path) -> None:  # type: igno
     host, port = proc.grpc.split(":")
     try:
         async with EtcdClient(proc.grpc, cluster="t") as c:
-            got: asyncio.Queue[WatchEvent] = asyncio.Queue()
-
-            async def collect() -> None:
-                async for ev in c.watch_prefix(c.key("x")):
-                    await got.put(ev)
-
-            task = asyncio.create_task(collect())
-            await asyncio.sleep(0.2)
-            await c.put(c.key("x", 1), b"1")
-            assert (await asyncio.wait_for(got.get(), 5)).value == b"1"
+            task, got = await _watching(c, "x")
             stop_process(proc, signal.SIGKILL)
             with pytest.raises(EtcdUnavailable):
                 await c.get(c.key("x", 1))

@@ -194,3 +194,26 @@ def _restart_etcd(data_dir, port: int) -> Process:  # type: ignore[no-untyped-de
         except OSError:
             time.sleep(0.1)
     return Process("etcd", 0, popen.pid, f"127.0.0.1:{port}", "", "", str(data_dir))
+
+
+def test_start_etcd_retries_a_port_taken_after_it_was_picked(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """free_port() can name a port that another process takes before etcd binds it (seen once as a
+    test error, "etcd exited"): start_etcd tries again with new ports."""
+    import socket
+
+    from gregor.cli import local_cluster
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        real = local_cluster.free_port
+        picks = iter([port])  # the first pick, the client port, is taken
+        monkeypatch.setattr(local_cluster, "free_port", lambda host="127.0.0.1": next(picks, None) or real(host))
+        proc = local_cluster.start_etcd(str(tmp_path / "e"))
+        try:
+            assert proc.grpc != f"127.0.0.1:{port}"
+            with open(proc.log) as f:
+                assert "address already in use" in f.read()
+        finally:
+            local_cluster.stop_process(proc)

@@ -90,10 +90,30 @@ def _wait_ready(proc: subprocess.Popen[bytes], ready_file: str, log_path: str) -
     raise ClusterError(f"process did not become ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
 
 
+class _PortTaken(ClusterError):
+    """etcd could not bind a port free_port() had just found free (another process took it)."""
+
+
 def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
+    """A single-member etcd on loopback, healthy. A port taken between free_port() and etcd's bind
+    is retried with new ports (up to three tries) when the member's data dir is new."""
+    member_dir = os.path.join(data_dir, "etcd-0")
+    fresh = not os.path.exists(member_dir)
+    for attempt in range(3):
+        try:
+            return _start_etcd_once(data_dir, host)
+        except _PortTaken:
+            if not fresh or attempt == 2:
+                raise
+            shutil.rmtree(member_dir, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _start_etcd_once(data_dir: str, host: str) -> Process:
     client, peer = free_port(host), free_port(host)
     name = "gregor-etcd-0"
     log_path = os.path.join(data_dir, "logs", "etcd-0.log")
+    log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     cmd = [etcd_binary(), "--name", name, "--data-dir", os.path.join(data_dir, "etcd-0"),
            "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
            "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
@@ -101,13 +121,17 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
     proc = _spawn(cmd, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            with open(log_path, errors="replace") as f:
+                f.seek(log_start)
+                tail = f.read()
+            error = _PortTaken if "address already in use" in tail else ClusterError
+            raise error(f"etcd exited with {proc.returncode}; see {log_path}")
         try:
             with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as r:
                 if json.load(r).get("health") == "true":
                     break
         except OSError:
-            if proc.poll() is not None:
-                raise ClusterError(f"etcd exited with {proc.returncode}; see {log_path}")
             time.sleep(0.1)
     else:
         proc.kill()

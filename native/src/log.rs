@@ -391,8 +391,7 @@ impl Log {
         }
         let (file, start) = (self.active().file.clone(), self.active().size);
         let max = self.config.max_message_bytes.max(0) as usize;
-        let streamed = write_checked(&file, start, data, &original, &heads, max, self.config.compact);
-        if let Err(e) = streamed {
+        if let Err(e) = write_checked(&file, start, data, &original, &heads, max, self.config.compact) {
             file.set_len(start)?;
             return Err(e);
         }
@@ -474,12 +473,7 @@ impl Log {
         let rel: Vec<(usize, BatchHeader)> = batches[run.clone()].iter().map(|(p, h)| (p - start, *h)).collect();
         let parts: Vec<&[u8]> = match heads {
             None => vec![&data[start..end]],
-            Some(heads) => run
-                .flat_map(|i| {
-                    let (pos, h) = &batches[i];
-                    [&heads[i][..], &data[pos + 16..pos + h.size_bytes()]]
-                })
-                .collect(),
+            Some(heads) => head_parts(data, &batches[run.clone()], &heads[run]),
         };
         self.active_mut().append(&parts, &rel)
     }
@@ -647,6 +641,12 @@ pub(crate) fn write_checked(file: &File, start: u64, data: &[u8], batches: &[(us
     Ok(())
 }
 
+/// The iovecs of a leader write: each batch's rewritten 16-byte head, then
+/// the rest of the batch from the caller's buffer (no copy of the payload).
+fn head_parts<'a>(data: &'a [u8], batches: &[(usize, BatchHeader)], heads: &'a [BatchHead]) -> Vec<&'a [u8]> {
+    batches.iter().zip(heads).flat_map(|((pos, h), head)| [&head[..], &data[pos + 16..pos + h.size_bytes()]]).collect()
+}
+
 /// `heads` with the first batch's batchLength set to 0: what recovery reads
 /// there is no batch, so it cuts the log at that point.
 pub(crate) fn provisional_heads(heads: &[BatchHead]) -> Vec<BatchHead> {
@@ -675,14 +675,7 @@ pub(crate) fn overlapped_write_validate(pool: &rayon::ThreadPool, file: &File, s
             checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
                 .unwrap_or_else(|_| Err(Error::Corrupt("the batch check panicked".into())));
         });
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batches.len() + 1);
-        let mut cur = 0;
-        for ((pos, _), head) in batches.iter().zip(heads) {
-            parts.extend([&data[cur..*pos], &head[..]]);
-            cur = pos + 16;
-        }
-        parts.push(&data[cur..]);
-        write_all_vectored_at(file, &parts, start)
+        write_all_vectored_at(file, &head_parts(data, batches, heads), start)
     });
     written.map_err(Error::from).and(checked)
 }

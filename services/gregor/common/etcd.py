@@ -368,13 +368,18 @@ class EtcdClient:
                 # Another call failed on this channel and _rotate closed it: grpc.aio reports the calls
                 # still in flight on it as locally cancelled. That is a transport failure of this call,
                 # not a cancellation of the caller's task (which must still propagate).
-                task = asyncio.current_task()
-                if client is self._client or (task is not None and task.cancelling()):
+                if not self._closed_by_failover(client):
                     raise
                 attempts -= 1
                 if attempts <= 0 or not idempotent:
                     raise EtcdUnavailable(f"etcd {what}: channel to {self.endpoint} closed by endpoint "
                                           f"failover while the call was in flight") from None
+
+    def _closed_by_failover(self, client: aetcd.Client) -> bool:
+        """A CancelledError seen on `client`'s channel came from _rotate closing it (the channel is no
+        longer current), not from a cancellation of the running task."""
+        task = asyncio.current_task()
+        return client is not self._client and not (task is not None and task.cancelling())
 
     async def _translate(self, what: str, exc: grpc.aio.AioRpcError, client: aetcd.Client | None = None) -> EtcdError:
         message = f"etcd {what} at {self.endpoint}: {exc.code().name}: {exc.details()}"
@@ -551,8 +556,7 @@ class EtcdClient:
             # locally cancelled. That is a broken stream (re-created on the next endpoint), not a
             # cancellation of the watching task, which must still propagate; taken for one, it
             # ended the watch silently (the controller stopped seeing broker deaths).
-            task = asyncio.current_task()
-            if client is self._client or (task is not None and task.cancelling()):
+            if not self._closed_by_failover(client):
                 raise
             raise EtcdUnavailable(f"etcd watch {key!r}: channel closed by endpoint failover") from None
         finally:

@@ -286,3 +286,24 @@ def test_helm_package_carries_the_linked_files(chart_with_shared_files: Path, tm
     rendered = docs(helm("template", "gregor", str(archive), "--kube-version", min_kube_version(),
                          "--set", "metrics.prometheusRule.enabled=true").stdout)
     assert len(find(rendered, "PrometheusRule")) == 1
+
+
+@pytest.mark.parametrize("ci_file", ["default-values.yaml", "high-availability-values.yaml",
+                                     "external-etcd-values.yaml"])
+def test_notes_tell_how_to_produce_and_consume(ci_file: str, tmp_path: Path) -> None:
+    """NOTES.txt rendered through `tpl` (helm template leaves NOTES out; helm install needs a cluster)."""
+    chart = tmp_path / "gregor"
+    shutil.copytree(CHART, chart)  # linked directories copied as they are
+    shutil.copy(CHART / "templates" / "NOTES.txt", chart / "NOTES.txt")
+    (chart / "templates" / "notes-as-configmap.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n'
+        'data:\n  notes: {{ tpl (.Files.Get "NOTES.txt") . | toJson }}\n')
+    manifests = docs(helm(*template_args(chart, str(CHART / "ci" / ci_file))).stdout)
+    notes = one(manifests, "ConfigMap", "notes")["data"]["notes"]
+    assert "gregor produce orders --acks all" in notes and "gregor consume orders --from-beginning" in notes
+    assert f"helm test {'gregor'} -n streaming" in notes
+    assert "gregor-gateway.streaming.svc.cluster.local:9095" in notes
+    if ci_file.startswith("high"):
+        assert "--labels=gregor-client=true" in notes  # the client pod must pass the NetworkPolicies
+    if ci_file.startswith("external"):
+        assert "external: http://etcd-0.etcd.infra.svc.cluster.local:2379" in notes

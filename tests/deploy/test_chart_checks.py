@@ -84,10 +84,22 @@ def test_rendered_manifests_pass_strict_schemas(ci_file: str, kube_version: str)
 
 def test_metrics_render_has_the_operator_objects_checked_against_their_crds() -> None:
     manifests = render("metrics-values.yaml")
-    monitor = one(manifests, "ServiceMonitor", name("").rstrip("-"))
+    monitor = one(manifests, "ServiceMonitor", "gregor")
     assert monitor["spec"]["selector"]["matchLabels"]["gregor.io/metrics"] == "true"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert one(manifests, "PodMonitor", name("").rstrip("-"))["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    pod_monitor = one(render(None, "metrics.serviceMonitor.enabled=false", "metrics.podMonitor.enabled=true"),
+                      "PodMonitor", "gregor")
+    validate_crd(pod_monitor, crd_schemas()[("monitoring.coreos.com/v1", "PodMonitor")])
+    # The target labels the rules and dashboards select on, as `gregor cluster up --prometheus` sets them.
+    for endpoint in (monitor["spec"]["endpoints"][0], pod_monitor["spec"]["podMetricsEndpoints"][0]):
+        assert endpoint["port"] == "metrics"
+        labels = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+        assert labels["cluster"]["replacement"] == "gregor"
+        assert labels["role"]["sourceLabels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+        assert labels["id"]["sourceLabels"] == ["__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index"]
+    roles = {m["metadata"]["labels"]["app.kubernetes.io/component"] for m in manifests
+             if m["kind"] == "Service" and m["metadata"]["labels"].get("gregor.io/metrics") == "true"}
+    assert roles == {"etcd", "controller", "broker", "coordinator", "gateway"}  # cluster.json's role names
     bad = json.loads(json.dumps(monitor))
     bad["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):

@@ -327,3 +327,15 @@ cluster.id={{ .Values.clusterName }}
 {{- . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Target labels the rules and dashboards select on (deploy/prometheus, deploy/grafana), the same ones
+`gregor cluster up --prometheus` gives its targets: cluster, role (etcd, controller, broker, coordinator,
+gateway) and id (the StatefulSet ordinal: broker.id, controller and coordinator ids, etcd member). */}}
+{{- define "gregor.targetLabels" -}}
+- targetLabel: cluster
+  replacement: {{ .Values.clusterName | quote }}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: role
+- sourceLabels: [__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index]
+  targetLabel: id
+{{- end -}}

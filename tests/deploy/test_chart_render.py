@@ -254,3 +254,53 @@ def test_network_policies_open_only_the_ports_each_role_needs() -> None:
     assert policy_rules(open_, "gateway")[frozenset({9095})] == {"any"}
     assert policy_rules(open_, "controller")[frozenset({9091})] == {"broker"}
     assert not find(render(), "NetworkPolicy")
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' $(VAR) expansion of container args."""
+    out = []
+    for a in args:
+        for k, v in env.items():
+            a = a.replace(f"$({k})", v)
+        out.append(a)
+    return out
+
+
+POD_ENV = {"POD_IP": "10.0.0.7", "BROKER_ID": "2", "BROKER_RACK": "zone-b", "CONTROLLER_ID": "1",
+           "COORDINATOR_ID": "0"}
+
+
+@pytest.mark.parametrize("ci_file", CI_VALUES)
+def test_every_role_parser_accepts_the_rendered_command_line(ci_file: str, tmp_path: Any) -> None:
+    """The flags the chart renders are the ones each role's own parser takes (no drift between the two)."""
+    from gregor.broker.__main__ import parse_args as broker_args
+    from gregor.controller.__main__ import parse_args as controller_args
+    from gregor.coordinator.__main__ import parse_args as coordinator_args
+    from gregor.gateway.__main__ import parse_args as gateway_args
+
+    manifests = render(ci_file)
+    commands = {component(w): containers(w)[0] for w in workloads(manifests) if component(w) != "etcd"}
+    props = tmp_path / "server.properties"
+    props.write_text(one(manifests, "ConfigMap", name("broker"))["data"]["server.properties"])
+    broker = commands["broker"]
+    assert broker["command"] == ["gregor-broker"]
+    args = [a.replace("/etc/gregor/server.properties", str(props)) for a in expand(broker["args"], POD_ENV)]
+    cfg, _ = broker_args(args)
+    assert (cfg.broker_id, cfg.host, cfg.broker_rack, cfg.port) == (2, "10.0.0.7", "zone-b", 9092)
+    assert cfg.etcd_endpoints.startswith("http://")
+    c = controller_args(expand(commands["controller"]["args"], POD_ENV))
+    assert (c.controller_id, c.host, c.port) == (1, "10.0.0.7", 9091)
+    g = coordinator_args(expand(commands["coordinator"]["args"], POD_ENV))
+    assert (g.coordinator_id, g.port) == (0, 9094)
+    w = gateway_args(expand(commands["gateway"]["args"], POD_ENV))
+    assert w.props["compression.type"] == "lz4" and w.bootstrap.count(":9092") >= 1
+
+
+def test_a_coordinator_key_the_role_does_not_know_is_caught_here() -> None:
+    from gregor.coordinator.__main__ import parse_args as coordinator_args
+
+    manifests = render(None, "coordinators.config.offsets\\.topic\\.bogus=1")
+    args = expand(containers(one(manifests, "StatefulSet", name("coordinator")))[0]["args"], POD_ENV)
+    assert "--override=offsets.topic.bogus=1" in args
+    with pytest.raises(SystemExit):
+        coordinator_args(args)

@@ -98,9 +98,15 @@ CHECKOV := $(CHECKOV_VENV)/bin/checkov
 
 chart-tools: $(HELM) $(CHECKOV_VENV)/.deps
 
+# The -X flags are the ones helm's own Makefile sets: its version, and the Kubernetes version its
+# client libraries are (v0.37 = 1.37) as the default for `helm template` and the deprecation lint.
+HELM_K8S_MINOR := 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+    $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 $(HELM):
 	@test -x $(GO) || command -v $(GO) >/dev/null || { echo "go not found: install Go (>= 1.24) to build helm" >&2; exit 1; }
-	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false $(GO) install -ldflags '$(HELM_LDFLAGS)' \
+	    helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 $(CHECKOV_VENV)/.deps: deploy/tools/checkov-requirements.txt
 	$(PYTHON) -m venv $(CHECKOV_VENV)

@@ -30,11 +30,18 @@ import gen_values_schema  # noqa: E402
 
 
 @pytest.mark.parametrize("ci_file", CI_VALUES)
-def test_helm_lint_strict(ci_file: str) -> None:
-    done = helm("lint", "--strict", str(CHART), "-f", str(CHART / "ci" / ci_file),
-                "--kube-version", min_kube_version())
+@pytest.mark.parametrize("kube_version", [min_kube_version(), None])  # None: helm's own, 1.37 (deprecation lint)
+def test_helm_lint_strict(ci_file: str, kube_version: str | None) -> None:
+    args = ["lint", "--strict", str(CHART), "-f", str(CHART / "ci" / ci_file)]
+    done = helm(*args, *(["--kube-version", kube_version] if kube_version else []))
     assert "0 chart(s) failed" in done.stdout
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout
+
+
+def test_helm_is_the_pinned_release() -> None:
+    pinned = next(line.split(":=")[1].strip() for line in (ROOT / "Makefile").read_text().splitlines()
+                  if line.startswith("HELM_VERSION"))
+    assert helm("version", "--short").stdout.strip() == pinned
 
 
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:

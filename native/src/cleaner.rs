@@ -264,13 +264,17 @@ impl Log {
             let swap = self.dir.join(swap_name(*base, *end));
             fs::rename(cleaned, &swap)?;
             File::open(&self.dir)?.sync_all()?;
+            // The joined segment keeps every aborted-transaction entry of the ones it replaces.
+            let mut aborted = Vec::new();
             for old in olds {
                 if let Some(seg) = self.segments.remove(old) {
+                    aborted.extend_from_slice(seg.txn_index.entries());
                     seg.delete_files()?;
                 }
             }
             fs::rename(&swap, log_path(&self.dir, *base))?;
-            let seg = Segment::open_rebuilt(&self.dir, *base, index_bytes, interval)?;
+            let mut seg = Segment::open_rebuilt(&self.dir, *base, index_bytes, interval)?;
+            seg.txn_index.reset(aborted)?;
             self.segments.insert(*base, seg);
         }
         File::open(&self.dir)?.sync_all()?;

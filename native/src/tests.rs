@@ -11,6 +11,7 @@ use crate::batch::{self, BatchSpec};
 use crate::error::Error;
 use crate::log::{Log, LogConfig, Slice, CLEAN_SHUTDOWN_FILE};
 use crate::records::{encode_record, Record};
+use crate::txnindex::AbortedTxn;
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -1278,4 +1279,75 @@ fn truncation_lowers_the_cleaner_checkpoint() {
     let k0: Vec<_> = records_of(&log).into_iter().filter(|r| r.1 == "k0").collect();
     assert_eq!(k0.len(), 1);
     assert_eq!(k0[0].2.as_deref(), Some("again9"));
+}
+
+/// A transactional batch of producer `pid`, or its ABORT (type 0) / COMMIT (type 1) control batch.
+fn txn_batch(pid: i64, control_type: Option<i16>) -> Vec<u8> {
+    let mut section = Vec::new();
+    let (key, value) = match control_type {
+        Some(t) => ([0i16.to_be_bytes(), t.to_be_bytes()].concat(), vec![0, 0, 0, 0, 0, 5]),
+        None => (b"k".to_vec(), b"v".to_vec()),
+    };
+    encode_record(&mut section, &Record { offset_delta: 0, timestamp_delta: 0, key: Some(key), value: Some(value), headers: vec![] });
+    let control = if control_type.is_some() { batch::CONTROL_FLAG_MASK } else { 0 };
+    let spec = BatchSpec {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: batch::TRANSACTIONAL_FLAG_MASK | control,
+        last_offset_delta: 0,
+        base_timestamp: T0,
+        max_timestamp: T0,
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: if control_type.is_some() { -1 } else { 0 },
+        records_count: 1,
+    };
+    batch::build_batch(&section, &spec).unwrap()
+}
+
+#[test]
+fn aborted_txn_index_survives_reopen_truncation_and_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_batch(7, None), 0, T0).unwrap(); // 0
+    log.append_as_leader(&txn_batch(8, None), 0, T0).unwrap(); // 1
+    log.append_as_leader(&txn_batch(7, Some(0)), 0, T0).unwrap(); // 2: abort of pid 7
+    let t = AbortedTxn { producer_id: 7, first_offset: 0, last_offset: 2, last_stable_offset: 1 };
+    assert!(log.append_aborted_txn(t).unwrap());
+    assert!(!log.append_aborted_txn(t).unwrap(), "an entry already indexed is not written twice");
+    assert!(log.append_aborted_txn(AbortedTxn { last_offset: 9, ..t }).is_err(), "a marker past the LEO");
+    log.roll(T0).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(0)), 0, T0).unwrap(); // 3: abort of pid 8, new segment
+    let t8 = AbortedTxn { producer_id: 8, first_offset: 1, last_offset: 3, last_stable_offset: 4 };
+    assert!(log.append_aborted_txn(t8).unwrap());
+    assert_eq!(log.collect_aborted_txns(0, 4), vec![t, t8]);
+    assert_eq!(log.collect_aborted_txns(3, 10), vec![t8], "entries whose marker is below the fetch offset are left out");
+    assert_eq!(log.collect_aborted_txns(0, 1), vec![t], "transactions starting at or after upper are left out");
+    assert!(dir.path().join(format!("{:020}.txnindex", 3)).exists());
+    log.close().unwrap();
+
+    let mut log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t, t8], "entries reload from the .txnindex files");
+    log.truncate_to(3, T0).unwrap();
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t], "truncation drops entries of markers it removes");
+    log.close().unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t]);
+}
+
+#[test]
+fn torn_txn_index_tail_is_cut_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_batch(7, None), 0, T0).unwrap();
+    log.append_as_leader(&txn_batch(7, Some(0)), 0, T0).unwrap();
+    let t = AbortedTxn { producer_id: 7, first_offset: 0, last_offset: 1, last_stable_offset: 2 };
+    log.append_aborted_txn(t).unwrap();
+    log.close().unwrap();
+    let path = dir.path().join(format!("{:020}.txnindex", 0));
+    let f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all_at(&[0, 0, 1, 2], 34).unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), 34);
 }

@@ -20,6 +20,7 @@ import gregor_native as native
 import pytest
 
 from gregor.cli.local_cluster import Process, start_broker, stop_process
+from gregor.client import Consumer
 from gregor.common import errors
 from gregor.common.control_records import encode_marker_batch
 from gregor.common.records import build_batch
@@ -154,3 +155,41 @@ async def test_open_transaction_and_aborted_index_survive_restart(tmp_path: obje
     finally:
         stop_process(b, signal.SIGKILL)
 
+
+
+async def consume(address: str, topic: str, isolation: str, want: int, timeout_s: float = 5.0,
+                  transport: str = "grpc") -> list[bytes]:
+    """Values a consumer of partition 0 returns from the beginning until `want` arrive or the time runs out."""
+    out: list[bytes] = []
+    async with Consumer({"bootstrap.servers": address, "isolation.level": isolation,
+                         "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100,
+                         "fetch.transport": transport}) as c:
+        c.assign([(topic, 0)])
+        deadline = time.monotonic() + timeout_s
+        while len(out) < want and time.monotonic() < deadline:
+            out += [r.value for r in await c.poll(200)]
+    return out
+
+
+@pytest.mark.parametrize("transport", ["grpc", "data"])
+async def test_consumer_drops_aborted_and_control_batches(broker: Process, transport: str) -> None:
+    topic = f"c-{transport}"
+    await create_topic(broker.grpc, topic, 1)
+    p1, _ = await init_producer_id(broker.grpc)
+    p2, _ = await init_producer_id(broker.grpc)
+    # Interleaved: p1 aborts, p2 commits, then a plain record; p1's second transaction stays open.
+    await raw_produce(broker.grpc, topic, txn_batch([b"a1", b"a2"], p1, 0, 0))
+    await raw_produce(broker.grpc, topic, txn_batch([b"b1"], p2, 0, 0))
+    await raw_produce(broker.grpc, topic, txn_batch([b"a3"], p1, 0, 2))
+    await markers(broker.grpc, p1, 0, False, 1, topic)
+    await raw_produce(broker.grpc, topic, txn_batch([b"b2"], p2, 0, 1))
+    await markers(broker.grpc, p2, 0, True, 1, topic)
+    await raw_produce(broker.grpc, topic, build_batch([(None, b"plain", [], 0)]))
+    await raw_produce(broker.grpc, topic, txn_batch([b"a4"], p1, 0, 3))  # open: the LSO stops here
+    await raw_produce(broker.grpc, topic, build_batch([(None, b"after", [], 0)]))
+    committed = await consume(broker.grpc, topic, "read_committed", 4, timeout_s=3.0, transport=transport)
+    assert committed == [b"b1", b"b2", b"plain"], "aborted records hidden, nothing past the open transaction"
+    uncommitted = await consume(broker.grpc, topic, "read_uncommitted", 8, transport=transport)
+    assert uncommitted == [b"a1", b"a2", b"b1", b"a3", b"b2", b"plain", b"a4", b"after"], "no control records"
+    await markers(broker.grpc, p1, 0, True, 1, topic)
+    assert await consume(broker.grpc, topic, "read_committed", 5, transport=transport) == [b"b1", b"b2", b"plain", b"a4", b"after"]

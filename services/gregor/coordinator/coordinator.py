@@ -325,6 +325,12 @@ class GroupCoordinator:
             if ttl > 0:
                 self._lease_valid_until_ms = max(self._lease_valid_until_ms, sent + ttl * 1000)
 
+    @property
+    def lease_id(self) -> int:
+        """Our etcd lease (the transaction coordinator binds its partition claims to it too)."""
+        assert self._lease is not None
+        return self._lease.id
+
     def lease_remaining_ms(self) -> int:
         """How long our ownership lease is certainly still alive (negative once it may have expired)."""
         return self._lease_valid_until_ms - monotonic_ms()

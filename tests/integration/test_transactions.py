@@ -12,6 +12,11 @@ offsets only when it commits; bad calls are typed errors that write nothing.
 from __future__ import annotations
 
 import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
 import time
 from typing import Iterator
 
@@ -205,3 +210,103 @@ async def test_offsets_commit_only_with_the_transaction(cluster: LocalCluster) -
     async def at_nine() -> bool:
         return await committed() == 9
     await until(at_nine)
+
+
+# ---------------------------------------------------------------- real worker processes (seed 003's advanced case)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_worker(c: LocalCluster, tid: str, inp: str, out: str, group: str, log_path: str,
+                 *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "tests.helpers.txn_worker", "--bootstrap", broker_of(c), "--transactional-id", tid,
+           "--input", inp, "--output", out, "--group", group, "--partitions", "2", *extra]
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+
+
+async def produce_input(address: str, topic: str, n: int) -> dict[int, list[bytes]]:
+    sent: dict[int, list[bytes]] = {0: [], 1: []}
+    async with Producer({"bootstrap.servers": address, "linger.ms": 5}) as p:
+        for i in range(n):
+            v = f"r{i:04d}".encode()
+            await p.send(topic, v, partition=i % 2)
+            sent[i % 2].append(v)
+        await p.flush()
+    return sent
+
+
+async def output_by_partition(address: str, topic: str, want: int) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    async with Consumer({"bootstrap.servers": address, "isolation.level": "read_committed",
+                         "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100}) as c:
+        c.assign([(topic, 0), (topic, 1)])
+        deadline = time.monotonic() + 20
+        while sum(map(len, got.values())) < want and time.monotonic() < deadline:
+            for r in await c.poll(200):
+                got[r.partition].append(r.value)
+        for r in await c.poll(1000):  # nothing more may come: a duplicate would show up here
+            got[r.partition].append(r.value)
+    return got
+
+
+async def group_offsets(address: str, group: str, topic: str) -> dict[int, int | None]:
+    async with Consumer({"bootstrap.servers": address, "group.id": group, "enable.auto.commit": False}) as c:
+        got = await c.committed([(topic, 0), (topic, 1)])
+    return {p: got.get((topic, p)) for p in (0, 1)}
+
+
+async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: LocalCluster, tmp_path: str) -> None:
+    b, n = broker_of(cluster), 300
+    await create(b, "ctp-in")
+    await create(b, "ctp-out")
+    sent = await produce_input(b, "ctp-in", n)
+    rng = random.Random(11)
+    log_path = os.path.join(str(tmp_path), "worker.log")
+    for _ in range(3):  # killed at a random point: mid-transaction, mid-commit, between transactions
+        w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path)
+        await asyncio.sleep(rng.uniform(1.5, 3.0))
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+    w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path)
+    try:
+        async def all_committed() -> bool:
+            return await group_offsets(b, "ctp-group", "ctp-in") == {0: n // 2, 1: n // 2}
+        await until(all_committed, timeout_s=60)
+    finally:
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+    with open(log_path) as f:
+        log_text = f.read()
+    assert log_text.count("COMMITTED") >= 2 and "FAILED" not in log_text, log_text[-2000:]
+    got = await output_by_partition(b, "ctp-out", n)
+    for p in (0, 1):
+        assert got[p] == [v.upper() for v in sent[p]], f"partition {p}: not exactly once / out of order"
+
+
+async def test_zombie_frozen_with_sigstop_is_fenced(cluster: LocalCluster, tmp_path: str) -> None:
+    b = broker_of(cluster)
+    await create(b, "zb-in")
+    await create(b, "zb-out")
+    sent = await produce_input(b, "zb-in", 40)
+    hold = os.path.join(str(tmp_path), "go")
+    zlog, slog = os.path.join(str(tmp_path), "zombie.log"), os.path.join(str(tmp_path), "successor.log")
+    zombie = start_worker(cluster, "zb", "zb-in", "zb-out", "zb-group", zlog, "--hold-file", hold)
+    try:
+        async def holding() -> bool:
+            return os.path.exists(zlog) and "HOLDING" in open(zlog).read()
+        await until(holding, timeout_s=30)
+        zombie.send_signal(signal.SIGSTOP)  # frozen with its transaction's records on the brokers
+        successor = start_worker(cluster, "zb", "zb-in", "zb-out", "zb-group", slog, "--stop-after", "40")
+        assert successor.wait(timeout=60) == 0, open(slog).read()
+        with open(hold, "w"):
+            pass
+        zombie.send_signal(signal.SIGCONT)
+        assert zombie.wait(timeout=30) == 3
+    finally:
+        if zombie.poll() is None:
+            zombie.send_signal(signal.SIGCONT)
+            zombie.kill()
+    assert "FAILED PRODUCER_FENCED" in open(zlog).read()
+    got = await output_by_partition(b, "zb-out", 40)
+    for p in (0, 1):
+        assert got[p] == [v.upper() for v in sent[p]], f"partition {p}: the zombie's records became visible"

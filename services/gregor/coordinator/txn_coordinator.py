@@ -349,10 +349,10 @@ class TransactionCoordinator:
                     if current is not None and current.state is md.state and current.producer_epoch == md.producer_epoch:
                         await self.write(tm.complete(current, now_ms()))
                 break
-            except errors.GregorError as exc:
+            except Exception as exc:  # anything but cancellation: retry, the decision is durable
                 if self.partition_of(md.transactional_id) not in self.owned:
                     return
-                log.warning("completing transaction %s failed (%s); retrying", md.transactional_id, exc)
+                log.warning("completing transaction %s failed (%r); retrying", md.transactional_id, exc)
                 await asyncio.sleep(MARKER_RETRY_S)
         MARKER_LATENCY.observe(time.monotonic() - start)
         TXN_ENDS.labels(result="commit" if commit else "abort").inc()
@@ -420,7 +420,7 @@ class TransactionCoordinator:
                         req, timeout=self.gc.write_timeout_ms / 1000 + 1)
                 except grpc.RpcError as exc:
                     raise errors.from_rpc_error(exc) from None
-            failed = [r for r in resp.partitions if r.error.code]
+            failed = [r for r in resp.results if r.error.code]
             if failed:
                 raise errors.error_for(failed[0].error.code, f"committing transactional offsets of group "
                                                              f"{group_id}: {failed[0].error.message}")

@@ -262,12 +262,20 @@ async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: 
     sent = await produce_input(b, "ctp-in", n)
     rng = random.Random(11)
     log_path = os.path.join(str(tmp_path), "worker.log")
-    for _ in range(3):  # killed at a random point: mid-transaction, mid-commit, between transactions
-        w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path)
-        await asyncio.sleep(rng.uniform(1.5, 3.0))
+    small = ("--max-poll-records", "7")  # many small transactions: the kills land inside one
+    for round_ in range(3):  # killed at a random point after a commit: mid-transaction, mid-commit, between
+        round_log = f"{log_path}.{round_}"
+        w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", round_log, *small)
+
+        async def committed_once() -> bool:
+            return os.path.exists(round_log) and "COMMITTED" in open(round_log).read()
+        await until(committed_once, timeout_s=30)
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
         w.send_signal(signal.SIGKILL)
         w.wait()
-    w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path)
+        with open(round_log) as f, open(log_path, "a") as out:
+            out.write(f.read())
+    w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path, *small)
     try:
         async def all_committed() -> bool:
             return await group_offsets(b, "ctp-group", "ctp-in") == {0: n // 2, 1: n // 2}
@@ -277,7 +285,7 @@ async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: 
         w.wait()
     with open(log_path) as f:
         log_text = f.read()
-    assert log_text.count("COMMITTED") >= 2 and "FAILED" not in log_text, log_text[-2000:]
+    assert log_text.count("COMMITTED") >= 4 and "FAILED" not in log_text, log_text[-2000:]
     got = await output_by_partition(b, "ctp-out", n)
     for p in (0, 1):
         assert got[p] == [v.upper() for v in sent[p]], f"partition {p}: not exactly once / out of order"

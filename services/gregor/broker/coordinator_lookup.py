@@ -124,6 +124,12 @@ class CoordinatorLookup:
             n = await self._partitions(topic)
         except (EtcdError, ValueError, KeyError) as exc:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"cannot read {topic} from etcd: {exc}")
+        if n == 0 and key_type == KEY_TYPE_TRANSACTION and self.live:
+            # Kafka creates __transaction_state on the first transactional FindCoordinator; here the
+            # coordinator named creates it on the first call it gets, answering LOAD_IN_PROGRESS meanwhile.
+            owner = desired_owner(0, list(self.live))
+            assert owner is not None
+            return owner, str(self.live[owner]["host"]), int(self.live[owner]["port"]), -1
         if n == 0:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
                                    f"{topic} does not exist yet: no coordinator has started")

@@ -81,7 +81,7 @@ class TransactionCoordinator:
     def __init__(self, gc: "GroupCoordinator", config: TxnConfig | None = None) -> None:
         self.gc = gc
         self.config = config or TxnConfig()
-        self.num_partitions = self.config.num_partitions
+        self.num_partitions = 0  # of __transaction_state; 0 until it exists
         self.txns: dict[str, TxnMetadata] = {}
         self.owned: set[int] = set()
         self.loading: set[int] = set()
@@ -91,6 +91,7 @@ class TransactionCoordinator:
         # every new claim of the partition, so a stale owner's markers are older than its successor's.
         self.epochs: dict[int, int] = {}
         self._load_lock = asyncio.Lock()
+        self._creating: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._completing: dict[str, asyncio.Task[None]] = {}
@@ -100,17 +101,18 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        await self._ensure_topic()
+        """Clients and watches now; __transaction_state is created on the first transactional call (as Kafka
+        creates it on the first FindCoordinator for a transaction), so clusters without transactions never
+        carry its 50 partitions."""
         gc = self.gc
         self._producer = Producer({"bootstrap.servers": gc.bootstrap, "acks": "all", "linger.ms": 0,
                                    "request.timeout.ms": gc.write_timeout_ms, "delivery.timeout.ms": gc.write_timeout_ms,
                                    "max.block.ms": max(gc.fence_margin_ms, 1000), "client.id": f"txn-coordinator-{gc.id}"})
         await self._producer.start()
-        await self._producer.metadata.wait_for_topic(TXN_TOPIC, 30000)
         self._consumer = Consumer({"bootstrap.servers": gc.bootstrap, "enable.auto.commit": False,
                                    "auto.offset.reset": "earliest", "client.id": f"txn-coordinator-{gc.id}-loader"})
         for coro, name in ((self._watch(), "watch"), (self._reconcile_loop(), "reconcile"),
-                           (self._abort_timed_out_loop(), "timeouts")):
+                           (self._abort_timed_out_loop(), "timeouts"), (self._wait_for_topic(), "topic")):
             task = asyncio.get_running_loop().create_task(coro, name=f"txn-coordinator-{name}")
             task.add_done_callback(gc._on_task_done)
             self._tasks.append(task)
@@ -126,8 +128,28 @@ class TransactionCoordinator:
                 except Exception as exc:
                     log.warning("closing client: %s", exc)
 
+    async def _wait_for_topic(self) -> None:
+        """Learn the partition count of __transaction_state once it exists in etcd; ownership starts then."""
+        etcd, key = self.gc.etcd, self.gc.etcd.key("brokers", "topics", TXN_TOPIC)
+        while (kv := await etcd.get(key)) is None:
+            await asyncio.sleep(0.2)
+        self.num_partitions = len(json.loads(kv.value)["partitions"])
+        assert self._producer is not None
+        await self._producer.metadata.wait_for_topic(TXN_TOPIC, 30000)
+        self._reconcile_needed.set()
+
+    def _maybe_create_topic(self) -> None:
+        if self._creating is None or (self._creating.done() and self.num_partitions == 0):
+            self._creating = asyncio.get_running_loop().create_task(self._create_topic(), name="create-txn-topic")
+
+    async def _create_topic(self) -> None:
+        try:
+            await self._ensure_topic()
+        except (errors.GregorError, EtcdError) as exc:  # the next transactional call tries again
+            log.warning("creating %s failed: %s", TXN_TOPIC, exc)
+
     async def _ensure_topic(self) -> None:
-        """Create __transaction_state (compacted) if missing and learn its partition count from etcd."""
+        """Create __transaction_state (compacted, Kafka's transaction.state.log.* settings) if missing."""
         etcd, key = self.gc.etcd, self.gc.etcd.key("brokers", "topics", TXN_TOPIC)
         kv = await etcd.get(key)
         if kv is None:
@@ -146,8 +168,7 @@ class TransactionCoordinator:
                 await asyncio.sleep(0.1)
                 kv = await etcd.get(key)
             if kv is None:
-                raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"{TXN_TOPIC} did not appear in etcd")
-        self.num_partitions = len(json.loads(kv.value)["partitions"])
+                log.warning("%s did not appear in etcd", TXN_TOPIC)
 
     # ------------------------------------------------------------------ ownership (as the offsets partitions)
     async def _watch(self) -> None:
@@ -195,6 +216,8 @@ class TransactionCoordinator:
 
     async def _reconcile(self) -> None:
         gc, etcd = self.gc, self.gc.etcd
+        if self.num_partitions == 0:
+            return
         lease_id = gc.lease_id
         want = desired_partitions(gc.id, sorted(self.live), self.num_partitions) if gc.id in self.live else set()
         mine = self.owned | self.loading
@@ -275,11 +298,14 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ routing and writes
     def partition_of(self, transactional_id: str) -> int:
-        return partition_for(transactional_id, self.num_partitions)
+        return partition_for(transactional_id, self.num_partitions) if self.num_partitions else -1
 
     def check_owner(self, transactional_id: str) -> int:
         if not transactional_id:
             raise errors.error_for(Code.INVALID_REQUEST, "transactional id must not be empty")
+        if self.num_partitions == 0:
+            self._maybe_create_topic()
+            raise errors.error_for(Code.COORDINATOR_LOAD_IN_PROGRESS, f"{TXN_TOPIC} is being created")
         p = self.partition_of(transactional_id)
         if p in self.loading:
             raise errors.error_for(Code.COORDINATOR_LOAD_IN_PROGRESS,

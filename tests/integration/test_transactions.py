@@ -29,6 +29,7 @@ from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from gregor.common.rpc import channel
 from tests.helpers.cluster import LocalCluster, tear_down
+from tests.integration.test_cli import failed, gregor, ok
 
 TXN_OVERRIDES = {"offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "5",
                  "transaction.state.log.replication.factor": "1", "transaction.state.log.num.partitions": "5",
@@ -318,3 +319,45 @@ async def test_zombie_frozen_with_sigstop_is_fenced(cluster: LocalCluster, tmp_p
     got = await output_by_partition(b, "zb-out", 40)
     for p in (0, 1):
         assert got[p] == [v.upper() for v in sent[p]], f"partition {p}: the zombie's records became visible"
+
+
+async def test_cli_list_describe_find_hanging_abort_and_consume(cluster: LocalCluster) -> None:
+    b = broker_of(cluster)
+    await create(b, "tx-cli", 1)
+    # A "hanging" transaction: a raw transactional batch whose coordinator never heard of it (no
+    # AddPartitionsToTxn), exactly what find-hanging and abort are for.
+    from tests.integration.test_idempotence import init_producer_id, raw_produce
+    from tests.integration.test_txn_broker import txn_batch
+    pid, _ = await init_producer_id(b)
+    await raw_produce(b, "tx-cli", txn_batch([b"hang"], pid, 0, 0))
+    async with txn_producer(b, "tx-cli-id") as p:
+        await p.init_transactions()
+        await p.begin_transaction()
+        await p.send("tx-cli", b"open")
+        await p.flush()
+        listed = ok(await asyncio.to_thread(gregor, "transactions", "list", bootstrap=b))
+        assert "TransactionalId" in listed and any(
+            line.split()[:1] == ["tx-cli-id"] and line.split()[-1] == "Ongoing" for line in listed.splitlines())
+        described = ok(await asyncio.to_thread(gregor, "transactions", "describe", "--transactional-id", "tx-cli-id",
+                                               bootstrap=b))
+        assert "TransactionDurationMs" in described and "tx-cli-0" in described and "Ongoing" in described
+        await p.abort_transaction()
+    failed(await asyncio.to_thread(gregor, "transactions", "describe", "--transactional-id", "nobody", bootstrap=b),
+           "TRANSACTIONAL_ID_NOT_FOUND")
+    hanging = ok(await asyncio.to_thread(gregor, "transactions", "find-hanging", "--topic", "tx-cli",
+                                         "--max-transaction-timeout", "0", bootstrap=b))
+    rows = [line.split() for line in hanging.splitlines()[1:]]
+    assert [(r[0], r[2], r[5]) for r in rows] == [("tx-cli", str(pid), "0")], hanging
+    failed(await asyncio.to_thread(gregor, "transactions", "abort", "--topic", "tx-cli", "--partition", "0",
+                                   "--start-offset", "5", bootstrap=b), "no open transaction starts at offset 5")
+    assert await latest(b, "tx-cli", 0, common_pb2.READ_COMMITTED) == 0, "the hanging transaction pins the LSO"
+    ok(await asyncio.to_thread(gregor, "transactions", "abort", "--topic", "tx-cli", "--partition", "0",
+                               "--start-offset", "0", bootstrap=b))
+    hw = await latest(b, "tx-cli", 0, common_pb2.READ_UNCOMMITTED)
+    assert await latest(b, "tx-cli", 0, common_pb2.READ_COMMITTED) == hw, "the LSO moved on"
+    out = ok(await asyncio.to_thread(gregor, "consume", "tx-cli", "--from-beginning", "--isolation-level",
+                                     "read_committed", "--timeout-ms", "2000", bootstrap=b))
+    assert out.split() == [], "hang and open were both aborted"
+    out = ok(await asyncio.to_thread(gregor, "consume", "tx-cli", "--from-beginning", "--max-messages", "2",
+                                     bootstrap=b))
+    assert out.split() == ["hang", "open"], "read_uncommitted shows both, and no control record"

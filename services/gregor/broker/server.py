@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
-from gregor.broker.txn_markers import MarkerRequest, write_marker
+from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.common import errors
 from gregor.common.etcd import EtcdError
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
@@ -149,6 +149,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 results.append(broker_pb2.TxnMarkerPartitionResult(
                     producer_id=m.producer_id, topic=tp.topic, partition=tp.partition, offset=out))
         return broker_pb2.WriteTxnMarkersResponse(results=results)
+
+    @rpc_method("BrokerService")
+    async def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
+                                context: Ctx) -> broker_pb2.DescribeProducersResponse:
+        rows = describe_producers(self.replicas.get_partition(request.topic, request.partition))
+        return broker_pb2.DescribeProducersResponse(producers=[broker_pb2.ProducerStateDescription(
+            producer_id=pid, producer_epoch=epoch, last_sequence=seq, last_timestamp=ts, coordinator_epoch=ce,
+            current_txn_start_offset=start) for pid, epoch, seq, ts, ce, start in rows])
 
     @rpc_method("BrokerService")
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: Ctx) -> broker_pb2.MetadataResponse:

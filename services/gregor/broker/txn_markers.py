@@ -80,6 +80,15 @@ def append_marker(partition: "Partition", marker: MarkerRequest) -> "native.Appe
     return info  # type: ignore[return-value]  # a marker is never an idempotent duplicate
 
 
+def describe_producers(partition: "Partition") -> list[tuple[int, int, int, int, int, int]]:
+    """(producer id, epoch, last sequence, last timestamp, coordinator epoch, open transaction's first offset or -1)
+    of every producer the leader tracks (Kafka's DescribeProducers)."""
+    partition.check_leader()
+    psm = partition.producer_state_manager()
+    return [(e.producer_id, e.producer_epoch, e.last_seq, e.last_timestamp, e.coordinator_epoch,
+             e.current_txn_first_offset) for e in sorted(psm.producers.values(), key=lambda e: e.producer_id)]
+
+
 def aborted_transactions(partition: "Partition", fetch_offset: int, upper_offset: int) -> list[tuple[int, int]]:
     """(producer id, first offset) of aborted transactions a read_committed fetch of [fetch_offset, upper) spans."""
     if upper_offset <= fetch_offset:

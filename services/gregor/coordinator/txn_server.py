@@ -5,7 +5,8 @@ from __future__ import annotations
 import grpc
 
 from gregor.common import errors
-from gregor.common.rpc import rpc_method
+from gregor.common.rpc import channel, rpc_method
+from gregor.coordinator.server import LIST_SCOPE_HEADER
 from gregor.coordinator.txn_coordinator import TransactionCoordinator
 from gregor.coordinator.txn_metadata import TxnMetadata
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as pb, transaction_pb2_grpc
@@ -79,6 +80,21 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
     @rpc_method("TransactionCoordinatorService")
     async def ListTransactions(self, request: pb.ListTransactionsRequest,
                                context: Ctx) -> pb.ListTransactionsResponse:
+        """This instance's ids; without the local-scope header, every live instance's (one call lists all)."""
         mds = sorted((md for md in self.c.txns.values() if self.c.partition_of(md.transactional_id) in self.c.owned),
                      key=lambda md: md.transactional_id)
-        return pb.ListTransactionsResponse(transactions=[description(self.c, md) for md in mds])
+        out = [description(self.c, md) for md in mds]
+        if dict(context.invocation_metadata() or ()).get(LIST_SCOPE_HEADER) != "local":
+            for cid, info in sorted(self.c.gc.live.items()):
+                if cid == self.c.gc.id:
+                    continue
+                async with channel(f"{info['host']}:{info['port']}") as ch:
+                    try:
+                        resp = await transaction_pb2_grpc.TransactionCoordinatorServiceStub(ch).ListTransactions(
+                            request, timeout=10, metadata=((LIST_SCOPE_HEADER, "local"),))
+                    except grpc.RpcError as exc:
+                        err = errors.from_rpc_error(exc)
+                        raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE,
+                                               f"coordinator {cid} did not list its transactions: {err.message}")
+                out.extend(resp.transactions)
+        return pb.ListTransactionsResponse(transactions=sorted(out, key=lambda d: d.transactional_id))

@@ -193,3 +193,23 @@ async def test_consumer_drops_aborted_and_control_batches(broker: Process, trans
     assert uncommitted == [b"a1", b"a2", b"b1", b"a3", b"b2", b"plain", b"a4", b"after"], "no control records"
     await markers(broker.grpc, p1, 0, True, 1, topic)
     assert await consume(broker.grpc, topic, "read_committed", 5, transport=transport) == [b"b1", b"b2", b"plain", b"a4", b"after"]
+
+
+async def test_position_moves_past_trailing_markers_and_aborted_batches(broker: Process) -> None:
+    """A consumer that returned every record has its position at the end of the log, past the last
+    marker and past a trailing aborted transaction (Kafka's nextFetchOffset)."""
+    await create_topic(broker.grpc, "pos", 1)
+    pid, _ = await init_producer_id(broker.grpc)
+    await raw_produce(broker.grpc, "pos", build_batch([(None, b"plain", [], 0)]))  # 0
+    await raw_produce(broker.grpc, "pos", txn_batch([b"gone"], pid, 0, 0))  # 1
+    await markers(broker.grpc, pid, 0, False, 1, "pos")  # 2
+    for isolation in ("read_committed", "read_uncommitted"):
+        async with Consumer({"bootstrap.servers": broker.grpc, "isolation.level": isolation,
+                             "auto.offset.reset": "earliest", "fetch.max.wait.ms": 50}) as c:
+            c.assign([("pos", 0)])
+            seen: list[bytes] = []
+            deadline = time.monotonic() + 5
+            while await c.position(("pos", 0)) < 3 and time.monotonic() < deadline:
+                seen += [r.value for r in await c.poll(100)]
+            assert await c.position(("pos", 0)) == 3, isolation
+            assert seen == ([b"plain"] if isolation == "read_committed" else [b"plain", b"gone"])

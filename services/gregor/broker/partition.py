@@ -18,7 +18,7 @@ from gregor.broker.producer_state import (
     ProducerStateManager,
     parse_batch_infos,
 )
-from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, last_stable_offset
+from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
 from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
@@ -368,8 +368,7 @@ class Partition:
     @property
     def last_stable_offset(self) -> int:
         """The LSO (seed 003): below the oldest open transaction, or the HW when none is open."""
-        return last_stable_offset(self.producer_state_manager().first_unstable_offset(self.high_watermark),
-                                  self.high_watermark)
+        return partition_lso(self)
 
     def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
         """Followers read up to the LEO; consumers below the high watermark, read_committed below the LSO."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from gregor.common import errors
 from gregor.common.clock import now_ms
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from gregor.broker.producer_state import CompletedTxn
     from gregor.broker.replica_manager import ReplicaManager
 
+LSO_LAG = Gauge("gregor_broker_last_stable_offset_lag",
+                "High watermark minus last stable offset: records held back from read_committed by open "
+                "transactions (leader, updated when the LSO is read)", ["topic", "partition"])
 MARKERS_WRITTEN = Counter("gregor_broker_txn_markers_total", "Transaction markers written as leader",
                           ["topic", "result"])
 READ_UNCOMMITTED = 0  # Kafka's IsolationLevel ids (common.proto's IsolationLevel)
@@ -42,6 +45,14 @@ def last_stable_offset(first_unstable_offset: Optional[int], high_watermark: int
     if first_unstable_offset is None:
         return high_watermark
     return min(first_unstable_offset, high_watermark)
+
+
+def partition_lso(partition: "Partition") -> int:
+    """The partition's LSO from its producer state and HW (and the LSO-lag gauge updated)."""
+    hw = partition.high_watermark
+    lso = last_stable_offset(partition.producer_state_manager().first_unstable_offset(hw), hw)
+    LSO_LAG.labels(topic=partition.topic, partition=str(partition.partition)).set(hw - lso)
+    return lso
 
 
 def index_aborted(log: "native.Log", completed: Iterable["CompletedTxn"]) -> None:

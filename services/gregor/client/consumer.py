@@ -360,6 +360,10 @@ class Consumer:
             self._buffered_total -= freed
             out.extend(take)
             state.position = take[-1].offset + 1
+            if len(take) == buffered and state.fetch_offset is not None:
+                # Every fetched record is returned: batches fetched after the last one (control batches,
+                # aborted transactions) are behind the position too, as Kafka's nextFetchOffset.
+                state.position = max(state.position, state.fetch_offset)
             if len(out) >= limit:
                 break
         if n:

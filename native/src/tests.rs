@@ -1351,3 +1351,44 @@ fn torn_txn_index_tail_is_cut_on_open() {
     assert_eq!(log.collect_aborted_txns(0, 10), vec![t]);
     assert_eq!(fs::metadata(&path).unwrap().len(), 34);
 }
+
+/// One transactional record `k=v` of producer `pid` (sequence `seq`).
+fn txn_kv(k: &str, v: &str, pid: i64, seq: i32) -> Vec<u8> {
+    let mut section = Vec::new();
+    let r = Record { offset_delta: 0, timestamp_delta: 0, key: Some(k.into()), value: Some(v.into()), headers: vec![] };
+    encode_record(&mut section, &r);
+    let spec = BatchSpec {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: batch::TRANSACTIONAL_FLAG_MASK,
+        last_offset_delta: 0,
+        base_timestamp: T0,
+        max_timestamp: T0,
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: seq,
+        records_count: 1,
+    };
+    batch::build_batch(&section, &spec).unwrap()
+}
+
+#[test]
+fn cleaning_drops_aborted_records_and_never_lets_them_shadow_committed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&kv_batch(&[("k", Some("committed"))], T0, 0, -1), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_kv("k", "aborted", 7, 0), 1, T0).unwrap(); // 1
+    log.append_as_leader(&txn_kv("j", "kept", 8, 0), 1, T0).unwrap(); // 2
+    log.append_as_leader(&txn_batch(7, Some(0)), 1, T0).unwrap(); // 3: ABORT of producer 7
+    log.append_aborted_txn(AbortedTxn { producer_id: 7, first_offset: 1, last_offset: 3, last_stable_offset: 2 }).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 4: COMMIT of producer 8
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("active"))], T0, 0, -1), 1, T0).unwrap(); // 5, active segment
+    log.clean(clean_cfg(T0)).unwrap();
+    let recs: Vec<(i64, String)> = records_of(&log).into_iter().map(|r| (r.0, r.2.unwrap_or_default())).collect();
+    let values: Vec<&str> = recs.iter().map(|r| r.1.as_str()).filter(|v| v.is_ascii() && !v.starts_with('\0')).collect();
+    assert_eq!(values, vec!["committed", "kept", "active"], "the aborted update neither survives nor shadows k");
+    let offsets: Vec<i64> = recs.iter().map(|r| r.0).collect();
+    assert!(offsets.contains(&3) && offsets.contains(&4), "markers stay: {offsets:?}");
+    assert_eq!(log.collect_aborted_txns(0, 10).len(), 1, "the joined segment keeps the aborted index");
+}

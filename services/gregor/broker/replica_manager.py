@@ -306,9 +306,16 @@ class ReplicaManager:
                 self.log_manager.delete_log(*key)
 
     def _retention_upper_bound(self, key: tuple[str, int]) -> int | None:
-        """Retention may delete only below the partition's high watermark."""
+        """Retention and the cleaner work only below the partition's LSO (the HW when no transaction is open):
+        an open transaction's records may still be aborted, so they must not shadow older ones (Kafka's
+        cleaner stops at the first unstable offset)."""
         p = self.partitions.get(key)
-        return p.high_watermark if p is not None else None
+        if p is None:
+            return None
+        try:
+            return p.last_stable_offset
+        except errors.GregorError:  # producer state unreadable: the HW, as before transactions
+            return p.high_watermark
 
     def get_partition(self, topic: str, partition: int) -> Partition:
         p = self.partitions.get((topic, partition))

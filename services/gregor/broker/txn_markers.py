@@ -51,7 +51,8 @@ def partition_lso(partition: "Partition") -> int:
     """The partition's LSO from its producer state and HW (and the LSO-lag gauge updated)."""
     hw = partition.high_watermark
     lso = last_stable_offset(partition.producer_state_manager().first_unstable_offset(hw), hw)
-    LSO_LAG.labels(topic=partition.topic, partition=str(partition.partition)).set(hw - lso)
+    if partition.is_leader:
+        LSO_LAG.labels(topic=partition.topic, partition=str(partition.partition)).set(hw - lso)
     return lso
 
 

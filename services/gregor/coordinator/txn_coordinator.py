@@ -507,7 +507,19 @@ class TransactionCoordinator:
                                    f"transactional id {tid} has no producer id: call init_transactions() first")
         return md
 
+    async def _after_completion(self, tid: str) -> None:
+        """Wait (bounded) for the previous transaction's markers, so the next transaction's first call is not
+        answered CONCURRENT_TRANSACTIONS and retried after a client backoff (the common case right after a
+        commit: EndTxn answers once the decision is durable, the markers follow)."""
+        task = self._completing.get(tid)
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.gc.write_timeout_ms / 1000)
+            except (asyncio.TimeoutError, Exception):  # still running or failed: the state decides below
+                pass
+
     async def add_partitions(self, tid: str, pid: int, epoch: int, partitions: set[tuple[str, int]]) -> None:
+        await self._after_completion(tid)
         async with self.lock(tid):
             new = tm.add_partitions(self._current(tid), pid, epoch, partitions, now_ms())
             if new is not None:
@@ -516,6 +528,7 @@ class TransactionCoordinator:
     async def add_offsets(self, tid: str, pid: int, epoch: int, group_id: str) -> None:
         if not group_id:
             raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
+        await self._after_completion(tid)
         async with self.lock(tid):
             md = self._current(tid)
             new = tm.add_partitions(md, pid, epoch, set(), now_ms()) or md

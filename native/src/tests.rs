@@ -1283,23 +1283,26 @@ fn truncation_lowers_the_cleaner_checkpoint() {
 
 /// A transactional batch of producer `pid`, or its ABORT (type 0) / COMMIT (type 1) control batch.
 fn txn_batch(pid: i64, control_type: Option<i16>) -> Vec<u8> {
+    match control_type {
+        Some(t) => txn_record(pid, [0i16.to_be_bytes(), t.to_be_bytes()].concat(), vec![0, 0, 0, 0, 0, 5], true, -1),
+        None => txn_record(pid, b"k".to_vec(), b"v".to_vec(), false, 0),
+    }
+}
+
+/// One-record transactional batch (a control batch with `control`).
+fn txn_record(pid: i64, key: Vec<u8>, value: Vec<u8>, control: bool, seq: i32) -> Vec<u8> {
     let mut section = Vec::new();
-    let (key, value) = match control_type {
-        Some(t) => ([0i16.to_be_bytes(), t.to_be_bytes()].concat(), vec![0, 0, 0, 0, 0, 5]),
-        None => (b"k".to_vec(), b"v".to_vec()),
-    };
     encode_record(&mut section, &Record { offset_delta: 0, timestamp_delta: 0, key: Some(key), value: Some(value), headers: vec![] });
-    let control = if control_type.is_some() { batch::CONTROL_FLAG_MASK } else { 0 };
     let spec = BatchSpec {
         base_offset: 0,
         partition_leader_epoch: -1,
-        attributes: batch::TRANSACTIONAL_FLAG_MASK | control,
+        attributes: batch::TRANSACTIONAL_FLAG_MASK | if control { batch::CONTROL_FLAG_MASK } else { 0 },
         last_offset_delta: 0,
         base_timestamp: T0,
         max_timestamp: T0,
         producer_id: pid,
         producer_epoch: 0,
-        base_sequence: if control_type.is_some() { -1 } else { 0 },
+        base_sequence: seq,
         records_count: 1,
     };
     batch::build_batch(&section, &spec).unwrap()
@@ -1354,22 +1357,7 @@ fn torn_txn_index_tail_is_cut_on_open() {
 
 /// One transactional record `k=v` of producer `pid` (sequence `seq`).
 fn txn_kv(k: &str, v: &str, pid: i64, seq: i32) -> Vec<u8> {
-    let mut section = Vec::new();
-    let r = Record { offset_delta: 0, timestamp_delta: 0, key: Some(k.into()), value: Some(v.into()), headers: vec![] };
-    encode_record(&mut section, &r);
-    let spec = BatchSpec {
-        base_offset: 0,
-        partition_leader_epoch: -1,
-        attributes: batch::TRANSACTIONAL_FLAG_MASK,
-        last_offset_delta: 0,
-        base_timestamp: T0,
-        max_timestamp: T0,
-        producer_id: pid,
-        producer_epoch: 0,
-        base_sequence: seq,
-        records_count: 1,
-    };
-    batch::build_batch(&section, &spec).unwrap()
+    txn_record(pid, k.into(), v.into(), false, seq)
 }
 
 #[test]

@@ -43,6 +43,7 @@ from gregor.common.coordinator_ownership import desired_partitions, partition_fo
 from gregor.common.etcd import Delete, EtcdError, WatchCompacted, value_is
 from gregor.common.rpc import channel
 from gregor.coordinator import txn_metadata as tm
+from gregor.coordinator.coordinator import reconcile_forever
 from gregor.coordinator.txn_metadata import TxnMetadata, TxnState
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -204,15 +205,7 @@ class TransactionCoordinator:
         return self.gc.etcd.key("coordinators", CLAIMS, p)
 
     async def _reconcile_loop(self) -> None:
-        while True:
-            await self._reconcile_needed.wait()
-            self._reconcile_needed.clear()
-            try:
-                await self._reconcile()
-            except EtcdError as exc:
-                log.warning("transaction partition reconcile failed, retrying: %s", exc)
-                await asyncio.sleep(0.5)
-                self._reconcile_needed.set()
+        await reconcile_forever(self._reconcile_needed, self._reconcile, "transaction partition")
 
     async def _reconcile(self) -> None:
         gc, etcd = self.gc, self.gc.etcd

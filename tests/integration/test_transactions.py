@@ -361,3 +361,45 @@ async def test_cli_list_describe_find_hanging_abort_and_consume(cluster: LocalCl
     out = ok(await asyncio.to_thread(gregor, "consume", "tx-cli", "--from-beginning", "--max-messages", "2",
                                      bootstrap=b))
     assert out.split() == ["hang", "open"], "read_uncommitted shows both, and no control record"
+
+
+async def test_gateway_stream_carries_a_transaction(cluster: LocalCluster, tmp_path: str) -> None:
+    from gregor.cli.local_cluster import start_gateway, stop_process
+    from gregor.rpc.v1 import gateway_pb2, gateway_pb2_grpc
+
+    b = broker_of(cluster)
+    await create(b, "tx-gw", 1)
+    gw = start_gateway(str(tmp_path), 0, b)
+    try:
+        def rec(cid: int, value: bytes) -> gateway_pb2.GatewayTxnRequest:
+            return gateway_pb2.GatewayTxnRequest(record=gateway_pb2.GatewayRecord(
+                topic="tx-gw", partition=0, correlation_id=cid, record=common_pb2.Record(value=value)))
+
+        ctl = gateway_pb2.GatewayTxnControl
+        msgs = [gateway_pb2.GatewayTxnRequest(init=gateway_pb2.GatewayTxnInit(transactional_id="tx-gw-id",
+                                                                            correlation_id=0)),
+                rec(1, b"outside"),  # before begin: INVALID_TXN_STATE, nothing written
+                gateway_pb2.GatewayTxnRequest(begin=ctl(correlation_id=2)), rec(3, b"c1"), rec(4, b"c2"),
+                gateway_pb2.GatewayTxnRequest(commit=ctl(correlation_id=5)),
+                gateway_pb2.GatewayTxnRequest(begin=ctl(correlation_id=6)), rec(7, b"a1"),
+                gateway_pb2.GatewayTxnRequest(abort=ctl(correlation_id=8)),
+                gateway_pb2.GatewayTxnRequest(commit=ctl(correlation_id=9))]  # nothing to commit: INVALID_TXN_STATE
+
+        async def requests():  # type: ignore[no-untyped-def]
+            for m in msgs:
+                yield m
+
+        async with channel(gw.grpc) as ch:
+            results = [r async for r in gateway_pb2_grpc.ProducerGatewayServiceStub(ch).TransactionalProduceStream(
+                requests(), timeout=60)]
+    finally:
+        stop_process(gw)
+    by_id = {r.correlation_id: r for r in results}
+    assert sorted(by_id) == list(range(10))
+    failed_ids = {cid for cid, r in by_id.items() if r.error.code}
+    assert failed_ids == {1, 9}, results
+    assert by_id[1].error.code == errors.Code.INVALID_TXN_STATE and by_id[9].error.code == errors.Code.INVALID_TXN_STATE
+    assert (by_id[3].offset, by_id[4].offset) == (0, 1)
+    assert [r.correlation_id for r in results].index(4) < [r.correlation_id for r in results].index(5), \
+        "a record's result comes before its transaction's commit"
+    assert await values(b, "tx-gw", "read_committed", partitions=1, want=2) == [b"c1", b"c2"]

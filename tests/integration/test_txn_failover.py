@@ -108,3 +108,50 @@ async def test_new_coordinator_completes_a_commit_left_in_prepare(cluster: Local
             await asyncio.sleep(0.2)
     assert d.state == "CompleteCommit", d
     assert d.coordinator_id == survivor.id
+
+
+@pytest.fixture
+def rf2(tmp_path: str) -> Iterator[LocalCluster]:
+    c = LocalCluster.up(str(tmp_path), brokers=2, controllers=1, coordinators=1, lease_ttl_ms=2000,
+                        coordinator_overrides={
+                            "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "2",
+                            "transaction.state.log.replication.factor": "1",
+                            "transaction.state.log.num.partitions": str(TXN_PARTITIONS)})
+    try:
+        yield c
+    finally:
+        tear_down(c)
+
+
+async def test_markers_land_on_the_new_leader_when_the_leader_dies(rf2: LocalCluster) -> None:
+    """The leader of a transaction's partition is frozen before the commit and SIGKILLed while the coordinator
+    tries to write the marker: the marker lands on the new leader, and the transaction is visible there."""
+    brokers = {p.id: p for p in rf2.by_role("broker")}
+    boot = ",".join(p.grpc for p in brokers.values())
+    async with AdminClient({"bootstrap.servers": boot}) as admin:
+        await admin.create_topics([NewTopic("lk-out", 1, 2, {"min.insync.replicas": "1"})])
+    async with Producer({"bootstrap.servers": boot, "transactional.id": "lk-warmup"}) as warm:
+        await warm.init_transactions()
+    async with Producer({"bootstrap.servers": boot, "linger.ms": 0}) as probe:
+        await probe.metadata.wait_for_topic("lk-out", 10000)
+        await probe.metadata.wait_for_topic("__transaction_state", 10000)
+        leader = probe.metadata.leader_for("lk-out", 0)
+        tid = next(t for t in (f"lk-{i}" for i in range(200))
+                   if probe.metadata.leader_for("__transaction_state", partition_for(t, TXN_PARTITIONS)) != leader)
+    survivor = next(p for i, p in brokers.items() if i != leader)
+    p = Producer({"bootstrap.servers": boot, "transactional.id": tid, "linger.ms": 0})
+    try:
+        await p.init_transactions()
+        await p.begin_transaction()
+        for i in range(3):
+            await (await p.send("lk-out", f"v{i}".encode(), partition=0))  # acks=all: on both replicas
+        os.kill(brokers[leader].pid, signal.SIGSTOP)
+        try:
+            await p.commit_transaction()  # PrepareCommit is durable; the marker cannot land on the leader
+            await asyncio.sleep(0.3)
+        finally:
+            os.kill(brokers[leader].pid, signal.SIGKILL)
+            os.kill(brokers[leader].pid, signal.SIGCONT)
+    finally:
+        await p.close()
+    assert await committed_values(survivor.grpc, "lk-out", 30) == [b"v0", b"v1", b"v2"]

@@ -106,12 +106,6 @@ class TransactionCoordinator:
         creates it on the first FindCoordinator for a transaction), so clusters without transactions never
         carry its 50 partitions."""
         gc = self.gc
-        self._producer = Producer({"bootstrap.servers": gc.bootstrap, "acks": "all", "linger.ms": 0,
-                                   "request.timeout.ms": gc.write_timeout_ms, "delivery.timeout.ms": gc.write_timeout_ms,
-                                   "max.block.ms": max(gc.fence_margin_ms, 1000), "client.id": f"txn-coordinator-{gc.id}"})
-        await self._producer.start()
-        self._consumer = Consumer({"bootstrap.servers": gc.bootstrap, "enable.auto.commit": False,
-                                   "auto.offset.reset": "earliest", "client.id": f"txn-coordinator-{gc.id}-loader"})
         for coro, name in ((self._watch(), "watch"), (self._reconcile_loop(), "reconcile"),
                            (self._abort_timed_out_loop(), "timeouts"), (self._wait_for_topic(), "topic")):
             task = asyncio.get_running_loop().create_task(coro, name=f"txn-coordinator-{name}")
@@ -134,9 +128,15 @@ class TransactionCoordinator:
         etcd, key = self.gc.etcd, self.gc.etcd.key("brokers", "topics", TXN_TOPIC)
         while (kv := await etcd.get(key)) is None:
             await asyncio.sleep(0.2)
-        self.num_partitions = len(json.loads(kv.value)["partitions"])
-        assert self._producer is not None
+        gc = self.gc  # the writer and the loader only now: a cluster without transactions never starts them
+        self._producer = Producer({"bootstrap.servers": gc.bootstrap, "acks": "all", "linger.ms": 0,
+                                   "request.timeout.ms": gc.write_timeout_ms, "delivery.timeout.ms": gc.write_timeout_ms,
+                                   "max.block.ms": max(gc.fence_margin_ms, 1000), "client.id": f"txn-coordinator-{gc.id}"})
+        await self._producer.start()
+        self._consumer = Consumer({"bootstrap.servers": gc.bootstrap, "enable.auto.commit": False,
+                                   "auto.offset.reset": "earliest", "client.id": f"txn-coordinator-{gc.id}-loader"})
         await self._producer.metadata.wait_for_topic(TXN_TOPIC, 30000)
+        self.num_partitions = len(json.loads(kv.value)["partitions"])
         self._reconcile_needed.set()
 
     def _maybe_create_topic(self) -> None:

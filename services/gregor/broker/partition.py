@@ -18,6 +18,7 @@ from gregor.broker.producer_state import (
     ProducerStateManager,
     parse_batch_infos,
 )
+from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
 from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
@@ -237,8 +238,8 @@ class Partition:
             raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER,
                                    f"broker {self.local_broker_id} is not the leader", **where)
 
-    def append_records_to_leader(self, records: bytes,
-                                 required_acks: int) -> native.AppendInfo | DuplicateAppendInfo:
+    def append_records_to_leader(self, records: bytes, required_acks: int,
+                                 is_marker: bool = False) -> native.AppendInfo | DuplicateAppendInfo:
         """Validate and append as leader; offsets are assigned in the native engine.
 
         Idempotent batches are checked against the ProducerStateManager first
@@ -253,6 +254,10 @@ class Partition:
                 topic=self.topic, partition=self.partition)
         records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
+        if batches is not None and not is_marker and any(b.is_control for b in batches):
+            raise errors.error_for(errors.Code.INVALID_RECORD,
+                                   "client produce requests may not carry control batches (only WriteTxnMarkers)",
+                                   topic=self.topic, partition=self.partition)
         psm = self.producer_state_manager()
         if batches is not None:
             duplicate = psm.check_leader_append(batches)
@@ -318,7 +323,7 @@ class Partition:
         if psm is None:
             return
         if batches is not None and any(b.producer_id >= 0 for b in batches):
-            psm.update(batches, first_offset)
+            index_aborted(self.log, psm.update(batches, first_offset))
         psm.map_end_offset = self.log.log_end_offset
         now = now_ms()
         if psm.maybe_remove_expired_producers(now):
@@ -360,12 +365,21 @@ class Partition:
             return True
         return False
 
-    def fetch_upper_bound(self, is_follower: bool) -> int:
-        """Followers read up to the LEO; consumers only below the high watermark."""
-        return self.log.log_end_offset if is_follower else self.high_watermark
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO (seed 003): below the oldest open transaction, or the HW when none is open."""
+        return partition_lso(self)
 
-    def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool) -> native.FileSlice:
+    def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
+        """Followers read up to the LEO; consumers below the high watermark, read_committed below the LSO."""
+        if is_follower:
+            return self.log.log_end_offset
+        return self.last_stable_offset if isolation_level == READ_COMMITTED else self.high_watermark
+
+    def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool,
+                   isolation_level: int = 0) -> native.FileSlice:
         try:
-            return self.log.read_slice(fetch_offset, max_bytes, self.fetch_upper_bound(is_follower), True)
+            upper = self.fetch_upper_bound(is_follower, isolation_level)
+            return self.log.read_slice(fetch_offset, max_bytes, upper, True)
         except Exception as exc:
             raise native_error(exc, self.topic, self.partition) from exc

@@ -17,7 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
-.PHONY: examples
+.PHONY: examples spark-deps analytics
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -57,7 +57,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples test-native stubtest test-python
+test: setup examples spark-deps test-native stubtest test-python
 
 test-native:
 	cd native && $(CARGO) test --release -q
@@ -73,6 +73,13 @@ examples: examples/node/node_modules/.package-lock.json
 examples/node/node_modules/.package-lock.json: examples/node/package.json examples/node/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js (>= 18) first" >&2; exit 1; }
 	cd examples/node && npm ci --no-audit --no-fund
+
+# The Spark extra (pyspark, pyarrow, pandas, matplotlib: see pyproject.toml); Spark itself needs Java 17+.
+spark-deps: $(VENV)/.spark
+$(VENV)/.spark: pyproject.toml $(VENV)/.deps
+	@command -v java >/dev/null || { echo "java not found: Spark 4 needs a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+	$(PIP) install -q --disable-pip-version-check -e '.[dev,spark]'
+	touch $@
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -100,8 +100,8 @@ class GregorBatchReader(_ClusterOwner, DataSourceReader):
             self.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ranges.RangePartition)
-        return ranges.read_range(partition)
+        # With no range to read Spark still runs one task, handing it a bare InputPartition.
+        return ranges.read_range(partition) if isinstance(partition, ranges.RangePartition) else iter(())
 
 
 class GregorStreamReader(_ClusterOwner, DataSourceStreamReader):
@@ -165,8 +165,8 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader):
         return ranges.split(out, self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ranges.RangePartition)
-        return ranges.read_range(partition)
+        # With no range to read Spark still runs one task, handing it a bare InputPartition.
+        return ranges.read_range(partition) if isinstance(partition, ranges.RangePartition) else iter(())
 
     def commit(self, end: Offsets) -> None:
         """Nothing to release: Spark's checkpoint holds the offsets, as with Spark's Kafka source

@@ -22,6 +22,10 @@ KAFKA_HEADERS = StructField("headers", ArrayType(StructType([StructField("key", 
 BASE_TS = 1_760_000_000_000
 
 
+def ORDER(row: tuple[Any, ...]) -> tuple[str, int, int]:  # noqa: N802 - (topic, partition, offset)
+    return row[4], row[0], row[1]
+
+
 def records(n: int, tag: str) -> list[dict[str, Any]]:
     """Keys (some null), values of varied size (one empty, one null), headers (one with an empty value)."""
     out = []
@@ -34,14 +38,14 @@ def records(n: int, tag: str) -> list[dict[str, Any]]:
 
 
 def expected_rows(topic: str, sent: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return sorted((r["partition"], r["offset"], r["key"], r["value"], topic,
-                   datetime.datetime.fromtimestamp(r["timestamp"] / 1000, datetime.timezone.utc).replace(tzinfo=None),
-                   0, [(k, v) for k, v in r["headers"]]) for r in sent)
+    return sorted(((r["partition"], r["offset"], r["key"], r["value"], topic,
+                    datetime.datetime.fromtimestamp(r["timestamp"] / 1000, datetime.timezone.utc).replace(tzinfo=None),
+                    0, [(k, v) for k, v in r["headers"]]) for r in sent), key=ORDER)
 
 
-def got_rows(df: Any) -> list[tuple[Any, ...]]:
-    return sorted((r.partition, r.offset, r.key, r.value, r.topic, r.timestamp, r.timestampType,
-                   [(h.key, h.value) for h in r.headers]) for r in df.collect())
+def got_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
+    return sorted(((r.partition, r.offset, r.key, r.value, r.topic, r.timestamp, r.timestampType,
+                    [(h.key, h.value) for h in r.headers]) for r in rows), key=ORDER)
 
 
 def test_schema_is_sparks_kafka_schema(spark: Any, gregor: Any) -> None:
@@ -52,16 +56,23 @@ def test_schema_is_sparks_kafka_schema(spark: Any, gregor: Any) -> None:
     assert with_headers.schema == StructType(KAFKA_SCHEMA.fields + [KAFKA_HEADERS])
 
 
-@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
-def test_batch_read_equals_what_was_produced(spark: Any, gregor: Any, codec: str) -> None:
-    topic = f"codec-{codec}"
-    run(create_topic(gregor.bootstrap, topic, 3))
-    sent = run(produce(gregor.bootstrap, topic, records(60, codec), **{"compression.type": codec}))
-    df = spark.read.format("gregor").option("subscribe", topic).option("includeHeaders", "true").load()
-    assert got_rows(df) == expected_rows(topic, sent)
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def test_batch_read_equals_what_was_produced_across_codecs(spark: Any, gregor: Any) -> None:
+    """One topic per codec, read together through subscribePattern (one Spark job for all five)."""
+    expected = []
+    for codec in CODECS:
+        topic = f"codec-{codec}"
+        run(create_topic(gregor.bootstrap, topic, 3))
+        sent = run(produce(gregor.bootstrap, topic, records(60, codec), **{"compression.type": codec}))
+        expected += expected_rows(topic, sent)
+    df = spark.read.format("gregor").option("subscribePattern", "codec-.*").option("includeHeaders", "true").load()
+    rows = df.collect()
+    assert got_rows(rows) == sorted(expected, key=ORDER)
     # The aggregate path (no rows back to Python) sees the same data.
-    assert df.count() == 60
-    assert df.selectExpr("sum(length(value))").first()[0] == sum(len(r["value"] or b"") for r in sent)
+    n, size = df.selectExpr("count(*)", "sum(length(value))").first()
+    assert (n, size) == (300, sum(len(r[3] or b"") for r in expected))
 
 
 def test_offsets_json_timestamps_and_min_partitions(spark: Any, gregor: Any) -> None:

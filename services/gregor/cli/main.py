@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import click
 
+from gregor.cli.analytics import analytics
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
 from gregor.cli.leader_election import leader_election
@@ -47,6 +48,7 @@ cli.add_command(log_group)
 cli.add_command(perf)
 cli.add_command(leader_election)
 cli.add_command(groups)
+cli.add_command(analytics)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -39,11 +39,12 @@ def reader(spark: Any, bootstrap: Optional[str]) -> Any:
     return r.option("bootstrap", bootstrap) if bootstrap else r
 
 
-def save(df: Any, out: str, name: str) -> Any:
-    """Write one result table as Parquet and return it as pandas (results are small aggregates)."""
-    path = os.path.join(out, name + ".parquet")
-    df.write.mode("overwrite").parquet(path)
-    return df.toPandas()
+def save(df: Any, out: str, name: str, order: list[str]) -> Any:
+    """One result table, collected once (results are small aggregates), sorted, written as a Parquet file
+    by the driver and returned as pandas: one Spark job per table instead of a write plus a collect."""
+    pdf = df.toPandas().sort_values(order, kind="stable").reset_index(drop=True)
+    pdf.to_parquet(os.path.join(out, name + ".parquet"), index=False)
+    return pdf
 
 
 def chart(out: str, name: str, draw: Any, title: str) -> str:

@@ -57,16 +57,17 @@ def run(spark: Any, out: str, *, bootstrap: Optional[str] = None) -> dict[str, A
         lag = joined.groupBy("c.group", "c.topic", "c.partition", "c.committed_offset", "c.commit_time") \
             .agg((F.coalesce(F.max("d.offset"), F.lit(-1)) + 1).alias("log_end_offset")) \
             .withColumn("lag", F.greatest(F.col("log_end_offset") - F.col("committed_offset"), F.lit(0)))
-        tables["lag_over_time"] = lag.orderBy("group", "topic", "partition", "commit_time")
+        tables["lag_over_time"] = lag
         ends = data.groupBy("topic", "partition").agg((F.max("offset") + 1).alias("log_end_offset"))
         latest = commits.groupBy("group", "topic", "partition").agg(
             F.max_by("committed_offset", "commit_time").alias("committed_offset"),
             F.max("commit_time").alias("last_commit"))
         tables["current_lag"] = latest.join(ends, ["topic", "partition"], "left") \
             .withColumn("lag", F.coalesce("log_end_offset", F.lit(0)) - F.col("committed_offset")) \
-            .select("group", "topic", "partition", "committed_offset", "log_end_offset", "lag", "last_commit") \
-            .orderBy("group", "topic", "partition")
-    frames = {name: save(t, out, name) for name, t in tables.items()}
+            .select("group", "topic", "partition", "committed_offset", "log_end_offset", "lag", "last_commit")
+    order = {"lag_over_time": ["group", "topic", "partition", "commit_time"],
+             "current_lag": ["group", "topic", "partition"]}
+    frames = {name: save(t, out, name, order[name]) for name, t in tables.items()}
     frames["commits"] = commits.count()
     commits.unpersist()
     frames["charts"] = _charts(out, frames)

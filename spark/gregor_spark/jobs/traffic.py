@@ -10,6 +10,8 @@ from typing import Any, Optional
 from gregor_spark.jobs.common import chart, parser, reader, save, session
 
 TOP_KEYS = 10  # keys listed per topic in the top-keys table and chart
+ORDER = {"traffic_by_partition": ["window_start", "topic", "partition"], "traffic_by_key": ["window_start", "topic", "key"],
+         "partition_skew": ["topic"], "top_keys": ["topic", "rank"], "record_sizes": ["topic", "size_le"]}
 
 
 def run(spark: Any, out: str, *, bootstrap: Optional[str] = None, pattern: str = "[^_].*",
@@ -25,26 +27,23 @@ def run(spark: Any, out: str, *, bootstrap: Optional[str] = None, pattern: str =
     tables = {
         "traffic_by_partition": df.groupBy(w.alias("w"), "topic", "partition")
         .agg(F.count("*").alias("records"), F.sum("bytes").alias("bytes"))
-        .select(F.col("w.start").alias("window_start"), "topic", "partition", "records", "bytes")
-        .orderBy("window_start", "topic", "partition"),
+        .select(F.col("w.start").alias("window_start"), "topic", "partition", "records", "bytes"),
         "traffic_by_key": df.groupBy(w.alias("w"), "topic", "key_s")
         .agg(F.count("*").alias("records"), F.sum("bytes").alias("bytes"))
-        .select(F.col("w.start").alias("window_start"), "topic", F.col("key_s").alias("key"), "records", "bytes")
-        .orderBy("window_start", "topic", "key"),
+        .select(F.col("w.start").alias("window_start"), "topic", F.col("key_s").alias("key"), "records", "bytes"),
     }
     per_part = df.groupBy("topic", "partition").agg(F.count("*").alias("records"), F.sum("bytes").alias("bytes"))
     tables["partition_skew"] = per_part.groupBy("topic").agg(
         F.count("*").alias("partitions"), F.sum("records").alias("records"), F.max("records").alias("max_records"),
-        F.min("records").alias("min_records"), (F.max("records") / F.avg("records")).alias("skew")).orderBy("topic")
+        F.min("records").alias("min_records"), (F.max("records") / F.avg("records")).alias("skew"))
     by_key = df.groupBy("topic", "key_s").agg(F.count("*").alias("records"), F.sum("bytes").alias("bytes"))
     rank = F.row_number().over(Window.partitionBy("topic").orderBy(F.desc("records"), "key_s"))
     tables["top_keys"] = by_key.withColumn("rank", rank).where(F.col("rank") <= TOP_KEYS) \
-        .select("topic", "rank", F.col("key_s").alias("key"), "records", "bytes").orderBy("topic", "rank")
+        .select("topic", "rank", F.col("key_s").alias("key"), "records", "bytes")
     # Power-of-two buckets: a record of n bytes lands in the smallest 2^k >= n (0 for empty records).
     bucket = F.when(F.col("bytes") == 0, F.lit(0)).otherwise(F.pow(F.lit(2), F.ceil(F.log2("bytes")))).cast("long")
-    tables["record_sizes"] = df.groupBy("topic", bucket.alias("size_le")).agg(F.count("*").alias("records")) \
-        .orderBy("topic", "size_le")
-    frames = {name: save(t, out, name) for name, t in tables.items()}
+    tables["record_sizes"] = df.groupBy("topic", bucket.alias("size_le")).agg(F.count("*").alias("records"))
+    frames = {name: save(t, out, name, ORDER[name]) for name, t in tables.items()}
     df.unpersist()
     frames["charts"] = _charts(out, frames)
     return frames

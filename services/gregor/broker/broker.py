@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any
 
+from gregor.broker.broker_metrics import unwatch_broker, watch_broker
 from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
@@ -18,7 +19,7 @@ from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
-from gregor.common.metrics import serve_metrics
+from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
 
@@ -38,6 +39,8 @@ class Broker:
         self.config = config
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
+        watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
+        register_build_info("broker")
         self.cluster_mode = bool(config.etcd_endpoints)
         self.topic_store = LocalTopicStore(self.log_manager.log_dirs[0])
         self.metadata_cache = MetadataCache(config.cluster_id)
@@ -189,6 +192,7 @@ class Broker:
         if self._etcd is not None:
             await self._etcd.close()
         self.replica_manager.shutdown()
+        unwatch_broker(self.replica_manager)
         if self.data_port is not None:
             await self.data_port.stop()
         await self._server.stop(grace_s)

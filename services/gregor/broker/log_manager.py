@@ -27,6 +27,10 @@ from gregor.common.clock import now_ms
 log = logging.getLogger(__name__)
 
 # Kafka's kafka.log:type=LogCleaner / LogCleanerManager metrics.
+LOG_RECOVERY_SECONDS = Counter("gregor_broker_log_recovery_seconds_total",
+                               "Time spent opening and recovering partition logs (load and tail recovery at start)")
+LOG_RECOVERED_BYTES_TRUNCATED = Counter("gregor_broker_log_recovery_truncated_bytes_total",
+                                        "Bytes of torn or corrupt tail cut by log recovery")
 CLEANER_MAX_DIRTY_PERCENT = Gauge("gregor_log_cleaner_max_dirty_percent",
                                   "Highest dirty ratio (percent) of a compacted log at the last check")
 CLEANER_CLEANED_BYTES = Counter("gregor_log_cleaner_cleaned_bytes_total", "Bytes of segments read and rewritten by cleaning")
@@ -70,7 +74,10 @@ class LogManager:
         if existing is not None:
             return existing
         path = self._dir_for(topic, partition)
+        started = time.perf_counter()
         opened = native.Log(path, native.LogConfig(**log_config_kwargs(topic_configs)), now_ms())
+        LOG_RECOVERY_SECONDS.inc(time.perf_counter() - started)
+        LOG_RECOVERED_BYTES_TRUNCATED.inc(opened.recovered_bytes_truncated)
         if opened.recovered_bytes_truncated:
             log.warning("recovered %s-%d: cut %d bytes of torn or corrupt tail",
                         topic, partition, opened.recovered_bytes_truncated)

@@ -81,6 +81,10 @@ class ControllerMetrics:
         self.unclean_elections = Counter("gregor_controller_unclean_leader_elections_total",
                                          "Leaders elected from outside the ISR (Kafka's UncleanLeaderElectionsPerSec).",
                                          registry=registry)
+        self.leader_elections = Counter(
+            "gregor_controller_leader_elections_total",
+            "Partition leaders elected, by kind: offline, unclean, reassign, preferred, controlled_shutdown "
+            "(Kafka's LeaderElectionRateAndTimeMs count).", ["kind"], registry=registry)
         self.preferred_elections = Counter(
             "gregor_controller_preferred_replica_elections_total",
             "Partitions whose preferred replica was elected leader, by trigger: auto "
@@ -499,6 +503,8 @@ class Controller:
         actions.batch.discard_partitions(outcome.failed)
         if actions.unclean_elections:
             self.metrics.unclean_elections.inc(actions.unclean_elections)
+        for kind, elected in actions.elections.items():
+            self.metrics.leader_elections.labels(kind=kind).inc(elected)
         for tp, reason in sorted(actions.failed.items()):
             log.warning("%s: %s", tp, reason)
         self.channels.send(actions.batch.build(self.ctx, self.controller_id), self.ctx.topic_configs, deleted_topics)

@@ -39,8 +39,8 @@ CLEANER_RECOPY_PERCENT = Gauge("gregor_log_cleaner_recopy_percent", "Written / r
 CLEANER_RUNS = Counter("gregor_log_cleaner_runs_total", "Cleanings that swapped cleaned segments in")
 CLEANER_ERRORS = Counter("gregor_log_cleaner_errors_total", "Cleanings that failed (the log is retried after backoff)")
 CLEANER_MAX_CLEAN_TIME = Gauge("gregor_log_cleaner_max_clean_time_secs", "Longest single cleaning so far, seconds")
-CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_ms",
-                                    "Milliseconds since a cleaner thread last finished a pass over the logs")
+CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_seconds",
+                                    "Seconds since a cleaner thread last finished a pass over the logs")
 
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
@@ -172,7 +172,7 @@ class LogCleaner:
         self.last_run_monotonic = time.monotonic()
         self.runs = 0
         self.max_clean_time_s = 0.0
-        CLEANER_TIME_SINCE_LAST_RUN.set_function(lambda: (time.monotonic() - self.last_run_monotonic) * 1000.0)
+        CLEANER_TIME_SINCE_LAST_RUN.set_function(lambda: time.monotonic() - self.last_run_monotonic)
 
     def start(self) -> None:
         for i in range(max(1, self.config.log_cleaner_threads)):

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 
 
+GATEWAY_ERROR_CODES = ("THROTTLING_QUOTA_EXCEEDED", "REQUEST_TIMED_OUT", "MESSAGE_TOO_LARGE",
+                       "UNKNOWN_TOPIC_OR_PARTITION")
+
+
 class GatewayMetrics:
     """Per-record counters and the record-latency histogram as plain numbers (event-loop owned).
 
@@ -44,7 +48,8 @@ class GatewayMetrics:
         self.records_in = 0
         self.records_out = 0
         self.batches_in = 0
-        self.errors: dict[str, int] = {}
+        # The codes the gateway answers itself start at 0, so a dashboard sees the series before the first error.
+        self.errors: dict[str, int] = {code: 0 for code in GATEWAY_ERROR_CODES}
         self.latency = PlainHistogram(LATENCY_BUCKETS_S)
         self.records_per_batch = PlainHistogram(COUNT_BUCKETS)
         self.batch_bytes = PlainHistogram(SIZE_BUCKETS_BYTES)

@@ -50,6 +50,7 @@ class Broker:
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
+        self.metrics_reporter: Any = None  # cluster mode with metrics.topic.enable=true
         self._server = make_server()
         self._stopped = asyncio.Event()
 
@@ -146,6 +147,13 @@ class Broker:
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
         self.coordinator_lookup.start()
         await self.membership.start()
+        if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
+            from gregor.client.metrics_reporter import MetricsReporter
+
+            self.metrics_reporter = MetricsReporter(
+                f"{self.config.host}:{self.grpc_port}", "broker", self.config.broker_id,
+                self.config.metrics_topic_interval_ms, self.config.metrics_topic_replication_factor)
+            self.metrics_reporter.start()
 
     def _start_replication(self) -> None:
         """Cluster mode: replica fetchers, leader-side ISR maintenance and HW checkpoints (seeds 000, 002, 004)."""
@@ -177,6 +185,8 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self.metrics_reporter is not None:
+            await self.metrics_reporter.stop()
         if self.membership is not None:
             if self.config.controlled_shutdown_enable and self.membership.broker_epoch >= 0:
                 # Still serving: the controller moves our leaderships to other ISR members first.

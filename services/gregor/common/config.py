@@ -210,6 +210,7 @@ class BrokerConfig:
     # metrics.topic.enable: publish this broker's samples to __gregor_metrics (docs/metrics.md), off by default.
     metrics_topic_enable: bool = False
     metrics_topic_interval_ms: int = 10000  # metrics.topic.interval.ms: one sample batch per interval
+    metrics_topic_replication_factor: int = 1  # metrics.topic.replication.factor, used when the broker creates it
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
 
     @classmethod

@@ -27,6 +27,7 @@ DASHBOARDS_ENV = "GREGOR_DASHBOARDS_DIR"
 QUERY_TIMEOUT_S = 10.0  # one range query; a local Prometheus answers in milliseconds
 DEFAULT_RANGE_S = 900  # render the last 15 minutes unless told otherwise
 MAX_POINTS = 300  # steps per range query: enough for a panel a few hundred pixels wide
+MAX_LINES = 10  # lines per drawn panel (the largest ones): more is unreadable at this size
 
 
 class DashboardError(click.ClickException):
@@ -167,25 +168,49 @@ def render(name: str, url: str, out: str, cluster: str, range_s: float, rate_int
     return len(qs)
 
 
+def _finite_points(series: dict[str, Any], end: float) -> list[tuple[float, float]]:
+    return [(float(t) - end, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
+
+
 def _draw_panel(ax: Any, title: str, panel_qs: list[Query], url: str, start: float, end: float, step: float) -> None:
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
-    drawn = 0
+    lines = []
     for q in panel_qs:
-        for series in query_range(url, q.expr, start, end, step)[:10]:  # a panel shows at most 10 lines
-            points = [(float(t) - end, float(v)) for t, v in series["values"] if v not in ("NaN", "+Inf", "-Inf")]
-            if not points:
-                continue
-            xs, ys = zip(*points)
-            ax.plot([x / 60 for x in xs], ys, label=legend(q.legend, series["metric"]), linewidth=1.2)
-            drawn += 1
+        for series in query_range(url, q.expr, start, end, step):
+            points = _finite_points(series, end)
+            if points:  # a quantile over an idle API is NaN throughout: nothing to draw
+                lines.append((legend(q.legend, series["metric"]), points))
     unit = panel_qs[0].unit
+    if not lines:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        return
+    if panel_qs[0].kind == "stat":  # Grafana's stat: the last value, large
+        ax.axis("off")
+        ax.text(0.5, 0.45, format_value(lines[0][1][-1][1], unit), ha="center", va="center", fontsize=26,
+                transform=ax.transAxes)
+        return
+    lines.sort(key=lambda line: max(v for _, v in line[1]), reverse=True)
+    for label, points in lines[:MAX_LINES]:
+        xs, ys = zip(*points)
+        ax.plot([x / 60 for x in xs], ys, label=label, linewidth=1.2)
     ax.set_xlabel("minutes ago", fontsize=7)
     ax.set_ylabel(unit, fontsize=7)
-    if drawn:
-        ax.legend(fontsize=6, loc="upper left")
-    else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.legend(fontsize=6, loc="upper left")
+
+
+def format_value(value: float, unit: str) -> str:
+    """A stat panel's number in its Grafana unit (the common ones; others as plain numbers)."""
+    if unit == "percentunit":
+        return f"{value:.1%}"
+    if unit in ("bytes", "Bps"):
+        for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if abs(value) < 1024 or suffix == "TiB":
+                return f"{value:.1f} {suffix}{'/s' if unit == 'Bps' else ''}"
+            value /= 1024
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
 
 
 @click.group("dashboards")

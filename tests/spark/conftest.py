@@ -43,11 +43,12 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
+async def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None,
+                       replication_factor: int = 1) -> None:
     from gregor.client import AdminClient
 
     async with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        await admin.create_topic(name, partitions, 1, configs=config or {})
+        await admin.create_topic(name, partitions, replication_factor, configs=config or {})
 
 
 async def produce(bootstrap: str, topic: str, records: list[dict[str, Any]], **props: Any) -> list[dict[str, Any]]:

@@ -98,6 +98,21 @@ $(VENV)/.spark: pyproject.toml $(VENV)/.deps
 	$(PIP) install -q --disable-pip-version-check -e '.[dev,spark]'
 	touch $@
 
+# A local cluster (3 brokers publishing __gregor_metrics, a Prometheus), a generated workload with a
+# broker bounce, every Spark job, and $(ANALYTICS_OUT)/report.html; the cluster is stopped afterwards.
+ANALYTICS_DIR ?= .gregor-analytics
+ANALYTICS_OUT ?= analytics-out
+analytics: setup spark-deps prometheus
+	-$(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) 2>/dev/null
+	rm -rf $(ANALYTICS_DIR)
+	$(GREGOR) cluster up --data-dir $(ANALYTICS_DIR) --brokers 3 --controllers 1 --coordinators 1 --lease-ttl-ms 4000 \
+	    --prometheus --scrape-interval 2 --broker-property metrics.topic.enable=true \
+	    --broker-property metrics.topic.interval.ms=2000 --broker-property replica.lag.time.max.ms=5000 > /dev/null
+	$(PY) -m gregor_spark.jobs.workload --data-dir $(ANALYTICS_DIR) --seconds 60 || \
+	    { $(GREGOR) cluster down --data-dir $(ANALYTICS_DIR); exit 1; }
+	GREGOR_DATA_DIR=$(ANALYTICS_DIR) $(GREGOR) analytics all --out $(ANALYTICS_OUT) --window '10 seconds' \
+	    --minutes 5; rc=$$?; $(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) > /dev/null; exit $$rc
+
 bench: setup
 	$(PY) bench/run_all.py
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from gregor_spark.jobs import lag, report, traffic
+from gregor_spark.jobs import health, lag, report, traffic
 from gregor_spark.jobs.common import parser, session
 
 
@@ -14,16 +14,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--topics", default="[^_].*", help="regular expression of topics for the traffic job")
     p.add_argument("--window", default="1 minute", help="traffic window duration")
     p.add_argument("--prometheus", default=None, help="Prometheus base URL for the health job")
+    p.add_argument("--minutes", type=float, default=30.0, help="how far back the health job queries Prometheus")
     a = p.parse_args(argv)
     spark = session("gregor-analytics", a.master)
     traffic.run(spark, os.path.join(a.out, "traffic"), bootstrap=a.bootstrap, pattern=a.topics, window=a.window)
     lag.run(spark, os.path.join(a.out, "lag"), bootstrap=a.bootstrap)
-    try:
-        from gregor_spark.jobs import health
-    except ImportError:
-        health = None  # type: ignore[assignment]
-    if health is not None:
-        health.run(spark, os.path.join(a.out, "health"), bootstrap=a.bootstrap, prometheus=a.prometheus)
+    health.run(spark, os.path.join(a.out, "health"), bootstrap=a.bootstrap, prometheus=a.prometheus,
+               minutes=a.minutes)
     spark.stop()
     print(report.write(a.out))
 

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka clean distclean
 .PHONY: examples
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make run     start a local cluster in $(DATA_DIR) and run the demo"
 	@echo "make test    run every test (cargo, stubtest, pytest)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
+	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -76,6 +77,10 @@ examples/node/node_modules/.package-lock.json: examples/node/package.json exampl
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
+bench-vs-kafka: setup
+	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

@@ -101,6 +101,14 @@ def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
     return proc.stdout.splitlines()
 
 
+def _keep_logs(src: Path, name: str) -> None:
+    """The servers' logs of the last round of each topology, under bench/results/logs/ (gitignored)."""
+    if src.is_dir():
+        dest = RESULTS_DIR / "logs" / name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest)
+
+
 def _kv(props: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in props.items()]
 
@@ -119,6 +127,8 @@ class KafkaSide:
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
+            for node in self.cluster.nodes:
+                _keep_logs(node.directory / "logs", f"kafka-{len(self.cluster.nodes)}-{node.node_id}")
             shutil.rmtree(self.cluster.base_dir, ignore_errors=True)
             self.cluster = None
 
@@ -161,6 +171,7 @@ class GregorSide:
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.down()
+            _keep_logs(Path(self.cluster.data_dir) / "logs", f"gregor-{len(self.cluster.by_role('broker'))}")
             shutil.rmtree(self.cluster.data_dir, ignore_errors=True)
             self.cluster = None
 

@@ -27,17 +27,35 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.common import RESULTS_DIR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TITLE = re.compile(r"<title>(.*?) \(([\d,]+) samples?, ([\d.]+)%\)</title>")
+FRAME = re.compile(r"^(.*?) \((.*?):\d+\)$")
 
 
-def top_frames(svg: Path, n: int = 12) -> list[tuple[str, float]]:
-    """(frame, inclusive %) of the heaviest frames; a frame seen at several depths counts its largest share."""
-    best: Counter[str] = Counter()
-    for name, _samples, pct in TITLE.findall(svg.read_text(errors="replace")):
-        name = name.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-        best[name] = max(best[name], float(pct))
-    best.pop("all", None)
-    return best.most_common(n)
+def _function(frame: str) -> str:
+    """'handler (gregor/common/rpc.py:63)' -> 'gregor/common/rpc.py:handler' (lines merged)."""
+    m = FRAME.match(frame.strip())
+    return f"{m[2]}:{m[1]}" if m else frame.strip()
+
+
+def top_costs(raw: Path, n: int = 12) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """From py-spy's collapsed stacks: (self %, inclusive % of gregor/grpc/native frames), heaviest first."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples = int(count)
+        total += samples
+        frames = [_function(f) for f in stack.split(";")]
+        own[frames[-1]] += samples
+        for f in set(frames):
+            if "gregor" in f or "grpc" in f or "protobuf" in f:
+                incl[f] += samples
+    if not total:
+        return [], []
+    return ([(f, 100 * c / total) for f, c in own.most_common(n)],
+            [(f, 100 * c / total) for f, c in incl.most_common(n)])
 
 
 def main() -> None:
@@ -57,6 +75,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT)])}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    spies: list[tuple[str, Path, Path]] = []
     with tempfile.TemporaryDirectory(dir=RESULTS_DIR) as tmp:
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
         try:
@@ -74,25 +93,32 @@ def main() -> None:
             targets = [(f"broker-{p.id}{'-leader' if p.id == leader else ''}", p.pid)
                        for p in cluster.by_role("broker")] + [("producer", producer.pid)]
             suffix = f"-{args.tag}" if args.tag else ""
-            spies = [(name, out / f"acks-all-{name}{suffix}.svg",
-                      subprocess.Popen([pyspy, "record", "--pid", str(pid), "--duration", str(args.record_seconds),
-                                        "--rate", "200", "--format", "flamegraph", "--nonblocking", "--output",
-                                        str(out / f"acks-all-{name}{suffix}.svg")],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                     for name, pid in targets]
-            for _name, _svg, spy in spies:
+            procs = []
+            for name, pid in targets:  # one flame graph (committed) and one raw copy (for the top costs)
+                svg, raw = out / f"acks-all-{name}{suffix}.svg", Path(tmp) / f"{name}.txt"
+                spies.append((name, svg, raw))
+                for fmt, path in (("flamegraph", svg), ("raw", raw)):
+                    procs.append(subprocess.Popen(
+                        [pyspy, "record", "--pid", str(pid), "--duration", str(args.record_seconds), "--rate", "100",
+                         "--format", fmt, "--nonblocking", "--output", str(path)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            for spy in procs:
                 spy.wait()
             summary = producer.communicate()[0].strip().splitlines()
             print(summary[-1] if summary else "(no producer output)")
         finally:
             cluster.down()
-    for name, svg, _spy in sorted(spies, key=lambda s: "leader" not in s[0]):
-        if not svg.exists():
-            print(f"{name}: no profile written")
-            continue
-        print(f"\n{name} ({svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg}):")
-        for frame, pct in top_frames(svg):
-            print(f"  {pct:5.1f}%  {frame}")
+        for name, svg, raw in sorted(spies, key=lambda s: "leader" not in s[0]):
+            if not raw.exists():
+                print(f"{name}: no profile written")
+                continue
+            own, incl = top_costs(raw)
+            print(f"\n{name} ({svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg}): self")
+            for frame, pct in own:
+                print(f"  {pct:5.1f}%  {frame}")
+            print("  inclusive (gregor / grpc / protobuf frames):")
+            for frame, pct in incl:
+                print(f"  {pct:5.1f}%  {frame}")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,15 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
-.PHONY: examples prometheus test-prometheus-rules spark-deps analytics
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka profile-acks-all clean distclean
+.PHONY: examples prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
 	@echo "make run     start a local cluster in $(DATA_DIR) and run the demo"
 	@echo "make test    run every test (cargo, stubtest, pytest)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
+	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -115,6 +116,15 @@ analytics: setup spark-deps prometheus
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
+bench-vs-kafka: setup
+	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
+profile-acks-all: setup
+	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
+	$(PY) bench/profile_acks_all.py $(if $(TAG),--tag $(TAG))
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

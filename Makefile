@@ -101,7 +101,8 @@ $(VENV)/.spark: pyproject.toml $(VENV)/.deps
 
 # A local cluster (3 brokers publishing __gregor_metrics, a Prometheus), a generated workload with a
 # broker bounce, every Spark job, and $(ANALYTICS_OUT)/report.html; the cluster is stopped afterwards.
-ANALYTICS_DIR ?= .gregor-analytics
+# absolute: Prometheus resolves a relative file_sd path against its config directory
+ANALYTICS_DIR ?= $(abspath .gregor-analytics)
 ANALYTICS_OUT ?= analytics-out
 analytics: setup spark-deps prometheus
 	-$(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) 2>/dev/null
@@ -120,6 +121,11 @@ bench: setup
 # Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
 bench-vs-kafka: setup
 	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# The gregor Spark source vs the Python consumer and Spark's own Kafka source on Apache Kafka (jars from
+# Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.
+bench-spark: setup spark-deps
+	$(PY) bench/bench_spark_source.py $(if $(QUICK),--quick)
 
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup

@@ -13,11 +13,10 @@ import re
 import time
 from typing import Any, Iterable, Optional
 
-import grpc
 
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, make_fetcher
-from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.metadata import ClusterMetadata, list_offset
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
@@ -98,23 +97,7 @@ class GregorCluster:
     # ------------------------------------------------------------ offsets
     def list_offset(self, tp: TopicPartition, timestamp_ms: int) -> tuple[int, int]:
         """ListOffsets on the leader: (offset, timestamp); -2 earliest, -1 latest (HW, or LSO read_committed)."""
-        return self.run(self._list_offset(tp, timestamp_ms))
-
-    async def _list_offset(self, tp: TopicPartition, timestamp_ms: int) -> tuple[int, int]:
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        while True:
-            try:
-                _, stub = await self.metadata.leader_stub(tp[0], tp[1], self.timeout_ms)
-                resp = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
-                    topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms, isolation_level=self.isolation),
-                    timeout=self.timeout_ms / 1000)
-                return int(resp.offset), int(resp.timestamp_ms)
-            except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
-                err = call_error(exc)
-                if not err.retriable or time.monotonic() >= deadline:
-                    raise err from None
-                self.metadata.request_update(err)
-                await asyncio.sleep(0.2)
+        return self.run(list_offset(self.metadata, tp, timestamp_ms, self.isolation, self.timeout_ms, 0.2))
 
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.list_offset(tp, EARLIEST)[0] for tp in tps}

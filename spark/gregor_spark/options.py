@@ -152,13 +152,13 @@ def _offset_spec(opts: Mapping[str, str], key: str, by_ts_key: str, ts_key: str,
         return OffsetSpec("timestamp", timestamp=int(raw))
     if by_ts_key.lower() in opts:
         return OffsetSpec("timestamps", parse_partition_offsets(opts[by_ts_key.lower()], TIMESTAMPS_EXAMPLE))
-    raw = opts.get(key.lower())
-    if raw is None:
+    given = opts.get(key.lower())
+    if given is None:
         return OffsetSpec(default)
-    word = raw.strip().lower()
+    word = given.strip().lower()
     if word in ("earliest", "latest"):
         return OffsetSpec(word)
-    return OffsetSpec("offsets", parse_partition_offsets(raw))
+    return OffsetSpec("offsets", parse_partition_offsets(given))
 
 
 def default_bootstrap() -> str:

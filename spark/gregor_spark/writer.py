@@ -72,7 +72,8 @@ async def _produce(producer: Producer, sink: SinkOptions, batch: pa.RecordBatch)
     for i in range(n):
         if topics[i] is None:
             raise GregorWriteError("Null topic present in the data. Use the topic option for setting a topic.")
-        hs = [(h["key"], _bytes(h["value"])) for h in headers[i]] if headers[i] else None
+        # The SDK takes (str, bytes) headers; a null header value is sent empty.
+        hs = [(str(h["key"]), _bytes(h["value"]) or b"") for h in headers[i]] if headers[i] else None
         pending.append(await producer.send(topics[i], _bytes(values[i]), _bytes(keys[i]), headers=hs,
                                            partition=parts[i]))
         if len(pending) >= IN_FLIGHT:

@@ -78,14 +78,17 @@ def test_lag_job_decodes_commits(spark: Any, gregor: Any, tmp_path: Any) -> None
 
 
 def test_gregor_analytics_cli_runs_spark_submit(gregor: Any, tmp_path: Any) -> None:
-    """`gregor analytics report` through spark-submit's entry point (the cheap job: no cluster read)."""
+    """`gregor analytics traffic` through spark-submit, connected by the CLI's --bootstrap, then `report`."""
     out = tmp_path / "cli"
-    (out / "traffic").mkdir(parents=True)
-    pd.DataFrame({"topic": ["t"], "records": [3]}).to_parquet(out / "traffic" / "x.parquet")
     gregor_bin = os.path.join(os.path.dirname(sys.executable), "gregor")
+    res = subprocess.run([gregor_bin, "--bootstrap", gregor.bootstrap, "analytics", "traffic", "--out", str(out),
+                          "--master", "local[1]", "--topics", "jobs-b"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    skew = pd.read_parquet(out / "traffic" / "partition_skew.parquet")
+    assert list(zip(skew.topic, skew.records)) == [("jobs-b", 5)]
     res = subprocess.run([gregor_bin, "analytics", "report", "--out", str(out)], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "<h3>x (1 rows)</h3>" in (out / "report.html").read_text()
+    assert "<h3>partition_skew (1 rows)</h3>" in (out / "report.html").read_text()
     bad = subprocess.run([gregor_bin, "analytics", "nope"], capture_output=True, text=True)
     assert bad.returncode != 0 and "nope" in bad.stderr

@@ -40,8 +40,10 @@ def analytics(ctx: CliContext, job: str, out: str, master: str, job_args: tuple[
         raise CliError("spark-submit not found: run `make spark-deps`")
     cmd = [submit, "--master", master, str(script), "--out", out]
     if job != "report":
-        cmd += ["--bootstrap", ctx.bootstrap]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        cmd += ["--bootstrap", ctx.bootstrap()]
+    # GREGOR_DATA_DIR: the health job finds the local cluster's Prometheus in its cluster.json.
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "GREGOR_DATA_DIR": ctx.data_dir}
     rc = subprocess.call(cmd + list(job_args), env=env)
     if rc:
         raise CliError(f"spark-submit {job} exited with {rc}")

@@ -106,7 +106,7 @@ ANALYTICS_DIR ?= $(abspath .gregor-analytics)
 ANALYTICS_OUT ?= analytics-out
 analytics: setup spark-deps prometheus
 	-$(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) 2>/dev/null
-	rm -rf $(ANALYTICS_DIR)
+	rm -rf $(ANALYTICS_DIR) $(ANALYTICS_OUT)
 	$(GREGOR) cluster up --data-dir $(ANALYTICS_DIR) --brokers 3 --controllers 1 --coordinators 1 --lease-ttl-ms 4000 \
 	    --prometheus --scrape-interval 2 --broker-property metrics.topic.enable=true \
 	    --broker-property metrics.topic.interval.ms=2000 --broker-property replica.lag.time.max.ms=5000 > /dev/null

@@ -56,7 +56,15 @@ def spark_kafka_jars(spark_version: str) -> list[str]:
         subprocess.run(["mvn", "-B", "-q", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
                         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"], check=True, stdin=subprocess.DEVNULL)
         (home / "complete").write_text(spark_version)
-    return sorted(str(p) for p in libs.glob("*.jar"))
+    # Leave out what pyspark already ships (scala-library, slf4j, lz4, snappy, spark-tags, ...): two
+    # versions of one library on the classpath is a conflict, not a dependency.
+    import re
+
+    import pyspark
+
+    artifact = re.compile(r"^(.*?)-\d[\w.\-]*\.jar$")
+    shipped = {artifact.sub(r"\1", p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(p) for p in libs.glob("*.jar") if artifact.sub(r"\1", p.name) not in shipped)
 
 
 def best(rounds: int, fn: Callable[[], tuple[int, int]]) -> tuple[float, tuple[int, int]]:

@@ -19,12 +19,12 @@ from pyspark.sql.types import StructType
 
 from gregor_spark import arrow, ranges
 from gregor_spark.cluster import GregorCluster
-from gregor_spark.options import OffsetSpec, SourceOptions, TopicPartition, parse_source
+from gregor_spark.options import SourceOptions, TopicPartition, parse_source
 
 try:  # Spark >= 4.2: admission control for Python streaming sources
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 except ImportError:  # pragma: no cover - older Spark: latestOffset() caps itself (see GregorStreamReader)
-    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[misc,assignment]
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[misc,assignment]
 
 Offsets = dict[str, dict[str, int]]  # Spark's Kafka offsets JSON: {"topic": {"partition": offset}}
 
@@ -176,4 +176,4 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader):
         self.close()
 
 
-__all__ = ["GregorDataSource", "OffsetSpec"]
+__all__ = ["GregorDataSource", "GregorBatchReader", "GregorStreamReader"]

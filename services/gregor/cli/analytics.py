@@ -38,12 +38,13 @@ def analytics(ctx: CliContext, job: str, out: str, master: str, job_args: tuple[
     submit = shutil.which("spark-submit", path=os.path.dirname(sys.executable)) or shutil.which("spark-submit")
     if submit is None:
         raise CliError("spark-submit not found: run `make spark-deps`")
-    cmd = [submit, "--master", master, str(script), "--out", out]
-    if job != "report":
-        cmd += ["--bootstrap", ctx.bootstrap()]
+    if job == "report":  # pandas over the output directory: no Spark, so no JVM to start
+        cmd = [sys.executable, str(script), "--out", out]
+    else:
+        cmd = [submit, "--master", master, str(script), "--out", out, "--bootstrap", ctx.bootstrap()]
     # GREGOR_DATA_DIR: the health job finds the local cluster's Prometheus in its cluster.json.
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "GREGOR_DATA_DIR": ctx.data_dir}
     rc = subprocess.call(cmd + list(job_args), env=env)
     if rc:
-        raise CliError(f"spark-submit {job} exited with {rc}")
+        raise CliError(f"the {job} job exited with {rc}")

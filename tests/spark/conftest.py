@@ -22,17 +22,26 @@ def gregor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="session")
 def spark(gregor: LocalCluster) -> Iterator[Any]:
-    # Python workers must run this interpreter (the venv with gregor, gregor_native and pyarrow).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["GREGOR_BOOTSTRAP"] = gregor.bootstrap  # inherited by the JVM and its Python workers
+    # The JVM, and the Python workers it starts, take these from the environment at launch: set them only
+    # for the launch, so later test modules in the same pytest process see the environment they expect.
+    launch_env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                  "GREGOR_BOOTSTRAP": gregor.bootstrap}  # the source's default bootstrap in the workers
+    saved = {k: os.environ.get(k) for k in launch_env}
+    os.environ.update(launch_env)
     from pyspark.sql import SparkSession
 
     from gregor_spark import GregorDataSource
 
-    session = (SparkSession.builder.master("local[2]").appName("gregor-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    try:
+        session = (SparkSession.builder.master("local[2]").appName("gregor-tests")
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(GregorDataSource)
     yield session

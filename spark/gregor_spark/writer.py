@@ -115,7 +115,9 @@ def write_batches(options: Mapping[str, str], batches: Iterator[pa.RecordBatch])
         loop.close()
 
 
-class GregorBatchWriter(DataSourceArrowWriter):
+class _ProducingWriter:
+    """What the batch and the streaming writer share: checked options, then every batch produced."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = dict(options)
         check_schema(schema, parse_sink(self.options))
@@ -124,14 +126,11 @@ class GregorBatchWriter(DataSourceArrowWriter):
         return WriteCommit(write_batches(self.options, iterator))
 
 
-class GregorStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.options = dict(options)
-        check_schema(schema, parse_sink(self.options))
+class GregorBatchWriter(_ProducingWriter, DataSourceArrowWriter):
+    pass
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-        return WriteCommit(write_batches(self.options, iterator))
 
+class GregorStreamWriter(_ProducingWriter, DataSourceStreamArrowWriter):
     def commit(self, messages: list[Optional[WriterCommitMessage]], batchId: int) -> None:
         """Records are acknowledged (acks=all) before a task reports success: nothing left to do."""
 

@@ -21,10 +21,13 @@ from gregor_spark import arrow, ranges
 from gregor_spark.cluster import GregorCluster
 from gregor_spark.options import SourceOptions, TopicPartition, parse_source
 
-try:  # Spark >= 4.2: admission control for Python streaming sources
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+try:  # Spark >= 4.2: admission control and Trigger.AvailableNow for Python streaming sources
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 except ImportError:  # pragma: no cover - older Spark: latestOffset() caps itself (see GregorStreamReader)
     ReadAllAvailable = ReadMaxRows = None  # type: ignore[misc,assignment]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Spark < 4.2 never calls prepareForTriggerAvailableNow."""
 
 Offsets = dict[str, dict[str, int]]  # Spark's Kafka offsets JSON: {"topic": {"partition": offset}}
 
@@ -104,16 +107,21 @@ class GregorBatchReader(_ClusterOwner, DataSourceReader):
         return ranges.read_range(partition) if isinstance(partition, ranges.RangePartition) else iter(())
 
 
-class GregorStreamReader(_ClusterOwner, DataSourceStreamReader):
+class GregorStreamReader(_ClusterOwner, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches over per-partition offsets (Spark's KafkaMicroBatchStream).
 
     Spark >= 4.2 passes a ReadLimit to latestOffset (getDefaultReadLimit gives
-    ReadMaxRows(maxOffsetsPerTrigger)); with ReadAllAvailable (e.g. the
-    AvailableNow trigger) every available record is planned.
+    ReadMaxRows(maxOffsetsPerTrigger)); with ReadAllAvailable every available
+    record is planned. Trigger.AvailableNow fixes the high watermarks at its start
+    (prepareForTriggerAvailableNow) and never plans past them, so the query ends.
     """
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        self._target: Optional[dict[TopicPartition, int]] = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.cluster.latest(self.cluster.partitions(self.opts, allow_missing=True))
 
     # -- offsets
     def initialOffset(self) -> Offsets:
@@ -134,6 +142,8 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader):
         begin = from_json(start) if start else {}
         new = [tp for tp in tps if tp not in begin]
         begin.update(self.cluster.earliest(new))
+        if self._target is not None:  # AvailableNow: nothing past the offsets fixed at its start
+            latest = {tp: max(begin[tp], min(o, self._target.get(tp, begin[tp]))) for tp, o in latest.items()}
         cap = None
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             cap = limit.max_rows

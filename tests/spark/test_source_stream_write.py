@@ -92,3 +92,17 @@ def test_write_error_names_the_broker_error(spark: Any, gregor: Any) -> None:
     df = spark.createDataFrame([(b"x" * 5000,)], "value binary")
     with pytest.raises(Exception, match="MESSAGE_TOO_LARGE"):
         df.write.format("gregor").option("topic", topic).mode("append").save()
+
+
+def test_available_now_reads_what_was_there_and_stops(spark: Any, gregor: Any, tmp_path: Any) -> None:
+    topic, out = "avail-t", str(tmp_path / "out")
+    run(create_topic(gregor.bootstrap, topic, 2))
+    run(produce(gregor.bootstrap, topic, [{"value": f"n{i}".encode()} for i in range(40)]))
+    q = (spark.readStream.format("gregor").option("subscribe", topic).option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", "15").load().selectExpr("partition", "offset")
+         .writeStream.format("parquet").option("path", out).option("checkpointLocation", str(tmp_path / "c"))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(120)  # the query ends by itself once the target offsets are read
+    batches = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert sum(batches) == 40 and max(batches) <= 15 and len(batches) >= 3
+    assert spark.read.parquet(out).count() == 40

@@ -16,8 +16,8 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
-.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka profile-acks-all clean distclean
+.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
 	@echo "make kind-up      build the image, load it into a kind cluster, helm install and helm test (needs Docker)"
+	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -59,7 +60,24 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples chart-tools test-native stubtest test-python
+test: setup examples chart-tools prometheus spark-deps test-native stubtest test-python
+
+# Prometheus and promtool (Prometheus 3.x; its Go module is versioned v0.3xx), built from the Go module
+# proxy into .venv/bin: Debian's package is 2.x and needs root, no registry ships a 3.x binary.
+# remove_all_sd leaves out the ~30 cloud service-discovery SDKs (file_sd and static configs remain):
+# it cuts the build from ~20 to a few minutes on 2 cores. GOFLAGS=-mod=mod: the module's own go.sum pins it.
+PROMETHEUS_MODULE := github.com/prometheus/prometheus
+PROMETHEUS_VERSION := v0.316.0
+prometheus: $(VENV)/.prometheus-$(PROMETHEUS_VERSION)
+$(VENV)/.prometheus-$(PROMETHEUS_VERSION): | $(PY)
+	@command -v go >/dev/null || { echo "go not found: install Go (>= 1.24) to build Prometheus" >&2; exit 1; }
+	GOBIN=$(abspath $(VENV)/bin) GOTOOLCHAIN=local go install -tags remove_all_sd \
+	    $(PROMETHEUS_MODULE)/cmd/prometheus@$(PROMETHEUS_VERSION) $(PROMETHEUS_MODULE)/cmd/promtool@$(PROMETHEUS_VERSION)
+	touch $@
+
+test-prometheus-rules: prometheus
+	$(VENV)/bin/promtool check rules deploy/prometheus/gregor-rules.yaml
+	$(VENV)/bin/promtool test rules deploy/prometheus/tests/gregor-rules.test.yaml
 
 test-native:
 	cd native && $(CARGO) test --release -q
@@ -67,7 +85,7 @@ test-native:
 stubtest: setup
 	$(PY) -m mypy.stubtest gregor_native._native --allowlist native/stubtest-allowlist.txt
 
-test-python: setup chart-tools
+test-python: setup chart-tools prometheus
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
@@ -76,8 +94,45 @@ examples/node/node_modules/.package-lock.json: examples/node/package.json exampl
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js (>= 18) first" >&2; exit 1; }
 	cd examples/node && npm ci --no-audit --no-fund
 
+# The Spark extra (pyspark, pyarrow, pandas, matplotlib: see pyproject.toml); Spark itself needs Java 17+.
+spark-deps: $(VENV)/.spark
+$(VENV)/.spark: pyproject.toml $(VENV)/.deps
+	@command -v java >/dev/null || { echo "java not found: Spark 4 needs a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+	$(PIP) install -q --disable-pip-version-check -e '.[dev,spark]'
+	touch $@
+
+# A local cluster (3 brokers publishing __gregor_metrics, a Prometheus), a generated workload with a
+# broker bounce, every Spark job, and $(ANALYTICS_OUT)/report.html; the cluster is stopped afterwards.
+# absolute: Prometheus resolves a relative file_sd path against its config directory
+ANALYTICS_DIR ?= $(abspath .gregor-analytics)
+ANALYTICS_OUT ?= analytics-out
+analytics: setup spark-deps prometheus
+	-$(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) 2>/dev/null
+	rm -rf $(ANALYTICS_DIR) $(ANALYTICS_OUT)
+	$(GREGOR) cluster up --data-dir $(ANALYTICS_DIR) --brokers 3 --controllers 1 --coordinators 1 --lease-ttl-ms 4000 \
+	    --prometheus --scrape-interval 2 --broker-property metrics.topic.enable=true \
+	    --broker-property metrics.topic.interval.ms=2000 --broker-property replica.lag.time.max.ms=5000 > /dev/null
+	$(PY) -m gregor_spark.jobs.workload --data-dir $(ANALYTICS_DIR) --seconds 60 || \
+	    { $(GREGOR) cluster down --data-dir $(ANALYTICS_DIR); exit 1; }
+	GREGOR_DATA_DIR=$(ANALYTICS_DIR) $(GREGOR) analytics all --out $(ANALYTICS_OUT) --window '10 seconds' \
+	    --minutes 5; rc=$$?; $(GREGOR) cluster down --data-dir $(ANALYTICS_DIR) > /dev/null; exit $$rc
+
 bench: setup
 	$(PY) bench/run_all.py
+
+# Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
+bench-vs-kafka: setup
+	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# The gregor Spark source vs the Python consumer and Spark's own Kafka source on Apache Kafka (jars from
+# Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.
+bench-spark: setup spark-deps
+	$(PY) bench/bench_spark_source.py $(if $(QUICK),--quick)
+
+# py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
+profile-acks-all: setup
+	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
+	$(PY) bench/profile_acks_all.py $(if $(TAG),--tag $(TAG))
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

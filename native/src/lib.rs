@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod cleaner;
 pub mod codec;
+pub mod columns;
 pub mod epoch;
 pub mod error;
 pub mod index;
@@ -27,7 +28,7 @@ use std::sync::{Mutex, MutexGuard};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::batch::{BatchHeader, BatchSpec};
 use crate::error::Error;
@@ -382,6 +383,35 @@ fn decode_rows<'py>(
         out.append(PyTuple::new(py, row.drain(..))?)?;
     }
     Ok(out)
+}
+
+/// Whole fetched batches as Arrow column buffers (`columns.rs`), for bulk
+/// readers that build pyarrow arrays with `Array.from_buffers`: one native
+/// pass, compressed batches decompressed here, the GIL released meanwhile.
+#[pyfunction]
+#[pyo3(signature = (data, *, min_offset = -1, max_offset = i64::MAX, headers = false, verify_crc = true))]
+#[pyo3(text_signature = "(data, *, min_offset=-1, max_offset=9223372036854775807, headers=False, verify_crc=True)")]
+fn decode_columns<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    min_offset: i64,
+    max_offset: i64,
+    headers: bool,
+    verify_crc: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let c = py.detach(|| columns::decode_columns(data, min_offset, max_offset, headers, verify_crc)).map_err(to_py)?;
+    let d = PyDict::new(py);
+    d.set_item("rows", c.rows)?;
+    d.set_item("next_offset", c.next_offset)?;
+    let b = |v: &[u8]| PyBytes::new(py, v);
+    d.set_item("offset", b(&c.offset))?;
+    d.set_item("timestamp", b(&c.timestamp_us))?;
+    d.set_item("timestamp_type", b(&c.timestamp_type))?;
+    for (name, col) in [("key", &c.key), ("value", &c.value), ("header_key", &c.header_key), ("header_value", &c.header_value)] {
+        d.set_item(name, (b(&col.validity), b(&col.offsets), b(&col.data), col.nulls))?;
+    }
+    d.set_item("header_offsets", b(&c.header_offsets))?;
+    Ok(d)
 }
 
 #[pyfunction]
@@ -1034,6 +1064,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_batch, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_columns, m)?)?;
     m.add_function(wrap_pyfunction!(build_batch, m)?)?;
     m.add_function(wrap_pyfunction!(recompress_batches, m)?)?;
     m.add_class::<PyBatchHeader>()?;

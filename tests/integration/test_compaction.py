@@ -102,7 +102,7 @@ async def test_compaction_keeps_latest_per_key_and_survives_sigkill(tmp_path) ->
             assert metric(text, "gregor_log_cleaner_runs_total") >= 1
             assert metric(text, "gregor_log_cleaner_cleaned_bytes_total") > 0
             assert 0 < metric(text, "gregor_log_cleaner_recopy_percent") < 100
-            for name in ("gregor_log_cleaner_max_dirty_percent", "gregor_log_cleaner_time_since_last_run_ms"):
+            for name in ("gregor_log_cleaner_max_dirty_percent", "gregor_log_cleaner_time_since_last_run_seconds"):
                 metric(text, name)
             # After delete.retention.ms the tombstoned key is gone.
             got = await wait_compacted(stub, "table", expected=4, timeout_s=30)

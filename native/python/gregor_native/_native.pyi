@@ -157,6 +157,30 @@ def decode_rows(
     Raises CorruptRecordError as decode_records, ValueError for a range
     outside data."""
 
+def decode_columns(
+    data: bytes,
+    *,
+    min_offset: int = -1,
+    max_offset: int = 9223372036854775807,
+    headers: bool = False,
+    verify_crc: bool = True,
+) -> dict[str, Any]:
+    """Whole fetched v2 batches as Arrow column buffers (little-endian), for
+    bulk readers that build pyarrow arrays without per-record Python.
+
+    Covers the records with min_offset <= offset < max_offset; control batches
+    are skipped, compressed batches decompressed in Rust, a batch starting at or
+    after max_offset ends the scan. Keys: "rows" (int), "next_offset" (the
+    offset after the last batch looked at, capped at max_offset), "offset" and
+    "timestamp" (packed int64; timestamps in microseconds, LogAppendTime
+    batches give every record the batch's max timestamp), "timestamp_type"
+    (packed int32: 0 CreateTime, 1 LogAppendTime), "key" and "value" as
+    (validity bitmap, int32 offsets of rows + 1, data, null count), and with
+    headers=True "header_offsets" (int32 list offsets, rows + 1) into the
+    header entries "header_key" / "header_value" (same 4-tuples). Raises
+    CorruptRecordError (bad CRC, truncated, undecodable) and
+    InvalidRecordError (bad magic, unknown codec). GIL released."""
+
 def build_batch(
     section: bytes,
     records_count: int,

@@ -62,10 +62,13 @@ async def run(config: BrokerConfig, ready_file: str | None) -> None:
     from gregor.broker.broker import Broker
     from gregor.common.memory import tune_allocator
     from gregor.common.rpc import wait_for_shutdown
+    from gregor.common.runtime_metrics import start_runtime_metrics, tune_gc
 
     tune_allocator()
     broker = Broker(config)
     await broker.start()
+    tune_gc()  # startup's objects out of every collection; rare generation-2 walks (no 60-80 ms stalls under load)
+    lag_watch = start_runtime_metrics()  # noqa: F841 (kept alive for the process's life)
     if ready_file:
         broker.write_ready_file(ready_file)
     await wait_for_shutdown("broker")

@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any
 
+from gregor.broker.broker_metrics import unwatch_broker, watch_broker
 from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
@@ -18,7 +19,7 @@ from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
-from gregor.common.metrics import serve_metrics
+from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
 
@@ -38,6 +39,8 @@ class Broker:
         self.config = config
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
+        watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
+        register_build_info("broker")
         self.cluster_mode = bool(config.etcd_endpoints)
         self.topic_store = LocalTopicStore(self.log_manager.log_dirs[0])
         self.metadata_cache = MetadataCache(config.cluster_id)
@@ -47,6 +50,7 @@ class Broker:
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
+        self.metrics_reporter: Any = None  # cluster mode with metrics.topic.enable=true
         self._server = make_server()
         self._stopped = asyncio.Event()
 
@@ -143,6 +147,13 @@ class Broker:
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
         self.coordinator_lookup.start()
         await self.membership.start()
+        if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
+            from gregor.client.metrics_reporter import MetricsReporter
+
+            self.metrics_reporter = MetricsReporter(
+                f"{self.config.host}:{self.grpc_port}", "broker", self.config.broker_id,
+                self.config.metrics_topic_interval_ms, self.config.metrics_topic_replication_factor)
+            self.metrics_reporter.start()
 
     def _start_replication(self) -> None:
         """Cluster mode: replica fetchers, leader-side ISR maintenance and HW checkpoints (seeds 000, 002, 004)."""
@@ -174,6 +185,8 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        if self.metrics_reporter is not None:
+            await self.metrics_reporter.stop()
         if self.membership is not None:
             if self.config.controlled_shutdown_enable and self.membership.broker_epoch >= 0:
                 # Still serving: the controller moves our leaderships to other ISR members first.
@@ -189,6 +202,7 @@ class Broker:
         if self._etcd is not None:
             await self._etcd.close()
         self.replica_manager.shutdown()
+        unwatch_broker(self.replica_manager)
         if self.data_port is not None:
             await self.data_port.stop()
         await self._server.stop(grace_s)

@@ -27,6 +27,10 @@ from gregor.common.clock import now_ms
 log = logging.getLogger(__name__)
 
 # Kafka's kafka.log:type=LogCleaner / LogCleanerManager metrics.
+LOG_RECOVERY_SECONDS = Counter("gregor_broker_log_recovery_seconds_total",
+                               "Time spent opening and recovering partition logs (load and tail recovery at start)")
+LOG_RECOVERED_BYTES_TRUNCATED = Counter("gregor_broker_log_recovery_truncated_bytes_total",
+                                        "Bytes of torn or corrupt tail cut by log recovery")
 CLEANER_MAX_DIRTY_PERCENT = Gauge("gregor_log_cleaner_max_dirty_percent",
                                   "Highest dirty ratio (percent) of a compacted log at the last check")
 CLEANER_CLEANED_BYTES = Counter("gregor_log_cleaner_cleaned_bytes_total", "Bytes of segments read and rewritten by cleaning")
@@ -35,8 +39,8 @@ CLEANER_RECOPY_PERCENT = Gauge("gregor_log_cleaner_recopy_percent", "Written / r
 CLEANER_RUNS = Counter("gregor_log_cleaner_runs_total", "Cleanings that swapped cleaned segments in")
 CLEANER_ERRORS = Counter("gregor_log_cleaner_errors_total", "Cleanings that failed (the log is retried after backoff)")
 CLEANER_MAX_CLEAN_TIME = Gauge("gregor_log_cleaner_max_clean_time_secs", "Longest single cleaning so far, seconds")
-CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_ms",
-                                    "Milliseconds since a cleaner thread last finished a pass over the logs")
+CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_seconds",
+                                    "Seconds since a cleaner thread last finished a pass over the logs")
 
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
@@ -70,7 +74,10 @@ class LogManager:
         if existing is not None:
             return existing
         path = self._dir_for(topic, partition)
+        started = time.perf_counter()
         opened = native.Log(path, native.LogConfig(**log_config_kwargs(topic_configs)), now_ms())
+        LOG_RECOVERY_SECONDS.inc(time.perf_counter() - started)
+        LOG_RECOVERED_BYTES_TRUNCATED.inc(opened.recovered_bytes_truncated)
         if opened.recovered_bytes_truncated:
             log.warning("recovered %s-%d: cut %d bytes of torn or corrupt tail",
                         topic, partition, opened.recovered_bytes_truncated)
@@ -165,7 +172,7 @@ class LogCleaner:
         self.last_run_monotonic = time.monotonic()
         self.runs = 0
         self.max_clean_time_s = 0.0
-        CLEANER_TIME_SINCE_LAST_RUN.set_function(lambda: (time.monotonic() - self.last_run_monotonic) * 1000.0)
+        CLEANER_TIME_SINCE_LAST_RUN.set_function(lambda: time.monotonic() - self.last_run_monotonic)
 
     def start(self) -> None:
         for i in range(max(1, self.config.log_cleaner_threads)):

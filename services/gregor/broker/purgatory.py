@@ -14,13 +14,21 @@ import asyncio
 from collections import defaultdict
 from typing import Generic, Hashable, TypeVar
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge, Histogram
+
+from gregor.common.metrics import LATENCY_BUCKETS_S
 
 T = TypeVar("T")
 
 PURGATORY_SIZE = Gauge(
     "gregor_broker_purgatory_size", "Operations waiting in a purgatory", ["purgatory"]
 )
+# Kafka's RequestMetrics RemoteTimeMs: time a request waited in purgatory (only requests that were parked).
+REMOTE_TIME = Histogram("gregor_request_remote_time_seconds",
+                        "Time a request waited in purgatory for other brokers or more data (RemoteTimeMs)",
+                        ["api"], buckets=LATENCY_BUCKETS_S)
+EXPIRATIONS = Counter("gregor_broker_purgatory_expirations_total",
+                      "Delayed operations completed by their timeout (ExpiresPerSec)", ["purgatory"])
 
 
 class DelayedOperation(Generic[T]):
@@ -35,6 +43,7 @@ class DelayedOperation(Generic[T]):
         self.delay_ms = delay_ms
         self.future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self.expired = False
 
     @property
     def is_completed(self) -> bool:
@@ -63,6 +72,7 @@ class DelayedOperation(Generic[T]):
 
     def _expire(self) -> None:
         if not self.future.done():
+            self.expired = True
             self.on_expiration()
             self.force_complete()
 
@@ -75,6 +85,8 @@ class DelayedOperationPurgatory(Generic[T]):
         self._watchers: dict[Hashable, list[DelayedOperation[T]]] = defaultdict(list)
         self._gauge = PURGATORY_SIZE.labels(purgatory=name)
         self._gauge.set_function(self.size)
+        self._remote_time = REMOTE_TIME.labels(api=name)
+        self._expirations = EXPIRATIONS.labels(purgatory=name)
 
     def size(self) -> int:
         return sum(1 for ops in self._watchers.values() for op in ops if not op.is_completed)
@@ -88,9 +100,17 @@ class DelayedOperationPurgatory(Generic[T]):
         # The condition may have become true between the check and the watch.
         if op.try_complete():
             return True
-        op._timer = asyncio.get_running_loop().call_later(op.delay_ms / 1000.0, op._expire)
-        op.future.add_done_callback(lambda _f: self._unwatch(op, keys))
+        loop = asyncio.get_running_loop()
+        parked_at = loop.time()
+        op._timer = loop.call_later(op.delay_ms / 1000.0, op._expire)
+        op.future.add_done_callback(lambda _f: self._on_done(op, keys, loop.time() - parked_at))
         return False
+
+    def _on_done(self, op: DelayedOperation[T], keys: list[Hashable], waited_s: float) -> None:
+        self._unwatch(op, keys)
+        self._remote_time.observe(waited_s)
+        if op.expired:
+            self._expirations.inc()
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try to complete every operation watching key; returns how many completed."""

@@ -1,8 +1,9 @@
 """Replica fetchers: a follower copies its leaders' logs (seeds 002, 004).
 
 One asyncio task per leader broker (Kafka's ReplicaFetcherThread per source
-broker) fetches every partition this broker follows from that leader, one long
-poll per partition in flight, each re-issued as soon as it is answered. Before a
+broker) fetches every partition this broker follows from that leader in one
+multi-partition long poll (ReplicaFetch, answered by the leader's
+replica_fetch module), re-issued as soon as it is answered. Before a
 partition's first fetch under a leader epoch it truncates by leader epoch:
 OffsetForLeaderEpoch for our latest epoch, truncate to min(answer, own LEO),
 falling back to the high watermark when the epoch is undefined. Fetched batches
@@ -35,7 +36,8 @@ FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
                     "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
 
 REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
-REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms
+REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: the leader holds an empty fetch this long
+REPLICA_FETCH_MIN_BYTES = 1  # replica.fetch.min.bytes: answer as soon as any partition has a byte
 REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
 FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
 MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
@@ -89,32 +91,113 @@ class ReplicaFetcher:
                 await self._fetch_from(rm, broker_pb2_grpc.BrokerServiceStub(ch), target)
 
     async def _fetch_from(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, target: str) -> None:
-        """One fetch per partition in flight, each re-issued as soon as it is answered.
+        """One multi-partition ReplicaFetch in flight (Kafka's fetcher thread shape).
 
-        Kafka's single multi-partition Fetch returns when any partition has data; per-partition
-        long polls must not wait for each other either: a quiet partition's 500 ms poll would
-        otherwise pace a busy one (one acks=all round trip per poll), as happened when a
-        partition stalled on a dead ISR member shared a fetcher with a partition that just
-        moved to this leader.
+        The leader answers as soon as any partition has data (min_bytes=1 over all of them), so a
+        quiet partition never paces a busy one, and an idle follower costs one request per
+        replica.fetch.wait.max.ms per leader instead of one per partition. A partition added while
+        a poll is out (a leadership move) cancels the poll, so it is fetched at once.
         """
-        in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
-        try:
-            while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
-                for key in list(self.partitions):
-                    if key not in in_flight:
-                        in_flight[key] = asyncio.create_task(self._fetch_one(rm, stub, key))
-                self._wake.clear()
-                wake = asyncio.create_task(self._wake.wait())
-                await asyncio.wait([*in_flight.values(), wake], return_when=asyncio.FIRST_COMPLETED)
+        loop = asyncio.get_running_loop()
+        while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
+            self._wake.clear()
+            batch = await self._ready_partitions(rm, stub, loop)
+            if not batch:
+                waits = [st.backoff_until - loop.time() for st in self.partitions.values()]
+                delay = max(0.0, min(waits, default=REPLICA_FETCH_BACKOFF_S))
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay or REPLICA_FETCH_BACKOFF_S)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            request = broker_pb2.ReplicaFetchRequest(
+                replica_id=rm.config.broker_id, replica_broker_epoch=self.manager.broker_epoch(),
+                min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS,
+                partitions=[broker_pb2.ReplicaFetchPartition(
+                    topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
+                    max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset)
+                    for _key, st, p, offset in batch])
+            call = asyncio.ensure_future(stub.ReplicaFetch(request, timeout=FETCH_RPC_TIMEOUT_S))
+            wake = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait([call, wake], return_when=asyncio.FIRST_COMPLETED)
+            finally:
                 wake.cancel()
-                for key, task in list(in_flight.items()):
-                    if task.done():
-                        del in_flight[key]
-                        task.result()  # _fetch_one handles its errors; anything else is a bug: fail loudly
-        finally:
-            for task in in_flight.values():
-                task.cancel()
-            await asyncio.gather(*in_flight.values(), return_exceptions=True)
+                if not call.done():
+                    call.cancel()  # new partitions (or we are stopping): ask again with them
+                    await asyncio.gather(call, return_exceptions=True)
+            if call.cancelled():
+                continue
+            try:
+                resp = call.result()
+            except grpc.aio.AioRpcError as exc:
+                err = errors.from_rpc_error(exc)
+                for key, st, _p, _offset in batch:
+                    self._on_error(key, st, err, loop)
+                continue
+            lag = 0
+            for (key, st, _p, offset), part in zip(batch, resp.partitions):
+                lag = max(lag, self._apply(rm, key, st, offset, part, loop))
+            FETCHER_LAG.labels(leader=str(self.leader_id)).set(lag)
+
+    async def _ready_partitions(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                                loop: asyncio.AbstractEventLoop) -> list[tuple[tuple[str, int], PartitionFetchState,
+                                                                              "Partition", int]]:
+        """(key, state, partition, fetch offset) of every partition to fetch now: not backing off,
+        still followed from this leader, truncated first where needed (concurrently)."""
+        now = loop.time()
+        todo = [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]
+        truncating = [(key, st, p) for key, st in todo if st.needs_truncation
+                      and (p := self._current(rm, key, st)) is not None]
+        if truncating:
+            await asyncio.gather(*(self._truncate_guarded(rm, stub, key, st, p, loop) for key, st, p in truncating))
+        batch = []
+        for key, st in todo:
+            p = self._current(rm, key, st)
+            if p is not None and not st.needs_truncation and st.backoff_until <= loop.time():
+                batch.append((key, st, p, p.log_end_offset))
+        return batch
+
+    async def _truncate_guarded(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                                key: tuple[str, int], st: PartitionFetchState, p: "Partition",
+                                loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            await self._truncate(rm, stub, p, st)
+        except grpc.aio.AioRpcError as exc:
+            self._on_error(key, st, errors.from_rpc_error(exc), loop)
+        except Exception as exc:  # a storage error: back off and truncate again
+            log.warning("%s-%d: truncation against leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
+
+    def _apply(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState, fetch_offset: int,
+               part: broker_pb2.ReplicaFetchPartitionResponse, loop: asyncio.AbstractEventLoop) -> int:
+        """One partition's answer: append its records and move the follower HW; returns its lag."""
+        if part.HasField("error"):
+            self._on_error(key, st, errors.from_detail(part.error), loop)
+            return 0
+        p = self._current(rm, key, st)
+        if p is None or p.log_end_offset != fetch_offset:
+            return 0
+        try:
+            if part.records:
+                p.append_records_to_follower(part.records)  # also applies the batches to the producer state
+            p.update_follower_high_watermark(part.high_watermark)
+        except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
+            log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            st.needs_truncation = True
+            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
+            return 0
+        return max(0, part.high_watermark - p.log_end_offset)
+
+    def _on_error(self, key: tuple[str, int], st: PartitionFetchState, err: errors.GregorError,
+                  loop: asyncio.AbstractEventLoop) -> None:
+        if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
+            log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
+            st.needs_truncation = st.out_of_range = True
+            return
+        if err.code not in BACKOFF_CODES:
+            log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
+        st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
 
     def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
         """The partition if we still follow this leader at this epoch, else None (and drop it)."""
@@ -125,51 +208,6 @@ class ReplicaFetcher:
                 del self.partitions[key]
             return None
         return p
-
-    async def _fetch_one(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
-                         key: tuple[str, int]) -> None:
-        st = self.partitions.get(key)
-        if st is None:
-            return
-        loop = asyncio.get_running_loop()
-        if st.backoff_until > loop.time():
-            await asyncio.sleep(st.backoff_until - loop.time())
-        p = self._current(rm, key, st)
-        if p is None:
-            return
-        try:
-            if st.needs_truncation:
-                await self._truncate(rm, stub, p, st)
-                p = self._current(rm, key, st)
-                if p is None:
-                    return
-            fetch_offset = p.log_end_offset
-            resp = await stub.Fetch(broker_pb2.FetchRequest(
-                topic=p.topic, partition=p.partition, fetch_offset=fetch_offset,
-                max_bytes=REPLICA_FETCH_MAX_BYTES, min_bytes=1, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS,
-                replica_id=rm.config.broker_id, current_leader_epoch=st.leader_epoch,
-                replica_broker_epoch=self.manager.broker_epoch(), replica_log_start_offset=p.log.log_start_offset),
-                timeout=FETCH_RPC_TIMEOUT_S)
-            p = self._current(rm, key, st)
-            if p is None or p.log_end_offset != fetch_offset:
-                return
-            if resp.records:
-                p.append_records_to_follower(resp.records)  # also applies the batches to the producer state
-            p.update_follower_high_watermark(resp.high_watermark)
-            FETCHER_LAG.labels(leader=str(self.leader_id)).set(max(0, resp.high_watermark - p.log_end_offset))
-        except grpc.aio.AioRpcError as exc:
-            err = errors.from_rpc_error(exc)
-            if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
-                log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
-                st.needs_truncation = st.out_of_range = True
-            else:
-                if err.code not in BACKOFF_CODES:
-                    log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
-                st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
-        except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
-            log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
-            st.needs_truncation = True
-            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:

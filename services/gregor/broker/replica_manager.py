@@ -184,21 +184,36 @@ class ReplicaManager:
         if hw is not None:
             p.high_watermark = max(p.log.log_start_offset, min(hw, p.log.log_end_offset))
 
-    def checkpoint_high_watermarks(self) -> None:
-        """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
+    def _high_watermarks_by_dir(self) -> dict[str, dict[tuple[str, int], int]]:
         by_dir: dict[str, dict[tuple[str, int], int]] = {d: {} for d in self.log_manager.log_dirs}
         for p in self.partitions.values():
             by_dir.setdefault(os.path.dirname(p.log.dir), {})[p.key] = p.high_watermark
+        return by_dir
+
+    @staticmethod
+    def _write_high_watermarks(by_dir: dict[str, dict[tuple[str, int], int]]) -> None:
         for d, offsets in by_dir.items():
             try:
                 checkpoint.write_offsets(os.path.join(d, checkpoint.REPLICATION_OFFSET_CHECKPOINT), offsets)
             except OSError as exc:
                 log.warning("cannot checkpoint high watermarks in %s: %s", d, exc)
 
+    def checkpoint_high_watermarks(self) -> None:
+        """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
+        self._write_high_watermarks(self._high_watermarks_by_dir())
+
     async def _checkpoint_loop(self) -> None:
+        """Every HW_CHECKPOINT_INTERVAL_MS, on a worker thread and only when a HW moved: the write
+        fsyncs, and on ext4 an fsync can wait for the journal to commit other files' dirty log data
+        (tens to hundreds of ms while a produce load is written back), which on the event loop
+        stalled every request of the broker (issue 15)."""
+        last: dict[str, dict[tuple[str, int], int]] | None = None
         while True:
             await asyncio.sleep(HW_CHECKPOINT_INTERVAL_MS / 1000.0)
-            self.checkpoint_high_watermarks()
+            current = self._high_watermarks_by_dir()
+            if current != last:
+                await asyncio.to_thread(self._write_high_watermarks, current)
+                last = current
 
     async def stop_replication(self) -> None:
         """Stop fetchers and ISR tasks, then checkpoint the HWs a last time (clean shutdown)."""

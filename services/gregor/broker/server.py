@@ -10,6 +10,7 @@ import grpc
 
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
+from gregor.broker.replica_fetch import ReplicaFetchPart, handle_replica_fetch
 from gregor.common import errors
 from gregor.common.etcd import EtcdError
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
@@ -42,6 +43,17 @@ def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.Fe
         log_start_offset=result.log_start_offset, records=records, leader_epoch=result.leader_epoch,
         aborted_transactions=[broker_pb2.AbortedTransaction(producer_id=pid, first_offset=first)
                               for pid, first in result.aborted_transactions])
+
+
+def replica_fetch_partition(part: ReplicaFetchPart,
+                            outcome: "FetchResult | errors.GregorError") -> broker_pb2.ReplicaFetchPartitionResponse:
+    """One partition of a ReplicaFetchResponse: its error, or its HW and records."""
+    if isinstance(outcome, errors.GregorError):
+        return broker_pb2.ReplicaFetchPartitionResponse(topic=part.topic, partition=part.partition,
+                                                        error=outcome.to_detail())
+    return broker_pb2.ReplicaFetchPartitionResponse(
+        topic=part.topic, partition=part.partition, high_watermark=outcome.high_watermark,
+        log_start_offset=outcome.log_start_offset, records=outcome.slice.read())
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
@@ -118,6 +130,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())
+
+    @rpc_method("BrokerService")
+    async def ReplicaFetch(self, request: broker_pb2.ReplicaFetchRequest,
+                           context: Ctx) -> broker_pb2.ReplicaFetchResponse:
+        parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+                 for q in request.partitions]
+        outcomes = await handle_replica_fetch(
+            self.replicas, request.replica_id,
+            request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: the follower sent none
+            request.min_bytes, request.max_wait_ms, parts)
+        return broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o)
+                                                           for q, o in zip(parts, outcomes)])
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

@@ -41,11 +41,15 @@ def cluster() -> None:
               help="etcd cluster size on loopback (3 survives the loss of one member); services get every endpoint")
 @click.option("--broker-property", "broker_props", multiple=True, metavar="KEY=VALUE",
               help="server.properties override for every broker (repeatable)")
+@click.option("--prometheus", is_flag=True,
+              help="also start a real Prometheus scraping every process (role prometheus; `make prometheus` builds it)")
+@click.option("--scrape-interval", "scrape_interval_s", type=click.FloatRange(min=0.1), default=None,
+              help="with --prometheus: scrape and rule evaluation interval in seconds (default 5)")
 @click.pass_context
 def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, lease_ttl_ms: int | None,
        coordinators: int, gateways: int, broker_props: tuple[str, ...],
        gateway_prop_items: tuple[str, ...] = (), coordinator_prop_items: tuple[str, ...] = (),
-       etcd_members: int = 1) -> None:
+       etcd_members: int = 1, prometheus: bool = False, scrape_interval_s: float | None = None) -> None:
     """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it."""
     if coordinators < 0:
         raise click.BadParameter("must be >= 0", param_hint="--coordinators")
@@ -73,7 +77,8 @@ def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int,
         c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides,
                             controllers=controllers, lease_ttl_ms=lease_ttl_ms, gateways=gateways,
                             gateway_props=gateway_props, coordinators=coordinators,
-                            coordinator_overrides=coordinator_props, etcd_members=etcd_members)
+                            coordinator_overrides=coordinator_props, etcd_members=etcd_members,
+                            prometheus=prometheus, scrape_interval_s=scrape_interval_s)
     except ClusterError as exc:
         raise click.ClickException(str(exc))
     click.echo(json.dumps(c.to_json(), indent=2))

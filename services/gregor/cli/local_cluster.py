@@ -251,13 +251,41 @@ class LocalCluster:
                 "etcd": ",".join(f"http://{p.grpc}" for p in etcd),
                 "gateways": ",".join(p.grpc for p in self.by_role("gateway")),
                 "coordinators": ",".join(p.grpc for p in self.by_role("coordinator")),
+                "prometheus": ",".join(str(p.extra.get("url", "")) for p in self.by_role("prometheus")),
                 "processes": [asdict(p) for p in self.processes]}
 
     def save(self) -> None:
+        """Write cluster.json and, with a Prometheus in the cluster, its file_sd targets (processes added
+        since the last save are scraped from the next file_sd refresh on)."""
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.to_json(), f, indent=2)
         os.replace(tmp, self.path)
+        if self.by_role("prometheus"):
+            from gregor.cli.local_prometheus import write_targets
+
+            write_targets(self.data_dir, self.processes)
+
+    def start_prometheus(self, scrape_interval_s: float | None = None) -> Process:
+        """A real Prometheus scraping every process of this cluster (file_sd), with the shared rules."""
+        from gregor.cli import local_prometheus as lp
+
+        port = free_port()
+        pdir = lp.prometheus_dir(self.data_dir)
+        os.makedirs(pdir, exist_ok=True)
+        lp.write_targets(self.data_dir, self.processes)
+        config = lp.write_config(self.data_dir, scrape_interval_s or lp.SCRAPE_INTERVAL_S, port, "gregor")
+        log_path = os.path.join(self.data_dir, "logs", "prometheus.log")
+        cmd = [lp.prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={pdir}/data",
+               f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn"]
+        proc = _spawn(cmd, log_path)
+        url = f"http://127.0.0.1:{port}"
+        lp.wait_ready(url, proc, log_path)
+        p = Process("prometheus", 0, proc.pid, f"127.0.0.1:{port}", f"{url}/metrics", log_path, pdir,
+                    extra={"url": url, "config": config})
+        self.processes.append(p)
+        self.save()
+        return p
 
     @classmethod
     def load(cls, data_dir: str) -> "LocalCluster":
@@ -273,7 +301,8 @@ class LocalCluster:
     def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
            controllers: int = 0, lease_ttl_ms: int | None = None, gateways: int = 0,
            gateway_props: dict[str, str] | None = None, etcd_members: int = 1,
-           coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None) -> "LocalCluster":
+           coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None,
+           prometheus: bool = False, scrape_interval_s: float | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
@@ -312,6 +341,8 @@ class LocalCluster:
                                                            overrides=coordinator_overrides))
             for i in range(gateways):  # stateless producer gateways in front of the brokers
                 cluster.processes.append(start_gateway(data_dir, i, cluster.bootstrap, props=gateway_props))
+            if prometheus:
+                cluster.start_prometheus(scrape_interval_s)
         except BaseException:
             cluster.down()
             raise

@@ -8,8 +8,11 @@ from typing import Any, Optional
 
 import click
 
+from gregor.cli.analytics import analytics
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
+from gregor.cli.controller_events import controller_group
+from gregor.cli.dashboards import dashboards_group
 from gregor.cli.leader_election import leader_election
 from gregor.cli.groups import groups
 from gregor.cli.logdump import log_group
@@ -49,6 +52,9 @@ cli.add_command(perf)
 cli.add_command(leader_election)
 cli.add_command(groups)
 cli.add_command(transactions)
+cli.add_command(analytics)
+cli.add_command(controller_group)
+cli.add_command(dashboards_group)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -53,7 +53,8 @@ class Stats:
     record (Kafka samples at most 500,000 of them), in memory and time per distinct latency.
     """
 
-    def __init__(self, num_records: int, echo: bool) -> None:
+    def __init__(self, num_records: int, echo: bool, interval_s: float = REPORT_INTERVAL_S) -> None:
+        self.interval_s = interval_s
         self.start = time.monotonic()
         self.window_start = self.start
         self.histogram: dict[int, int] = {}
@@ -71,7 +72,7 @@ class Stats:
         self.w_bytes += size
         self.w_total += latency_ms
         self.w_max = max(self.w_max, latency_ms)
-        if now - self.window_start >= REPORT_INTERVAL_S:
+        if now - self.window_start >= self.interval_s:
             self.print_window(now)
 
     def record_counts(self, latency_counts: dict[int, int], nbytes: int, now: float) -> None:
@@ -94,7 +95,7 @@ class Stats:
         self.w_bytes += nbytes
         self.w_total += total
         self.w_max = max(self.w_max, top)
-        if now - self.window_start >= REPORT_INTERVAL_S:
+        if now - self.window_start >= self.interval_s:
             self.print_window(now)
 
     def print_window(self, now: float) -> None:
@@ -210,11 +211,12 @@ def batch_latency_counts(batch: ProducerBatch, ack_ms: int) -> dict[int, int]:
 
 
 async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, payloads: list[bytes],
-                        throughput: float, echo: bool, print_metrics: bool) -> dict[str, Any]:
+                        throughput: float, echo: bool, print_metrics: bool,
+                        interval_s: float = REPORT_INTERVAL_S) -> dict[str, Any]:
     async with AdminClient({"bootstrap.servers": config["bootstrap.servers"]}) as admin:
         await admin.describe_topics([topic])
     fixed_size = len(payloads[0]) if len(payloads) == 1 else None
-    stats = Stats(num_records, echo)
+    stats = Stats(num_records, echo, interval_s)
     metrics = (ProducerPerfMetrics(str(config["client.id"]), topic,
                                    record_size(None, payloads[0], ()) if fixed_size is not None else None)
                if print_metrics else None)
@@ -327,6 +329,8 @@ def _producer_config(ctx: click.Context, producer_props: tuple[str, ...],
 @click.option("--producer.config", "producer_config_file", metavar="CONFIG-FILE",
               help="producer config properties file")
 @click.option("--print-metrics", is_flag=True, help="print out metrics at the end of the test")
+@click.option("--reporting-interval", "reporting_interval_ms", type=int, default=int(REPORT_INTERVAL_S * 1000),
+              show_default=True, metavar="INTERVAL-MS", help="interval in milliseconds between progress lines")
 @click.option("--gateway", metavar="HOST:PORT[,...]",
               help="produce through these producer gateways (ProduceStream) instead of the SDK producer")
 @click.option("--via-gateway", is_flag=True, help="produce through the gateways listed in DATA_DIR/cluster.json")
@@ -334,10 +338,13 @@ def _producer_config(ctx: click.Context, producer_props: tuple[str, ...],
 def perf_produce(ctx: click.Context, topic: str, num_records: int, record_size: Optional[int],
                  payload_file: Optional[str], payload_delimiter: str, throughput: float,
                  producer_props: tuple[str, ...], producer_config_file: Optional[str] = None,
-                 print_metrics: bool = False, gateway: Optional[str] = None, via_gateway: bool = False) -> None:
+                 print_metrics: bool = False, reporting_interval_ms: int = int(REPORT_INTERVAL_S * 1000),
+                 gateway: Optional[str] = None, via_gateway: bool = False) -> None:
     """Produce NUM_RECORDS records and report throughput and latency percentiles (kafka-producer-perf-test)."""
     if num_records <= 0:
         raise click.UsageError("--num-records should be greater than zero")
+    if reporting_interval_ms <= 0:
+        raise click.BadParameter("Reporting interval must be greater than 0.", param_hint="--reporting-interval")
     as_json = obj(ctx).json
     echo = functools.partial(click.echo, err=as_json)  # Kafka's informational lines; stderr under --output json
     payloads = perf_payloads(record_size, payload_file, payload_delimiter, echo)
@@ -354,7 +361,7 @@ def perf_produce(ctx: click.Context, topic: str, num_records: int, record_size: 
     config = _producer_config(ctx, producer_props, producer_config_file)
     tune_allocator()  # multi-MiB produce requests: keep them off fresh mmaps (page faults)
     summary = run(_perf_produce(config, topic, num_records, payloads, throughput, echo=not as_json,
-                                print_metrics=print_metrics))
+                                print_metrics=print_metrics, interval_s=reporting_interval_ms / 1000))
     if as_json:
         emit_json(summary)
         return

@@ -22,14 +22,13 @@ import re
 import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
-import grpc
 
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
 from gregor.client.loop_thread import LoopThread
 from gregor.client.txn_filter import committed_rows
-from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.metadata import ClusterMetadata, call_error, list_offset
 from gregor.common import errors
 from gregor.common.records import batch_headers, fetched_rows
 from gregor.rpc.v1 import broker_pb2, common_pb2
@@ -297,20 +296,8 @@ class Consumer:
         return (await self._list_offsets(tp, timestamp_ms))[0]
 
     async def _list_offsets(self, tp: TopicPartition, timestamp_ms: int) -> tuple[int, int]:
-        deadline = time.monotonic() + self.request_timeout_ms / 1000
-        while True:
-            try:
-                _, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
-                resp = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
-                    topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms, isolation_level=self.isolation),
-                    timeout=self.request_timeout_ms / 1000)
-                return int(resp.offset), int(resp.timestamp_ms)
-            except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
-                err = call_error(exc)
-                if not err.retriable or time.monotonic() >= deadline:
-                    raise err from None
-                self.metadata.request_update(err)
-                await asyncio.sleep(self.backoff_s)
+        return await list_offset(self.metadata, tp, timestamp_ms, self.isolation, self.request_timeout_ms,
+                                 self.backoff_s)
 
     # ------------------------------------------------------------ poll
     async def poll(self, timeout_ms: int = 0, max_records: Optional[int] = None) -> list[ConsumerRecord]:

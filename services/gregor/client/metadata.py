@@ -301,3 +301,22 @@ class ClusterMetadata:
                     "no leader", topic=topic, partition=partition)
             await asyncio.sleep(self.retry_backoff_s)
 
+
+async def list_offset(metadata: ClusterMetadata, tp: tuple[str, int], timestamp_ms: int, isolation: int,
+                      timeout_ms: int, backoff_s: float) -> tuple[int, int]:
+    """ListOffsets on the leader: (offset, timestamp) for -2 earliest, -1 latest, else the first offset at or
+    after the time; retriable errors (leader moved) refresh the metadata and retry until timeout_ms."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            _, stub = await metadata.leader_stub(tp[0], tp[1], timeout_ms)
+            resp = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
+                topic=tp[0], partition=tp[1], timestamp_ms=timestamp_ms, isolation_level=isolation),  # type: ignore[arg-type]
+                timeout=timeout_ms / 1000)
+            return int(resp.offset), int(resp.timestamp_ms)
+        except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+            err = call_error(exc)
+            if not err.retriable or time.monotonic() >= deadline:
+                raise err from None
+            metadata.request_update(err)
+            await asyncio.sleep(backoff_s)

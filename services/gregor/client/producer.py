@@ -89,6 +89,7 @@ class Sender:
         self.delivery_timeout_s = int(cfg["delivery.timeout.ms"]) / 1000
         self.in_flight: dict[int, int] = {}
         self.muted: set[TopicPartition] = set()
+        self.stats = SenderStats()
         self.requests: set[asyncio.Task[None]] = set()
         self.closing = False
         self.closing_forced = False  # close() timed out: fail instead of retrying
@@ -206,6 +207,11 @@ class Sender:
 
     async def _produce(self, leader: int, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
         payload = b"".join(b.encode(self.acc.compression) for b in batches)
+        stats = self.stats  # per request, not per record: the gateway exports these (compression ratio)
+        stats.requests += 1
+        stats.batches += len(batches)
+        stats.record_bytes += sum(b.size_bytes for b in batches)
+        stats.wire_bytes += len(payload)
         request = broker_pb2.ProduceRequest(topic=tp[0], partition=tp[1], records=payload, acks=self.acks,
                                             timeout_ms=self.request_timeout_ms)
         try:
@@ -253,6 +259,7 @@ class Sender:
             retriable = self.txn.can_retry(batch, err) if self.txn is not None else err.retriable
             if retriable and batch.attempts <= self.retries and not expired and not self.closing_forced:
                 log.debug("retrying %s-%s after %s (attempt %d)", *tp, err.name, batch.attempts)
+                self.stats.retries += 1
                 self.acc.reenqueue(batch, now)
             else:
                 self._fail(batch, err)
@@ -264,6 +271,15 @@ class Sender:
             self.txn.on_failed(batch)
         self.acc.deallocate(batch)
         batch.fail(exc)
+
+
+class SenderStats:
+    """Plain counters of the sender, kept per produce request (never per record) and read by exporters."""
+
+    __slots__ = ("requests", "batches", "record_bytes", "wire_bytes", "retries")
+
+    def __init__(self) -> None:
+        self.requests = self.batches = self.record_bytes = self.wire_bytes = self.retries = 0
 
 
 class Producer:
@@ -316,6 +332,11 @@ class Producer:
             self._sender.on_batch_failed = self._txn.on_send_failed
         self._sender_task = asyncio.ensure_future(self._sender.run())
         self._sender_task.add_done_callback(self._on_sender_done)
+
+    @property
+    def sender_stats(self) -> SenderStats:
+        """The sender's per-request counters (zeros before start())."""
+        return self._sender.stats if self._sender is not None else SenderStats()
 
     def _on_sender_done(self, task: asyncio.Task[None]) -> None:
         exc = None if task.cancelled() else task.exception()

@@ -204,6 +204,13 @@ class BrokerConfig:
     fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
     num_network_threads: int = 3  # num.network.threads: threads that run the data port's sendfile transfers
     data_port_send_timeout_ms: int = 30000  # a data-port peer that reads nothing for this long is disconnected
+    # metrics.partition.level.enable: per-partition log metrics (one series per replica); topic-level by default
+    # so a broker with thousands of partitions does not flood Prometheus.
+    metrics_partition_level_enable: bool = False
+    # metrics.topic.enable: publish this broker's samples to __gregor_metrics (docs/metrics.md), off by default.
+    metrics_topic_enable: bool = False
+    metrics_topic_interval_ms: int = 10000  # metrics.topic.interval.ms: one sample batch per interval
+    metrics_topic_replication_factor: int = 1  # metrics.topic.replication.factor, used when the broker creates it
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
 
     @classmethod

@@ -13,12 +13,19 @@ from typing import Literal
 import aetcd
 import grpc
 from aetcd import rpc
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
+
+from gregor.common.metrics import LATENCY_BUCKETS_S, observe_seconds
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_FAILOVERS = Counter("gregor_etcd_endpoint_failovers_total",
                              "Times an etcd client moved to the next endpoint after its member failed")
+REQUEST_DURATION = Histogram("gregor_etcd_request_duration_seconds",
+                             "Unary etcd RPCs, by gRPC method, from first send to answer or error "
+                             "(ZooKeeper's ZooKeeperRequestLatencyMs)", ["method"], buckets=LATENCY_BUCKETS_S)
+LEASE_KEEPALIVE_FAILURES = Counter("gregor_etcd_lease_keepalive_failures_total",
+                                   "Lease refreshes that failed (etcd unreachable); the lease is lost after its TTL")
 
 # One etcd RPC may take this long before it counts as unavailable; a lease TTL is seconds, so
 # a stuck call must give up well inside it for the keepalive to retry.
@@ -256,6 +263,7 @@ class Lease:
             try:
                 ttl = await self.client.refresh_lease(self.id, timeout_s=interval_s)
             except EtcdUnavailable as exc:
+                LEASE_KEEPALIVE_FAILURES.inc()
                 # Unreachable: the lease is still good server-side until TTL after our last refresh.
                 if time.monotonic() - last_ok >= self.ttl_s:
                     return LeaseLost(f"lease {self.id:x} not refreshed within {self.ttl_s} s: {exc}")
@@ -354,6 +362,11 @@ class EtcdClient:
         a write that may have reached a member is not repeated: the caller decides.
         """
         attempts = len(self.endpoints)
+        with observe_seconds(REQUEST_DURATION.labels(method=method)):
+            return await self._call_with_failover(what, stub, method, request, timeout_s, idempotent, attempts)
+
+    async def _call_with_failover(self, what: str, stub: str, method: str, request: object,
+                                  timeout_s: float | None, idempotent: bool, attempts: int) -> object:
         while True:
             client = await self._connected()
             try:

@@ -80,7 +80,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(args: ControllerArgs) -> int:
     from gregor.common.etcd import EtcdClient
-    from gregor.common.metrics import serve_metrics
+    from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.controller.controller import Controller
     from gregor.controller.server import ControllerAdminServicer, ControllerServicer
@@ -98,6 +98,7 @@ async def run(args: ControllerArgs) -> int:
     controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
+    register_build_info("controller")
     metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
     await controller.start()
     if args.ready_file:

@@ -18,7 +18,7 @@ from gregor.controller import elector, metadata_store
 from gregor.controller.broker_registry import (BROKER_IDS, BrokerRegistration, ClusterDescription, broker_epochs,
                                                registrations)
 from gregor.controller.channel_manager import ControllerChannelManager
-from gregor.controller.election import OfflineElection
+from gregor.controller.election import ELECTION_KINDS, OfflineElection
 from gregor.controller.elector import NO_CONTROLLER, ControllerMovedError
 from gregor.controller.event_manager import ControllerEventManager
 from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, ElectionType,
@@ -59,7 +59,7 @@ class ControllerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.active_controller_count = Gauge(
-            "gregor_controller_active_controller_count",
+            "gregor_controller_active_controller",
             "1 on the active controller, 0 on standbys (Kafka's ActiveControllerCount).", registry=registry)
         self.epoch = Gauge("gregor_controller_epoch",
                            "Controller epoch: ours while active, else the latest one seen.", registry=registry)
@@ -68,19 +68,25 @@ class ControllerMetrics:
             "etcd writes refused because controller_epoch moved on (a newer controller exists).", registry=registry)
         self.elections_won = Counter("gregor_controller_elections_won_total",
                                      "Elections this instance won.", registry=registry)
-        self.offline_partitions = Gauge("gregor_controller_offline_partitions_count",
+        self.offline_partitions = Gauge("gregor_controller_offline_partitions",
                                         "Partitions without a live leader (Kafka's OfflinePartitionsCount).",
                                         registry=registry)
-        self.topics = Gauge("gregor_controller_global_topic_count", "Topics (active controller).", registry=registry)
-        self.partitions = Gauge("gregor_controller_global_partition_count", "Partitions (active controller).",
+        self.topics = Gauge("gregor_controller_global_topics", "Topics (active controller).", registry=registry)
+        self.partitions = Gauge("gregor_controller_global_partitions", "Partitions (active controller).",
                                 registry=registry)
         self.preferred_replica_imbalance = Gauge(
-            "gregor_controller_preferred_replica_imbalance_count",
+            "gregor_controller_preferred_replica_imbalance",
             "Partitions whose leader is not the first assigned replica (Kafka's PreferredReplicaImbalanceCount).",
             registry=registry)
         self.unclean_elections = Counter("gregor_controller_unclean_leader_elections_total",
                                          "Leaders elected from outside the ISR (Kafka's UncleanLeaderElectionsPerSec).",
                                          registry=registry)
+        self.leader_elections = Counter(
+            "gregor_controller_leader_elections_total",
+            "Partition leaders elected, by kind: offline, unclean, reassign, preferred, controlled_shutdown "
+            "(Kafka's LeaderElectionRateAndTimeMs count).", ["kind"], registry=registry)
+        for kind in ELECTION_KINDS:  # every kind exported from the start (at 0), not after its first election
+            self.leader_elections.labels(kind=kind)
         self.preferred_elections = Counter(
             "gregor_controller_preferred_replica_elections_total",
             "Partitions whose preferred replica was elected leader, by trigger: auto "
@@ -499,6 +505,8 @@ class Controller:
         actions.batch.discard_partitions(outcome.failed)
         if actions.unclean_elections:
             self.metrics.unclean_elections.inc(actions.unclean_elections)
+        for kind, elected in actions.elections.items():
+            self.metrics.leader_elections.labels(kind=kind).inc(elected)
         for tp, reason in sorted(actions.failed.items()):
             log.warning("%s: %s", tp, reason)
         self.channels.send(actions.batch.build(self.ctx, self.controller_id), self.ctx.topic_configs, deleted_topics)

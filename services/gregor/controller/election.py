@@ -97,6 +97,17 @@ class ControlledShutdownElection:
 ElectionStrategy = OfflineElection | ReassignElection | PreferredElection | ControlledShutdownElection
 
 
+ELECTION_KINDS = ("offline", "unclean", "reassign", "preferred", "controlled_shutdown")
+
+
+def election_kind(strategy: ElectionStrategy, is_unclean: bool) -> str:
+    """The `kind` label of gregor_controller_leader_elections_total (Kafka's election types)."""
+    if is_unclean:
+        return "unclean"
+    return {OfflineElection: "offline", ReassignElection: "reassign", PreferredElection: "preferred",
+            ControlledShutdownElection: "controlled_shutdown"}[type(strategy)]
+
+
 @dataclass(frozen=True)
 class ElectionResult:
     """The outcome for one partition: the new state (None if no leader) and who must be told."""

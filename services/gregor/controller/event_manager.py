@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram
@@ -17,6 +19,30 @@ log = logging.getLogger(__name__)
 
 # Events waiting for the controller; put() waits for room beyond this (back-pressure on watchers).
 EVENT_QUEUE_SIZE_MAX = 10_000
+# Processed events kept for `gregor controller events`: enough to see the last rebalance or failover.
+RECENT_EVENTS_MAX = 100
+
+
+@dataclass(frozen=True)
+class ProcessedEvent:
+    """One processed event as the live view shows it (times in seconds of the manager's clock)."""
+
+    name: str
+    state: "ControllerState"
+    enqueue_time_s: float
+    queue_time_s: float
+    processing_time_s: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class EventsSnapshot:
+    """What the controller is doing now: its state, its queue in order, and what it did last."""
+
+    state: "ControllerState"
+    now_s: float
+    queued: list[tuple[str, "ControllerState", float]]  # (name, state, enqueue age in seconds), oldest first
+    processed: list[ProcessedEvent]  # newest first
 
 
 class ControllerEvent(Protocol):
@@ -95,6 +121,11 @@ class ControllerEventMetrics:
             "Processing time per controller state (Kafka's <State>RateAndTimeMs).",
             ["state"], buckets=LATENCY_BUCKETS_S, registry=registry,
         )
+        self.processing_time = Histogram(
+            "gregor_controller_event_processing_time_seconds",
+            "Time the event task spent processing one event, any state (Kafka's EventQueueProcessingTimeMs).",
+            buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
         self.state = Gauge(
             "gregor_controller_state", "ControllerState value of the event being processed (0 = Idle).",
             registry=registry,
@@ -122,6 +153,7 @@ class ControllerEventManager:
         self._state = ControllerState.IDLE
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._recent: deque[ProcessedEvent] = deque(maxlen=RECENT_EVENTS_MAX)
 
     @property
     def state(self) -> ControllerState:
@@ -130,6 +162,15 @@ class ControllerEventManager:
 
     def queue_size(self) -> int:
         return self._queue.qsize()
+
+    def snapshot(self, last: int = RECENT_EVENTS_MAX) -> EventsSnapshot:
+        """The live view (`gregor controller events`): current state, queued events, last `last` processed."""
+        now = self._clock()
+        # asyncio.Queue keeps its items in a deque; reading it is safe on the loop thread that owns it.
+        pending = [q for q in list(self._queue._queue) if not q.spent]  # type: ignore[attr-defined]
+        queued = [(_event_name(q.event), q.event.state, max(0.0, now - q.enqueue_time_s)) for q in pending]
+        processed = list(self._recent)[::-1][:max(0, last)]
+        return EventsSnapshot(self._state, now, queued, processed)
 
     def start(self) -> None:
         if self._task is not None:
@@ -223,8 +264,9 @@ class ControllerEventManager:
     async def _process(self, queued: QueuedEvent) -> None:
         state = queued.event.state
         self._set_state(state)
-        self._metrics.queue_time.observe(max(0.0, self._clock() - queued.enqueue_time_s))
         start = self._clock()
+        queue_time_s = max(0.0, start - queued.enqueue_time_s)
+        self._metrics.queue_time.observe(queue_time_s)
         error: BaseException | None = None
         try:
             await queued.event.process()
@@ -236,8 +278,12 @@ class ControllerEventManager:
             log.exception("uncaught error processing controller event %r", queued.event)
             error = exc
         finally:
+            elapsed = max(0.0, self._clock() - start)
             if state.rate_and_time_metric_name is not None:
-                self._metrics.state_time.labels(state=state.kafka_name).observe(max(0.0, self._clock() - start))
+                self._metrics.state_time.labels(state=state.kafka_name).observe(elapsed)
+            self._metrics.processing_time.observe(elapsed)
+            self._recent.append(ProcessedEvent(_event_name(queued.event), state, queued.enqueue_time_s,
+                                               queue_time_s, elapsed, repr(error) if error else ""))
             self._set_state(ControllerState.IDLE)
         queued._finish(error)
 
@@ -253,3 +299,8 @@ class ControllerEventManager:
             log.error("controller event task died", exc_info=task.exception())
         for queued in self._drain():
             self._fail(queued, reason)
+
+
+def _event_name(event: ControllerEvent) -> str:
+    """An event's name for the live view: its `name` when it has one (controller events do), else its class."""
+    return str(getattr(event, "name", "") or type(event).__name__.lstrip("_"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gregor.controller.election import ElectionStrategy, OfflineElection, PreferredElection, elect_leader
+from gregor.controller.election import (ElectionStrategy, OfflineElection, PreferredElection, elect_leader,
+                                       election_kind)
 from gregor.controller.requests import ControllerActions, Recompute
 from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
 
@@ -129,6 +130,8 @@ def _elect_leader(
         return None
     if result.is_unclean:
         actions.unclean_elections += 1
+    kind = election_kind(strategy, result.is_unclean)
+    actions.elections[kind] = actions.elections.get(kind, 0) + 1
     stored = actions.write(ctx, tp, result.new_leader_and_isr, recompute=_reelect(ctx, tp, strategy))
     actions.batch.add_leader_and_isr(ctx, result.live_replicas, tp, stored)
     return stored

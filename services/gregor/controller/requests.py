@@ -302,6 +302,7 @@ class ControllerActions:
     failed: dict[TopicPartition, str] = field(default_factory=dict)
     topics_to_resume_deletion: set[str] = field(default_factory=set)
     unclean_elections: int = 0
+    elections: dict[str, int] = field(default_factory=dict)  # leaders elected, by election kind
 
     def write(self, ctx: ControllerContext, tp: TopicPartition, new_state: LeaderAndIsr, create: bool = False,
               recompute: Recompute | None = None) -> LeaderAndIsr:

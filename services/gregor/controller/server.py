@@ -9,6 +9,7 @@ import grpc
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
+from gregor.controller.event_manager import RECENT_EVENTS_MAX
 from gregor.controller.leader_balance import ElectionType
 from gregor.controller.state import ControllerState, TopicPartition
 from gregor.controller.topic_admin import NewTopic, TopicAdmin, TopicOutcome
@@ -46,6 +47,24 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         self._require_active()
         start, length = await self.controller.allocate_producer_ids(request.broker_id, request.broker_epoch)
         return controller_pb2.AllocateProducerIdsResponse(producer_id_start=start, producer_id_len=length)
+
+    @rpc_method("ControllerService")
+    async def DescribeControllerEvents(self, request: controller_pb2.DescribeControllerEventsRequest,
+                                       context: Ctx) -> controller_pb2.DescribeControllerEventsResponse:
+        if request.max_processed < 0:
+            raise errors.error_for(errors.Code.INVALID_REQUEST, "max_processed must be >= 0")
+        c = self.controller
+        snap = c.events.snapshot(request.max_processed or RECENT_EVENTS_MAX)
+        return controller_pb2.DescribeControllerEventsResponse(
+            controller_id=c.controller_id, active=c.is_active, controller_epoch=c.ctx.epoch if c.is_active else 0,
+            state=snap.state.kafka_name,
+            queued=[controller_pb2.QueuedControllerEvent(name=name, state=state.kafka_name, enqueue_age_seconds=age)
+                    for name, state, age in snap.queued],
+            processed=[controller_pb2.ProcessedControllerEvent(
+                name=e.name, state=e.state.kafka_name, queue_time_seconds=e.queue_time_s,
+                processing_time_seconds=e.processing_time_s,
+                age_seconds=max(0.0, snap.now_s - e.enqueue_time_s - e.queue_time_s - e.processing_time_s),
+                error=e.error) for e in snap.processed])
 
 
 def _result(outcome: TopicOutcome) -> controller_pb2.TopicResult:

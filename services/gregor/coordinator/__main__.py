@@ -105,7 +105,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(a: argparse.Namespace) -> int:
     from gregor.common.etcd import EtcdClient
-    from gregor.common.metrics import serve_metrics
+    from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.coordinator.coordinator import GroupCoordinator
     from gregor.coordinator.server import GroupCoordinatorServicer
@@ -127,6 +127,7 @@ async def run(a: argparse.Namespace) -> int:
     add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService",
                                        "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
+    register_build_info("coordinator")
     metrics_port = serve_metrics(a.host, a.metrics_port) if a.metrics_port >= 0 else -1
     await coordinator.start()
     await transactions.start()

@@ -36,6 +36,7 @@ from gregor.common import errors
 from gregor.common.clock import monotonic_ms, now_ms
 from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompacted, lease_ttl_s, value_is
 from gregor.coordinator import offsets_log as ol
+from gregor.coordinator.coordinator_metrics import COMMITTED_OFFSETS, RebalanceTimer
 from gregor.coordinator.group import Group, GroupState, Member
 from gregor.coordinator.group_manager import GroupConfig, GroupManager
 from gregor.common.coordinator_ownership import apply_registry_key, desired_partitions
@@ -93,7 +94,9 @@ class GroupCoordinator:
         self.host, self.port = host, port
         self.config = config or CoordinatorConfig()
         self.bootstrap = bootstrap
-        self.manager = GroupManager(self.config.group, on_rebalance=lambda g: REBALANCES.inc())
+        self.rebalance_timer = RebalanceTimer()
+        self.manager = GroupManager(self.config.group, on_rebalance=self._on_rebalance)
+        COMMITTED_OFFSETS.managers[id(self)] = self.manager
         self.num_partitions = self.config.offsets_topic_num_partitions
         self.owned: set[int] = set()  # claimed and loaded
         self.loading: set[int] = set()  # claimed, load in progress
@@ -150,6 +153,7 @@ class GroupCoordinator:
             self._tasks.append(task)
 
     async def stop(self) -> None:
+        COMMITTED_OFFSETS.managers.pop(id(self), None)
         """Stop writing, let in-flight writes finish, then revoke the lease (claims vanish, survivors
         take over at once, finding every acknowledged write in the log), then close the clients."""
         self._closing = True
@@ -630,12 +634,18 @@ class GroupCoordinator:
             except errors.GregorError as exc:
                 log.warning("expiring group %s failed: %s", group.group_id, exc)
 
+    def _on_rebalance(self, group: Group) -> None:
+        REBALANCES.inc()
+        self.rebalance_timer.started(group.group_id, monotonic_ms())
+
     def _update_group_gauges(self) -> None:
         counts = {s: 0 for s in GroupState}
         members = 0
         for g in self.manager.groups.values():
             counts[g.state] += 1
             members += len(g.members)
+        self.rebalance_timer.observe_done(
+            {g.group_id: g.state is GroupState.STABLE for g in self.manager.groups.values()}, monotonic_ms())
         for s, n in counts.items():
             GROUPS.labels(state=s.value).set(n)
         MEMBERS.set(members)

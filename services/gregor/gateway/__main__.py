@@ -58,7 +58,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(args: GatewayArgs) -> int:
     from gregor.common.memory import tune_allocator
-    from gregor.common.metrics import serve_metrics
+    from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.gateway.gateway import ProducerGateway
     from gregor.gateway.server import ProducerGatewayServicer
@@ -74,6 +74,7 @@ async def run(args: GatewayArgs) -> int:
     add_health_and_reflection(server, ["gregor.rpc.v1.ProducerGatewayService"])
     await gateway.start()
     await server.start()
+    register_build_info("gateway")
     metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
     if args.ready_file:
         write_ready_file(args.ready_file, {

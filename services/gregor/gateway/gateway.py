@@ -14,7 +14,6 @@ Stateless apart from the producer: any number of gateways may run side by side.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import functools
 import logging
 import time
@@ -25,12 +24,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from gregor.client.accumulator import FutureRecordMetadata, RecordMetadata, record_size
 from gregor.client.config import ConfigError, producer_config
-from gregor.client.producer import Producer
+from gregor.client.producer import Producer, SenderStats
 from gregor.common import errors
-from gregor.common.metrics import LATENCY_BUCKETS_S
+from gregor.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS_S, SIZE_BUCKETS_BYTES, PlainHistogram
 
 log = logging.getLogger(__name__)
 
+
+
+GATEWAY_ERROR_CODES = ("THROTTLING_QUOTA_EXCEEDED", "REQUEST_TIMED_OUT", "MESSAGE_TOO_LARGE",
+                       "UNKNOWN_TOPIC_OR_PARTITION")
 
 
 class GatewayMetrics:
@@ -44,16 +47,25 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.records_in = 0
         self.records_out = 0
-        self.errors: dict[str, int] = {}
-        self.bounds = LATENCY_BUCKETS_S
-        self.buckets = [0] * (len(self.bounds) + 1)
-        self.latency_sum = 0.0
+        self.batches_in = 0
+        # The codes the gateway answers itself start at 0, so a dashboard sees the series before the first error.
+        self.errors: dict[str, int] = {code: 0 for code in GATEWAY_ERROR_CODES}
+        self.latency = PlainHistogram(LATENCY_BUCKETS_S)
+        self.records_per_batch = PlainHistogram(COUNT_BUCKETS)
+        self.batch_bytes = PlainHistogram(SIZE_BUCKETS_BYTES)
         self.buffered: Callable[[], int] = lambda: 0
         self.buffer_memory = 0
+        self.sender: SenderStats = SenderStats()
 
     def observe(self, seconds: float, count: int = 1) -> None:
-        self.buckets[bisect.bisect_left(self.bounds, seconds)] += count
-        self.latency_sum += seconds * count
+        self.latency.observe(seconds, count)
+
+    def batch_in(self, records: int, size_bytes: int) -> None:
+        """One client request (a batch of records): counted and sized once, not per record."""
+        self.batches_in += 1
+        self.records_in += records
+        self.records_per_batch.observe(records)
+        self.batch_bytes.observe(size_bytes)
 
     def error(self, err: errors.GregorError) -> None:
         self.errors[err.name] = self.errors.get(err.name, 0) + 1
@@ -61,6 +73,8 @@ class GatewayMetrics:
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily("gregor_gateway_records_in", "Records received by the gateway",
                                   value=self.records_in)
+        yield CounterMetricFamily("gregor_gateway_batches_in", "Client produce requests (record batches) received",
+                                  value=self.batches_in)
         yield CounterMetricFamily("gregor_gateway_records_out",
                                   "Records acknowledged (acks=all) to gateway clients", value=self.records_out)
         errs = CounterMetricFamily("gregor_gateway_record_errors", "Records answered with an error, by Kafka error code",
@@ -72,13 +86,29 @@ class GatewayMetrics:
                                 "(buffer.memory used)", value=self.buffered())
         yield GaugeMetricFamily("gregor_gateway_buffer_memory_bytes", "buffer.memory of the gateway's producer",
                                 value=self.buffer_memory)
-        cumulative, running = [], 0
-        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.buckets):
-            running += n
-            cumulative.append((bound, running))
-        yield HistogramMetricFamily("gregor_gateway_record_latency_seconds",
-                                    "Time from receiving a record to answering it (ack or error)",
-                                    buckets=cumulative, sum_value=self.latency_sum)
+        yield from self._sender_families()
+        for name, doc, hist in (
+                ("gregor_gateway_record_latency_seconds", "Time from receiving a record to answering it (ack or error)",
+                 self.latency),
+                ("gregor_gateway_records_per_batch", "Records per client request", self.records_per_batch),
+                ("gregor_gateway_batch_size_bytes", "Client request size in bytes (records' keys, values, headers)",
+                 self.batch_bytes)):
+            family = HistogramMetricFamily(name, doc, labels=[])
+            hist.add_to(family, [])
+            yield family
+
+    def _sender_families(self) -> Iterator[Metric]:
+        s = self.sender
+        yield CounterMetricFamily("gregor_gateway_produce_requests", "Produce requests sent to brokers", value=s.requests)
+        yield CounterMetricFamily("gregor_gateway_retries", "Batches re-enqueued after a retriable error "
+                                  "(record-retry-rate)", value=s.retries)
+        yield CounterMetricFamily("gregor_gateway_produced_record_bytes", "Uncompressed record bytes sent to brokers",
+                                  value=s.record_bytes)
+        yield CounterMetricFamily("gregor_gateway_produced_wire_bytes", "Encoded (compressed) batch bytes sent "
+                                  "to brokers", value=s.wire_bytes)
+        ratio = s.wire_bytes / s.record_bytes if s.record_bytes else 1.0
+        yield GaugeMetricFamily("gregor_gateway_compression_ratio", "Encoded / uncompressed bytes sent so far "
+                                "(compression-rate-avg)", value=ratio)
 
 
 METRICS = GatewayMetrics()
@@ -143,6 +173,7 @@ class ProducerGateway:
 
     async def start(self) -> None:
         await self.producer.start()
+        METRICS.sender = self.producer.sender_stats
         try:
             await self.producer.metadata.refresh()
         except errors.GregorError as exc:  # brokers may come later; records will say so
@@ -238,7 +269,7 @@ class ProducerGateway:
 
 
     async def send_many(self, records: Sequence[InRecord],
-                        on_done: Callable[[list[tuple[int, Result]]], None]) -> None:
+                        on_done: Callable[[list[tuple[int, Result]]], None], size_bytes: int = 0) -> None:
         """Hand records to the producer without waiting; on_done gets lists of (index, result), every
         index exactly once: one call for the records refused before sending (at once), then one per
         produce batch the others went into, when that batch completes.
@@ -247,7 +278,7 @@ class ProducerGateway:
         (seed 003: one future per RecordBatch) instead of running a callback per record.
         """
         metrics = METRICS
-        metrics.records_in += len(records)
+        metrics.batch_in(len(records), size_bytes)
         start = time.perf_counter()
         refused: list[tuple[int, Result]] = []
         groups: dict[int, list[tuple[int, FutureRecordMetadata]]] = {}
@@ -299,7 +330,8 @@ class ProducerGateway:
         metrics.observe(time.perf_counter() - start, len(out))
         on_done(out)
 
-    async def send_all(self, records: Sequence[InRecord], timeout: Optional[float]) -> list[Result]:
+    async def send_all(self, records: Sequence[InRecord], timeout: Optional[float],
+                       size_bytes: int = 0) -> list[Result]:
         """Hand records to the producer and wait (up to timeout seconds) for all of them: one result each, in order.
 
         The unary path: it waits on each produce batch's future once instead of running a
@@ -307,7 +339,7 @@ class ProducerGateway:
         (they stay in the producer and may still be written).
         """
         metrics = METRICS
-        metrics.records_in += len(records)
+        metrics.batch_in(len(records), size_bytes)
         start = time.perf_counter()
         out: list[Optional[Result]] = [None] * len(records)
         pending: list[tuple[int, FutureRecordMetadata]] = []

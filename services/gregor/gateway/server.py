@@ -68,7 +68,7 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
             raise errors.RequestTimedOutError(  # type: ignore[attr-defined]
                 f"the call's deadline leaves {remaining * 1000:.0f} ms; nothing was produced", topic=request.topic)
         timeout = None if remaining is None else remaining - DEADLINE_MARGIN_S
-        results = await gw.send_all(records, timeout)
+        results = await gw.send_all(records, timeout, size_bytes=total)
         out = [result_proto(i, r) for i, r in enumerate(results)]
         return gateway_pb2.GatewayProduceResponse(results=out)
 
@@ -204,7 +204,8 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                     outstanding += len(msgs)
                     records = [in_record(m.topic, m.record, m.partition if m.HasField("partition") else None)
                                for m in msgs]
-                    await gw.send_many(records, functools.partial(on_done, [m.correlation_id for m in msgs]))
+                    await gw.send_many(records, functools.partial(on_done, [m.correlation_id for m in msgs]),
+                                      size_bytes=batch.ByteSize())
             finally:
                 reading = False
                 wake.set()

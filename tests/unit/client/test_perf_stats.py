@@ -64,3 +64,17 @@ async def test_batch_latency_counts_are_ack_time_minus_each_record_timestamp() -
     for _ in range(4):
         acc2.try_append("t", 0, None, b"v", (), 20_000, 30)
     assert batch_latency_counts(acc2.batches[("t", 0)][0], 20_007) == {7: 4}
+
+
+def test_reporting_interval_sets_the_progress_window(capsys) -> None:  # type: ignore[no-untyped-def]
+    """--reporting-interval (Kafka's flag): a 1 s interval prints a window line each second of records."""
+    stats = Stats(10, echo=True, interval_s=1.0)
+    start = stats.window_start
+    stats.record_counts({5: 10}, 1000, start + 0.5)  # inside the first second: no line yet
+    stats.record_counts({7: 10}, 1000, start + 1.0)  # the window closes
+    stats.record_counts({40: 2}, 200, start + 1.5)
+    stats.record_counts({2: 2}, 200, start + 2.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("20 records sent, ") and lines[0].endswith("6.0 ms avg latency, 7.0 ms max latency.")
+    assert lines[1].startswith("4 records sent, ") and "21.0 ms avg latency, 40.0 ms max latency." in lines[1]

@@ -155,3 +155,44 @@ async def test_waiters_fail_when_the_task_dies_and_puts_are_refused_after_close(
         await manager.put(Event("late", log))
     await manager.close()
     assert log == []
+
+
+async def test_snapshot_shows_state_queue_in_order_with_age_and_processed_events_newest_first() -> None:
+    """The live view of `gregor controller events`: what runs now, what waits (oldest first, with its
+    enqueue age) and what ran (newest first, with queue and processing time); errors are named."""
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    manager = ControllerEventManager(registry=registry, clock=clock)
+    log: list[str] = []
+    gate = asyncio.Event()
+    manager.start()
+    first = await manager.put(Event("BrokerChange", log, state=ControllerState.BROKER_CHANGE, gate=gate,
+                                    clock=clock, advance_s=0.25))
+    await asyncio.sleep(0)  # the consumer takes the first event and blocks on its gate
+    clock.now += 1.0
+    await manager.put(Event("TopicChange", log))
+    clock.now += 0.5
+    await manager.put(Event("Broken", log, fail=True))
+    snap = manager.snapshot()
+    assert snap.state is ControllerState.BROKER_CHANGE
+    assert [(name, state, age) for name, state, age in snap.queued] == [
+        ("TopicChange", ControllerState.TOPIC_CHANGE, 0.5), ("Broken", ControllerState.TOPIC_CHANGE, 0.0)]
+    assert snap.processed == []
+    gate.set()
+    await first.wait()
+    while manager.queue_size():
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    snap = manager.snapshot()
+    assert snap.state is ControllerState.IDLE and snap.queued == []
+    names = [e.name for e in snap.processed]
+    assert names == ["Broken", "TopicChange", "BrokerChange"]
+    broker_change = snap.processed[-1]
+    assert broker_change.state is ControllerState.BROKER_CHANGE
+    # It ran while the clock moved 1.0 + 0.5 s (the two puts) and its own 0.25 s.
+    assert broker_change.queue_time_s == 0.0 and broker_change.processing_time_s == pytest.approx(1.75)
+    assert snap.processed[1].queue_time_s == pytest.approx(0.75)  # enqueued 1.0 s in, started at 1.75 s
+    assert "Broken failed" in snap.processed[0].error and snap.processed[1].error == ""
+    assert [e.name for e in manager.snapshot(last=1).processed] == ["Broken"]
+    assert _sample(registry, "gregor_controller_event_processing_time_seconds_count") == 3
+    await manager.close()

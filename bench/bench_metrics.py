@@ -1,0 +1,142 @@
+"""The cost of Gregor's metrics: produce throughput with every process scraped once a second vs no
+scraper (target >= 0.97), and the per-request metric work on the broker's produce path.
+
+1. A local cluster (1 controller, 2 brokers); `gregor perf produce` (acks=1, 1 KiB records, no
+   throughput cap) runs alternately without and with a thread that GETs every process's /metrics
+   every second, `--repeat` times each; the ratio is median(with) / median(without).
+2. The metric updates one produce request makes on the broker (rpc_method's latency histogram and
+   result counter, the topic's bytes-in and messages-in counters), timed in a loop: they are per
+   request, so their cost does not grow with records per batch; printed as µs per request and as a
+   share of the broker's measured time per produce request (from gregor_requests_total).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import timeit
+import urllib.request
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.common import median, print_ratio, write_results  # noqa: E402
+from gregor.cli.local_cluster import LocalCluster  # noqa: E402
+
+PRODUCE_SUMMARY = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)")
+SCRAPE_INTERVAL_S = 1.0
+
+
+class Scraper:
+    """A thread that fetches every /metrics URL once per interval, like a Prometheus with scrape_interval 1s."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for url in self.urls:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+            self._stop.wait(SCRAPE_INTERVAL_S)
+
+    def __enter__(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def perf_produce(data_dir: str, topic: str, records: int) -> float:
+    env = {**os.environ, "GREGOR_DATA_DIR": data_dir}
+    out = subprocess.run([sys.executable, "-m", "gregor.cli.main", "perf", "produce", "--topic", topic,
+                          "--num-records", str(records), "--record-size", "1024", "--throughput", "-1",
+                          "--producer-props", "acks=1"], capture_output=True, text=True, env=env, timeout=1800)
+    m = PRODUCE_SUMMARY.match(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    if m is None:
+        raise SystemExit(f"perf produce failed: {out.stdout[-500:]} {out.stderr[-2000:]}")
+    return float(m.group(3))
+
+
+def produce_requests(url: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('gregor_requests_total{') and 'api="Produce"' in line)
+
+
+def hot_path_cost_us(loops: int = 200_000) -> float:
+    """µs of metric work one produce request does on the broker (the same calls, the same objects)."""
+    from gregor.broker.replica_manager import BYTES_IN, MESSAGES_IN
+    from gregor.common.rpc import REQUEST_LATENCY, REQUESTS
+
+    latency = REQUEST_LATENCY.labels(service="BrokerService", api="Produce")
+
+    def one_request() -> None:
+        latency.observe(0.0004)
+        REQUESTS.labels(service="BrokerService", api="Produce", code="NONE").inc()
+        BYTES_IN.labels(topic="bench").inc(16384)
+        MESSAGES_IN.labels(topic="bench").inc(16)
+
+    return min(timeit.repeat(one_request, number=loops, repeat=3)) / loops * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI size: fewer records and rounds (noisy)")
+    ap.add_argument("--records", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=None)
+    args = ap.parse_args()
+    records = args.records or (20_000 if args.quick else 150_000)
+    repeat = args.repeat or (2 if args.quick else 3)
+    results: dict[str, Any] = {"without": [], "with": [], "scrapes": 0}
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as data_dir:
+        cluster = LocalCluster.up(data_dir, brokers=2, controllers=1)
+        try:
+            env = {**os.environ, "GREGOR_DATA_DIR": data_dir}
+            subprocess.run([sys.executable, "-m", "gregor.cli.main", "topics", "create", "bench", "--partitions", "4",
+                            "--replication-factor", "1"], check=True, env=env, capture_output=True)
+            urls = [p.metrics for p in cluster.processes if p.metrics]
+            broker_urls = [p.metrics for p in cluster.by_role("broker")]
+            perf_produce(data_dir, "bench", records // 4)  # warm-up: connections, page cache
+            requests0, t0 = sum(produce_requests(u) for u in broker_urls), time.perf_counter()
+            for i in range(repeat):
+                for scraped in ((False, True) if i % 2 == 0 else (True, False)):
+                    if scraped:
+                        with Scraper(urls) as s:
+                            results["with"].append(perf_produce(data_dir, "bench", records))
+                        results["scrapes"] += s.scrapes
+                    else:
+                        results["without"].append(perf_produce(data_dir, "bench", records))
+            wall = time.perf_counter() - t0
+            requests = sum(produce_requests(u) for u in broker_urls) - requests0
+        finally:
+            cluster.down()
+    print(f"perf produce, {records} x 1 KiB, acks=1, {repeat} rounds each side, alternating; "
+          f"{results['scrapes']} scrapes of {len(urls)} processes")
+    ratio = print_ratio("produce MB/s with a 1 s scraper", median(results["with"]), median(results["without"]),
+                        "MB/s", target=0.97)
+    cost_us = hot_path_cost_us()
+    per_request_us = wall / requests * 1e6 if requests else float("nan")
+    print(f"broker produce path: {cost_us:.2f} µs of metric updates per request (4 updates, none per record); "
+          f"{requests:.0f} produce requests at {per_request_us:.0f} µs wall each = {cost_us / per_request_us:.2%}")
+    results.update({"ratio": ratio, "metric_cost_us_per_request": cost_us, "produce_requests": requests,
+                    "wall_us_per_request": per_request_us})
+    path = write_results("metrics_quick" if args.quick else "metrics", {"records": records, "repeat": repeat},
+                         results)
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""DelayedReplicaFetch: a follower's multi-partition fetch parked in the purgatory wakes when any
+watched partition grows past the follower's offset or changes leadership, not on other appends."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gregor.broker.purgatory import DelayedOperationPurgatory
+from gregor.broker.replica_fetch import DelayedReplicaFetch, _Watched
+from gregor.common import errors
+
+
+@dataclass
+class FakeSlice:
+    length: int
+
+
+@dataclass
+class FakeResult:
+    slice: FakeSlice
+
+
+@dataclass
+class FakePartition:
+    key: tuple[str, int]
+    log_end_offset: int = 10
+    is_leader: bool = True
+    leader_epoch: int = 3
+    reads: list[int] = field(default_factory=list)
+
+    def read(self, fetch_offset: int) -> FakeResult:
+        self.reads.append(fetch_offset)
+        if not self.is_leader:
+            raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "moved")
+        return FakeResult(FakeSlice(100 * (self.log_end_offset - fetch_offset)))
+
+
+def watched(p: FakePartition, offset: int) -> _Watched:
+    return _Watched(p, offset, p.leader_epoch, lambda: p.read(offset))  # type: ignore[arg-type,return-value]
+
+
+async def park(ps: list[FakePartition], min_bytes: int = 1, delay_ms: int = 5000) -> tuple[
+        DelayedOperationPurgatory, DelayedReplicaFetch]:  # type: ignore[type-arg]
+    purgatory: DelayedOperationPurgatory = DelayedOperationPurgatory(f"rf-{id(ps)}")  # type: ignore[type-arg]
+    op = DelayedReplicaFetch(delay_ms, [watched(p, p.log_end_offset) for p in ps], min_bytes)
+    assert purgatory.try_complete_else_watch(op, [p.key for p in ps]) is False
+    return purgatory, op
+
+
+async def test_wakes_on_an_append_to_any_watched_partition_and_reads_all() -> None:
+    a, b = FakePartition(("t", 0)), FakePartition(("t", 1))
+    purgatory, op = await park([a, b])
+    assert purgatory.check_and_complete(("t", 0)) == 0  # nothing moved: no read at all
+    assert a.reads == [] and b.reads == []
+    b.log_end_offset = 12
+    assert purgatory.check_and_complete(("t", 1)) == 1
+    results = await op.future
+    assert [r.slice.length for r in results] == [0, 200]
+    assert purgatory.size() == 0
+
+
+async def test_leadership_change_completes_with_that_partitions_error() -> None:
+    a, b = FakePartition(("t", 0)), FakePartition(("t", 1))
+    purgatory, op = await park([a, b])
+    a.is_leader = False
+    assert purgatory.check_and_complete(("t", 0)) == 1
+    results = await op.future
+    assert isinstance(results[0], errors.GregorError) and results[0].code == errors.Code.NOT_LEADER_OR_FOLLOWER
+    assert results[1].slice.length == 0
+
+
+async def test_min_bytes_over_all_partitions() -> None:
+    a, b = FakePartition(("t", 0)), FakePartition(("t", 1))
+    purgatory, op = await park([a, b], min_bytes=250)
+    a.log_end_offset = 12  # 200 bytes: not enough
+    assert purgatory.check_and_complete(("t", 0)) == 0
+    b.log_end_offset = 11  # 300 in total
+    assert purgatory.check_and_complete(("t", 1)) == 1
+    assert sum(r.slice.length for r in await op.future) == 300
+
+
+async def test_expires_after_max_wait_with_empty_reads() -> None:
+    a = FakePartition(("t", 0))
+    _purgatory, op = await park([a], delay_ms=20)
+    results = await asyncio.wait_for(op.future, 5)
+    assert results[0].slice.length == 0

@@ -179,3 +179,15 @@ def test_dashboard_render_draws_a_png_from_prometheus(loaded: LocalCluster, tmp_
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     missing = run_cli(loaded.data_dir, "dashboards", "render", "nope", "--out", str(tmp_path / "x.png"))
     assert missing.returncode == 1 and "no dashboard 'nope'" in missing.stderr
+
+
+def test_cluster_down_stops_prometheus(cluster: LocalCluster) -> None:
+    """Last in this module: `gregor cluster down` stops Prometheus with the rest."""
+    prom = cluster.by_role("prometheus")[0]
+    assert prom.alive()
+    # Brokers go first with controlled shutdown (up to controlled.shutdown.max.retries x backoff each).
+    started = time.monotonic()
+    r = run_cli(cluster.data_dir, "cluster", "down", "--data-dir", cluster.data_dir, timeout=240)
+    assert r.returncode == 0, r.stderr
+    print(f"cluster down took {time.monotonic() - started:.1f} s")
+    assert not prom.alive() and not any(p.alive() for p in cluster.processes)

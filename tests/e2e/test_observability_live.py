@@ -5,6 +5,7 @@ and a dashboard drawn as a PNG."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import pytest
 
 from gregor.cli import dashboards
@@ -134,6 +136,19 @@ def test_controller_events_shows_the_active_controller_live(cluster: LocalCluste
     assert text.returncode == 0 and text.stdout.count("ControllerState:") == 2, text.stderr
     bad = run_cli(cluster.data_dir, "controller", "events", "--controller", "127.0.0.1:1")
     assert bad.returncode == 1 and "no controller answered" in bad.stderr
+    asyncio.run(_negative_max_processed_is_invalid(active["endpoint"]))
+
+
+async def _negative_max_processed_is_invalid(target: str) -> None:
+    from gregor.common import errors
+    from gregor.common.rpc import channel
+    from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+
+    async with channel(target) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            await controller_pb2_grpc.ControllerServiceStub(ch).DescribeControllerEvents(
+                controller_pb2.DescribeControllerEventsRequest(max_processed=-1), timeout=5)
+    assert errors.from_rpc_error(info.value).code == errors.Code.INVALID_REQUEST
 
 
 def test_prometheus_scrapes_every_process_and_evaluates_the_shared_rules(loaded: LocalCluster) -> None:
@@ -179,3 +194,15 @@ def test_dashboard_render_draws_a_png_from_prometheus(loaded: LocalCluster, tmp_
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     missing = run_cli(loaded.data_dir, "dashboards", "render", "nope", "--out", str(tmp_path / "x.png"))
     assert missing.returncode == 1 and "no dashboard 'nope'" in missing.stderr
+
+
+def test_cluster_down_stops_prometheus(cluster: LocalCluster) -> None:
+    """Last in this module: `gregor cluster down` stops Prometheus with the rest."""
+    prom = cluster.by_role("prometheus")[0]
+    assert prom.alive()
+    # Brokers go first with controlled shutdown (up to controlled.shutdown.max.retries x backoff each).
+    started = time.monotonic()
+    r = run_cli(cluster.data_dir, "cluster", "down", "--data-dir", cluster.data_dir, timeout=240)
+    assert r.returncode == 0, r.stderr
+    print(f"cluster down took {time.monotonic() - started:.1f} s")
+    assert not prom.alive() and not any(p.alive() for p in cluster.processes)

@@ -65,7 +65,7 @@ async def controller_is(client: EtcdClient, controller_id: int) -> bool:
 
 
 async def active_metric(proc: Process) -> float:
-    return await asyncio.to_thread(lambda: scrape(proc)["gregor_controller_active_controller_count"])
+    return await asyncio.to_thread(lambda: scrape(proc)["gregor_controller_active_controller"])
 
 
 async def register_broker(client: EtcdClient, broker_id: int) -> int:
@@ -94,7 +94,7 @@ async def test_one_active_and_sigkill_failover(client: EtcdClient, controllers: 
     epoch_kv = await client.get(client.key("controller_epoch"))
     assert epoch_kv is not None and (epoch_kv.value, epoch_kv.version) == (b"1", 1)
     await until(lambda: _eq(active_metric(active), 1.0), 3, "active reports ActiveControllerCount 1")
-    assert scrape(standby)["gregor_controller_active_controller_count"] == 0.0
+    assert scrape(standby)["gregor_controller_active_controller"] == 0.0
     assert scrape(active)["gregor_controller_epoch"] == 1.0
     epoch_broker = await register_broker(client, 7)
 

@@ -111,7 +111,7 @@ async def test_leader_election_cli_and_auto_rebalance(cluster: LocalCluster) -> 
     assert out.returncode == 1
     [failed] = json.loads(out.stdout)["failed"]
     assert (failed["partition"], failed["error"]) == (0, "PREFERRED_LEADER_NOT_AVAILABLE"), failed
-    assert controller_metrics(cluster)["gregor_controller_preferred_replica_imbalance_count"] >= 1
+    assert controller_metrics(cluster)["gregor_controller_preferred_replica_imbalance"] >= 1
 
     # -- broker 0 returns: the auto rebalance gives partition 0 back to it -------------------
     cluster.processes.append(start_broker(cluster.data_dir, 0, overrides=overrides(),
@@ -120,7 +120,7 @@ async def test_leader_election_cli_and_auto_rebalance(cluster: LocalCluster) -> 
     took = await until(balanced, 60, "auto leader rebalance moved partition 0 back to broker 0")
     metrics = controller_metrics(cluster)
     assert metrics['gregor_controller_preferred_replica_elections_total{trigger="auto"}'] >= 1
-    assert metrics["gregor_controller_preferred_replica_imbalance_count"] == 0
+    assert metrics["gregor_controller_preferred_replica_imbalance"] == 0
     assert metrics['gregor_controller_state_rate_and_time_seconds_count{state="AutoLeaderBalance"}'] >= 1
     assert metrics['gregor_controller_state_rate_and_time_seconds_count{state="ManualLeaderBalance"}'] >= 4
     print(f"\nleadership back on the preferred replica {took:.1f} s after broker 0 restarted "

@@ -121,8 +121,8 @@ async def test_last_isr_member_dies_offline_when_clean_stale_follower_when_uncle
         views = [await view(b, t) for t in (CLEAN, DIRTY)]
         return all(v is not None and v[0] == A and len(v[3]) == 2 for v in views)
     await until(led_by_a_in_sync, 15, "A leads both partitions with ISR [A, B]")
-    assert controller_metric(cluster, "gregor_controller_global_topic_count") == 2
-    assert controller_metric(cluster, "gregor_controller_global_partition_count") == 2
+    assert controller_metric(cluster, "gregor_controller_global_topics") == 2
+    assert controller_metric(cluster, "gregor_controller_global_partitions") == 2
     for t in (CLEAN, DIRTY):
         for i in range(3):
             assert await produce(a, t, [f"{t}-synced-{i}".encode()], acks=-1) == i
@@ -152,9 +152,9 @@ async def test_last_isr_member_dies_offline_when_clean_stale_follower_when_uncle
     clean, dirty = await view(b, CLEAN), await view(b, DIRTY)
     assert clean is not None and clean[3] == (A,)  # the last ISR member stays in the ISR
     assert dirty is not None and dirty[3] == (B,) and dirty[1] > epoch_before[DIRTY]
-    assert controller_metric(cluster, "gregor_controller_offline_partitions_count") == 1
+    assert controller_metric(cluster, "gregor_controller_offline_partitions") == 1
     assert controller_metric(cluster, "gregor_controller_unclean_leader_elections_total") == 1
-    assert controller_metric(cluster, "gregor_controller_preferred_replica_imbalance_count") == 2
+    assert controller_metric(cluster, "gregor_controller_preferred_replica_imbalance") == 2
     # The CLI in cluster mode, bootstrapping from the surviving broker.
     assert describe(b, "--unavailable-partitions") == [(CLEAN, 0)]
     assert describe(b, "--under-replicated-partitions") == [(CLEAN, 0), (DIRTY, 0)]
@@ -176,6 +176,6 @@ async def test_last_isr_member_dies_offline_when_clean_stale_follower_when_uncle
     assert (await view(b, DIRTY))[0] == B  # a live leader is not moved
     hw, seen = await consume(back, CLEAN)
     assert seen == [*(f"{CLEAN}-synced-{i}".encode() for i in range(3)), b"clean-a-only-3", b"clean-a-only-4"], seen
-    assert controller_metric(cluster, "gregor_controller_offline_partitions_count") == 0
+    assert controller_metric(cluster, "gregor_controller_offline_partitions") == 0
     assert controller_metric(cluster, "gregor_controller_unclean_leader_elections_total") == 1
     assert describe(b, "--unavailable-partitions") == []

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    from gregor.broker.partition import Partition
     from gregor.broker.replica_manager import ReplicaManager
 
 
@@ -32,7 +33,7 @@ class BrokerStateCollector:
     def collect(self) -> Iterator[Metric]:
         sources = list(self.sources.values())
         partitions = [p for rm, _ in sources for p in list(rm.partitions.values())]
-        self.log_dirs = sorted({d for _, dirs in sources for d in dirs})
+        log_dirs = sorted({d for _, dirs in sources for d in dirs})
         at_min = GaugeMetricFamily("gregor_broker_at_min_isr_partitions",
                                    "Led partitions whose ISR size equals min.insync.replicas (AtMinIsrPartitionCount)")
         at_min.add_metric([], sum(1 for p in partitions if p.is_leader and len(p.isr) == p.min_insync_replicas))
@@ -42,9 +43,9 @@ class BrokerStateCollector:
         offline.add_metric([], sum(1 for p in partitions if p.leader_id < 0))
         yield offline
         yield from self._log_families(partitions)
-        yield from self._disk_families()
+        yield from self._disk_families(log_dirs)
 
-    def _log_families(self, partitions: list) -> Iterator[Metric]:  # type: ignore[type-arg]
+    def _log_families(self, partitions: list["Partition"]) -> Iterator[Metric]:
         labels = ["topic", "partition"] if self.partition_level else ["topic"]
         size = GaugeMetricFamily("gregor_log_size_bytes", "Bytes of the partition logs on disk (Log Size)", labels=labels)
         segments = GaugeMetricFamily("gregor_log_segments", "Log segments (NumLogSegments)", labels=labels)
@@ -63,7 +64,7 @@ class BrokerStateCollector:
                           p.high_watermark if p.is_leader else 0, 1 if p.is_leader else 0]
             except Exception:  # a log closed by a concurrent delete: skip it this scrape
                 continue
-            key = (p.topic, str(p.partition)) if self.partition_level else (p.topic,)
+            key: tuple[str, ...] = (p.topic, str(p.partition)) if self.partition_level else (p.topic,)
             acc = rows.setdefault(key, [0] * 6)
             for i, v in enumerate(values):
                 acc[i] += int(v)
@@ -76,12 +77,13 @@ class BrokerStateCollector:
                 hw.add_metric(list(key), hwm)
         yield from (size, segments, start, end, hw)
 
-    def _disk_families(self) -> Iterator[Metric]:
+    @staticmethod
+    def _disk_families(log_dirs: list[str]) -> Iterator[Metric]:
         free = GaugeMetricFamily("gregor_broker_log_dir_free_bytes", "Free bytes of the file system of a log dir",
                                  labels=["dir"])
         total = GaugeMetricFamily("gregor_broker_log_dir_total_bytes", "Size of the file system of a log dir",
                                   labels=["dir"])
-        for d in self.log_dirs:
+        for d in log_dirs:
             try:
                 usage = shutil.disk_usage(d)
             except OSError:

@@ -66,7 +66,17 @@ class Process:
             pid, _ = os.waitpid(self.pid, os.WNOHANG)
             return pid == 0
         except ChildProcessError:
-            return True
+            # Not our child (`cluster down` from another process than `cluster up`): a zombie whose
+            # parent has not reaped it yet is dead all the same, or stop_process would wait forever.
+            return not _is_zombie(self.pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _spawn(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

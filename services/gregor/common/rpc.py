@@ -54,6 +54,8 @@ def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp
     def wrap(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
         api = fn.__name__
         latency = REQUEST_LATENCY.labels(service=service, api=api)
+        # The counter child per result code, looked up once: labels() costs ~2 µs per call.
+        counters: dict[str, Any] = {}
 
         @functools.wraps(fn)
         async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
@@ -75,7 +77,10 @@ def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp
                 raise
             finally:
                 latency.observe(time.perf_counter() - start)
-                REQUESTS.labels(service=service, api=api, code=code).inc()
+                counter = counters.get(code)
+                if counter is None:
+                    counter = counters[code] = REQUESTS.labels(service=service, api=api, code=code)
+                counter.inc()
 
         return handler
 

@@ -153,9 +153,9 @@ class GroupCoordinator:
             self._tasks.append(task)
 
     async def stop(self) -> None:
-        COMMITTED_OFFSETS.managers.pop(id(self), None)
         """Stop writing, let in-flight writes finish, then revoke the lease (claims vanish, survivors
         take over at once, finding every acknowledged write in the log), then close the clients."""
+        COMMITTED_OFFSETS.managers.pop(id(self), None)
         self._closing = True
         for t in self._tasks:
             t.cancel()

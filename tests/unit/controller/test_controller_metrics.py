@@ -63,10 +63,10 @@ async def active_controller(registry: CollectorRegistry) -> Controller:
 async def test_gauges_count_topics_partitions_and_imbalance() -> None:
     registry = CollectorRegistry()
     c = await active_controller(registry)
-    assert value(registry, "gregor_controller_global_topic_count") == 3
-    assert value(registry, "gregor_controller_global_partition_count") == 4
-    assert value(registry, "gregor_controller_offline_partitions_count") == 0
-    assert value(registry, "gregor_controller_preferred_replica_imbalance_count") == 1  # other-1 led by 2, not 3
+    assert value(registry, "gregor_controller_global_topics") == 3
+    assert value(registry, "gregor_controller_global_partitions") == 4
+    assert value(registry, "gregor_controller_offline_partitions") == 0
+    assert value(registry, "gregor_controller_preferred_replica_imbalance") == 1  # other-1 led by 2, not 3
     assert value(registry, "gregor_controller_unclean_leader_elections_total") == 0
     assert preferred_replica_imbalance_count(c.ctx) == 1
     c.channels.shutdown()
@@ -83,10 +83,10 @@ async def test_last_isr_member_dies_offline_unless_unclean_then_comes_back() -> 
     assert c.ctx.partition_leadership_info[CLEAN].isr == (1,)
     assert c.ctx.partition_leadership_info[DIRTY].leader == 2
     assert c.ctx.partition_leadership_info[DIRTY].isr == (2,)
-    assert value(registry, "gregor_controller_offline_partitions_count") == 1
+    assert value(registry, "gregor_controller_offline_partitions") == 1
     assert value(registry, "gregor_controller_unclean_leader_elections_total") == 1
     # clean-0 (-1), dirty-0 (2) and other-1 (2) are not led by their first replica.
-    assert value(registry, "gregor_controller_preferred_replica_imbalance_count") == 3
+    assert value(registry, "gregor_controller_preferred_replica_imbalance") == 3
 
     # Broker 1 registers again (onBrokerStartup): the last ISR member leads clean-0 again.
     actions = ControllerActions()
@@ -95,9 +95,9 @@ async def test_last_isr_member_dies_offline_unless_unclean_then_comes_back() -> 
     assert c.ctx.partition_leadership_info[CLEAN].leader == 1
     assert c.ctx.partition_leadership_info[CLEAN].leader_epoch == 5
     assert c.ctx.partition_leadership_info[DIRTY].leader == 2  # nothing moves a live leader
-    assert value(registry, "gregor_controller_offline_partitions_count") == 0
+    assert value(registry, "gregor_controller_offline_partitions") == 0
     assert value(registry, "gregor_controller_unclean_leader_elections_total") == 1
-    assert value(registry, "gregor_controller_preferred_replica_imbalance_count") == 2
+    assert value(registry, "gregor_controller_preferred_replica_imbalance") == 2
 
 
 async def test_resignation_zeroes_the_gauges() -> None:
@@ -106,8 +106,8 @@ async def test_resignation_zeroes_the_gauges() -> None:
     actions = ControllerActions()
     process_broker_change(c.ctx, {2: 12, 3: 13}, actions, c._election())
     await c.apply_actions(actions)
-    assert value(registry, "gregor_controller_offline_partitions_count") == 1
+    assert value(registry, "gregor_controller_offline_partitions") == 1
     c.on_controller_resignation()
-    for name in ("offline_partitions_count", "global_topic_count", "global_partition_count",
-                 "preferred_replica_imbalance_count", "active_controller_count"):
+    for name in ("offline_partitions", "global_topics", "global_partitions",
+                 "preferred_replica_imbalance", "active_controller"):
         assert value(registry, f"gregor_controller_{name}") == 0, name

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka profile-acks-all clean distclean
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean
 .PHONY: examples
 
 help:
@@ -81,6 +81,11 @@ bench: setup
 # Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
 bench-vs-kafka: setup
 	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png
+bench-scaling: setup
+	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
+	$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT))
 
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka profile-acks-all clean distclean
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
@@ -129,6 +129,11 @@ bench-vs-kafka: setup
 # Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.
 bench-spark: setup spark-deps
 	$(PY) bench/bench_spark_source.py $(if $(QUICK),--quick)
+
+# throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png
+bench-scaling: setup
+	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
+	$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT))
 
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup

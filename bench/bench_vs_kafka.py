@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,9 +140,10 @@ class KafkaSide:
     def create_topic(self, name: str, partitions: int, rf: int) -> None:
         self.cluster.create_topic(name, partitions, rf, {"min.insync.replicas": MIN_ISR} if rf > 1 else None)
 
-    def produce(self, topic: str, records: int, throughput: int, props: dict[str, str], interval_ms: int) -> list[str]:
+    def produce(self, topic: str, records: int, throughput: int, props: dict[str, str], interval_ms: int,
+                record_size: int = RECORD_BYTES) -> list[str]:
         return _run(self.dist.command(PRODUCER_PERF, "--bootstrap-server", self.cluster.bootstrap, "--topic", topic,
-                                      "--num-records", str(records), "--record-size", str(RECORD_BYTES),
+                                      "--num-records", str(records), "--record-size", str(record_size),
                                       "--throughput", str(throughput), "--reporting-interval", str(interval_ms),
                                       "--producer-props", *_kv(props), heap="512m"))
 
@@ -189,9 +191,10 @@ class GregorSide:
             args += ["--config", f"min.insync.replicas={MIN_ISR}"]
         self._gregor(*args)
 
-    def produce(self, topic: str, records: int, throughput: int, props: dict[str, str], interval_ms: int) -> list[str]:
+    def produce(self, topic: str, records: int, throughput: int, props: dict[str, str], interval_ms: int,
+                record_size: int = RECORD_BYTES) -> list[str]:
         return self._gregor("perf", "produce", "--topic", topic, "--num-records", str(records), "--record-size",
-                            str(RECORD_BYTES), "--throughput", str(throughput), "--reporting-interval",
+                            str(record_size), "--throughput", str(throughput), "--reporting-interval",
                             str(interval_ms), "--producer-props", *_kv(props))
 
     def consume(self, topic: str, records: int) -> list[str]:
@@ -306,6 +309,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["single", "rf3"], help="one topology only")
     ap.add_argument("--systems", default="gregor,kafka", help="comma-separated: gregor,kafka")
     args = ap.parse_args()
+    # SIGTERM unwinds like an exception, so every round's finally stops its cluster (no orphaned JVMs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     repeat = args.repeat or (1 if args.quick else 3)
     sizes = Sizes(args.quick)
     systems = args.systems.split(",")

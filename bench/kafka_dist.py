@@ -29,7 +29,6 @@ API
     ``kafka-topics`` (TopicCommand), retried while brokers are still registering.
     ``.pids`` (every server JVM, controller included), ``.cpu_seconds()`` (user + system so far,
     summed from /proc), ``.rss_bytes()`` and ``.peak_rss_bytes()`` (VmHWM summed).
-``free_port()`` a free loopback TCP port.
 
 Defaults are Kafka's except what a loopback benchmark needs: ``-Xmx/-Xms`` = ``heap`` (Kafka's
 start script uses 1G), internal topics with RF min(3, brokers), ``group.initial.rebalance.delay.ms=0``
@@ -49,6 +48,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from gregor.cli.local_cluster import free_port  # the same loopback port picker as Gregor's local clusters
 
 KAFKA_VERSION = "4.4.0"  # the release issue 15 compared against
 SCALA_BINARY = "2.13"
@@ -111,12 +112,6 @@ rootLogger.appenderRef.err.ref = err
 
 class KafkaError(RuntimeError):
     """Kafka could not be fetched, started or driven; the message says why (with the tool's output)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def cache_root() -> Path:

@@ -26,6 +26,8 @@ from gregor.common.clock import now_ms
 
 log = logging.getLogger(__name__)
 
+FLUSH_NEVER_MS = 2**63 - 1  # flush.ms default (Long.MAX_VALUE): leave flushing to the OS
+
 # Kafka's kafka.log:type=LogCleaner / LogCleanerManager metrics.
 LOG_RECOVERY_SECONDS = Counter("gregor_broker_log_recovery_seconds_total",
                                "Time spent opening and recovering partition logs (load and tail recovery at start)")
@@ -126,8 +128,12 @@ class LogManager:
         return deleted
 
     async def flush_dirty_logs(self) -> None:
+        """flush.ms: a thread hop (the fsync may block) only for a log with unflushed data and a
+        flush.ms other than never (Kafka's default); an idle broker used to make one hop per log
+        per second (issue 15: idle cost)."""
         for lg in list(self.logs.values()):
-            await asyncio.to_thread(lg.maybe_flush, now_ms())
+            if lg.log_end_offset > lg.recovery_point and lg.config.flush_ms < FLUSH_NEVER_MS:
+                await asyncio.to_thread(lg.maybe_flush, now_ms())
 
     def close(self) -> None:
         self.cleaner.stop()

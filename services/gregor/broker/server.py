@@ -131,17 +131,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())
 
-    @rpc_method("BrokerService")
-    async def ReplicaFetch(self, request: broker_pb2.ReplicaFetchRequest,
-                           context: Ctx) -> broker_pb2.ReplicaFetchResponse:
-        parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
-                 for q in request.partitions]
-        outcomes = await handle_replica_fetch(
-            self.replicas, request.replica_id,
-            request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: the follower sent none
-            request.min_bytes, request.max_wait_ms, parts)
-        return broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o)
-                                                           for q, o in zip(parts, outcomes)])
+    async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
+        """A follower's fetch stream: one response per request, in order (see the proto)."""
+        async for request in request_iterator:
+            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+                     for q in request.partitions]
+            try:
+                outcomes = await handle_replica_fetch(
+                    self.replicas, request.replica_id,
+                    request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
+                    request.min_bytes, request.max_wait_ms, parts)
+            except errors.GregorError as err:
+                await errors.abort_with(context, err)
+                return
+            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o)
+                                                              for q, o in zip(parts, outcomes)])
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

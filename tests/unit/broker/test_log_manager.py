@@ -1,6 +1,8 @@
-"""LogManager retention never deletes at or above the high watermark the ReplicaManager reports."""
+"""LogManager: retention never deletes at or above the high watermark; the flush scheduler touches only due logs."""
 
 from __future__ import annotations
+
+import asyncio
 
 from gregor.broker.log_manager import LogManager
 from gregor.common.config import BrokerConfig, effective_topic_configs
@@ -22,4 +24,32 @@ async def test_retention_is_bounded_by_the_high_watermark(tmp_path) -> None:
     await manager.cleanup_logs()
     assert 0 < log.log_start_offset <= 3, "deletes only segments wholly below the HW"
     assert log.log_end_offset == 5
+    manager.close()
+
+
+async def test_flush_scheduler_fsyncs_only_due_logs_with_unflushed_data(tmp_path, monkeypatch) -> None:
+    """flush.ms=0 logs with new data are fsynced by the scheduler; default (never) logs and idle logs are left
+    alone (no thread hop per log per second on an idle broker)."""
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    eager = manager.get_or_create_log("eager", 0, effective_topic_configs({"flush.ms": "0"}))
+    lazy = manager.get_or_create_log("lazy", 0, effective_topic_configs({}))
+    for lg in (eager, lazy):
+        lg.append_as_leader(make_batch([b"a", b"b"]), 0)
+    assert eager.recovery_point == lazy.recovery_point == 0
+    await manager.flush_dirty_logs()
+    assert eager.recovery_point == 2, "flush.ms=0: flushed"
+    assert lazy.recovery_point == 0, "flush.ms never: left to the OS"
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn, *args):  # type: ignore[no-untyped-def]
+        hops.append(fn)
+        return await real_to_thread(fn, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    await manager.flush_dirty_logs()
+    assert hops == [], "nothing unflushed under a flush.ms: no thread hop at all"
+    eager.append_as_leader(make_batch([b"c"]), 0)
+    await manager.flush_dirty_logs()
+    assert len(hops) == 1 and eager.recovery_point == 3
     manager.close()

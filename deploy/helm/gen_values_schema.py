@@ -69,10 +69,19 @@ def gregor_role(ports: dict[str, Any], min_replicas: int = 0, **extra: dict[str,
                 extraEnv=ARR, **extra)
 
 
-def kafka_config(keys: list[str] | None = None) -> dict[str, Any]:
-    """Kafka-style settings: key -> scalar; with `keys`, only those keys (the role's flags)."""
+# Keys the chart writes into every etcd-using role's properties file itself (from etcd/externalEtcd, clusterName).
+ETCD_OWNED = ["etcd.endpoints", "cluster.id"]
+
+
+def kafka_config(keys: list[str] | None = None, owned: list[str] | None = None) -> dict[str, Any]:
+    """Kafka-style settings written to the role's properties file: key -> scalar; with `keys`, only those keys;
+    `owned` keys are the chart's own (refused here, and by the template)."""
     if keys is None:
-        return {"type": "object", "additionalProperties": SCALAR, "propertyNames": {"pattern": r"^[a-z][a-z0-9.]*$"}}
+        out: dict[str, Any] = {"type": "object", "additionalProperties": SCALAR,
+                               "propertyNames": {"pattern": r"^[a-z][a-z0-9.]*$"}}
+        if owned:  # `false`: helm names the key in its message (a propertyNames `not` gets a wrong path)
+            out["properties"] = {k: False for k in owned}
+        return out
     return closed({k: SCALAR for k in keys})
 
 
@@ -114,15 +123,17 @@ def schema() -> dict[str, Any]:
                  "leader.imbalance.check.interval.seconds"])),
             "brokers": gregor_role({"grpc": PORT, "data": PORT}, min_replicas=1,
                                    rack=closed({"enabled": BOOL, "topologyLabel": STR}),
-                                   config=kafka_config(), persistence=persistence(default_path=True),
+                                   config=kafka_config(owned=ETCD_OWNED),
+                                   persistence=persistence(default_path=True),
                                    service=closed({"type": {"type": "string",
                                                             "enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                                                    "annotations": OBJ}),
                                    preStop=closed({"enabled": BOOL})),
-            # Open: `gregor-coordinator --override` owns its key list (group.*, offsets.*, transaction.*) and
-            # refuses an unknown key at start; tests/deploy runs its parser over the rendered flags.
-            "coordinators": gregor_role({"grpc": PORT}, leaseTtlMs=POSITIVE, config=kafka_config()),
-            "gateways": gregor_role({"grpc": PORT}, config=kafka_config(),
+            # Open: `gregor-coordinator --config` owns its key list (group.*, offsets.*, transaction.*) and
+            # refuses an unknown key at start; tests/deploy runs its parser over the rendered properties file.
+            "coordinators": gregor_role({"grpc": PORT}, leaseTtlMs=POSITIVE, config=kafka_config(owned=ETCD_OWNED)),
+            # Open likewise: the producer config refuses unknown keys when `gregor-gateway --config` parses it.
+            "gateways": gregor_role({"grpc": PORT}, config=kafka_config(owned=["bootstrap.servers"]),
                                     service=closed({"type": {"type": "string",
                                                              "enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                                                     "annotations": OBJ}),

@@ -130,6 +130,10 @@ def test_a_wrong_field_fails_the_kubernetes_schema() -> None:
     (("tls.enabled=true",), "no TLS listener yet"),
     (("etcd.enabled=false",), "set externalEtcd.endpoints"),
     (("brokers.replicas=2",), "default.replication.factor (3) exceeds brokers.replicas (2)"),
+    # Chart-written keys of a role's properties file (etcd.endpoints, cluster.id, bootstrap.servers).
+    (("coordinators.config.etcd\\.endpoints=http://elsewhere:2379",), "/coordinators/config"),
+    (("brokers.config.cluster\\.id=other",), "/brokers/config"),
+    (("gateways.config.bootstrap\\.servers=elsewhere:9092",), "/gateways/config"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
     done = helm(*template_args(CHART, sets=sets), check=False)

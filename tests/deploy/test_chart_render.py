@@ -6,14 +6,15 @@ PDB, a probe or an etcd endpoint from the templates makes one of them fail.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 
-from gregor.broker.__main__ import read_properties
 from gregor.common.config import BrokerConfig
-from tests.deploy.chart import (CI_VALUES, NAMESPACE, RELEASE, arg, component, containers, find, name, one, render,
-                                workloads)
+from gregor.common.properties import read_properties
+from tests.deploy.chart import (CHART, CI_VALUES, NAMESPACE, RELEASE, arg, component, containers, find, helm, name, one,
+                                render, template_args, workloads)
 
 GREGOR_ROLES = ("controller", "broker", "coordinator", "gateway")
 ETCD_ROLES = ("controller", "broker", "coordinator")  # the gateway reaches the cluster through the brokers
@@ -24,17 +25,29 @@ def etcd_endpoints(members: int) -> list[str]:
             for i in range(members)]
 
 
-def broker_properties(manifests: list[dict[str, Any]], tmp_path: Any) -> dict[str, str]:
-    path = tmp_path / "server.properties"
-    path.write_text(one(manifests, "ConfigMap", name("broker"))["data"]["server.properties"])
-    return read_properties(str(path))
+PROPERTIES_FILE = {"controller": "server.properties", "broker": "server.properties",
+                   "coordinator": "server.properties", "gateway": "producer.properties"}
+
+
+def workload(manifests: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    return one(manifests, "Deployment" if role == "gateway" else "StatefulSet", name(role))
+
+
+def write_properties(manifests: list[dict[str, Any]], role: str, tmp_path: Any) -> Any:
+    """The role's rendered properties file, written where its parser can read it."""
+    path = tmp_path / f"{role}-{PROPERTIES_FILE[role]}"
+    path.write_text(one(manifests, "ConfigMap", name(role))["data"][PROPERTIES_FILE[role]])
+    return path
+
+
+def role_properties(manifests: list[dict[str, Any]], role: str, tmp_path: Any) -> dict[str, str]:
+    return read_properties(str(write_properties(manifests, role, tmp_path)))
 
 
 def role_etcd(manifests: list[dict[str, Any]], role: str, tmp_path: Any) -> str:
-    """The etcd endpoints a role is started with (the broker reads them from its server.properties)."""
-    if role == "broker":
-        return broker_properties(manifests, tmp_path)["etcd.endpoints"]
-    return arg(containers(one(manifests, "StatefulSet", name(role)))[0], "--etcd")
+    """The etcd endpoints a role is started with: etcd.endpoints of its properties file, which it gets by --config."""
+    assert arg(containers(workload(manifests, role))[0], "--config") == f"/etc/gregor/{PROPERTIES_FILE[role]}"
+    return role_properties(manifests, role, tmp_path)["etcd.endpoints"]
 
 
 @pytest.mark.parametrize("ci_file, expected", [
@@ -110,9 +123,9 @@ def test_external_etcd_endpoints_in_every_role_and_no_etcd_of_our_own(tmp_path: 
         assert role_etcd(manifests, role, tmp_path).split(",") == expected, role
 
 
-def test_gateway_bootstraps_from_every_broker() -> None:
-    gateway = containers(one(render("high-availability-values.yaml"), "Deployment", name("gateway")))[0]
-    assert arg(gateway, "--bootstrap").split(",") == [
+def test_gateway_bootstraps_from_every_broker(tmp_path: Any) -> None:
+    props = role_properties(render("high-availability-values.yaml"), "gateway", tmp_path)
+    assert props["bootstrap.servers"].split(",") == [
         f"{RELEASE}-broker-{i}.{RELEASE}-broker-headless.{NAMESPACE}.svc.cluster.local:9092" for i in range(5)]
 
 
@@ -149,7 +162,7 @@ def test_no_rack_env_when_rack_is_off() -> None:
 @pytest.mark.parametrize("ci_file", CI_VALUES)
 def test_broker_properties_are_what_the_broker_accepts(ci_file: str, tmp_path: Any) -> None:
     """The rendered server.properties goes through the broker's own parser without an error."""
-    props = broker_properties(render(ci_file), tmp_path)
+    props = role_properties(render(ci_file), "broker", tmp_path)
     cfg = BrokerConfig.from_properties(props, broker_id=0)
     assert cfg.etcd_endpoints == props["etcd.endpoints"] and cfg.cluster_id == "gregor"
     assert props["log.segment.bytes"] == "1073741824"  # not Go's 1.073741824e+09
@@ -270,37 +283,78 @@ POD_ENV = {"POD_IP": "10.0.0.7", "BROKER_ID": "2", "BROKER_RACK": "zone-b", "CON
            "COORDINATOR_ID": "0"}
 
 
+def role_args(manifests: list[dict[str, Any]], role: str, tmp_path: Any) -> list[str]:
+    """A role's container args as Kubernetes expands them, its mounted properties file swapped for a local copy."""
+    path = write_properties(manifests, role, tmp_path)
+    mounted = f"/etc/gregor/{PROPERTIES_FILE[role]}"
+    return [a.replace(mounted, str(path)) for a in expand(containers(workload(manifests, role))[0]["args"], POD_ENV)]
+
+
 @pytest.mark.parametrize("ci_file", CI_VALUES)
-def test_every_role_parser_accepts_the_rendered_command_line(ci_file: str, tmp_path: Any) -> None:
-    """The flags the chart renders are the ones each role's own parser takes (no drift between the two)."""
+def test_every_role_parser_accepts_the_rendered_command_line_and_properties(ci_file: str, tmp_path: Any) -> None:
+    """The flags and properties files the chart renders are what each role's own parser takes (no drift),
+    and the values' settings arrive in the parsed result through the file."""
     from gregor.broker.__main__ import parse_args as broker_args
     from gregor.controller.__main__ import parse_args as controller_args
     from gregor.coordinator.__main__ import parse_args as coordinator_args
     from gregor.gateway.__main__ import parse_args as gateway_args
 
     manifests = render(ci_file)
-    commands = {component(w): containers(w)[0] for w in workloads(manifests) if component(w) != "etcd"}
-    props = tmp_path / "server.properties"
-    props.write_text(one(manifests, "ConfigMap", name("broker"))["data"]["server.properties"])
-    broker = commands["broker"]
-    assert broker["command"] == ["gregor-broker"]
-    args = [a.replace("/etc/gregor/server.properties", str(props)) for a in expand(broker["args"], POD_ENV)]
-    cfg, _ = broker_args(args)
+    assert containers(workload(manifests, "broker"))[0]["command"] == ["gregor-broker"]
+    cfg, _ = broker_args(role_args(manifests, "broker", tmp_path))
     assert (cfg.broker_id, cfg.host, cfg.broker_rack, cfg.port) == (2, "10.0.0.7", "zone-b", 9092)
-    assert cfg.etcd_endpoints.startswith("http://")
-    c = controller_args(expand(commands["controller"]["args"], POD_ENV))
-    assert (c.controller_id, c.host, c.port) == (1, "10.0.0.7", 9091)
-    g = coordinator_args(expand(commands["coordinator"]["args"], POD_ENV))
-    assert (g.coordinator_id, g.port) == (0, 9094)
-    w = gateway_args(expand(commands["gateway"]["args"], POD_ENV))
+    assert cfg.etcd_endpoints == role_properties(manifests, "broker", tmp_path)["etcd.endpoints"]
+    props = role_properties(manifests, "controller", tmp_path)
+    c = controller_args(role_args(manifests, "controller", tmp_path))
+    assert (c.controller_id, c.host, c.port, c.etcd, c.cluster) == (1, "10.0.0.7", 9091, props["etcd.endpoints"],
+                                                                    props["cluster.id"])
+    assert c.leader_balance.leader_imbalance_per_broker_percentage == int(props["leader.imbalance.per.broker.percentage"])
+    assert c.delete_topic_enable is (props["delete.topic.enable"] == "true")
+    props = role_properties(manifests, "coordinator", tmp_path)
+    g = coordinator_args(role_args(manifests, "coordinator", tmp_path))
+    assert (g.coordinator_id, g.port, g.etcd) == (0, 9094, props["etcd.endpoints"])
+    assert g.config.offsets_topic_num_partitions == int(props["offsets.topic.num.partitions"])
+    w = gateway_args(role_args(manifests, "gateway", tmp_path))
     assert w.props["compression.type"] == "lz4" and w.bootstrap.count(":9092") >= 1
+    assert w.bootstrap == role_properties(manifests, "gateway", tmp_path)["bootstrap.servers"]
 
 
-def test_a_coordinator_key_the_role_does_not_know_is_caught_here() -> None:
+CHANGE = {"controller": "controllers.config.delete\\.topic\\.enable=false",
+          "broker": "brokers.config.num\\.partitions=7", "coordinator": "coordinators.config.group\\.max\\.size=9",
+          "gateway": "gateways.config.linger\\.ms=7"}  # one setting of each role's file
+
+
+@pytest.mark.parametrize("role", GREGOR_ROLES)
+def test_each_role_gets_its_properties_configmap_mounted_read_only_with_a_checksum(role: str) -> None:
+    """One ConfigMap per role, mounted read-only at /etc/gregor and passed by --config; its sha256 is a pod
+    annotation, so changing a value changes the pod template and rolls the pods."""
+    manifests = render(None)
+    text = one(manifests, "ConfigMap", name(role))["data"][PROPERTIES_FILE[role]]
+    w = workload(manifests, role)
+    pod = w["spec"]["template"]
+    assert pod["metadata"]["annotations"]["checksum/config"] == hashlib.sha256(text.rstrip("\n").encode()).hexdigest()
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == name(role)
+    mounts = {m["name"]: m for m in containers(w)[0]["volumeMounts"]}
+    assert mounts["config"] == {"name": "config", "mountPath": "/etc/gregor", "readOnly": True}
+    assert arg(containers(w)[0], "--config") == f"/etc/gregor/{PROPERTIES_FILE[role]}"
+    changed = workload(render(None, CHANGE[role]), role)
+    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
+        pod["metadata"]["annotations"]["checksum/config"]
+
+
+def test_a_chart_owned_key_is_refused_by_the_template_too() -> None:
+    """etcd.endpoints comes from etcd/externalEtcd: set in <role>.config it would fork the cluster. The schema
+    refuses it (test_chart_checks); the template does as well when schema validation is skipped."""
+    done = helm(*template_args(CHART, sets=("coordinators.config.etcd\\.endpoints=http://elsewhere:2379",)),
+                "--skip-schema-validation", check=False)
+    assert done.returncode != 0 and "coordinators.config.etcd.endpoints is set by the chart" in done.stderr
+
+
+def test_a_coordinator_key_the_role_does_not_know_is_caught_here(tmp_path: Any) -> None:
     from gregor.coordinator.__main__ import parse_args as coordinator_args
 
     manifests = render(None, "coordinators.config.offsets\\.topic\\.bogus=1")
-    args = expand(containers(one(manifests, "StatefulSet", name("coordinator")))[0]["args"], POD_ENV)
-    assert "--override=offsets.topic.bogus=1" in args
+    assert role_properties(manifests, "coordinator", tmp_path)["offsets.topic.bogus"] == "1"
     with pytest.raises(SystemExit):
-        coordinator_args(args)
+        coordinator_args(role_args(manifests, "coordinator", tmp_path))

@@ -9,18 +9,7 @@ import sys
 
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
-
-
-def read_properties(path: str) -> dict[str, str]:
-    """A server.properties file: `key=value` lines; blank lines and `#` comments skipped."""
-    props: dict[str, str] = {}
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#"):
-                k, _, v = line.partition("=")
-                props[k.strip()] = v.strip()
-    return props
+from gregor.common.properties import load_properties
 
 
 def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
@@ -40,12 +29,7 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
     ap.add_argument("--cluster", help="cluster name: etcd keys live under /gregor/<cluster>/ (default gregor)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
-    props = read_properties(args.config) if args.config else {}
-    for item in args.override:
-        if "=" not in item:
-            ap.error(f"--override expects KEY=VALUE, got {item!r}")
-        k, _, v = item.partition("=")
-        props[k.strip()] = v.strip()
+    props = load_properties(args.config, args.override)  # file, then each --override on top
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = BrokerConfig.from_properties(props, broker_id=args.broker_id, log_dirs=args.log_dirs,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import sys
 
-from gregor.broker.__main__ import read_properties
+from gregor.common.properties import read_properties
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
 

@@ -9,10 +9,13 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
                                          LeaderBalanceConfig)
+from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.properties import load_properties, parse_bool, settle
 
 log = logging.getLogger("gregor.controller")
 
@@ -31,43 +34,62 @@ class ControllerArgs:
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
 
 
+# Properties-file keys (Kafka's names where Kafka has one): key -> (argparse dest, parser, default).
+CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    "etcd.endpoints": ("etcd", str, None),
+    "cluster.id": ("cluster", str, "gregor"),
+    "delete.topic.enable": ("delete_topic_enable", parse_bool, True),
+    "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", parse_bool, AUTO_LEADER_REBALANCE_ENABLE_DEFAULT),
+    "leader.imbalance.per.broker.percentage": ("leader_imbalance_per_broker_percentage", int,
+                                               LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT),
+    "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", float,
+                                                LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT),
+}
+
+
 def parse_args(argv: list[str]) -> ControllerArgs:
+    """Flags over --override over the --config file over the defaults (Kafka's order)."""
     ap = argparse.ArgumentParser(prog="python -m gregor.controller", description="Run a Gregor controller.")
     ap.add_argument("--controller-id", type=int, required=True, help="unique id of this controller instance")
-    ap.add_argument("--etcd", required=True, help="etcd endpoints, e.g. http://127.0.0.1:2379[,http://...]")
-    ap.add_argument("--cluster", default="gregor", help="cluster name: keys live under /gregor/<cluster>/")
+    ap.add_argument("--config", help="server.properties-style file of key=value lines: " + ", ".join(CONTROLLER_KEYS))
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a --config key over the file, e.g. delete.topic.enable=false (repeatable)")
+    ap.add_argument("--etcd", help="etcd.endpoints, e.g. http://127.0.0.1:2379[,http://...] (required here or in --config)")
+    ap.add_argument("--cluster", help="cluster.id: keys live under /gregor/<cluster>/ (default gregor)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
     ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
     ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
     ap.add_argument("--lease-ttl-ms", type=int, default=LEASE_TTL_MS_DEFAULT,
                     help="etcd lease TTL (rounded up to whole seconds): a dead controller is replaced within it")
-    ap.add_argument("--delete-topic-enable", choices=("true", "false"), default="true",
+    ap.add_argument("--delete-topic-enable", type=parse_bool, metavar="{true,false}",
                     help="delete.topic.enable: whether DeleteTopics deletes (Kafka's default: true)")
-    ap.add_argument("--auto-leader-rebalance-enable", choices=("true", "false"),
-                    default=str(AUTO_LEADER_REBALANCE_ENABLE_DEFAULT).lower(),
+    ap.add_argument("--auto-leader-rebalance-enable", type=parse_bool, metavar="{true,false}",
                     help="auto.leader.rebalance.enable: periodically move leadership back to preferred replicas")
     ap.add_argument("--leader-imbalance-per-broker-percentage", type=int,
-                    default=LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT,
                     help="leader.imbalance.per.broker.percentage: rebalance a broker above this share of "
                          "partitions it should lead but does not")
     ap.add_argument("--leader-imbalance-check-interval-seconds", type=float,
-                    default=LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                     help="leader.imbalance.check.interval.seconds: how often the imbalance is checked")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
+    try:
+        settle(a, load_properties(a.config, a.override), CONTROLLER_KEYS, "controller")
+    except InvalidConfigError as exc:
+        ap.error(str(exc))
+    if not a.etcd:
+        ap.error("etcd.endpoints is required: --etcd or etcd.endpoints in --config")
     if a.lease_ttl_ms <= 0:
         ap.error("--lease-ttl-ms must be positive")
     if not 0 <= a.leader_imbalance_per_broker_percentage <= 100:
-        ap.error("--leader-imbalance-per-broker-percentage must be between 0 and 100")
+        ap.error("leader.imbalance.per.broker.percentage must be between 0 and 100")
     if a.leader_imbalance_check_interval_seconds <= 0:
-        ap.error("--leader-imbalance-check-interval-seconds must be positive")
+        ap.error("leader.imbalance.check.interval.seconds must be positive")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
-                          a.lease_ttl_ms, a.delete_topic_enable == "true",
-                          LeaderBalanceConfig(a.auto_leader_rebalance_enable == "true",
-                                              a.leader_imbalance_per_broker_percentage,
+                          a.lease_ttl_ms, a.delete_topic_enable,
+                          LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
                                               a.leader_imbalance_check_interval_seconds))
 
 

@@ -9,7 +9,8 @@ import logging
 import os
 import sys
 
-from gregor.common.errors import GregorError
+from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.properties import load_properties, settle
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
 from gregor.coordinator.txn_coordinator import TxnConfig
@@ -21,8 +22,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     d, g, t = CoordinatorConfig(), GroupConfig(), TxnConfig()
     ap = argparse.ArgumentParser(prog="python -m gregor.coordinator", description="Run a Gregor group coordinator.")
     ap.add_argument("--coordinator-id", type=int, required=True, help="unique id of this coordinator instance")
-    ap.add_argument("--etcd", required=True, help="etcd endpoints, e.g. http://127.0.0.1:2379[,http://...]")
-    ap.add_argument("--cluster", default="gregor", help="cluster name: keys live under /gregor/<cluster>/")
+    ap.add_argument("--config", help="server.properties-style file of key=value lines: etcd.endpoints, cluster.id "
+                                     "and the --override keys")
+    ap.add_argument("--etcd", help="etcd.endpoints, e.g. http://127.0.0.1:2379[,http://...] (required here or in --config)")
+    ap.add_argument("--cluster", help="cluster.id: keys live under /gregor/<cluster>/ (default gregor)")
     ap.add_argument("--bootstrap", default="", help="brokers host:port[,...] (default: discovered in etcd)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
@@ -31,7 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--lease-ttl-ms", type=int, default=d.lease_ttl_ms,
                     help="etcd lease TTL: a dead coordinator's groups move to the survivors within it")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="Kafka group/offsets settings: offsets.topic.num.partitions, "
+                    help="a --config key over the file; Kafka group/offsets settings: offsets.topic.num.partitions, "
                          "offsets.topic.replication.factor, offsets.topic.segment.bytes, offsets.retention.minutes, "
                          "offsets.retention.check.interval.ms, offsets.commit.timeout.ms, "
                          "offsets.retention.ms (test-only, overrides offsets.retention.minutes), "
@@ -61,16 +64,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "transaction.state.log.segment.bytes": t.segment_bytes,
             "transaction.max.timeout.ms": t.max_timeout_ms,
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": t.abort_timed_out_interval_ms}
-    for item in a.override:
-        k, sep, v = item.partition("=")
-        if not sep or k not in keys:
-            ap.error(f"--override {item!r}: expected KEY=VALUE with KEY one of {', '.join(keys)}")
-        try:
-            keys[k] = int(v)
-        except ValueError:
-            ap.error(f"--override {item!r}: {k} must be an integer")
-        if keys[k] < (0 if k == "group.initial.rebalance.delay.ms" else 1):
-            ap.error(f"--override {item!r}: {k} out of range")
+    try:  # the file, then each --override on top; --etcd / --cluster over both
+        props = load_properties(a.config, a.override)
+        settle(a, props, {"etcd.endpoints": ("etcd", str, None), "cluster.id": ("cluster", str, "gregor"),
+                          **{k: (k, int, None) for k in keys}}, "coordinator")
+    except InvalidConfigError as exc:
+        ap.error(str(exc))
+    if not a.etcd:
+        ap.error("etcd.endpoints is required: --etcd or etcd.endpoints in --config")
+    for k in keys:
+        value = getattr(a, k)
+        if value is not None:
+            if value < (0 if k == "group.initial.rebalance.delay.ms" else 1):
+                ap.error(f"{k}={value}: out of range")
+            keys[k] = value
     if a.lease_ttl_ms <= 0:
         ap.error("--lease-ttl-ms must be positive")
     a.config = CoordinatorConfig(

@@ -10,6 +10,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.properties import load_properties
+
 log = logging.getLogger("gregor.gateway")
 
 SHUTDOWN_GRACE_S = 5.0  # in-flight RPCs get this long to be answered on SIGTERM
@@ -29,7 +32,10 @@ class GatewayArgs:
 def parse_args(argv: list[str]) -> GatewayArgs:
     ap = argparse.ArgumentParser(prog="python -m gregor.gateway", description="Run a Gregor producer gateway.")
     ap.add_argument("--gateway-id", type=int, default=0, help="a number naming this instance in logs and cluster.json")
-    ap.add_argument("--bootstrap", required=True, help="host:port[,host:port...] of any brokers")
+    ap.add_argument("--config", help="producer.properties-style file of key=value lines: bootstrap.servers and "
+                                     "the gateway's producer config")
+    ap.add_argument("--bootstrap", help="bootstrap.servers: host:port[,host:port...] of any brokers "
+                                        "(required here or in --config)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
     ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
@@ -38,15 +44,24 @@ def parse_args(argv: list[str]) -> GatewayArgs:
                     metavar="KEY=VALUE", help="producer config of the gateway, e.g. compression.type=lz4 (repeatable)")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
-    props: dict[str, str] = {}
-    for item in a.props:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--producer-property expects KEY=VALUE, got {item!r}")
-        props[key.strip()] = value.strip()
+    from gregor.client.config import ConfigError
+    from gregor.gateway.gateway import gateway_producer_config
+
+    try:  # the file, then each --producer-property on top; --bootstrap over both
+        props = load_properties(a.config, a.props, "--producer-property")
+    except InvalidConfigError as exc:
+        ap.error(str(exc))
+    bootstrap = a.bootstrap or props.get("bootstrap.servers", "")
+    props.pop("bootstrap.servers", None)
+    if not bootstrap:
+        ap.error("bootstrap.servers is required: --bootstrap or bootstrap.servers in --config")
+    try:  # unknown keys and bad values stop here, before anything is started
+        gateway_producer_config(props, bootstrap)
+    except ConfigError as exc:
+        ap.error(str(exc))
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return GatewayArgs(a.gateway_id, a.bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props)
+    return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:

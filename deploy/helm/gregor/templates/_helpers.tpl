@@ -309,14 +309,44 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* The brokers' server.properties: chart-owned keys first, then brokers.config (sorted). */}}
-{{- define "gregor.broker.properties" -}}
-# Written by the Gregor chart from brokers.config; read by `gregor-broker --config`.
-etcd.endpoints={{ include "gregor.etcd.endpoints" . }}
-cluster.id={{ .Values.clusterName }}
-{{- range $k, $v := .Values.brokers.config }}
+{{/* A role's properties file: the chart-owned keys, then <values>.config (sorted); a chart-owned key in
+<values>.config is refused. (dict "ctx" $ "values" "brokers" "component" "broker" "owned" (dict KEY VALUE ...)) */}}
+{{- define "gregor.properties" -}}
+# Written by the Gregor chart from {{ .values }}.config; read by `gregor-{{ .component }} --config`.
+{{- range $k, $v := .owned }}
+{{ $k }}={{ $v }}
+{{- end }}
+{{- range $k, $v := (index .ctx.Values .values).config }}
+{{- if hasKey $.owned $k }}{{ fail (printf "%s.config.%s is set by the chart; remove it" $.values $k) }}{{ end }}
 {{ $k }}={{ include "gregor.propValue" $v }}
 {{- end }}
+{{- end -}}
+
+{{/* A role's properties ConfigMap, then `---`. (dict "ctx" $ "component" "broker" "file" "server.properties" "props" S) */}}
+{{- define "gregor.propertiesConfigMap" -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "gregor.fullname" .ctx }}-{{ .component }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels: {{- include "gregor.componentLabels" . | nindent 4 }}
+data:
+  {{ .file }}: |
+    {{- .props | nindent 4 }}
+---
+{{- end -}}
+
+{{/* The read-only mount of a role's properties ConfigMap (volume `config`) at /etc/gregor. */}}
+{{- define "gregor.configMount" -}}
+- name: config
+  mountPath: /etc/gregor
+  readOnly: true
+{{- end -}}
+
+{{- define "gregor.configVolume" -}}
+- name: config
+  configMap:
+    name: {{ include "gregor.fullname" .ctx }}-{{ .component }}
 {{- end -}}
 
 {{/* A property value as text: whole numbers without Go's float formatting (1073741824, not 1.073741824e+09). */}}

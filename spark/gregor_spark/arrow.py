@@ -3,14 +3,18 @@
 `gregor_native.decode_columns` turns whole fetched batches (compressed or not)
 into Arrow-layout buffers in one Rust pass; this module only wraps those
 buffers with `pyarrow.Array.from_buffers` (no copy, no per-record Python).
-The topic and partition columns are constant per input partition.
+The topic and partition columns are constant per input partition. Under
+read_committed the batches of aborted transactions are dropped whole before
+decoding (txn_filter walks the batch headers), so Rust only sees kept batches.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
+from gregor.client.txn_filter import committed_batches
+from gregor.common.records import batch_headers
 from gregor_native import _native as native
 
 # Spark's Kafka source schema (KafkaRecordToRowConverter.kafkaSchema), column for column.
@@ -62,6 +66,20 @@ def record_batch(cols: dict[str, Any], topic: str, partition: int, include_heade
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))
 
 
-def decode(data: bytes, start: int, end: int, include_headers: bool) -> dict[str, Any]:
-    """Columns of the records in [start, end) of fetched whole batches (CRC checked, decompressed in Rust)."""
-    return native.decode_columns(data, min_offset=start, max_offset=end, headers=include_headers)
+def decode(data: bytes, start: int, end: int, include_headers: bool,
+           aborted: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+    """Columns of the records in [start, end) of fetched whole batches (CRC checked, decompressed in Rust).
+
+    `aborted` is a read_committed fetch's (producer id, first offset) list: those transactions' batches
+    are cut out by byte range and the rest decoded in one native pass; next_offset still moves past the
+    dropped batches (as decode_columns moves past control batches), so the reader never refetches them.
+    """
+    if not aborted:
+        return native.decode_columns(data, min_offset=start, max_offset=end, headers=include_headers)
+    headers = batch_headers(data)  # CRCs checked here, once
+    view = memoryview(data)
+    kept = b"".join(view[pos:pos + h.size_bytes] for pos, h in committed_batches(headers, aborted))
+    cols = native.decode_columns(kept, min_offset=start, max_offset=end, headers=include_headers, verify_crc=False)
+    cols["next_offset"] = max([start] + [min(h.base_offset + h.last_offset_delta + 1, end)
+                                         for h in headers if h.base_offset < end])
+    return cols

@@ -149,7 +149,8 @@ def read_range(r: RangePartition, cluster: Optional[GregorCluster] = None) -> It
                                  f"{r.topic}-{r.partition}): the log starts at {earliest}; skipping to it")
                 pos = earliest
                 continue
-            cols = arrow.decode(res.records, pos, r.end, r.include_headers) if res.records else None
+            cols = (arrow.decode(res.records, pos, r.end, r.include_headers, res.aborted_transactions)
+                    if res.records else None)
             if cols is None or cols["next_offset"] <= pos:
                 # Nothing at or after pos below the high watermark: the log lost records we planned for
                 # (truncated after an unclean election, or compacted away at the tail).

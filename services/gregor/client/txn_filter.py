@@ -13,18 +13,20 @@ kept are decoded (one native pass each).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from gregor.common.records import batch_rows
 
 
-def committed_rows(data: bytes, headers: Sequence[Any], aborted: Sequence[tuple[int, int]], *,
-                   min_offset: int = -1, prefix: Optional[tuple[Any, ...]] = None) -> list[tuple[Any, ...]]:
-    """Rows (as records.fetched_rows) of the batches of `data` that are not part of an aborted transaction."""
+def committed_batches(headers: Sequence[Any], aborted: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Any]]:
+    """(byte position in the fetched data, header) of every data batch not part of an aborted transaction.
+
+    Control batches are never yielded; the walk is per batch header, so callers decode only what is kept
+    (the consumer one batch at a time, the Spark source all kept batches in one native pass).
+    """
     pending = sorted(aborted, key=lambda t: t[1])
     nxt = 0
     aborting: set[int] = set()
-    out: list[tuple[Any, ...]] = []
     pos = 0
     for h in headers:
         start, pos = pos, pos + h.size_bytes
@@ -35,7 +37,15 @@ def committed_rows(data: bytes, headers: Sequence[Any], aborted: Sequence[tuple[
         if h.is_control:
             aborting.discard(h.producer_id)  # its marker ends the producer's transaction
             continue
-        if last < min_offset or (h.is_transactional and h.producer_id in aborting):
-            continue
-        out += batch_rows(h, data, start, min_offset=min_offset, prefix=prefix)
+        if not (h.is_transactional and h.producer_id in aborting):
+            yield start, h
+
+
+def committed_rows(data: bytes, headers: Sequence[Any], aborted: Sequence[tuple[int, int]], *,
+                   min_offset: int = -1, prefix: Optional[tuple[Any, ...]] = None) -> list[tuple[Any, ...]]:
+    """Rows (as records.fetched_rows) of the batches of `data` that are not part of an aborted transaction."""
+    out: list[tuple[Any, ...]] = []
+    for start, h in committed_batches(headers, aborted):
+        if h.base_offset + h.last_offset_delta >= min_offset:
+            out += batch_rows(h, data, start, min_offset=min_offset, prefix=prefix)
     return out

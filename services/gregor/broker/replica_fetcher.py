@@ -21,7 +21,7 @@ import grpc
 from prometheus_client import Gauge
 
 from gregor.common import errors
-from gregor.common.isr import follower_truncation
+from gregor.broker.replica_state import FetchMode
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
@@ -49,8 +49,9 @@ BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEAD
 
 @dataclass
 class PartitionFetchState:
+    """The fetcher's own bookkeeping; whether to truncate first is the ReplicaState's fetch_mode."""
+
     leader_epoch: int
-    needs_truncation: bool = True
     out_of_range: bool = False
     backoff_until: float = 0.0
 
@@ -138,7 +139,7 @@ class ReplicaFetcher:
         if p is None:
             return
         try:
-            if st.needs_truncation:
+            if p.state.fetch_mode is FetchMode.TRUNCATING:
                 await self._truncate(rm, stub, p, st)
                 p = self._current(rm, key, st)
                 if p is None:
@@ -153,49 +154,46 @@ class ReplicaFetcher:
             p = self._current(rm, key, st)
             if p is None or p.log_end_offset != fetch_offset:
                 return
-            if resp.records:
-                p.append_records_to_follower(resp.records)  # also applies the batches to the producer state
-            p.update_follower_high_watermark(resp.high_watermark)
+            # Also applies the batches to the producer state; the follower HW is the ReplicaState's.
+            rm.run_effects(p, p.append_fetched(resp.records, resp.high_watermark))
             FETCHER_LAG.labels(leader=str(self.leader_id)).set(max(0, resp.high_watermark - p.log_end_offset))
         except grpc.aio.AioRpcError as exc:
             err = errors.from_rpc_error(exc)
             if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
                 log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
-                st.needs_truncation = st.out_of_range = True
+                st.out_of_range = True
+                p = self._current(rm, key, st)
+                if p is not None:
+                    p.state.restart_truncation()
             else:
                 if err.code not in BACKOFF_CODES:
                     log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
                 st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
-            st.needs_truncation = True
+            p = self._current(rm, key, st)
+            if p is not None:
+                p.state.restart_truncation()
             st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:
-        """Truncate by leader epoch before fetching (seed 002), falling back to the HW when undefined."""
+        """Ask OffsetForLeaderEpoch until the ReplicaState's truncation converges (seed 002)."""
         for _ in range(MAX_TRUNCATION_ROUNDS):
-            latest = p.log.latest_epoch()
+            latest = p.truncation_query()
             if latest is None:
-                p.log.truncate_to(min(p.high_watermark, p.log_end_offset))
-                break
+                break  # no epochs at all: truncated to the HW
             resp = await stub.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(
                 topic=p.topic, partition=p.partition, leader_epoch=latest, current_leader_epoch=st.leader_epoch,
                 replica_id=rm.config.broker_id), timeout=FETCH_RPC_TIMEOUT_S)
             if self._current(rm, p.key, st) is None:
                 return
-            decision = follower_truncation(p.log.epoch_entries(), p.log_end_offset, resp.leader_epoch,
-                                           resp.end_offset, p.high_watermark)
-            if decision.offset < p.log_end_offset:
-                log.info("%s-%d: truncating to %d by leader epoch (asked %d, leader said %d@%d)", p.topic,
-                         p.partition, decision.offset, latest, resp.leader_epoch, resp.end_offset)
-            p.log.truncate_to(decision.offset)
-            if decision.completed or p.log.latest_epoch() == latest:
+            if p.on_truncation_point(resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
                 break
         if st.out_of_range:
             await self._reset_out_of_range(rm, stub, p, st)
-        p.high_watermark = min(p.high_watermark, p.log_end_offset)
-        st.needs_truncation = st.out_of_range = False
+        p.state.finish_truncation(p.log_end_offset)
+        st.out_of_range = False
 
     async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                   p: "Partition", st: PartitionFetchState) -> None:
@@ -206,13 +204,11 @@ class ReplicaFetcher:
         latest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
             topic=p.topic, partition=p.partition, timestamp_ms=-1, current_leader_epoch=st.leader_epoch),
             timeout=FETCH_RPC_TIMEOUT_S)
-        if p.log_end_offset < earliest.offset:
-            log.info("%s-%d: behind the leader's log start %d; starting over there", p.topic, p.partition,
-                     earliest.offset)
-            p.log.truncate_fully_and_start_at(earliest.offset)
-            p.high_watermark = earliest.offset
-        elif p.log_end_offset > latest.offset:
-            p.log.truncate_to(latest.offset)
+        effect = p.state.on_leader_log_range(earliest.offset, latest.offset, p.log_end_offset)
+        if effect is not None:
+            log.info("%s-%d: out of range at the leader (log start %d, HW %d): %s", p.topic, p.partition,
+                     earliest.offset, latest.offset, effect)
+            p.apply_log_effects([effect])
 
 
 class ReplicaFetcherManager:

@@ -22,6 +22,14 @@ from prometheus_client import Counter, Gauge
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
+from gregor.broker.replica_state import (
+    CompleteDelayed,
+    Effect,
+    HighWatermarkChanged,
+    ProposeIsr,
+    StartFetcher,
+    StopFetcher,
+)
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.common import errors
 from gregor.common.clock import now_ms
@@ -179,7 +187,7 @@ class ReplicaManager:
     def _load_high_watermark(self, p: Partition) -> None:
         hw = self._checkpointed_hws.get(p.key)
         if hw is not None:
-            p.high_watermark = max(p.log.log_start_offset, min(hw, p.log.log_end_offset))
+            p.load_high_watermark(hw)
 
     def checkpoint_high_watermarks(self) -> None:
         """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
@@ -266,27 +274,34 @@ class ReplicaManager:
             except Exception as exc:  # a log that cannot open fails this partition only
                 failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
                 continue
-            partition_epoch = int(getattr(s, "partition_epoch", -1))
-            if s.leader == self.config.broker_id:
-                if p.is_leader and s.leader_epoch == p.leader_epoch and partition_epoch < p.partition_epoch:
-                    # Same term, and our own ISR write is newer than the controller's view: keep it.
-                    changed = True
-                else:
-                    changed = p.make_leader(s.leader_epoch, list(s.isr), list(s.replicas))
-                if changed and self.fetchers is not None:
-                    self.fetchers.remove_partitions([p.key])
-            else:
-                changed = p.make_follower(s.leader, s.leader_epoch, list(s.isr), list(s.replicas))
-                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
-                if changed and self.fetchers is not None and s.leader >= 0:
-                    self.fetchers.add_partition(p)
-            if not changed:
-                failed[p.key] = errors.Code.STALE_CONTROLLER_EPOCH
-                continue
-            p.partition_epoch = max(p.partition_epoch, partition_epoch)
-            # Parked produces and fetches re-check leadership: a new follower answers NOT_LEADER_OR_FOLLOWER.
-            self.on_high_watermark_change(p)
+            outcome = p.apply_leader_and_isr(s.leader, s.leader_epoch, list(s.isr), list(s.replicas),
+                                             int(getattr(s, "partition_epoch", -1)))
+            if outcome.error is not None:
+                failed[p.key] = outcome.error
+            self.run_effects(p, outcome.effects)
         return failed
+
+    def run_effects(self, p: Partition, effects: Iterable[Effect]) -> None:
+        """Carry out what the partition's ReplicaState decided: fetchers, ISR writes, purgatory wake-ups."""
+        wake = False
+        for e in effects:
+            if isinstance(e, StartFetcher):
+                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
+                if self.fetchers is not None:
+                    self.fetchers.add_partition(p)
+            elif isinstance(e, StopFetcher):
+                if self.fetchers is not None:
+                    self.fetchers.remove_partitions([p.key])
+            elif isinstance(e, ProposeIsr):
+                if self.isr_manager is not None:
+                    self.isr_manager.write_isr(p, e)
+                else:  # standalone: nobody to write to; the proposal is dropped
+                    self.run_effects(p, p.on_isr_write_result(e.leader_epoch, None, e.partition_epoch))
+            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
+                wake = True
+        if wake:
+            # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
+            self.on_high_watermark_change(p)
 
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""
@@ -295,9 +310,7 @@ class ReplicaManager:
                 self.fetchers.remove_partitions([key])
             p = self.partitions.get(key)
             if p is not None:
-                p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER
-                self.produce_purgatory.check_and_complete(key)
-                self.fetch_purgatory.check_and_complete(key)
+                self.run_effects(p, p.stop())  # waiters wake up to NOT_LEADER_OR_FOLLOWER
             if delete:
                 self.partitions.pop(key, None)
                 self.log_manager.delete_log(*key)
@@ -407,10 +420,7 @@ class ReplicaManager:
 
     def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
         """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
-        if p.update_follower_fetch_state(replica_id, fetch_offset, now_ms(), broker_epoch):
-            self.on_high_watermark_change(p)
-        if self.isr_manager is not None:
-            self.isr_manager.maybe_expand_isr(p, replica_id)
+        self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
 
     # ------------------------------------------------------------------ offsets
     def list_offsets(self, topic: str, partition: int, timestamp_ms: int,

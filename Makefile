@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean sim
 .PHONY: examples
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make run     start a local cluster in $(DATA_DIR) and run the demo"
 	@echo "make test    run every test (cargo, stubtest, pytest)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
+	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -76,6 +77,11 @@ examples/node/node_modules/.package-lock.json: examples/node/package.json exampl
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# The CI form of tests/sim explores 500 schedules; this explores SCHEDULES clean-election ones (seeds by Hypothesis).
+SCHEDULES ?= 5000
+sim: setup
+	GREGOR_SIM_SCHEDULES=$(SCHEDULES) $(PY) -m pytest -q -p no:cacheprovider -p no:timeout tests/sim
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

@@ -24,6 +24,7 @@ from gregor.broker.log_manager import LogManager
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
 from gregor.broker.replica_state import (
     CompleteDelayed,
+    ControlRequestFence,
     Effect,
     HighWatermarkChanged,
     ProposeIsr,
@@ -149,7 +150,7 @@ class ReplicaManager:
         self.log_manager = log_manager
         self.partitions: dict[tuple[str, int], Partition] = {}
         # The newest controller epoch seen in a control request (Kafka's ReplicaManager.controllerEpoch).
-        self.controller_epoch = 0
+        self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
         log_manager.retention_upper_bound = self._retention_upper_bound
@@ -247,13 +248,6 @@ class ReplicaManager:
         self.stop_replicas([k for k in self.partitions if k[0] == topic], delete=True)
 
     # ------------------------------------------------------------------ control requests (seed 001)
-    def check_controller_epoch(self, controller_epoch: int) -> None:
-        """Refuse requests of a controller older than the latest one seen (STALE_CONTROLLER_EPOCH)."""
-        if controller_epoch < self.controller_epoch:
-            raise errors.error_for(errors.Code.STALE_CONTROLLER_EPOCH,
-                                   f"controller epoch {controller_epoch} is older than {self.controller_epoch}")
-        self.controller_epoch = controller_epoch
-
     def become_leader_or_follower(self, states: Iterable[LeaderAndIsrState],
                                   topic_configs: dict[str, dict[str, Any]],
                                   live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:

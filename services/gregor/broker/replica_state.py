@@ -128,6 +128,28 @@ class LeaderAndIsrOutcome:
 
 
 @dataclass
+class ControlRequestFence:
+    """Fencing of the controller's requests on one broker (seed 001); broker-wide, not per partition.
+
+    STALE_BROKER_EPOCH for a request meant for another incarnation of this broker,
+    STALE_CONTROLLER_EPOCH for one from a controller older than the newest seen.
+    """
+
+    controller_epoch: int = 0
+
+    def check(self, controller_epoch: int, broker_epoch: int, current_broker_epoch: int) -> None:
+        if broker_epoch != -1 and broker_epoch != current_broker_epoch:
+            raise errors.error_for(errors.Code.STALE_BROKER_EPOCH,
+                                   f"broker epoch {broker_epoch} is not this broker's registration "
+                                   f"({current_broker_epoch})")
+        # Last, so a request refused for its broker epoch never moves the controller epoch we hold.
+        if controller_epoch < self.controller_epoch:
+            raise errors.error_for(errors.Code.STALE_CONTROLLER_EPOCH,
+                                   f"controller epoch {controller_epoch} is older than {self.controller_epoch}")
+        self.controller_epoch = controller_epoch
+
+
+@dataclass
 class ReplicaState:
     """One partition replica's leadership, ISR, high watermark and follower bookkeeping (seeds 000, 002, 004)."""
 

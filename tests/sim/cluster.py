@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gregor.broker.replica_state import (
-    AssignEpochStart,
     CompleteDelayed,
     ControlRequestFence,
     Effect,
@@ -274,8 +273,6 @@ class Broker:
         for e in effects:
             if isinstance(e, TruncateLog):
                 self.truncate_to(e.offset)
-            elif isinstance(e, AssignEpochStart):
-                self.epochs = isr_logic.assign_epoch_start_offset(self.epochs, e.epoch, e.start_offset)
             elif isinstance(e, StartLogAt):
                 raise AssertionError("the simulated log never moves its start offset")
             else:
@@ -450,16 +447,17 @@ class Simulation:
     def restart(self, broker_id: int, torn_tail: bool = False) -> None:
         """Start a dead broker again; with `torn_tail` the unflushed end of its log is gone.
 
-        The torn tail loses records above the HW the broker had when it crashed only:
-        with an ISR of one and min.insync.replicas=1, an unflushed acknowledged tail is
-        lost in Kafka too (no ISR member survived intact), which is not what this checks.
+        The torn tail loses only records above every broker's HW (never a committed one):
+        when every ISR member loses an unflushed acknowledged tail, Kafka loses it too (no
+        ISR member survived intact), which is not what no_acked_record_lost checks.
         """
         b = self.brokers[broker_id]
         if b.alive:
             return
         b.alive, b.paused, b.isolated = True, False, False
-        if torn_tail and b.leo > b.hw:
-            cut = b.leo - self.rng.randint(1, b.leo - b.hw)
+        committed = max([x.hw for x in self.brokers.values()] + [o + 1 for o in self.acked])
+        if torn_tail and b.leo > committed:
+            cut = b.leo - self.rng.randint(1, b.leo - committed)
             b.truncate_to(cut)
             self.record(f"fault: broker {broker_id} restarts with a torn tail at {cut}")
         if self.cfg.truncation == "hw":

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
-from gregor.broker.server import fetch_response, handle_fetch_request
+from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 

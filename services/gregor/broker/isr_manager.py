@@ -98,6 +98,7 @@ class IsrManager:
         """CAS the change into the partition state; give up once the leader epoch moved; report the result."""
         leader_epoch, add, remove = proposal.leader_epoch, proposal.add, proposal.remove
         result: tuple[list[int], int] | None = None
+        unknown = False  # etcd failed: the compare-and-swap may have landed
         try:
             key = self._state_key(p)
             for _ in range(ISR_WRITE_ATTEMPTS):
@@ -128,11 +129,12 @@ class IsrManager:
                          leader_epoch)
         except EtcdError as exc:
             FAILED_ISR_UPDATES.inc()
+            unknown = True
             log.warning("%s-%d: ISR update failed: %s", p.topic, p.partition, exc)
         finally:
             isr, version = result if result is not None else (None, -1)
             # The HW may advance once a lagging follower left the ISR (seed 000).
-            self.replicas.run_effects(p, p.on_isr_write_result(leader_epoch, isr, version))
+            self.replicas.run_effects(p, p.on_isr_write_result(leader_epoch, isr, version, outcome_unknown=unknown))
 
     # -- propagation -----------------------------------------------------------------
     async def maybe_propagate_isr_changes(self) -> None:

@@ -22,7 +22,6 @@ from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
 from gregor.broker.replica_state import (
-    AssignEpochStart,
     Effect,
     HighWatermarkChanged,
     LeaderAndIsrOutcome,
@@ -147,8 +146,6 @@ class Partition:
                 self.log.truncate_to(e.offset)  # also when nothing goes: it trims an empty epoch at the LEO
             elif isinstance(e, StartLogAt):
                 self.log.truncate_fully_and_start_at(e.offset)
-            elif isinstance(e, AssignEpochStart):
-                self.log.assign_epoch_start_offset(e.epoch, e.start_offset)
             else:
                 rest.append(e)
         return rest
@@ -196,9 +193,10 @@ class Partition:
         """isr-expiration round: ISR shrink proposals and HW effects."""
         return self.state.on_tick(self.log.log_end_offset, now_ms() if now is None else now, self._live())
 
-    def on_isr_write_result(self, leader_epoch: int, isr: list[int] | None, partition_epoch: int) -> list[Effect]:
+    def on_isr_write_result(self, leader_epoch: int, isr: list[int] | None, partition_epoch: int,
+                            outcome_unknown: bool = False) -> list[Effect]:
         return self.state.on_isr_write_result(leader_epoch, isr, partition_epoch, self.log.log_end_offset,
-                                              now_ms(), self._live())
+                                              now_ms(), self._live(), outcome_unknown)
 
     def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
         """Seed 000's maybeIncrementLeaderHW (decided by the ReplicaState); True if the HW moved."""

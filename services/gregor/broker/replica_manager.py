@@ -417,6 +417,14 @@ class ReplicaManager:
         self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
 
     # ------------------------------------------------------------------ offsets
+    def offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int,
+                                current_leader_epoch: int | None) -> tuple[int, int]:
+        """The leader's OffsetForLeaderEpoch answer (seed 002): (epoch, end offset) from its epoch cache."""
+        p = self.get_partition(topic, partition)
+        if current_leader_epoch is not None:
+            p.check_leader(current_leader_epoch)
+        return p.log.end_offset_for_epoch(leader_epoch)
+
     def list_offsets(self, topic: str, partition: int, timestamp_ms: int,
                      current_leader_epoch: int = -1) -> tuple[int, int, int]:
         """(offset, timestamp, leader_epoch) for -2 earliest, -1 latest (HW) or a timestamp."""

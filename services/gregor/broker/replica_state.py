@@ -69,14 +69,6 @@ class StartLogAt:
 
 
 @dataclass(frozen=True)
-class AssignEpochStart:
-    """Record `epoch` as starting at `start_offset` in the log's leader-epoch cache (Kafka's makeLeader)."""
-
-    epoch: int
-    start_offset: int
-
-
-@dataclass(frozen=True)
 class ProposeIsr:
     """Write this ISR change (a compare-and-swap on the partition state) for `leader_epoch`; report the result."""
 
@@ -112,7 +104,7 @@ class CompleteDelayed:
     """Re-check the purgatory keys of this partition (leadership changed: waiters answer NOT_LEADER_OR_FOLLOWER)."""
 
 
-Effect = TruncateLog | StartLogAt | AssignEpochStart | ProposeIsr | HighWatermarkChanged | StartFetcher | StopFetcher | CompleteDelayed
+Effect = TruncateLog | StartLogAt | ProposeIsr | HighWatermarkChanged | StartFetcher | StopFetcher | CompleteDelayed
 
 
 @dataclass(frozen=True)
@@ -172,6 +164,12 @@ class ReplicaState:
     leader_epoch_start_offset: int | None = None
     # Leader only: one ISR write in flight at a time.
     isr_update_in_flight: bool = False
+    # Leader only: replicas an ISR write may have added that `isr` does not show yet, because the
+    # write is in flight or its outcome is unknown (etcd failed after the compare-and-swap may have
+    # landed). The HW counts them (Kafka's maximal ISR, KIP-497): the controller may already see
+    # them in the ISR and elect one, so the HW must not pass their LEO.
+    pending_isr_adds: set[int] = field(default_factory=set)
+    uncertain_isr_adds: set[int] = field(default_factory=set)
     # Follower only: truncating by leader epoch, or fetching.
     fetch_mode: FetchMode | None = None
 
@@ -202,6 +200,7 @@ class ReplicaState:
         restart = leader_epoch == self.leader_epoch and self.role is Role.NONE
         if same_term and partition_epoch > self.partition_epoch:
             self.replicas, self.isr, self.partition_epoch = replica_list, isr_set, partition_epoch
+            self.uncertain_isr_adds = set()
             return LeaderAndIsrOutcome(None, [*self._maybe_increment_hw(log_end_offset, now_ms), CompleteDelayed()])
         if not (newer_epoch or restart):
             return LeaderAndIsrOutcome(errors.Code.STALE_CONTROLLER_EPOCH, [])
@@ -209,6 +208,7 @@ class ReplicaState:
         self.replicas, self.isr = replica_list, isr_set
         self.partition_epoch = max(self.partition_epoch, partition_epoch)
         self.isr_update_in_flight = False
+        self.pending_isr_adds, self.uncertain_isr_adds = set(), set()
         self.follower_states = {}
         if leader == self.local_broker_id:
             return LeaderAndIsrOutcome(None, self._become_leader(log_end_offset, log_start_offset, now_ms))
@@ -229,8 +229,9 @@ class ReplicaState:
                 self.follower_states[r] = state
         self.leader_epoch_start_offset = log_end_offset
         self.high_watermark = max(self.high_watermark, log_start_offset)
-        return [StopFetcher(), AssignEpochStart(self.leader_epoch, log_end_offset),
-                *self._maybe_increment_hw(log_end_offset, now_ms), CompleteDelayed()]
+        # No epoch-cache entry yet: the log records this epoch with its first append (seed 002:
+        # "此时还没有新记录追加,leaderEpochCache没有新增条目").
+        return [StopFetcher(), *self._maybe_increment_hw(log_end_offset, now_ms), CompleteDelayed()]
 
     def become_standalone_leader(self, latest_epoch: int | None, log_end_offset: int, log_start_offset: int,
                                  now_ms: int) -> list[Effect]:
@@ -246,6 +247,7 @@ class ReplicaState:
         """StopReplica: serve nothing until the next LeaderAndIsr (the epoch is kept as a fence)."""
         self.role, self.leader_id, self.fetch_mode = Role.NONE, NO_LEADER, None
         self.follower_states, self.isr_update_in_flight = {}, False
+        self.pending_isr_adds, self.uncertain_isr_adds = set(), set()
         return [StopFetcher(), CompleteDelayed()]
 
     def load_high_watermark(self, checkpointed: int, log_start_offset: int, log_end_offset: int) -> None:
@@ -330,7 +332,7 @@ class ReplicaState:
             return None
         caught_up = {r: s.last_caught_up_time_ms for r, s in self.follower_states.items()}
         leos = {r: s.log_end_offset for r, s in self.follower_states.items()}
-        return maybe_shrink_isr(sorted(self.isr), self.local_broker_id, caught_up, now_ms,
+        return maybe_shrink_isr(sorted(self.maximal_isr), self.local_broker_id, caught_up, now_ms,
                                 self.replica_lag_time_max_ms, leos, log_end_offset)
 
     def on_tick(self, log_end_offset: int, now_ms: int,
@@ -339,27 +341,40 @@ class ReplicaState:
         effects = self._maybe_increment_hw(log_end_offset, now_ms, live_broker_epochs)
         shrunk = self.out_of_sync_isr(log_end_offset, now_ms)
         if shrunk is not None:
-            effects.extend(self._propose(add=set(), remove=self.isr - set(shrunk)))
+            effects.extend(self._propose(add=set(), remove=self.maximal_isr - set(shrunk)))
         return effects
 
     def _propose(self, add: set[int], remove: set[int]) -> list[Effect]:
         if self.isr_update_in_flight:
             return []  # the next fetch or expiration round asks again
         self.isr_update_in_flight = True
+        self.pending_isr_adds = set(add)
         new = tuple(sorted((self.isr - remove) | add))
         return [ProposeIsr(frozenset(add), frozenset(remove), new, self.leader_epoch, self.partition_epoch)]
 
+    @property
+    def maximal_isr(self) -> set[int]:
+        """The ISR plus every replica a write in flight, or of unknown outcome, may have added."""
+        return self.isr | self.pending_isr_adds | self.uncertain_isr_adds
+
     def on_isr_write_result(self, leader_epoch: int, isr: Iterable[int] | None, partition_epoch: int,
                             log_end_offset: int, now_ms: int,
-                            live_broker_epochs: Mapping[int, int] | None = None) -> list[Effect]:
+                            live_broker_epochs: Mapping[int, int] | None = None,
+                            outcome_unknown: bool = False) -> list[Effect]:
         """The ISR write for `leader_epoch` ended: `isr` is what the partition state now holds (None: failed).
 
         Applied only if we still lead that term; the HW may move once a lagging follower left.
+        A failure whose outcome is unknown keeps counting the replicas it would have added
+        until an ISR we can trust arrives (a later write, or the controller's LeaderAndIsr).
         """
         self.isr_update_in_flight = False
+        if outcome_unknown:
+            self.uncertain_isr_adds |= self.pending_isr_adds
+        self.pending_isr_adds = set()
         if isr is None or not self.is_leader or self.leader_epoch != leader_epoch:
             return []
         self.isr = set(isr)
+        self.uncertain_isr_adds = set()
         self.partition_epoch = max(self.partition_epoch, partition_epoch)
         return [*self._maybe_increment_hw(log_end_offset, now_ms, live_broker_epochs), CompleteDelayed()]
 
@@ -370,9 +385,10 @@ class ReplicaState:
             return []
         states = self.follower_states
         leos = {r: s.log_end_offset for r, s in states.items()}
-        leos.update({r: 0 for r in self.isr if r != self.local_broker_id and r not in states})
+        isr = self.maximal_isr
+        leos.update({r: 0 for r in isr if r != self.local_broker_id and r not in states})
         new_hw = compute_high_watermark(
-            log_end_offset, self.isr, leos, self.high_watermark, self.local_broker_id,
+            log_end_offset, isr, leos, self.high_watermark, self.local_broker_id,
             {r: s.last_caught_up_time_ms for r, s in states.items()}, now_ms, self.replica_lag_time_max_ms,
             isr_eligible_followers({r: s.broker_epoch for r, s in states.items()}, live_broker_epochs))
         if new_hw > self.high_watermark:

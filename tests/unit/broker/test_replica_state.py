@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gregor.broker.replica_state import (
-    AssignEpochStart,
     CompleteDelayed,
     FetchMode,
     HighWatermarkChanged,
@@ -43,11 +42,11 @@ def hw_of(effects: list[object]) -> int | None:
 # -- LeaderAndIsr ----------------------------------------------------------------------
 
 
-def test_becoming_leader_stops_fetching_records_the_epoch_start_and_wakes_waiters() -> None:
+def test_becoming_leader_stops_fetching_records_the_term_start_and_wakes_waiters() -> None:
     s = ReplicaState(1, LAG)
     out = s.on_leader_and_isr(1, 3, (1, 2), [1, 2, 3], 7, 42, 0, 100)
     assert out.applied and s.role is Role.LEADER and s.leader_epoch == 3 and s.partition_epoch == 7
-    assert StopFetcher() in out.effects and AssignEpochStart(3, 42) in out.effects
+    assert StopFetcher() in out.effects
     assert CompleteDelayed() in out.effects
     assert s.leader_epoch_start_offset == 42 and set(s.follower_states) == {2, 3}
     # ISR members count as caught up now, others as never.
@@ -165,10 +164,11 @@ def test_hw_moves_once_a_lagging_follower_leaves_the_isr() -> None:
 
 def test_caught_up_follower_outside_isr_holds_the_hw_only_if_eligible() -> None:
     s = leader(isr=(1, 2), leo=3)
-    s.on_follower_fetch(3, 3, 30, 3, 10)  # caught up at LEO 3, not in the ISR yet
-    s.on_follower_fetch(2, 5, 20, 5, 20)
+    live = {1: 1, 2: 20, 3: 31}  # the controller knows a newer incarnation of 3: this one may not join
+    assert not [e for e in s.on_follower_fetch(3, 3, 30, 3, 10, live) if isinstance(e, ProposeIsr)]
+    s.on_follower_fetch(2, 5, 20, 5, 20)  # no live list: 3 (caught up at LEO 3) is waited for
     assert s.high_watermark == 3
-    assert hw_of(s.on_local_append(5, 21, {1: 1, 2: 20})) == 5  # 3 is not live: not waited for
+    assert hw_of(s.on_local_append(5, 21, live)) == 5  # with it, 3 is not eligible: not waited for
 
 
 def test_follower_hw_is_min_of_leader_hw_and_own_leo_and_never_back() -> None:
@@ -294,3 +294,20 @@ def test_leader_hw_never_regresses_never_passes_the_leo_nor_an_isr_member(evs: l
         assert 1 in s.isr and s.isr <= {1, 2, 3}
         for r in s.isr - {1}:
             assert s.high_watermark <= max(leos[r], before)
+
+
+def test_hw_counts_a_replica_whose_isr_expansion_is_in_flight_or_uncertain() -> None:
+    """Found by tests/sim: the store may already list the new member (the controller can elect it)
+    while the leader has not heard the write's result; the HW must not pass that member's LEO."""
+    s = leader(isr=(1, 2), leo=4, now=5 * LAG)
+    s.on_follower_fetch(2, 4, -1, 4, 5 * LAG)
+    expand = [e for e in s.on_follower_fetch(3, 4, -1, 4, 5 * LAG) if isinstance(e, ProposeIsr)]
+    assert expand and s.maximal_isr == {1, 2, 3} and s.isr == {1, 2}
+    s.on_follower_fetch(2, 8, -1, 8, 5 * LAG + 1)
+    assert s.on_local_append(8, 10 * LAG) == [] and s.high_watermark == 4  # 3 (LEO 4) still counts
+    s.on_isr_write_result(5, None, -1, 8, 10 * LAG, outcome_unknown=True)  # etcd failed mid-write
+    assert s.on_local_append(8, 10 * LAG + 1) == [] and s.maximal_isr == {1, 2, 3}
+    # The uncertain member falls behind: the shrink proposal removes it, and once written the HW moves.
+    shrink = next(e for e in s.on_tick(8, 12 * LAG) if isinstance(e, ProposeIsr))
+    assert shrink.remove == {3}
+    assert hw_of(s.on_isr_write_result(5, [1, 2], 12, 8, 12 * LAG)) == 8 and s.maximal_isr == {1, 2}

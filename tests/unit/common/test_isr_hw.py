@@ -113,6 +113,7 @@ def test_partition_hw_waits_for_a_caught_up_follower_outside_the_isr(partition: 
     assert p.high_watermark == 3  # follower 3 has never been caught up: the ISR alone decides
     # Follower 3 fetches at the LEO (caught up), then the leader appends two more.
     p.on_follower_fetch(3, 3, -1, fetch_time_ms=t0 + 20)
+    p.on_isr_write_result(0, None, -1)  # its ISR expansion was refused (nobody writes one here)
     p.append_records_to_leader(make_batch([b"d", b"e"]), 1)
     p.on_follower_fetch(2, 5, -1, fetch_time_ms=t0 + 30)
     assert p.high_watermark == 3  # 3 is caught up (20 ms ago) at LEO 3: it holds the HW
@@ -131,6 +132,7 @@ def test_partition_hw_does_not_wait_for_a_departing_follower(partition: Partitio
     p.append_records_to_leader(make_batch([b"a", b"b", b"c"]), 1)
     t0 = p.follower_states[2].last_caught_up_time_ms
     p.on_follower_fetch(3, 3, 30, fetch_time_ms=t0 + 10)  # caught up at LEO 3
+    p.on_isr_write_result(0, None, -1)  # its ISR expansion was refused (nobody writes one here)
     p.on_follower_fetch(2, 3, 20, fetch_time_ms=t0 + 10)
     assert p.high_watermark == 3
     p.append_records_to_leader(make_batch([b"d", b"e"]), 1)

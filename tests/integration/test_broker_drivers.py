@@ -41,8 +41,9 @@ class Running:
 
 @pytest.fixture
 async def running(tmp_path: os.PathLike[str]) -> AsyncIterator[Running]:
+    # A short replica.lag.time.max.ms: a follower that left the ISR stops holding the HW 0.1 s later.
     cfg = BrokerConfig(broker_id=0, log_dirs=os.path.join(str(tmp_path), "logs"), port=0, data_port=0,
-                       metrics_port=-1)
+                       metrics_port=-1, replica_lag_time_max_ms=100)
     broker = Broker(cfg)
     await broker.start()
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc_port}")

@@ -430,6 +430,7 @@ class Simulation:
         )
         self.controllers = [SimController(100, self), SimController(101, self)]
         self.acked: dict[int, int] = {}
+        self.consumed: dict[int, int] = {}  # offset -> value a consumer read
         self.next_value = 0
         self.unclean_elections = 0
         self.leader_by_epoch: dict[int, int] = {}
@@ -455,7 +456,7 @@ class Simulation:
         if b.alive:
             return
         b.alive, b.paused, b.isolated = True, False, False
-        committed = max([x.hw for x in self.brokers.values()] + [o + 1 for o in self.acked])
+        committed = max([x.hw for x in self.brokers.values()] + [o + 1 for o in [*self.acked, *self.consumed]])
         if torn_tail and b.leo > committed:
             cut = b.leo - self.rng.randint(1, b.leo - committed)
             b.truncate_to(cut)
@@ -552,6 +553,7 @@ class Simulation:
             c.tick()
         if self.rng.random() < self.cfg.produce_probability:
             self.produce()
+        self.consume()
         self.check_invariants()
 
     def run(self, n_steps: int) -> None:
@@ -606,6 +608,25 @@ class Simulation:
         offset = b.append(b.rs.leader_epoch, self.next_value)
         b.pending_acks[offset] = self.next_value
         self.run_effects(b, b.rs.on_local_append(b.leo, self.clock.now_ms))
+
+    def consume(self) -> None:
+        """A consumer fetches from the leader it believes in (sometimes stale), below what the broker allows."""
+        state = self.store.state
+        if state is None:
+            return
+        target = state.leader
+        if self.rng.random() < self.cfg.stale_metadata_probability:
+            target = self.rng.choice(list(self.brokers))
+        b = self.brokers.get(target)
+        if b is None or not b.alive or b.paused:
+            return
+        try:
+            b.rs.check_leader()
+        except errors.GregorError:
+            return
+        upper = b.rs.fetch_upper_bound(False, b.leo)
+        for offset in range(len(self.consumed), min(upper, len(self.consumed) + self.cfg.fetch_records_max)):
+            self.consumed[offset] = b.log[offset][1]
 
     # -- broker side: the drivers of ReplicaState ---------------------------------------------
 
@@ -844,14 +865,15 @@ class Simulation:
             self.max_hw[b.id] = b.hw
 
     def check_no_acked_record_lost(self) -> None:
-        """Every acked record sits at its offset on the established leader and on every replica whose HW passed it."""
+        """Every acked or consumed record sits at its offset on the established leader and on every replica
+        whose HW passed it (a consumer that read above the HW could see a record that is later truncated)."""
         state = self.store.state
         established = None
         if state is not None and state.leader in self.brokers:
             leader = self.brokers[state.leader]
             if leader.alive and leader.role == "leader" and leader.leader_epoch == state.leader_epoch:
                 established = leader
-        for offset, value in self.acked.items():
+        for offset, value in [*self.acked.items(), *self.consumed.items()]:
             for b in self.brokers.values():
                 if (b.hw > offset or b is established) and (offset >= b.leo or b.log[offset][1] != value):
                     got = b.log[offset] if offset < b.leo else None

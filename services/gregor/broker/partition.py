@@ -216,13 +216,13 @@ class Partition:
             return None
         return q
 
-    def on_truncation_point(self, leader_epoch: int, end_offset: int) -> bool:
+    def on_truncation_point(self, asked_epoch: int, leader_epoch: int, end_offset: int) -> bool:
         """Truncate by the leader's OffsetForLeaderEpoch answer (seed 002); True when truncation is complete."""
         effect, completed = self.state.on_truncation_point(leader_epoch, end_offset, self.log.epoch_entries(),
                                                            self.log.log_end_offset)
         if effect.offset < self.log.log_end_offset:
-            log.info("%s-%d: truncating to %d by leader epoch (leader said %d@%d)", self.topic, self.partition,
-                     effect.offset, leader_epoch, end_offset)
+            log.info("%s-%d: truncating to %d by leader epoch (asked %d, leader said %d@%d)", self.topic,
+                     self.partition, effect.offset, asked_epoch, leader_epoch, end_offset)
         self.apply_log_effects([effect])
         return completed
 
@@ -333,7 +333,7 @@ class Partition:
 
     def fetch_upper_bound(self, is_follower: bool) -> int:
         """Followers read up to the LEO; consumers only below the high watermark."""
-        return self.log.log_end_offset if is_follower else self.high_watermark
+        return self.state.fetch_upper_bound(is_follower, self.log.log_end_offset)
 
     def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool) -> native.FileSlice:
         try:

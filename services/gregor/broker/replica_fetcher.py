@@ -188,7 +188,7 @@ class ReplicaFetcher:
                 replica_id=rm.config.broker_id), timeout=FETCH_RPC_TIMEOUT_S)
             if self._current(rm, p.key, st) is None:
                 return
-            if p.on_truncation_point(resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
+            if p.on_truncation_point(latest, resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
                 break
         if st.out_of_range:
             await self._reset_out_of_range(rm, stub, p, st)

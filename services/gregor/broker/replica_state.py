@@ -276,6 +276,10 @@ class ReplicaState:
                                    f"ISR size {len(self.isr)} is below min.insync.replicas {min_insync_replicas}",
                                    **self._where())
 
+    def fetch_upper_bound(self, is_follower: bool, log_end_offset: int) -> int:
+        """Followers read up to the LEO; consumers only below the high watermark (seed 003)."""
+        return log_end_offset if is_follower else self.high_watermark
+
     def on_local_append(self, log_end_offset: int, now_ms: int,
                         live_broker_epochs: Mapping[int, int] | None = None) -> list[Effect]:
         """The leader appended: a single-member ISR (or caught-up followers) may move the HW."""

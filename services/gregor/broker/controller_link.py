@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gregor.broker.limits import FORWARD_TIMEOUT_S, FORWARD_RETRY_S
 from gregor.common import errors
 from gregor.common.etcd import EtcdError
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
@@ -20,8 +21,6 @@ from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
 
-FORWARD_TIMEOUT_S = 30.0  # how long a forwarded admin call may take, retries for a moving controller included
-FORWARD_RETRY_S = 0.2  # pause before asking etcd again who the controller is
 
 
 async def allocate_producer_ids(broker: "Broker") -> tuple[int, int]:

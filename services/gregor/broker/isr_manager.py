@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from gregor.broker.limits import ISR_WRITE_ATTEMPTS
 from gregor.common.clock import now_ms
 from gregor.common.etcd import EtcdClient, EtcdError
 from gregor.common.isr import ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS, IsrChangePropagation, isr_expiration_interval_ms
@@ -35,7 +36,6 @@ ISR_EXPANDS = Counter("gregor_broker_isr_expands_total", "ISR expansions written
 FAILED_ISR_UPDATES = Counter("gregor_broker_failed_isr_updates_total",
                              "ISR writes given up (leader epoch moved or etcd unavailable)")
 
-ISR_WRITE_ATTEMPTS = 3  # CAS retries while the leader epoch is unchanged (someone else wrote the ISR)
 ISR_CHANGE_NOTIFICATIONS = "isr_change_notification"  # the controller watches this prefix
 
 

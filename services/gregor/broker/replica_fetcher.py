@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Callable
 import grpc
 from prometheus_client import Gauge
 
+from gregor.broker.limits import (
+    REPLICA_FETCH_MAX_BYTES,
+    REPLICA_FETCH_WAIT_MAX_MS,
+    REPLICA_FETCH_BACKOFF_S,
+    FETCH_RPC_TIMEOUT_S,
+    MAX_TRUNCATION_ROUNDS,
+)
 from gregor.common import errors
 from gregor.broker.replica_state import FetchMode
 from gregor.common.rpc import channel
@@ -34,11 +41,6 @@ log = logging.getLogger(__name__)
 FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
                     "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
 
-REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
-REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms
-REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
-FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
-MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
 BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEADER_OR_FOLLOWER,
                            errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
                            errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
+from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
@@ -56,7 +57,6 @@ UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led parti
 UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
 
 ACKS_VALUES = (0, 1, -1)
-HW_CHECKPOINT_INTERVAL_MS = 5000  # replica.high.watermark.checkpoint.interval.ms
 
 
 class LeaderAndIsrState(Protocol):

@@ -589,16 +589,21 @@ class Simulation:
         elif dst == STORE and isinstance(msg, IsrWrite):
             self.handle_isr_write(src, msg)
 
-    def produce(self) -> None:
-        """A client with acks=all sends to the leader it believes in (sometimes stale)."""
+    def client_target(self) -> Broker | None:
+        """The running broker a client believes leads (the metadata is sometimes stale), or None."""
         state = self.store.state
         if state is None:
-            return
+            return None
         target = state.leader
         if self.rng.random() < self.cfg.stale_metadata_probability:
             target = self.rng.choice(list(self.brokers))
         b = self.brokers.get(target)
-        if b is None or not b.alive or b.paused:
+        return b if b is not None and b.alive and not b.paused else None
+
+    def produce(self) -> None:
+        """A client with acks=all sends to the leader it believes in (sometimes stale)."""
+        b = self.client_target()
+        if b is None:
             return
         try:
             b.rs.check_append(-1, self.cfg.min_insync_replicas)  # NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS
@@ -611,14 +616,8 @@ class Simulation:
 
     def consume(self) -> None:
         """A consumer fetches from the leader it believes in (sometimes stale), below what the broker allows."""
-        state = self.store.state
-        if state is None:
-            return
-        target = state.leader
-        if self.rng.random() < self.cfg.stale_metadata_probability:
-            target = self.rng.choice(list(self.brokers))
-        b = self.brokers.get(target)
-        if b is None or not b.alive or b.paused:
+        b = self.client_target()
+        if b is None:
             return
         try:
             b.rs.check_leader()

@@ -81,7 +81,7 @@ bench: setup
 # The CI form of tests/sim explores 500 schedules; this explores SCHEDULES clean-election ones (seeds by Hypothesis).
 SCHEDULES ?= 5000
 sim: setup
-	GREGOR_SIM_SCHEDULES=$(SCHEDULES) $(PY) -m pytest -q -p no:cacheprovider -p no:timeout tests/sim
+	GREGOR_SIM_SCHEDULES=$(SCHEDULES) $(PY) -m pytest -q -p no:cacheprovider --timeout=0 tests/sim
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

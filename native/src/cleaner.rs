@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::log::{write_atomically, Log};
 use crate::records::{self, view_records, RecordView};
 use crate::segment::{log_path, Scanner, Segment, Step};
+use crate::txnindex::AbortedTxn;
 
 /// Per-log cleaner state: "first_dirty_offset next_delete_horizon_ms".
 pub const CLEANER_CHECKPOINT_FILE: &str = "cleaner-offset-checkpoint";
@@ -108,6 +109,9 @@ pub struct CleanPlan {
     cleanable: Cleanable,
     /// Sealed segments below first_uncleanable, in order.
     segments: Vec<SegSnap>,
+    /// Aborted transactions of those segments (their `.txnindex`): their records never shadow
+    /// committed ones in the offset map, and are dropped (Kafka's cleaner does the same).
+    aborted: Vec<AbortedTxn>,
 }
 
 /// Step 2's output.
@@ -244,7 +248,8 @@ impl Log {
             return Ok(None);
         }
         let segment_bytes = self.config.segment_bytes.clamp(BATCH_HEADER_SIZE as i64, i32::MAX as i64) as u64;
-        Ok(Some(CleanPlan { dir: self.dir.clone(), segment_bytes, cfg, cleanable, segments }))
+        let aborted = self.segments.values().flat_map(|s| s.txn_index.entries().iter().copied()).collect();
+        Ok(Some(CleanPlan { dir: self.dir.clone(), segment_bytes, cfg, cleanable, segments, aborted }))
     }
 
     /// Step 3: swaps the cleaned groups in; nothing is swapped (and the
@@ -264,13 +269,17 @@ impl Log {
             let swap = self.dir.join(swap_name(*base, *end));
             fs::rename(cleaned, &swap)?;
             File::open(&self.dir)?.sync_all()?;
+            // The joined segment keeps every aborted-transaction entry of the ones it replaces.
+            let mut aborted = Vec::new();
             for old in olds {
                 if let Some(seg) = self.segments.remove(old) {
+                    aborted.extend_from_slice(seg.txn_index.entries());
                     seg.delete_files()?;
                 }
             }
             fs::rename(&swap, log_path(&self.dir, *base))?;
-            let seg = Segment::open_rebuilt(&self.dir, *base, index_bytes, interval)?;
+            let mut seg = Segment::open_rebuilt(&self.dir, *base, index_bytes, interval)?;
+            seg.txn_index.reset(aborted)?;
             self.segments.insert(*base, seg);
         }
         File::open(&self.dir)?.sync_all()?;
@@ -347,7 +356,7 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
             break;
         }
         for_each_batch(seg, |h, raw| {
-            if h.is_control() || h.last_offset() < first_dirty {
+            if h.is_control() || h.last_offset() < first_dirty || is_aborted(h, &plan.aborted) {
                 return Ok(());
             }
             let section = section_of(h, raw)?;
@@ -389,7 +398,8 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
         for seg in &g {
             stats.bytes_read += seg.size;
             for_each_batch(seg, |h, raw| {
-                let kept = clean_batch(h, raw, &map, &last_batch_of_producer, cfg, &mut stats)?;
+                let aborted = is_aborted(h, &plan.aborted);
+                let kept = clean_batch(h, raw, &map, &last_batch_of_producer, cfg, aborted, &mut stats)?;
                 if let Some((bytes, horizon)) = kept {
                     if horizon >= 0 && (next_horizon < 0 || horizon < next_horizon) {
                         next_horizon = horizon;
@@ -407,6 +417,13 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
     }
     stats.end_offset = end_offset;
     Ok(Built { groups: out, stats, end_offset, next_delete_horizon_ms: next_horizon })
+}
+
+/// A transactional batch inside one of its producer's aborted transactions (marker after it).
+fn is_aborted(h: &BatchHeader, aborted: &[AbortedTxn]) -> bool {
+    h.is_transactional()
+        && !h.is_control()
+        && aborted.iter().any(|t| t.producer_id == h.producer_id && t.first_offset <= h.base_offset && h.last_offset() < t.last_offset)
 }
 
 /// Kafka's shouldRetainRecord for one record of a batch.
@@ -428,17 +445,22 @@ fn clean_batch(
     map: &HashMap<Vec<u8>, i64>,
     last_of_producer: &HashMap<i64, i64>,
     cfg: CleanConfig,
+    aborted: bool,
     stats: &mut CleanStats,
 ) -> Result<Option<(Vec<u8>, i64)>> {
     if h.is_control() {
-        return Ok(Some((raw.to_vec(), -1)));
+        return Ok(Some((raw.to_vec(), -1))); // markers stay: recovery and read_committed rely on them
     }
     let has_horizon = h.attributes & DELETE_HORIZON_FLAG_MASK != 0;
     let expired = has_horizon && h.base_timestamp <= cfg.now_ms;
     let section = section_of(h, raw)?;
     let views = view_records(&section)?;
     stats.records_read += views.len() as u64;
-    let kept: Vec<&RecordView<'_>> = views.iter().filter(|r| retain(r, h.base_offset + r.offset_delta as i64, map, expired)).collect();
+    let kept: Vec<&RecordView<'_>> = if aborted {
+        Vec::new()
+    } else {
+        views.iter().filter(|r| retain(r, h.base_offset + r.offset_delta as i64, map, expired)).collect()
+    };
     stats.records_retained += kept.len() as u64;
     stats.tombstones_removed += views.iter().filter(|r| r.value_is_null).count() as u64 - kept.iter().filter(|r| r.value_is_null).count() as u64;
     let keeps_tombstone = kept.iter().any(|r| r.value_is_null);

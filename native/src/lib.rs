@@ -14,6 +14,7 @@ pub mod recompress;
 pub mod retention;
 pub mod segment;
 pub mod sendfile;
+pub mod txnindex;
 
 #[cfg(test)]
 mod tests;
@@ -971,6 +972,21 @@ impl PyLog {
             },
         })
         .map_err(to_py)
+    }
+
+    /// Indexes an aborted transaction (its ABORT marker at `last_offset` is
+    /// already in the log) in the marker's segment's `.txnindex`; False if it
+    /// was indexed before.
+    fn append_aborted_txn(&self, py: Python<'_>, producer_id: i64, first_offset: i64, last_offset: i64, last_stable_offset: i64) -> PyResult<bool> {
+        let txn = txnindex::AbortedTxn { producer_id, first_offset, last_offset, last_stable_offset };
+        self.with(py, |l| l.append_aborted_txn(txn))
+    }
+
+    /// (producer id, first offset) of the aborted transactions overlapping
+    /// [fetch_offset, upper_offset): what a read_committed fetch returns.
+    fn aborted_txns(&self, py: Python<'_>, fetch_offset: i64, upper_offset: i64) -> PyResult<Vec<(i64, i64)>> {
+        let found = self.with(py, |l| Ok(l.collect_aborted_txns(fetch_offset, upper_offset)))?;
+        Ok(found.into_iter().map(|t| (t.producer_id, t.first_offset)).collect())
     }
 
     fn latest_epoch(&self, py: Python<'_>) -> PyResult<Option<i32>> {

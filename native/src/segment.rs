@@ -10,6 +10,7 @@ use std::time::UNIX_EPOCH;
 use crate::batch::{verify_crc, BatchHeader, BATCH_HEADER_SIZE};
 use crate::error::{Error, Result};
 use crate::index::{Index, OffsetEntry, TimeEntry};
+use crate::txnindex::{txn_index_path, TxnIndex};
 
 /// Bytes read per pread while walking batch headers.
 const SCAN_CHUNK_BYTES: usize = 64 * 1024;
@@ -169,6 +170,8 @@ pub struct Segment {
     pub created_ms: i64,
     pub offset_index: Index<OffsetEntry>,
     pub time_index: Index<TimeEntry>,
+    /// Aborted transactions whose ABORT marker is in this segment.
+    pub txn_index: TxnIndex,
     bytes_since_last_index: u64,
     index_interval_bytes: u64,
 }
@@ -183,6 +186,7 @@ impl Segment {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&log_path)?;
         let (offset_index, _) = Index::open(&index_path(dir, base), index_bytes)?;
         let (time_index, _) = Index::open(&time_index_path(dir, base), index_bytes)?;
+        let txn_index = TxnIndex::create(txn_index_path(dir, base))?;
         Ok(Segment {
             base_offset: base,
             log_path,
@@ -195,6 +199,7 @@ impl Segment {
             created_ms: now_ms,
             offset_index,
             time_index,
+            txn_index,
             bytes_since_last_index: 0,
             index_interval_bytes: interval,
         })
@@ -209,6 +214,7 @@ impl Segment {
         let created_ms = meta.modified()?.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         let (offset_index, ok_o) = Index::open(&index_path(dir, base), index_bytes)?;
         let (time_index, ok_t) = Index::open(&time_index_path(dir, base), index_bytes)?;
+        let txn_index = TxnIndex::open(txn_index_path(dir, base))?;
         let mut seg = Segment {
             base_offset: base,
             log_path,
@@ -221,12 +227,16 @@ impl Segment {
             created_ms,
             offset_index,
             time_index,
+            txn_index,
             bytes_since_last_index: 0,
             index_interval_bytes: interval,
         };
         let trusted = mode != OpenMode::Recover && ok_o && ok_t;
         if !trusted || !seg.offset_index_matches_log()? || !seg.load_tail_state()? {
-            return seg.rebuild(mode != OpenMode::Sealed);
+            let (mut seg, cut) = seg.rebuild(mode != OpenMode::Sealed)?;
+            // Markers cut with a torn tail take their entries with them.
+            seg.txn_index.truncate_to(seg.next_offset)?;
+            return Ok((seg, cut));
         }
         Ok((seg, 0))
     }
@@ -245,7 +255,7 @@ impl Segment {
 
     /// Removes the .log and index files of the segment at `base`, if any.
     pub fn delete_files_at(dir: &Path, base: i64) -> Result<()> {
-        for p in [log_path(dir, base), index_path(dir, base), time_index_path(dir, base)] {
+        for p in [log_path(dir, base), index_path(dir, base), time_index_path(dir, base), txn_index_path(dir, base)] {
             match fs::remove_file(&p) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),
                 _ => {}
@@ -483,6 +493,7 @@ impl Segment {
         self.file.set_len(pos)?;
         self.size = pos;
         self.offset_index.truncate_where(|e| (e.position as u64) < pos)?;
+        self.txn_index.truncate_to(offset)?;
         let last_kept = self.offset_index.last();
         self.time_index.truncate_where(|t| last_kept.is_some_and(|o| t.relative_offset <= o.relative_offset))?;
         self.next_offset = self.base_offset;
@@ -502,6 +513,7 @@ impl Segment {
         if indexes {
             self.offset_index.sync()?;
             self.time_index.sync()?;
+            self.txn_index.sync()?;
         }
         Ok(())
     }
@@ -514,6 +526,6 @@ impl Segment {
                 _ => {}
             }
         }
-        Ok(())
+        self.txn_index.delete()
     }
 }

@@ -11,6 +11,7 @@ use crate::batch::{self, BatchSpec};
 use crate::error::Error;
 use crate::log::{Log, LogConfig, Slice, CLEAN_SHUTDOWN_FILE};
 use crate::records::{encode_record, Record};
+use crate::txnindex::AbortedTxn;
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -1278,4 +1279,104 @@ fn truncation_lowers_the_cleaner_checkpoint() {
     let k0: Vec<_> = records_of(&log).into_iter().filter(|r| r.1 == "k0").collect();
     assert_eq!(k0.len(), 1);
     assert_eq!(k0[0].2.as_deref(), Some("again9"));
+}
+
+/// A transactional batch of producer `pid`, or its ABORT (type 0) / COMMIT (type 1) control batch.
+fn txn_batch(pid: i64, control_type: Option<i16>) -> Vec<u8> {
+    match control_type {
+        Some(t) => txn_record(pid, [0i16.to_be_bytes(), t.to_be_bytes()].concat(), vec![0, 0, 0, 0, 0, 5], true, -1),
+        None => txn_record(pid, b"k".to_vec(), b"v".to_vec(), false, 0),
+    }
+}
+
+/// One-record transactional batch (a control batch with `control`).
+fn txn_record(pid: i64, key: Vec<u8>, value: Vec<u8>, control: bool, seq: i32) -> Vec<u8> {
+    let mut section = Vec::new();
+    encode_record(&mut section, &Record { offset_delta: 0, timestamp_delta: 0, key: Some(key), value: Some(value), headers: vec![] });
+    let spec = BatchSpec {
+        base_offset: 0,
+        partition_leader_epoch: -1,
+        attributes: batch::TRANSACTIONAL_FLAG_MASK | if control { batch::CONTROL_FLAG_MASK } else { 0 },
+        last_offset_delta: 0,
+        base_timestamp: T0,
+        max_timestamp: T0,
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: seq,
+        records_count: 1,
+    };
+    batch::build_batch(&section, &spec).unwrap()
+}
+
+#[test]
+fn aborted_txn_index_survives_reopen_truncation_and_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_batch(7, None), 0, T0).unwrap(); // 0
+    log.append_as_leader(&txn_batch(8, None), 0, T0).unwrap(); // 1
+    log.append_as_leader(&txn_batch(7, Some(0)), 0, T0).unwrap(); // 2: abort of pid 7
+    let t = AbortedTxn { producer_id: 7, first_offset: 0, last_offset: 2, last_stable_offset: 1 };
+    assert!(log.append_aborted_txn(t).unwrap());
+    assert!(!log.append_aborted_txn(t).unwrap(), "an entry already indexed is not written twice");
+    assert!(log.append_aborted_txn(AbortedTxn { last_offset: 9, ..t }).is_err(), "a marker past the LEO");
+    log.roll(T0).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(0)), 0, T0).unwrap(); // 3: abort of pid 8, new segment
+    let t8 = AbortedTxn { producer_id: 8, first_offset: 1, last_offset: 3, last_stable_offset: 4 };
+    assert!(log.append_aborted_txn(t8).unwrap());
+    assert_eq!(log.collect_aborted_txns(0, 4), vec![t, t8]);
+    assert_eq!(log.collect_aborted_txns(3, 10), vec![t8], "entries whose marker is below the fetch offset are left out");
+    assert_eq!(log.collect_aborted_txns(0, 1), vec![t], "transactions starting at or after upper are left out");
+    assert!(dir.path().join(format!("{:020}.txnindex", 3)).exists());
+    log.close().unwrap();
+
+    let mut log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t, t8], "entries reload from the .txnindex files");
+    log.truncate_to(3, T0).unwrap();
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t], "truncation drops entries of markers it removes");
+    log.close().unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t]);
+}
+
+#[test]
+fn torn_txn_index_tail_is_cut_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_batch(7, None), 0, T0).unwrap();
+    log.append_as_leader(&txn_batch(7, Some(0)), 0, T0).unwrap();
+    let t = AbortedTxn { producer_id: 7, first_offset: 0, last_offset: 1, last_stable_offset: 2 };
+    log.append_aborted_txn(t).unwrap();
+    log.close().unwrap();
+    let path = dir.path().join(format!("{:020}.txnindex", 0));
+    let f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all_at(&[0, 0, 1, 2], 34).unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), 34);
+}
+
+/// One transactional record `k=v` of producer `pid` (sequence `seq`).
+fn txn_kv(k: &str, v: &str, pid: i64, seq: i32) -> Vec<u8> {
+    txn_record(pid, k.into(), v.into(), false, seq)
+}
+
+#[test]
+fn cleaning_drops_aborted_records_and_never_lets_them_shadow_committed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&kv_batch(&[("k", Some("committed"))], T0, 0, -1), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_kv("k", "aborted", 7, 0), 1, T0).unwrap(); // 1
+    log.append_as_leader(&txn_kv("j", "kept", 8, 0), 1, T0).unwrap(); // 2
+    log.append_as_leader(&txn_batch(7, Some(0)), 1, T0).unwrap(); // 3: ABORT of producer 7
+    log.append_aborted_txn(AbortedTxn { producer_id: 7, first_offset: 1, last_offset: 3, last_stable_offset: 2 }).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 4: COMMIT of producer 8
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("active"))], T0, 0, -1), 1, T0).unwrap(); // 5, active segment
+    log.clean(clean_cfg(T0)).unwrap();
+    let recs: Vec<(i64, String)> = records_of(&log).into_iter().map(|r| (r.0, r.2.unwrap_or_default())).collect();
+    let values: Vec<&str> = recs.iter().map(|r| r.1.as_str()).filter(|v| v.is_ascii() && !v.starts_with('\0')).collect();
+    assert_eq!(values, vec!["committed", "kept", "active"], "the aborted update neither survives nor shadows k");
+    let offsets: Vec<i64> = recs.iter().map(|r| r.0).collect();
+    assert!(offsets.contains(&3) && offsets.contains(&4), "markers stay: {offsets:?}");
+    assert_eq!(log.collect_aborted_txns(0, 10).len(), 1, "the joined segment keeps the aborted index");
 }

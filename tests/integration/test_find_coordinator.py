@@ -114,7 +114,10 @@ async def test_bad_requests_are_typed(cluster: LocalCluster) -> None:
         await broker_find(broker, "")
     assert e.value.code == errors.Code.INVALID_GROUP_ID
     with pytest.raises(errors.GregorError) as e:
-        await broker_find(broker, "g", key_type=1)
+        await broker_find(broker, "g", key_type=2)  # 0 GROUP and 1 TRANSACTION are Kafka's only key types
+    assert e.value.code == errors.Code.INVALID_REQUEST
+    with pytest.raises(errors.GregorError) as e:
+        await broker_find(broker, "", key_type=1)
     assert e.value.code == errors.Code.INVALID_REQUEST
 
 

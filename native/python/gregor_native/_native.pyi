@@ -392,6 +392,14 @@ class Log:
     def delete(self) -> None:
         """Close and remove the directory with everything in it."""
 
+    # aborted-transaction index (.txnindex per segment, Kafka's TransactionIndex)
+    def append_aborted_txn(self, producer_id: int, first_offset: int, last_offset: int,
+                           last_stable_offset: int) -> bool:
+        """Index an aborted transaction in the segment of its ABORT marker (last_offset, already
+        appended); False if it was indexed before. InvalidRecordError if the range is not in the log."""
+    def aborted_txns(self, fetch_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of aborted transactions overlapping [fetch_offset, upper_offset)."""
+
     # leader-epoch cache (seed 002), persisted in leader-epoch-checkpoint
     def latest_epoch(self) -> Optional[int]: ...
     def epoch_entries(self) -> list[tuple[int, int]]:  # (epoch, start_offset), ascending

@@ -11,6 +11,18 @@ from gregor.common import errors
 from gregor.common.config import BrokerConfig
 
 
+def read_properties(path: str) -> dict[str, str]:
+    """A server.properties file: `key=value` lines; blank lines and `#` comments skipped."""
+    props: dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                k, _, v = line.partition("=")
+                props[k.strip()] = v.strip()
+    return props
+
+
 def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
     ap = argparse.ArgumentParser(prog="python -m gregor.broker", description="Run a Gregor broker.")
     ap.add_argument("--broker-id", type=int, default=0, help="broker.id")
@@ -28,14 +40,7 @@ def parse_args(argv: list[str]) -> tuple[BrokerConfig, str | None]:
     ap.add_argument("--cluster", help="cluster name: etcd keys live under /gregor/<cluster>/ (default gregor)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
-    props: dict[str, str] = {}
-    if args.config:
-        with open(args.config) as f:
-            for line in f:
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    k, _, v = line.partition("=")
-                    props[k.strip()] = v.strip()
+    props = read_properties(args.config) if args.config else {}
     for item in args.override:
         if "=" not in item:
             ap.error(f"--override expects KEY=VALUE, got {item!r}")

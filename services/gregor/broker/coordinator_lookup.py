@@ -34,12 +34,15 @@ from gregor.broker.limits import (
 )
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
-from gregor.common.coordinator_ownership import OFFSETS_TOPIC, apply_registry_key, desired_owner, partition_for
+from gregor.common.coordinator_ownership import (
+    OFFSETS_TOPIC, TXN_TOPIC, apply_registry_key, desired_owner, partition_for,
+)
 
 log = logging.getLogger(__name__)
 
 Code = errors.Code
 KEY_TYPE_GROUP = 0  # Kafka's FindCoordinatorRequest key_type: 0 GROUP, 1 TRANSACTION
+KEY_TYPE_TRANSACTION = 1
 
 
 class CoordinatorLookup:
@@ -50,6 +53,8 @@ class CoordinatorLookup:
         self.live: dict[int, dict[str, Any]] = {}  # coordinator id -> registration
         self.claims: dict[int, int] = {}  # offsets partition -> coordinator id holding its claim
         self.num_partitions = 0  # of __consumer_offsets; 0 until the topic exists in etcd
+        self.txn_claims: dict[int, int] = {}  # __transaction_state partition -> coordinator id
+        self.num_txn_partitions = 0
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -69,7 +74,7 @@ class CoordinatorLookup:
         while True:
             try:
                 res = await self.etcd.get_prefix(prefix)
-                self.live, self.claims = {}, {}
+                self.live, self.claims, self.txn_claims = {}, {}, {}
                 for kv in res.kvs:
                     self._apply(self.etcd.relative(kv.key), kv.value)
                 self._synced.set()
@@ -84,25 +89,33 @@ class CoordinatorLookup:
     def _apply(self, rel: str, value: bytes | None) -> None:
         """One `coordinators/{ids,partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""
         try:
-            apply_registry_key(self.live, self.claims, rel, value)
+            apply_registry_key(self.live, self.claims, rel, value, self.txn_claims)
         except ValueError as exc:
             log.warning("coordinator lookup: ignoring malformed %s: %s", rel, exc)
 
-    async def _partitions(self) -> int:
-        """Partition count of __consumer_offsets, read once from etcd (Kafka never changes it)."""
-        if self.num_partitions == 0:
-            kv = await self.etcd.get(self.etcd.key("brokers", "topics", OFFSETS_TOPIC))
+    async def _partitions(self, topic: str = OFFSETS_TOPIC) -> int:
+        """Partition count of __consumer_offsets (or __transaction_state), read once from etcd (never changes)."""
+        known = self.num_partitions if topic == OFFSETS_TOPIC else self.num_txn_partitions
+        if known == 0:
+            kv = await self.etcd.get(self.etcd.key("brokers", "topics", topic))
             if kv is not None:
-                self.num_partitions = len(json.loads(kv.value)["partitions"])
-        return self.num_partitions
+                known = len(json.loads(kv.value)["partitions"])
+                if topic == OFFSETS_TOPIC:
+                    self.num_partitions = known
+                else:
+                    self.num_txn_partitions = known
+        return known
 
     async def find(self, group_id: str, key_type: int = KEY_TYPE_GROUP) -> tuple[int, str, int, int]:
         """(coordinator id, host, port, offsets partition) for group_id, or a typed error."""
-        if key_type != KEY_TYPE_GROUP:
+        if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
             raise errors.error_for(Code.INVALID_REQUEST,
-                                   f"FindCoordinator key_type {key_type} is not supported: only 0 (GROUP)")
+                                   f"FindCoordinator key_type {key_type} is not supported: 0 (GROUP) or 1 (TRANSACTION)")
         if not group_id:
-            raise errors.error_for(Code.INVALID_GROUP_ID, "group id must not be empty")
+            raise errors.error_for(Code.INVALID_GROUP_ID if key_type == KEY_TYPE_GROUP else Code.INVALID_REQUEST,
+                                   "group id must not be empty" if key_type == KEY_TYPE_GROUP
+                                   else "transactional id must not be empty")
+        topic, claims = (OFFSETS_TOPIC, self.claims) if key_type == KEY_TYPE_GROUP else (TXN_TOPIC, self.txn_claims)
         if not self._synced.is_set():
             try:
                 await asyncio.wait_for(self._synced.wait(), SYNC_WAIT_S)
@@ -110,14 +123,20 @@ class CoordinatorLookup:
                 raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
                                        "this broker has not read the coordinators from etcd yet") from None
         try:
-            n = await self._partitions()
+            n = await self._partitions(topic)
         except (EtcdError, ValueError, KeyError) as exc:
-            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"cannot read {OFFSETS_TOPIC} from etcd: {exc}")
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"cannot read {topic} from etcd: {exc}")
+        if n == 0 and key_type == KEY_TYPE_TRANSACTION and self.live:
+            # Kafka creates __transaction_state on the first transactional FindCoordinator; here the
+            # coordinator named creates it on the first call it gets, answering LOAD_IN_PROGRESS meanwhile.
+            owner = desired_owner(0, list(self.live))
+            assert owner is not None
+            return owner, str(self.live[owner]["host"]), int(self.live[owner]["port"]), -1
         if n == 0:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
-                                   f"{OFFSETS_TOPIC} does not exist yet: no group coordinator has started")
+                                   f"{topic} does not exist yet: no coordinator has started")
         p = partition_for(group_id, n)
-        owner = self.claims.get(p)
+        owner = claims.get(p)
         if owner not in self.live:
             owner = desired_owner(p, list(self.live))
         if owner is None:

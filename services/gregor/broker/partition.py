@@ -18,9 +18,6 @@ from gregor.broker.producer_state import (
     ProducerStateManager,
     parse_batch_infos,
 )
-from gregor.common import errors
-from gregor.common.clock import now_ms
-from gregor.common.config import is_compacted, recompression_target
 from gregor.broker.replica_state import (
     Effect,
     HighWatermarkChanged,
@@ -30,6 +27,10 @@ from gregor.broker.replica_state import (
     StartLogAt,
     TruncateLog,
 )
+from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
+from gregor.common import errors
+from gregor.common.clock import now_ms
+from gregor.common.config import is_compacted, recompression_target
 from gregor.common.isr import NO_BROKER_EPOCH, REPLICA_LAG_TIME_MAX_MS_DEFAULT, FollowerFetchState
 
 log = logging.getLogger(__name__)
@@ -232,8 +233,8 @@ class Partition:
             self.append_records_to_follower(records)
         return self.state.on_follower_fetched(leader_hw, self.log.log_end_offset)
 
-    def append_records_to_leader(self, records: bytes,
-                                 required_acks: int) -> native.AppendInfo | DuplicateAppendInfo:
+    def append_records_to_leader(self, records: bytes, required_acks: int,
+                                 is_marker: bool = False) -> native.AppendInfo | DuplicateAppendInfo:
         """Validate and append as leader; offsets are assigned in the native engine.
 
         Idempotent batches are checked against the ProducerStateManager first
@@ -243,6 +244,10 @@ class Partition:
         self.state.check_append(required_acks, self.min_insync_replicas)
         records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
+        if batches is not None and not is_marker and any(b.is_control for b in batches):
+            raise errors.error_for(errors.Code.INVALID_RECORD,
+                                   "client produce requests may not carry control batches (only WriteTxnMarkers)",
+                                   topic=self.topic, partition=self.partition)
         psm = self.producer_state_manager()
         if batches is not None:
             duplicate = psm.check_leader_append(batches)
@@ -308,7 +313,7 @@ class Partition:
         if psm is None:
             return
         if batches is not None and any(b.producer_id >= 0 for b in batches):
-            psm.update(batches, first_offset)
+            index_aborted(self.log, psm.update(batches, first_offset))
         psm.map_end_offset = self.log.log_end_offset
         now = now_ms()
         if psm.maybe_remove_expired_producers(now):
@@ -331,12 +336,22 @@ class Partition:
             log.warning("%s-%d: cannot write producer snapshot: %s",
                         self.topic, self.partition, exc)
 
-    def fetch_upper_bound(self, is_follower: bool) -> int:
-        """Followers read up to the LEO; consumers only below the high watermark."""
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO (seed 003): below the oldest open transaction, or the HW when none is open."""
+        return partition_lso(self)
+
+    def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
+        """Followers read up to the LEO; consumers below the high watermark (the ReplicaState's rule),
+        read_committed consumers below the LSO."""
+        if not is_follower and isolation_level == READ_COMMITTED:
+            return self.last_stable_offset
         return self.state.fetch_upper_bound(is_follower, self.log.log_end_offset)
 
-    def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool) -> native.FileSlice:
+    def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool,
+                   isolation_level: int = 0) -> native.FileSlice:
         try:
-            return self.log.read_slice(fetch_offset, max_bytes, self.fetch_upper_bound(is_follower), True)
+            upper = self.fetch_upper_bound(is_follower, isolation_level)
+            return self.log.read_slice(fetch_offset, max_bytes, upper, True)
         except Exception as exc:
             raise native_error(exc, self.topic, self.partition) from exc

@@ -33,6 +33,7 @@ from gregor.broker.replica_state import (
     StopFetcher,
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.config import BrokerConfig, effective_topic_configs
@@ -86,6 +87,8 @@ class FetchResult:
     last_stable_offset: int
     log_start_offset: int
     leader_epoch: int
+    # read_committed: (producer id, first offset) of aborted transactions in range (txn_markers.py).
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 class DelayedProduce(DelayedOperation[ProduceResult]):
@@ -310,9 +313,16 @@ class ReplicaManager:
                 self.log_manager.delete_log(*key)
 
     def _retention_upper_bound(self, key: tuple[str, int]) -> int | None:
-        """Retention may delete only below the partition's high watermark."""
+        """Retention and the cleaner work only below the partition's LSO (the HW when no transaction is open):
+        an open transaction's records may still be aborted, so they must not shadow older ones (Kafka's
+        cleaner stops at the first unstable offset)."""
         p = self.partitions.get(key)
-        return p.high_watermark if p is not None else None
+        if p is None:
+            return None
+        try:
+            return p.last_stable_offset
+        except errors.GregorError:  # producer state unreadable: the HW, as before transactions
+            return p.high_watermark
 
     def get_partition(self, topic: str, partition: int) -> Partition:
         p = self.partitions.get((topic, partition))
@@ -359,14 +369,18 @@ class ReplicaManager:
 
     # ------------------------------------------------------------------ fetch
     def _read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
-              current_leader_epoch: int) -> FetchResult:
+              current_leader_epoch: int, isolation_level: int = 0) -> FetchResult:
         p.check_leader(current_leader_epoch)
-        sl = p.read_slice(fetch_offset, max_bytes, is_follower)
-        return FetchResult(sl, p.high_watermark, p.high_watermark, p.log.log_start_offset, p.leader_epoch)
+        sl = p.read_slice(fetch_offset, max_bytes, is_follower, isolation_level)
+        lso = p.last_stable_offset if not is_follower else p.high_watermark
+        aborted = (tuple(aborted_transactions(p, fetch_offset, lso))
+                   if isolation_level == READ_COMMITTED and sl.length else ())
+        return FetchResult(sl, p.high_watermark, lso, p.log.log_start_offset, p.leader_epoch, aborted)
 
     async def handle_fetch(self, topic: str, partition: int, fetch_offset: int, max_bytes: int,
                            min_bytes: int, max_wait_ms: int, replica_id: int = -1,
-                           current_leader_epoch: int = -1, replica_broker_epoch: int = -1) -> FetchResult:
+                           current_leader_epoch: int = -1, replica_broker_epoch: int = -1,
+                           isolation_level: int = 0) -> FetchResult:
         try:
             if max_bytes <= 0 or min_bytes < 0 or max_wait_ms < 0:
                 raise errors.error_for(
@@ -383,7 +397,7 @@ class ReplicaManager:
                 p.check_follower_broker_epoch(replica_id, replica_broker_epoch, self.live_broker_epoch(replica_id))
 
             def read() -> FetchResult:
-                return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch)
+                return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch, isolation_level)
 
             result = read()
             if is_follower:
@@ -426,14 +440,16 @@ class ReplicaManager:
         return p.log.end_offset_for_epoch(leader_epoch)
 
     def list_offsets(self, topic: str, partition: int, timestamp_ms: int,
-                     current_leader_epoch: int = -1) -> tuple[int, int, int]:
-        """(offset, timestamp, leader_epoch) for -2 earliest, -1 latest (HW) or a timestamp."""
+                     current_leader_epoch: int = -1, isolation_level: int = 0) -> tuple[int, int, int]:
+        """(offset, timestamp, leader_epoch) for -2 earliest, -1 latest (HW; LSO for read_committed) or a
+        timestamp (found below that same bound)."""
         p = self.get_partition(topic, partition)
         p.check_leader(current_leader_epoch)
+        upper = p.fetch_upper_bound(False, isolation_level)
         if timestamp_ms == -2:
             return p.log.log_start_offset, -1, p.leader_epoch
         if timestamp_ms == -1:
-            return p.high_watermark, -1, p.leader_epoch
+            return upper, -1, p.leader_epoch
         if timestamp_ms < 0:
             raise errors.error_for(errors.Code.INVALID_REQUEST,
                                    f"timestamp must be -2, -1 or >= 0, got {timestamp_ms}", topic=topic,
@@ -442,7 +458,7 @@ class ReplicaManager:
             found = p.log.offset_for_timestamp(timestamp_ms)
         except Exception as exc:
             raise native_error(exc, topic, partition) from exc
-        if found is None or found[0] >= p.high_watermark:
+        if found is None or found[0] >= upper:
             return -1, -1, p.leader_epoch
         return found[0], found[1], p.leader_epoch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -9,6 +10,7 @@ import grpc
 from gregor.broker.controller_link import allocate_producer_ids, forward_to_controller
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
+from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
@@ -82,8 +84,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                           context: Ctx) -> broker_pb2.ListOffsetsResponse:
         offset, ts, epoch = self.replicas.list_offsets(
             request.topic, request.partition, request.timestamp_ms,
-            request.current_leader_epoch if request.HasField("current_leader_epoch") else -1)
+            request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
+            int(request.isolation_level))
         return broker_pb2.ListOffsetsResponse(offset=offset, timestamp_ms=ts, leader_epoch=epoch)
+
+    @rpc_method("BrokerService")
+    async def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
+                              context: Ctx) -> broker_pb2.WriteTxnMarkersResponse:
+        """Kafka's WriteTxnMarkers: every (marker, partition) written concurrently, errors per partition."""
+        jobs = [(m, tp) for m in request.markers for tp in m.partitions]
+        outcomes = await asyncio.gather(*(write_marker(
+            self.replicas, tp.topic, tp.partition,
+            MarkerRequest(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed), request.timeout_ms)
+            for m, tp in jobs), return_exceptions=True)
+        results = []
+        for (m, tp), out in zip(jobs, outcomes):
+            if isinstance(out, errors.GregorError):
+                results.append(broker_pb2.TxnMarkerPartitionResult(
+                    producer_id=m.producer_id, topic=tp.topic, partition=tp.partition, error=out.to_detail(),
+                    offset=-1))
+            elif isinstance(out, BaseException):
+                raise out
+            else:
+                results.append(broker_pb2.TxnMarkerPartitionResult(
+                    producer_id=m.producer_id, topic=tp.topic, partition=tp.partition, offset=out))
+        return broker_pb2.WriteTxnMarkersResponse(results=results)
+
+    @rpc_method("BrokerService")
+    async def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
+                                context: Ctx) -> broker_pb2.DescribeProducersResponse:
+        rows = describe_producers(self.replicas.get_partition(request.topic, request.partition))
+        return broker_pb2.DescribeProducersResponse(producers=[broker_pb2.ProducerStateDescription(
+            producer_id=pid, producer_epoch=epoch, last_sequence=seq, last_timestamp=ts, coordinator_epoch=ce,
+            current_txn_start_offset=start) for pid, epoch, seq, ts, ce, start in rows])
 
     @rpc_method("BrokerService")
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: Ctx) -> broker_pb2.MetadataResponse:

@@ -16,6 +16,7 @@ from gregor.cli.logdump import log_group
 from gregor.cli.perf import perf
 from gregor.cli.produce import produce
 from gregor.cli.topics import topics
+from gregor.cli.transactions import transactions
 
 
 class GregorGroup(click.Group):
@@ -47,6 +48,7 @@ cli.add_command(log_group)
 cli.add_command(perf)
 cli.add_command(leader_election)
 cli.add_command(groups)
+cli.add_command(transactions)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -16,7 +16,7 @@ from typing import Any, Callable, Generator, NamedTuple, Optional, Sequence
 import gregor_native as native
 
 from gregor.common import errors
-from gregor.common.records import BATCH_HEADER_SIZE, RECORD_OVERHEAD_BYTES, build_batch_from_deltas
+from gregor.common.records import BATCH_HEADER_SIZE, RECORD_OVERHEAD_BYTES, TRANSACTIONAL_FLAG, build_batch_from_deltas
 
 TopicPartition = tuple[str, int]
 Callback = Callable[[Optional["RecordMetadata"], Optional[BaseException]], Any]
@@ -36,7 +36,7 @@ class ProducerBatch:
 
     __slots__ = ("topic", "partition", "records", "size_bytes", "created", "future", "callbacks",
                  "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp",
-                 "producer_id", "producer_epoch", "base_sequence", "parts", "registry")
+                 "producer_id", "producer_epoch", "base_sequence", "parts", "registry", "transactional")
 
     def __init__(self, topic: str, partition: int, created: float, base_timestamp: int = 0) -> None:
         self.topic = topic
@@ -59,6 +59,7 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.base_sequence = -1
+        self.transactional = False  # part of a transaction: the batch carries the transactional attribute
         # A merged batch (idempotent drain): the batches it carries and the index of each one's first record.
         self.parts: Optional[list[tuple["ProducerBatch", int]]] = None
         # The accumulator's set of incomplete batches, left once the batch completes or fails
@@ -74,7 +75,8 @@ class ProducerBatch:
             self.payload = build_batch_from_deltas(self.records, self.base_timestamp, self.max_timestamp,
                                                    compression, producer_id=self.producer_id,
                                                    producer_epoch=self.producer_epoch,
-                                                   base_sequence=self.base_sequence)
+                                                   base_sequence=self.base_sequence,
+                                                   transactional=self.transactional)
         return self.payload
 
     @property
@@ -93,7 +95,8 @@ class ProducerBatch:
         """
         self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
         if self.payload is not None:
-            self.payload = stamp_producer_state(self.payload, producer_id, producer_epoch, base_sequence)
+            self.payload = stamp_producer_state(self.payload, producer_id, producer_epoch, base_sequence,
+                                                self.transactional)
 
     def metadata(self, index: int) -> RecordMetadata:
         base = self.future.result()
@@ -137,10 +140,14 @@ _CRC_POS = 17
 _ATTRIBUTES_POS = 21  # the CRC covers attributes to the end of the batch
 
 
-def stamp_producer_state(payload: bytes, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
-    """A copy of one encoded v2 batch with new producer fields and the CRC computed over them."""
+def stamp_producer_state(payload: bytes, producer_id: int, producer_epoch: int, base_sequence: int,
+                         transactional: bool = False) -> bytes:
+    """A copy of one encoded v2 batch with new producer fields (and the transactional attribute when asked)
+    and the CRC computed over them."""
     buf = bytearray(payload)
     _PRODUCER_FIELDS.pack_into(buf, _PRODUCER_FIELDS_POS, producer_id, producer_epoch, base_sequence)
+    if transactional:
+        buf[_ATTRIBUTES_POS + 1] |= TRANSACTIONAL_FLAG  # the low byte of the big-endian i16 attributes
     _CRC.pack_into(buf, _CRC_POS, native.crc32c(bytes(memoryview(buf)[_ATTRIBUTES_POS:])))
     return bytes(buf)
 
@@ -466,6 +473,7 @@ class RecordAccumulator:
         remaining = merged.size_bytes
         for i, (part, start) in enumerate(merged.parts):
             part.payload = None
+            part.transactional = merged.transactional
             if merged.has_sequence:
                 part.set_producer_state(merged.producer_id, merged.producer_epoch, merged.base_sequence + start)
             part.size_bytes = remaining if i == len(merged.parts) - 1 else record_size_of(part)

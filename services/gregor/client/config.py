@@ -85,8 +85,10 @@ PRODUCER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [
     # unless set explicitly, then those are errors (seed 003: retries > 0, max.in.flight <= 5, acks = -1).
     _d("enable.idempotence", bool, True, "producer id + per-partition sequences: a retry never duplicates or "
        "reorders records (needs acks=all, retries > 0, max.in.flight.requests.per.connection <= 5)"),
-    # Seam for the transactions issue: accepted only with its off value.
-    _d("transactional.id", str, "", "not available yet: must be empty", lambda v: v == ""),
+    _d("transactional.id", str, "", "makes the producer transactional (seed 003): init_transactions(), "
+       "begin/commit/abort_transaction(); implies enable.idempotence (and so acks=all)"),
+    _d("transaction.timeout.ms", int, 60000, "the coordinator aborts a transaction open longer than this "
+       "(bounded by the cluster's transaction.max.timeout.ms)", _pos),
 ]}
 
 CONSUMER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [
@@ -145,7 +147,9 @@ def producer_config(raw: Mapping[str, Any] | None = None, **kwargs: Any) -> dict
         # Kafka's rule: a batch must get at least one full attempt before it can expire.
         raise ConfigError("delivery.timeout.ms should be equal to or larger than linger.ms + request.timeout.ms")
     user_set = any((k if k in PRODUCER_CONFIGS else k.replace("_", ".")) == "enable.idempotence" for k in given)
-    _validate_idempotence(cfg, user_set)
+    _validate_idempotence(cfg, user_set or bool(cfg["transactional.id"]))
+    if cfg["transactional.id"] and not cfg["enable.idempotence"]:
+        raise ConfigError("Cannot set a transactional.id without also enabling idempotence.")
     return cfg
 
 

@@ -28,6 +28,7 @@ from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
 from gregor.client.loop_thread import LoopThread
+from gregor.client.txn_filter import committed_rows
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.subscription_state import PartitionState, SubscriptionState
 from gregor.common import errors
@@ -309,6 +310,10 @@ class Consumer:
             self._buffered_total -= freed
             out.extend(take)
             state.position = take[-1].offset + 1
+            if len(take) == buffered and state.fetch_offset is not None:
+                # Every fetched record is returned: batches fetched after the last one (control batches,
+                # aborted transactions) are behind the position too, as Kafka's nextFetchOffset.
+                state.position = max(state.position, state.fetch_offset)
             if len(out) >= limit:
                 break
         if n:
@@ -452,7 +457,11 @@ class Consumer:
         assert state.fetch_offset is not None
         headers = batch_headers(result.records, self.check_crcs)
         start = state.fetch_offset
-        recs = _consumer_records(tp[0], tp[1], result.records, headers, start)
+        if result.aborted_transactions:
+            recs = [_new_tuple(ConsumerRecord, row) for row in committed_rows(
+                result.records, headers, result.aborted_transactions, min_offset=start, prefix=tp)]
+        else:
+            recs = _consumer_records(tp[0], tp[1], result.records, headers, start)
         state.fetch_offset = max(start, headers[-1].base_offset + headers[-1].last_offset_delta + 1)
         if recs:
             # Flow control counts fetched bytes (records plus their framing), not per-record sizes.

@@ -30,6 +30,13 @@ class FetchResult:
     high_watermark: int
     log_start_offset: int
     leader_epoch: int
+    # read_committed: (producer id, first offset) of the aborted transactions in range.
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
+    last_stable_offset: int = -1
+
+
+def aborted_of(resp: broker_pb2.FetchResponse) -> tuple[tuple[int, int], ...]:
+    return tuple((a.producer_id, a.first_offset) for a in resp.aborted_transactions)
 
 
 class Fetcher(Protocol):
@@ -83,7 +90,8 @@ class GrpcFetcher:
             resp = await stub.Fetch(self.request(tp, offset, isolation, leader), timeout=self.timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             raise call_error(exc) from None
-        return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch)
+        return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch,
+                           aborted_of(resp), resp.last_stable_offset)
 
     async def close(self) -> None:
         pass
@@ -142,7 +150,8 @@ class DataPortFetcher(GrpcFetcher):
         if header.HasField("error") and header.error.code != 0:
             raise errors.from_detail(header.error)
         r = header.response
-        return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch)
+        return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch, aborted_of(r),
+                           r.last_stable_offset)
 
     def _drop(self) -> Optional[asyncio.StreamWriter]:
         """Forget the connection and start closing it (no await: safe while being cancelled)."""

@@ -23,6 +23,7 @@ from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
+from gregor.client.txn_producer import TransactionalState
 from gregor.common import errors
 from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -77,6 +78,9 @@ class Sender:
             TransactionManager(int(cfg["max.in.flight.requests.per.connection"]))
             if cfg["enable.idempotence"] else None)
         self._init_pid_task: Optional[asyncio.Task[None]] = None
+        # transactional.id: batches wait until their partition is in the transaction (txn_producer.py).
+        self.txn_gate: Optional[Callable[[TopicPartition], bool]] = None
+        self.on_batch_failed: Optional[Callable[[BaseException], None]] = None
         self.acks = int(cfg["acks"])
         self.max_request_size = int(cfg["max.request.size"])
         self.max_in_flight = int(cfg["max.in.flight.requests.per.connection"])
@@ -95,7 +99,8 @@ class Sender:
         while True:
             acc.wakeup.clear()
             now = time.monotonic()
-            if self.txn is not None and not self.txn.has_producer_id and acc.has_undrained():
+            if (self.txn is not None and not self.txn.has_producer_id and acc.has_undrained()
+                    and self.txn_gate is None):  # a transactional producer gets its id from init_transactions()
                 self._maybe_init_producer_id()
             for batch in acc.expire(now):
                 self._fail(batch, errors.RequestTimedOutError(  # type: ignore[attr-defined]
@@ -116,6 +121,8 @@ class Sender:
                     self.metadata.request_update()
                     continue
                 if self.in_flight.get(leader, 0) >= self.max_in_flight:
+                    continue
+                if self.txn_gate is not None and not self.txn_gate(tp):
                     continue
                 if self.txn is not None:
                     dq = acc.batches.get(tp)
@@ -251,6 +258,8 @@ class Sender:
                 self._fail(batch, err)
 
     def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        if self.on_batch_failed is not None:
+            self.on_batch_failed(exc)
         if self.txn is not None:
             self.txn.on_failed(batch)
         self.acc.deallocate(batch)
@@ -288,6 +297,7 @@ class Producer:
         self._closed = False
         self._failure: Optional[BaseException] = None  # why the sender task died; send() raises it
         self._parts_cache: dict[str, tuple[Any, int, list[int]]] = {}
+        self._txn: Optional[TransactionalState] = TransactionalState(self, cfg) if cfg["transactional.id"] else None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -299,6 +309,11 @@ class Producer:
             max_block_ms=cfg["max.block.ms"], delivery_timeout_ms=cfg["delivery.timeout.ms"],
             retry_backoff_ms=cfg["retry.backoff.ms"], compression=cfg["compression.type"])
         self._sender = Sender(self.metadata, self._acc, cfg)
+        if self._txn is not None:
+            assert self._sender.txn is not None
+            self._sender.txn.transactional = True
+            self._sender.txn_gate = self._txn.ready_to_send
+            self._sender.on_batch_failed = self._txn.on_send_failed
         self._sender_task = asyncio.ensure_future(self._sender.run())
         self._sender_task.add_done_callback(self._on_sender_done)
 
@@ -386,6 +401,8 @@ class Producer:
         if self._closed or self._failure is not None:
             raise (errors.GregorError("cannot send after the producer is closed") if self._closed
                    else self._sender_failed_error())
+        if self._txn is not None:
+            self._txn.check_send()
         # The common record (bytes or None, no headers) is checked and sized inline: this runs per record.
         if headers is None and (value is None or type(value) is bytes) and (key is None or type(key) is bytes):
             hdrs: Sequence[tuple[str, bytes]] = _NO_HEADERS
@@ -468,6 +485,44 @@ class Producer:
                             **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, value, key, **kwargs))
 
+    # ------------------------------------------------------------ transactions (txn_producer.py)
+    def _transactions(self) -> TransactionalState:
+        if self._txn is None:
+            raise errors.error_for(errors.Code.INVALID_TXN_STATE,
+                                   "Transactional method invoked on a non-transactional producer: set transactional.id")
+        return self._txn
+
+    async def init_transactions(self) -> None:
+        """Kafka's initTransactions: register transactional.id, fence older instances, finish their transaction."""
+        await self.start()
+        await self._transactions().init_transactions()
+
+    async def begin_transaction(self) -> None:
+        self._transactions().begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
+        """Commit consumer offsets ({(topic, partition): next offset}) of a group with this transaction."""
+        await self._transactions().send_offsets_to_transaction(offsets, group_metadata)
+
+    async def commit_transaction(self) -> None:
+        await self._transactions().commit_transaction()
+
+    async def abort_transaction(self) -> None:
+        await self._transactions().abort_transaction()
+
+    def wakeup(self) -> None:
+        if self._acc is not None:
+            self._acc.wakeup.set()
+
+    def sequences(self) -> TransactionManager:
+        assert self._sender is not None and self._sender.txn is not None
+        return self._sender.txn
+
+    def fail_queued(self, tps: set[TopicPartition], exc: BaseException) -> None:
+        """Fail the records waiting to be sent (their partitions could not join the transaction)."""
+        if self._acc is not None:
+            self._acc.abort_undrained(exc)
+
 
 class SyncProducer:
     """Blocking facade over Producer: an event loop on a private thread runs the real one.
@@ -498,6 +553,21 @@ class SyncProducer:
 
     def partitions_for(self, topic: str) -> list[int]:
         return self._loop.run(self._producer.partitions_for(topic))
+
+    def init_transactions(self) -> None:
+        self._loop.run(self._producer.init_transactions())
+
+    def begin_transaction(self) -> None:
+        self._loop.run(self._producer.begin_transaction())
+
+    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
+        self._loop.run(self._producer.send_offsets_to_transaction(offsets, group_metadata))
+
+    def commit_transaction(self) -> None:
+        self._loop.run(self._producer.commit_transaction())
+
+    def abort_transaction(self) -> None:
+        self._loop.run(self._producer.abort_transaction())
 
     def flush(self, timeout: Optional[float] = None) -> None:
         self._loop.run(self._producer.flush(timeout))

@@ -62,6 +62,7 @@ class TransactionManager:
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = -1
         self.partitions: dict["TopicPartition", PartitionSequences] = {}
+        self.transactional = False  # a transactional.id producer: batches carry the transactional attribute
 
     @property
     def has_producer_id(self) -> bool:
@@ -70,6 +71,11 @@ class TransactionManager:
     def set_producer_id_and_epoch(self, producer_id: int, producer_epoch: int) -> None:
         log.info("idempotent producer got producer id %d, epoch %d", producer_id, producer_epoch)
         self.producer_id, self.producer_epoch = producer_id, producer_epoch
+
+    def reset_producer(self, producer_id: int, producer_epoch: int) -> None:
+        """A transactional producer's id and epoch from init_transactions(): every partition starts at sequence 0."""
+        self.set_producer_id_and_epoch(producer_id, producer_epoch)
+        self.partitions = {}
 
     def entry(self, tp: "TopicPartition") -> PartitionSequences:
         e = self.partitions.get(tp)
@@ -109,6 +115,7 @@ class TransactionManager:
         e = self.entry(tp)
         for b in batches:
             if not b.has_sequence:
+                b.transactional = self.transactional
                 b.set_producer_state(e.producer_id, e.producer_epoch, e.next_sequence)
                 e.next_sequence = _wrap(e.next_sequence + len(b.records))
                 e.in_flight.append(b)
@@ -160,6 +167,9 @@ class TransactionManager:
         e.in_flight.extend(parts)
 
     def request_epoch_bump(self, tp: "TopicPartition") -> None:
+        if self.transactional:
+            return  # only the transaction coordinator bumps a transactional producer's epoch (the send failed:
+            # the transaction is abortable, and abort_transaction() + a new transaction start sequences anew)
         self.entry(tp).epoch_bump_required = True
 
     # ------------------------------------------------------------ epoch bumps

@@ -19,6 +19,10 @@ import json
 from typing import Any
 
 OFFSETS_TOPIC = "__consumer_offsets"
+# Transactional ids live in __transaction_state partitions, claimed as `coordinators/txn-partitions/<p>`
+# by the same instances under the same rule (coordinator/txn_coordinator.py).
+TXN_TOPIC = "__transaction_state"
+TXN_CLAIMS = "txn-partitions"
 
 
 def java_string_hash(s: str) -> int:
@@ -50,7 +54,7 @@ def desired_partitions(my_id: int, live_ids: list[int], num_partitions: int) -> 
 
 
 def apply_registry_key(live: dict[int, dict[str, Any]], claims: dict[int, int], rel: str,
-                       value: bytes | None) -> None:
+                       value: bytes | None, txn_claims: dict[int, int] | None = None) -> None:
     """Fold one `coordinators/{ids,partitions}/<n>` key into the etcd view (value None: deleted,
     e.g. its lease expired). Used by the coordinators and by brokers answering FindCoordinator.
 
@@ -65,8 +69,11 @@ def apply_registry_key(live: dict[int, dict[str, Any]], claims: dict[int, int], 
             live.pop(n, None)
         else:
             live[n] = json.loads(value)
-    elif parts[1] == "partitions":
+    elif parts[1] in ("partitions", TXN_CLAIMS):
+        target = claims if parts[1] == "partitions" else txn_claims
+        if target is None:
+            return
         if value is None:
-            claims.pop(n, None)
+            target.pop(n, None)
         else:
-            claims[n] = int(value)
+            target[n] = int(value)

@@ -82,6 +82,10 @@ _TABLE: dict[int, tuple[grpc.StatusCode, bool]] = {
     Code.ELECTION_NOT_NEEDED: (S.FAILED_PRECONDITION, False),
     Code.INVALID_RECORD: (S.INVALID_ARGUMENT, False),
     Code.THROTTLING_QUOTA_EXCEEDED: (S.RESOURCE_EXHAUSTED, True),
+    Code.INVALID_TRANSACTION_TIMEOUT: (S.INVALID_ARGUMENT, False),
+    Code.TRANSACTION_COORDINATOR_FENCED: (S.FAILED_PRECONDITION, False),
+    Code.PRODUCER_FENCED: (S.FAILED_PRECONDITION, False),
+    Code.TRANSACTIONAL_ID_NOT_FOUND: (S.NOT_FOUND, False),
 }
 
 # What a transport-level failure (no ErrorDetail) means in Kafka's terms.

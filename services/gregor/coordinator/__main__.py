@@ -12,12 +12,13 @@ import sys
 from gregor.common.errors import GregorError
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
+from gregor.coordinator.txn_coordinator import TxnConfig
 
 log = logging.getLogger("gregor.coordinator")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    d, g = CoordinatorConfig(), GroupConfig()
+    d, g, t = CoordinatorConfig(), GroupConfig(), TxnConfig()
     ap = argparse.ArgumentParser(prog="python -m gregor.coordinator", description="Run a Gregor group coordinator.")
     ap.add_argument("--coordinator-id", type=int, required=True, help="unique id of this coordinator instance")
     ap.add_argument("--etcd", required=True, help="etcd endpoints, e.g. http://127.0.0.1:2379[,http://...]")
@@ -35,7 +36,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "offsets.retention.check.interval.ms, offsets.commit.timeout.ms, "
                          "offsets.retention.ms (test-only, overrides offsets.retention.minutes), "
                          "group.min.session.timeout.ms, "
-                         "group.max.session.timeout.ms, group.initial.rebalance.delay.ms, group.max.size")
+                         "group.max.session.timeout.ms, group.initial.rebalance.delay.ms, group.max.size; "
+                         "transactions: transaction.state.log.num.partitions, "
+                         "transaction.state.log.replication.factor, transaction.state.log.min.isr, "
+                         "transaction.state.log.segment.bytes, transaction.max.timeout.ms, "
+                         "transaction.abort.timed.out.transaction.cleanup.interval.ms")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     keys = {"offsets.topic.num.partitions": d.offsets_topic_num_partitions,
@@ -49,7 +54,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "group.min.session.timeout.ms": g.min_session_timeout_ms,
             "group.max.session.timeout.ms": g.max_session_timeout_ms,
             "group.initial.rebalance.delay.ms": g.initial_rebalance_delay_ms,
-            "group.max.size": g.max_size}
+            "group.max.size": g.max_size,
+            "transaction.state.log.num.partitions": t.num_partitions,
+            "transaction.state.log.replication.factor": t.replication_factor,
+            "transaction.state.log.min.isr": t.min_isr,
+            "transaction.state.log.segment.bytes": t.segment_bytes,
+            "transaction.max.timeout.ms": t.max_timeout_ms,
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": t.abort_timed_out_interval_ms}
     for item in a.override:
         k, sep, v = item.partition("=")
         if not sep or k not in keys:
@@ -74,6 +85,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                           max_session_timeout_ms=keys["group.max.session.timeout.ms"],
                           initial_rebalance_delay_ms=keys["group.initial.rebalance.delay.ms"],
                           max_size=keys["group.max.size"]))
+    a.txn_config = TxnConfig(
+        num_partitions=keys["transaction.state.log.num.partitions"],
+        replication_factor=keys["transaction.state.log.replication.factor"],
+        min_isr=keys["transaction.state.log.min.isr"], segment_bytes=keys["transaction.state.log.segment.bytes"],
+        max_timeout_ms=keys["transaction.max.timeout.ms"],
+        abort_timed_out_interval_ms=keys["transaction.abort.timed.out.transaction.cleanup.interval.ms"])
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return a
@@ -92,7 +109,9 @@ async def run(a: argparse.Namespace) -> int:
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.coordinator.coordinator import GroupCoordinator
     from gregor.coordinator.server import GroupCoordinatorServicer
-    from gregor.rpc.v1 import coordinator_pb2_grpc
+    from gregor.coordinator.txn_coordinator import TransactionCoordinator
+    from gregor.coordinator.txn_server import TransactionCoordinatorServicer
+    from gregor.rpc.v1 import coordinator_pb2_grpc, transaction_pb2_grpc
 
     etcd = EtcdClient(a.etcd, cluster=a.cluster)
     server = make_server()
@@ -101,10 +120,16 @@ async def run(a: argparse.Namespace) -> int:
         raise OSError(f"cannot bind gRPC port {a.host}:{a.port}")
     coordinator = GroupCoordinator(a.coordinator_id, etcd, a.host, port, a.config, bootstrap=a.bootstrap)
     coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator), server)
-    add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService"])
+    # The transaction coordinator lives beside the group coordinator (txn_coordinator.py says why).
+    transactions = TransactionCoordinator(coordinator, a.txn_config)
+    transaction_pb2_grpc.add_TransactionCoordinatorServiceServicer_to_server(
+        TransactionCoordinatorServicer(transactions), server)
+    add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService",
+                                       "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
     metrics_port = serve_metrics(a.host, a.metrics_port) if a.metrics_port >= 0 else -1
     await coordinator.start()
+    await transactions.start()
     if a.ready_file:
         write_ready_file(a.ready_file, {
             "coordinator_id": a.coordinator_id, "grpc": f"{a.host}:{port}",
@@ -112,6 +137,7 @@ async def run(a: argparse.Namespace) -> int:
     log.info("coordinator %d serving gRPC on %s:%d, metrics %d, etcd %s, %s has %d partitions", a.coordinator_id,
              a.host, port, metrics_port, a.etcd, "__consumer_offsets", coordinator.num_partitions)
     code = await wait_for_shutdown("coordinator", coordinator.stopped)
+    await transactions.stop()
     await coordinator.stop()
     await server.stop(1.0)
     await etcd.close()

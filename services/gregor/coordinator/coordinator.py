@@ -51,6 +51,20 @@ PARTITIONS_OWNED = Gauge("gregor_coordinator_partitions_owned", "__consumer_offs
 PARTITIONS_LOADING = Gauge("gregor_coordinator_partitions_loading", "__consumer_offsets partitions being loaded")
 
 
+async def reconcile_forever(needed: asyncio.Event, reconcile: Any, what: str) -> None:
+    """Run reconcile() whenever `needed` is set (etcd views changed); an etcd failure retries it shortly.
+    Shared by the offsets partitions' and the transaction partitions' ownership."""
+    while True:
+        await needed.wait()
+        needed.clear()
+        try:
+            await reconcile()
+        except EtcdError as exc:
+            log.warning("%s reconcile failed, retrying: %s", what, exc)
+            await asyncio.sleep(0.5)
+            needed.set()
+
+
 @dataclass(frozen=True)
 class CoordinatorConfig:
     """Coordinator settings, Kafka's names and defaults."""
@@ -266,15 +280,7 @@ class GroupCoordinator:
         apply_registry_key(self.live, self.claims, rel, value)
 
     async def _reconcile_loop(self) -> None:
-        while True:
-            await self._reconcile_needed.wait()
-            self._reconcile_needed.clear()
-            try:
-                await self._reconcile()
-            except EtcdError as exc:
-                log.warning("ownership reconcile failed, retrying: %s", exc)
-                await asyncio.sleep(0.5)
-                self._reconcile_needed.set()
+        await reconcile_forever(self._reconcile_needed, self._reconcile, "ownership")
 
     async def _reconcile(self) -> None:
         """Release partitions that moved away, claim (and load) the ones that moved here."""
@@ -324,6 +330,12 @@ class GroupCoordinator:
                 continue
             if ttl > 0:
                 self._lease_valid_until_ms = max(self._lease_valid_until_ms, sent + ttl * 1000)
+
+    @property
+    def lease_id(self) -> int:
+        """Our etcd lease (the transaction coordinator binds its partition claims to it too)."""
+        assert self._lease is not None
+        return self._lease.id
 
     def lease_remaining_ms(self) -> int:
         """How long our ownership lease is certainly still alive (negative once it may have expired)."""

@@ -13,6 +13,7 @@ import grpc
 from gregor.common import errors
 from gregor.common.rpc import REQUEST_LATENCY, REQUESTS, rpc_method
 from gregor.gateway.gateway import InRecord, ProducerGateway, Result
+from gregor.gateway.txn_session import TxnSession
 from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,45 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
             reader.cancel()
             REQUEST_LATENCY.labels(service=SERVICE, api="ProduceStream").observe(time.perf_counter() - start)
             REQUESTS.labels(service=SERVICE, api="ProduceStream", code=code).inc()
+
+    async def TransactionalProduceStream(self, request_iterator: AsyncIterator[gateway_pb2.GatewayTxnRequest],
+                                         context: grpc.aio.ServicerContext
+                                         ) -> AsyncIterator[gateway_pb2.GatewayRecordResult]:
+        """init / begin / record / commit / abort in, one result each out (txn_session.py does the work)."""
+        session = TxnSession(self.gateway.config)
+        queue: asyncio.Queue[Optional[gateway_pb2.GatewayRecordResult]] = asyncio.Queue()
+
+        def answer(correlation_id: int, result: Result) -> None:
+            queue.put_nowait(result_proto(correlation_id, result))
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    op = msg.WhichOneof("op")
+                    cid = msg.record.correlation_id if op == "record" else getattr(msg, op).correlation_id
+                    try:
+                        if op == "record":
+                            r = msg.record
+                            await session.send(in_record(r.topic, r.record, r.partition if r.HasField("partition")
+                                                         else None), functools.partial(answer, cid))
+                        elif op == "init":
+                            answer(cid, await session.init(msg.init.transactional_id,
+                                                           msg.init.transaction_timeout_ms))
+                        else:
+                            answer(cid, await getattr(session, op)())
+                    except errors.GregorError as err:
+                        answer(cid, (-1, -1, -1, err))
+            finally:
+                queue.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await session.close()
 
     async def ProduceStreamBatch(self, request_iterator: AsyncIterator[gateway_pb2.GatewayRecordBatch],
                                  context: grpc.aio.ServicerContext,

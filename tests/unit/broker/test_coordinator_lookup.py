@@ -47,7 +47,7 @@ async def test_stale_claim_of_a_dead_instance_is_ignored() -> None:
     assert (await c.find("g"))[0] == 5
 
 
-@pytest.mark.parametrize("args,code", [(("",), errors.Code.INVALID_GROUP_ID), (("g", 1), errors.Code.INVALID_REQUEST),
+@pytest.mark.parametrize("args,code", [(("",), errors.Code.INVALID_GROUP_ID), (("g", 2), errors.Code.INVALID_REQUEST),
                                        (("g",), errors.Code.COORDINATOR_NOT_AVAILABLE)])
 async def test_typed_errors(args: Any, code: int) -> None:
     with pytest.raises(errors.GregorError) as e:

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean
+.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make run     start a local cluster in $(DATA_DIR) and run the demo"
 	@echo "make test    run every test (cargo, stubtest, pytest)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
+	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
 	@echo "make kind-up      build the image, load it into a kind cluster, helm install and helm test (needs Docker)"
 	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
@@ -139,6 +140,11 @@ bench-scaling: setup
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
 	$(PY) bench/profile_acks_all.py $(if $(TAG),--tag $(TAG))
+
+# The CI form of tests/sim explores 500 schedules; this explores SCHEDULES clean-election ones (seeds by Hypothesis).
+SCHEDULES ?= 5000
+sim: setup
+	GREGOR_SIM_SCHEDULES=$(SCHEDULES) $(PY) -m pytest -q -p no:cacheprovider --timeout=0 tests/sim
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

@@ -44,7 +44,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_cluster_up_produce_consume_down(tmp_path) -> None:
     data_dir = str(tmp_path / "gregor")
-    up = gregor("cluster", "up", "--data-dir", data_dir, "--brokers", "1", "--controllers", "0", data_dir=data_dir)
+    up = gregor("cluster", "up", "--data-dir", data_dir, "--standalone", data_dir=data_dir)
     cluster = json.loads(up.stdout)
     try:
         with open(os.path.join(data_dir, "cluster.json")) as f:
@@ -142,8 +142,9 @@ def until(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def test_cluster_describe_shows_controller_and_brokers_and_follows_failover(rf3, tmp_path) -> None:
     data_dir, cluster = rf3
-    # DESIGN.md's defaults: --brokers 3 --controllers 2.
-    assert [len(processes(cluster, r)) for r in ("etcd", "controller", "broker")] == [1, 2, 3]
+    # DESIGN.md's defaults: --brokers 3 --controllers 2 --coordinators 1 --gateways 1.
+    roles = ("etcd", "controller", "broker", "coordinator", "gateway")
+    assert [len(processes(cluster, r)) for r in roles] == [1, 2, 3, 1, 1]
     brokers = processes(cluster, "broker")
     expected = [{"id": b["id"], "epoch": b["extra"]["broker_epoch"], "grpc": b["grpc"]} for b in brokers]
 

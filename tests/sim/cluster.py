@@ -1,13 +1,37 @@
-"""A seeded, in-memory cluster of one partition's replicas and a controller, built on the pure controller logic."""
+"""A seeded, in-memory cluster of one partition's replicas and two controllers, built from production code.
+
+Each broker is the production ReplicaState (gregor.broker.replica_state) driven by
+this module the way Partition/ReplicaManager/IsrManager/ReplicaFetcher drive it on a
+real broker: the in-memory log stands in for the native log, messages with random
+delays for gRPC, a dict with compare-and-swap for etcd, and an integer for the clock.
+The controllers are the production controller logic (election, state machines,
+request batches). Nothing here decides a broker's leadership, ISR, HW or truncation;
+the one exception is the `truncation="hw"` mutant, the pre-0.11 rule kept to show
+that the invariants bite.
+"""
 
 from __future__ import annotations
 
-import heapq
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from gregor.controller import isr as isr_logic
+from gregor.broker.replica_state import (
+    CompleteDelayed,
+    ControlRequestFence,
+    Effect,
+    FetchMode,
+    HighWatermarkChanged,
+    ProposeIsr,
+    ReplicaState,
+    Role,
+    StartFetcher,
+    StartLogAt,
+    StopFetcher,
+    TruncateLog,
+)
+from gregor.common import errors
+from gregor.common import isr as isr_logic
 from gregor.controller.election import OfflineElection
 from gregor.controller.membership import on_controller_failover, process_broker_change
 from gregor.controller.partition_state_machine import trigger_online_partition_state_change
@@ -21,8 +45,22 @@ from gregor.controller.requests import (
 )
 from gregor.controller.state import NO_LEADER, ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
 from gregor.controller.topics import on_new_partition_creation
+from tests.sim.fakes import (
+    STORE,
+    EpochAnswer,
+    EpochQuery,
+    FakeClock,
+    Fetch,
+    FetchResponse,
+    IsrWrite,
+    IsrWriteResult,
+    Network,
+    SimConfig,
+    Store,
+)
 
 TP = TopicPartition("sim", 0)
+HISTORY_LEN = 25  # events kept for a failure message
 
 
 class InvariantViolation(AssertionError):
@@ -30,191 +68,97 @@ class InvariantViolation(AssertionError):
 
 
 @dataclass
-class SimConfig:
-    """Knobs of one run; times are scaled down from Kafka's defaults to keep runs short."""
-
-    n_brokers: int = 3
-    tick_ms: int = 50
-    replica_lag_time_max_ms: int = 1_000
-    session_timeout_ms: int = 600
-    delay_ms_max: int = 150
-    drop_probability: float = 0.05
-    produce_probability: float = 0.5
-    stale_metadata_probability: float = 0.2
-    min_insync_replicas: int = 1
-    unclean_leader_election: bool = False
-    fetch_records_max: int = 20
-    request_timeout_ms: int = 400
-    # "epoch" truncates by leader epoch (KIP-101); "hw" is the pre-0.11 rule, kept to show the invariants bite.
-    truncation: str = "epoch"
-    # Names of the invariants to check; None checks all that apply.
-    invariants: frozenset[str] | None = None
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_ms = 0
-
-
-class Network:
-    """Delivers messages after a random delay; drops some; honours cut links; holds mail for paused nodes."""
-
-    def __init__(self, rng: random.Random, cfg: SimConfig) -> None:
-        self.rng, self.cfg = rng, cfg
-        self.in_flight: list[tuple[int, int, int, int, Any, bool]] = []
-        self.cut: set[frozenset[int]] = set()
-        self._seq = 0
-
-    def send(self, now_ms: int, src: int, dst: int, msg: Any, reliable: bool = False) -> None:
-        """Queue a message; `reliable` ones (the controller channel retries) are never dropped."""
-        if not reliable and self.rng.random() < self.cfg.drop_probability:
-            return
-        self._seq += 1
-        at = now_ms + self.rng.randint(1, self.cfg.delay_ms_max)
-        heapq.heappush(self.in_flight, (at, self._seq, src, dst, msg, reliable))
-
-    def due(self, now_ms: int, paused: set[int]) -> list[tuple[int, int, Any]]:
-        out, held = [], []
-        while self.in_flight and self.in_flight[0][0] <= now_ms:
-            item = heapq.heappop(self.in_flight)
-            _, _, src, dst, msg, reliable = item
-            if dst in paused:
-                held.append(item)
-            elif frozenset((src, dst)) in self.cut:
-                if reliable:  # The controller channel keeps retrying until the link heals.
-                    held.append(item)
-            else:
-                out.append((src, dst, msg))
-        for at, seq, src, dst, msg, reliable in held:
-            heapq.heappush(self.in_flight, (max(at, now_ms) + self.cfg.tick_ms, seq, src, dst, msg, reliable))
-        return out
-
-
-@dataclass
-class Store:
-    """Fake etcd: the partition state with compare-and-swap, the controller epoch, broker leases."""
-
-    controller_epoch: int = 0
-    state: LeaderAndIsr | None = None
-    registrations: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (epoch, lease expiry)
-    revision: int = 0
-    isr_change_notifications: list[TopicPartition] = field(default_factory=list)
-    elections: list[tuple[LeaderAndIsr | None, LeaderAndIsr]] = field(default_factory=list)
-
-    def register(self, broker_id: int, now_ms: int, ttl_ms: int) -> int:
-        self.revision += 1
-        self.registrations[broker_id] = (self.revision, now_ms + ttl_ms)
-        return self.revision
-
-    def keep_alive(self, broker_id: int, epoch: int, now_ms: int, ttl_ms: int) -> bool:
-        reg = self.registrations.get(broker_id)
-        if reg is None or reg[0] != epoch or reg[1] < now_ms:
-            return False
-        self.registrations[broker_id] = (epoch, now_ms + ttl_ms)
-        return True
-
-    def live_registrations(self, now_ms: int) -> dict[int, int]:
-        self.registrations = {b: r for b, r in self.registrations.items() if r[1] >= now_ms}
-        return {b: r[0] for b, r in self.registrations.items()}
-
-    def cas_state(self, expected: int | None, new: LeaderAndIsr, controller_epoch: int | None = None) -> bool:
-        """Write the state if the compare holds; controller writes also compare the controller epoch."""
-        if controller_epoch is not None and controller_epoch != self.controller_epoch:
-            return False
-        if expected is None:
-            if self.state is not None:
-                return False
-        elif self.state is None or self.state.partition_epoch != expected:
-            return False
-        if new.leader_epoch != (self.state.leader_epoch if self.state else -1):
-            self.elections.append((self.state, new))
-        self.state = new
-        return True
-
-
-@dataclass
 class Broker:
-    """One replica of the partition. Log, epoch cache and HW survive restarts; the rest is volatile."""
+    """One replica: an in-memory log (with its epoch cache) driving the production ReplicaState.
+
+    The log, its epoch entries and the HW checkpoint survive restarts; everything else is volatile.
+    """
 
     id: int
+    cfg: SimConfig
     log: list[tuple[int, int]] = field(default_factory=list)  # (leader epoch, value) per offset
     epochs: list[tuple[int, int]] = field(default_factory=list)
-    hw: int = 0
+    hw_checkpoint: int = 0
     alive: bool = True
     paused: bool = False
+    # Cut off from etcd and the controllers (a zombie): no session renewal, no ISR writes.
+    isolated: bool = False
     broker_epoch: int = -1
-    controller_epoch_seen: int = -1
-    role: str | None = None
-    leader_id: int = NO_LEADER
-    leader_epoch: int = -1
-    partition_epoch: int = -1
-    isr: list[int] = field(default_factory=list)
-    replicas: tuple[int, ...] = ()
-    followers: dict[int, isr_logic.FollowerFetchState] = field(default_factory=dict)
-    heard_from: set[int] = field(default_factory=set)
-    pending_acks: dict[int, int] = field(default_factory=dict)
-    fetch_mode: str | None = None  # "truncating" | "fetching"
+    rs: ReplicaState = field(init=False)
+    fence: ControlRequestFence = field(default_factory=ControlRequestFence)
+    heard_from: set[int] = field(default_factory=set)  # followers that fetched in this term (observation only)
+    pending_acks: dict[int, int] = field(default_factory=dict)  # the DelayedProduce purgatory: offset -> value
+    fetching: bool = False  # a fetcher runs (StartFetcher .. StopFetcher)
     inflight_id: int = 0
     inflight_since_ms: int = -1
+    truncation_rounds: int = 0
+    out_of_range_hw: int | None = None
     last_shrink_check_ms: int = 0
 
+    def __post_init__(self) -> None:
+        self.reset_volatile()
+
+    def reset_volatile(self) -> None:
+        """A (re)started broker: a fresh ReplicaState with the HW from its checkpoint file."""
+        self.rs = ReplicaState(self.id, self.cfg.replica_lag_time_max_ms, TP.topic, TP.partition)
+        self.rs.load_high_watermark(self.hw_checkpoint, 0, self.leo)
+        self.fence = ControlRequestFence()
+        self.heard_from, self.pending_acks, self.fetching = set(), {}, False
+        self.inflight_since_ms, self.truncation_rounds, self.out_of_range_hw = -1, 0, None
+
+    # -- views for the invariants and the scripted tests ------------------------------------
     @property
     def leo(self) -> int:
         return len(self.log)
 
-    def reset_volatile(self) -> None:
-        self.role, self.leader_id, self.leader_epoch, self.partition_epoch = None, NO_LEADER, -1, -1
-        self.isr, self.followers, self.heard_from, self.pending_acks = [], {}, set(), {}
-        self.fetch_mode, self.inflight_since_ms, self.controller_epoch_seen = None, -1, -1
+    @property
+    def hw(self) -> int:
+        return self.rs.high_watermark
 
+    @property
+    def role(self) -> str | None:
+        return None if self.rs.role is Role.NONE else self.rs.role.value
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.rs.leader_epoch
+
+    @property
+    def leader_id(self) -> int:
+        return self.rs.leader_id
+
+    @property
+    def isr(self) -> list[int]:
+        return sorted(self.rs.isr)
+
+    # -- the log (what gregor_native.Log does on a real broker) ------------------------------------
     def truncate_to(self, offset: int) -> None:
         del self.log[offset:]
         # Trim epochs even when no record goes: an empty epoch at the LEO would make the
         # follower ask about it again and again (see isr.truncate_epoch_entries).
         self.epochs = isr_logic.truncate_epoch_entries(self.epochs, offset)
-        self.hw = min(self.hw, self.leo)
 
     def append(self, epoch: int, value: int) -> int:
         self.epochs = isr_logic.assign_epoch_start_offset(self.epochs, epoch, self.leo)
         self.log.append((epoch, value))
         return self.leo - 1
 
+    def latest_epoch(self) -> int | None:
+        return self.epochs[-1][0] if self.epochs else None
 
-@dataclass(frozen=True)
-class Fetch:
-    req_id: int
-    offset: int
-    current_leader_epoch: int
-
-
-@dataclass(frozen=True)
-class FetchResponse:
-    req_id: int
-    offset: int
-    records: tuple[tuple[int, int], ...]
-    hw: int
-    leader_leo: int
-    error: str | None = None
+    def apply_log_effects(self, effects: list[Effect]) -> list[Effect]:
+        """Partition.apply_log_effects for the in-memory log."""
+        rest: list[Effect] = []
+        for e in effects:
+            if isinstance(e, TruncateLog):
+                self.truncate_to(e.offset)
+            elif isinstance(e, StartLogAt):
+                raise AssertionError("the simulated log never moves its start offset")
+            else:
+                rest.append(e)
+        return rest
 
 
-@dataclass(frozen=True)
-class EpochQuery:
-    req_id: int
-    epoch: int
-    current_leader_epoch: int
-
-
-@dataclass(frozen=True)
-class EpochAnswer:
-    req_id: int
-    epoch: int
-    end_offset: int
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Produce:
-    value: int
 
 
 class SimController:
@@ -290,7 +234,7 @@ class SimController:
                 sim.violate("unclean_election_only_when_enabled", "controller ran an unclean election")
         for broker_id, requests in actions.batch.build(self.ctx, self.id).items():
             for request in requests:
-                sim.network.send(sim.clock.now_ms, self.id, broker_id, request, reliable=True)
+                sim.network.send(sim.clock.now_ms, self.id, broker_id, request, reliable=True, control=True)
 
 
 class Simulation:
@@ -303,7 +247,7 @@ class Simulation:
         self.clock = FakeClock()
         self.network = Network(self.rng, self.cfg)
         self.store = Store()
-        self.brokers = {i: Broker(i) for i in range(1, self.cfg.n_brokers + 1)}
+        self.brokers = {i: Broker(i, self.cfg) for i in range(1, self.cfg.n_brokers + 1)}
         for b in self.brokers.values():
             b.broker_epoch = self.store.register(b.id, 0, self.cfg.session_timeout_ms)
         self.assignment = tuple(
@@ -311,47 +255,101 @@ class Simulation:
         )
         self.controllers = [SimController(100, self), SimController(101, self)]
         self.acked: dict[int, int] = {}
+        self.consumed: dict[int, int] = {}  # offset -> value a consumer read
         self.next_value = 0
         self.unclean_elections = 0
         self.leader_by_epoch: dict[int, int] = {}
         self.max_hw: dict[int, int] = {}
         self.steps = 0
+        self.history: list[str] = []
         self.controllers[0].failover()
 
     # -- faults --------------------------------------------------------------
 
     def kill(self, broker_id: int) -> None:
         self.brokers[broker_id].alive = False
+        self.record(f"fault: kill {broker_id}")
 
-    def restart(self, broker_id: int) -> None:
+    def restart(self, broker_id: int, torn_tail: bool = False) -> None:
+        """Start a dead broker again; with `torn_tail` the unflushed end of its log is gone.
+
+        The torn tail loses only records above every broker's HW (never a committed one):
+        when every ISR member loses an unflushed acknowledged tail, Kafka loses it too (no
+        ISR member survived intact), which is not what no_acked_record_lost checks.
+        """
         b = self.brokers[broker_id]
         if b.alive:
             return
-        b.alive, b.paused = True, False
-        b.reset_volatile()
+        b.alive, b.paused, b.isolated = True, False, False
+        committed = max([x.hw for x in self.brokers.values()] + [o + 1 for o in [*self.acked, *self.consumed]])
+        if torn_tail and b.leo > committed:
+            cut = b.leo - self.rng.randint(1, b.leo - committed)
+            b.truncate_to(cut)
+            self.record(f"fault: broker {broker_id} restarts with a torn tail at {cut}")
         if self.cfg.truncation == "hw":
-            b.truncate_to(b.hw)  # Pre-0.11 brokers truncated to the HW checkpoint on restart.
+            b.truncate_to(b.hw_checkpoint)  # Pre-0.11 brokers truncated to the HW checkpoint on restart.
+        b.reset_volatile()
+        self.max_hw[b.id] = b.hw
         b.broker_epoch = self.store.register(b.id, self.clock.now_ms, self.cfg.session_timeout_ms)
+        self.record(f"fault: restart {broker_id} at broker epoch {b.broker_epoch}")
+
+    def restart_torn(self, broker_id: int) -> None:
+        """Kill and restart at once, losing the log's unflushed tail."""
+        self.kill(broker_id)
+        self.restart(broker_id, torn_tail=True)
 
     def pause(self, broker_id: int) -> None:
         self.brokers[broker_id].paused = True
+        self.record(f"fault: pause {broker_id}")
 
     def unpause(self, broker_id: int) -> None:
         self.brokers[broker_id].paused = False
 
     def cut(self, a: int, b: int) -> None:
+        """Cut one link; between two brokers the controllers still see both."""
         self.network.cut.add(frozenset((a, b)))
+        self.record(f"fault: cut {a}-{b}")
+
+    def partition_leader(self, n_followers: int) -> None:
+        """Cut the current leader from some of its followers while the controllers still see everyone."""
+        state = self.store.state
+        if state is None or state.leader not in self.brokers:
+            return
+        others = [r for r in sorted(self.brokers) if r != state.leader]
+        for f in self.rng.sample(others, max(1, min(n_followers, len(others)))):
+            self.cut(state.leader, f)
+
+    def zombie(self, broker_id: int) -> None:
+        """Cut a broker from etcd and the controllers but not from clients and brokers.
+
+        Its session expires, a new leader is elected with a newer epoch, but the
+        isolated broker still believes it leads at the old one (a zombie leader):
+        followers, writes to etcd and the new epoch must fence it.
+        """
+        b = self.brokers[broker_id]
+        b.isolated = True
+        for node in (STORE, *(c.id for c in self.controllers)):
+            self.network.cut.add(frozenset((broker_id, node)))
+        self.record(f"fault: zombie {broker_id} (leader epoch {b.leader_epoch}, role {b.role})")
 
     def heal(self) -> None:
         self.network.cut.clear()
+        for b in self.brokers.values():
+            b.isolated = False
 
     def heal_all(self) -> None:
-        """End every fault: heal links, resume paused brokers, restart dead ones, make sure a controller is active."""
+        """End every fault: heal links, resume paused brokers, restart dead ones, make sure a controller is active.
+
+        If control requests were lost, a controller failover resends every partition's state
+        (the recovery a lost request gets in Kafka too: the next controller event).
+        """
         self.heal()
         for b in self.brokers.values():
             self.unpause(b.id)
             self.restart(b.id)
-        if not any(c.active and c.zombie_until_ms < 0 for c in self.controllers):
+        lost = self.network.lost_control
+        self.cfg.control_drop_probability = 0.0
+        if lost or not any(c.active and c.zombie_until_ms < 0 for c in self.controllers):
             self.controller_failover()
 
     def controller_failover(self) -> None:
@@ -362,6 +360,7 @@ class Simulation:
             old.zombie_until_ms = self.clock.now_ms + self.rng.randint(0, 500)
         new.zombie_until_ms = -1
         new.failover()
+        self.record(f"fault: controller failover to {new.id} (controller epoch {new.ctx.epoch})")
 
     # -- stepping ------------------------------------------------------------
 
@@ -379,6 +378,7 @@ class Simulation:
             c.tick()
         if self.rng.random() < self.cfg.produce_probability:
             self.produce()
+        self.consume()
         self.check_invariants()
 
     def run(self, n_steps: int) -> None:
@@ -406,188 +406,244 @@ class Simulation:
             elif isinstance(msg, EpochQuery):
                 self.network.send(self.clock.now_ms, b.id, src, self.handle_epoch_query(b, msg))
             elif isinstance(msg, FetchResponse):
-                self.handle_fetch_response(b, msg)
+                self.handle_fetch_response(b, src, msg)
             elif isinstance(msg, EpochAnswer):
-                self.handle_epoch_answer(b, msg)
+                self.handle_epoch_answer(b, src, msg)
+            elif isinstance(msg, IsrWriteResult):
+                self.handle_isr_write_result(b, msg)
+        elif dst == STORE and isinstance(msg, IsrWrite):
+            self.handle_isr_write(src, msg)
 
-    def produce(self) -> None:
-        """A client with acks=all sends to the leader it believes in (sometimes stale)."""
+    def client_target(self) -> Broker | None:
+        """The running broker a client believes leads (the metadata is sometimes stale), or None."""
         state = self.store.state
         if state is None:
-            return
+            return None
         target = state.leader
         if self.rng.random() < self.cfg.stale_metadata_probability:
             target = self.rng.choice(list(self.brokers))
         b = self.brokers.get(target)
-        if b is None or not b.alive or b.paused or b.role != "leader":
-            return
-        if len(b.isr) < self.cfg.min_insync_replicas:
-            return  # NOT_ENOUGH_REPLICAS
-        self.next_value += 1
-        offset = b.append(b.leader_epoch, self.next_value)
-        b.pending_acks[offset] = self.next_value
-        self.maybe_increment_leader_hw(b)
+        return b if b is not None and b.alive and not b.paused else None
 
-    # -- broker side -----------------------------------------------------------
+    def produce(self) -> None:
+        """A client with acks=all sends to the leader it believes in (sometimes stale)."""
+        b = self.client_target()
+        if b is None:
+            return
+        try:
+            b.rs.check_append(-1, self.cfg.min_insync_replicas)  # NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS
+        except errors.GregorError:
+            return
+        self.next_value += 1
+        offset = b.append(b.rs.leader_epoch, self.next_value)
+        b.pending_acks[offset] = self.next_value
+        self.run_effects(b, b.rs.on_local_append(b.leo, self.clock.now_ms))
+
+    def consume(self) -> None:
+        """A consumer fetches from the leader it believes in (sometimes stale), below what the broker allows."""
+        b = self.client_target()
+        if b is None:
+            return
+        try:
+            b.rs.check_leader()
+        except errors.GregorError:
+            return
+        upper = b.rs.fetch_upper_bound(False, b.leo)
+        for offset in range(len(self.consumed), min(upper, len(self.consumed) + self.cfg.fetch_records_max)):
+            self.consumed[offset] = b.log[offset][1]
+
+    # -- broker side: the drivers of ReplicaState ---------------------------------------------
+
+    def run_effects(self, b: Broker, effects: list[Effect]) -> None:
+        """ReplicaManager.run_effects: carry out what the ReplicaState decided."""
+        for e in b.apply_log_effects(effects):
+            if isinstance(e, StartFetcher):
+                b.fetching, b.inflight_since_ms, b.truncation_rounds, b.out_of_range_hw = True, -1, 0, None
+                if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
+                    b.truncate_to(b.hw)
+                    b.rs.finish_truncation(b.leo)
+            elif isinstance(e, StopFetcher):
+                b.fetching = False
+            elif isinstance(e, ProposeIsr):
+                self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
+            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
+                self.complete_delayed(b)
+
+    def complete_delayed(self, b: Broker) -> None:
+        """DelayedProduce: acked once the HW passes the offset; a broker that stopped leading answers an error."""
+        if not b.rs.is_leader:
+            b.pending_acks = {}
+            return
+        for offset in [o for o in b.pending_acks if o < b.hw]:
+            self.acked[offset] = b.pending_acks.pop(offset)
 
     def handle_control(self, b: Broker, req: Any) -> None:
-        # Fencing: drop requests from an older controller or for an earlier incarnation of this broker.
-        if req.controller_epoch < b.controller_epoch_seen or req.broker_epoch != b.broker_epoch:
+        """BrokerControlServicer: fence, then LeaderAndIsr / StopReplica through the ReplicaState."""
+        try:
+            b.fence.check(req.controller_epoch, req.broker_epoch, b.broker_epoch)
+        except errors.GregorError:
             return
-        b.controller_epoch_seen = req.controller_epoch
         if isinstance(req, LeaderAndIsrRequest):
             for info in req.partition_states:
                 self.become_leader_or_follower(b, info)
         elif isinstance(req, StopReplicaRequest):
-            # The partition is gone from this broker: the next LeaderAndIsr starts it afresh.
-            b.role, b.fetch_mode, b.leader_epoch, b.partition_epoch = None, None, -1, -1
+            self.record(f"broker {b.id}: StopReplica from controller epoch {req.controller_epoch}")
+            self.run_effects(b, b.rs.on_stop_replica())
 
     def become_leader_or_follower(self, b: Broker, info: PartitionStateInfo) -> None:
         lai = info.leader_and_isr
-        if b.id not in info.replicas or lai.leader_epoch < b.leader_epoch:
+        now = self.clock.now_ms
+        outcome = b.rs.on_leader_and_isr(lai.leader, lai.leader_epoch, lai.isr, list(info.replicas),
+                                         lai.partition_epoch, b.leo, 0, now)
+        if not outcome.applied:
+            self.record(f"broker {b.id}: LeaderAndIsr epoch {lai.leader_epoch}/{lai.partition_epoch} ignored "
+                        f"(at {b.rs.leader_epoch}/{b.rs.partition_epoch}, {b.role})")
             return
-        if lai.leader_epoch == b.leader_epoch and lai.partition_epoch <= b.partition_epoch:
-            return
-        same_term = lai.leader_epoch == b.leader_epoch and b.role is not None
-        b.partition_epoch, b.replicas = lai.partition_epoch, info.replicas
+        if StopFetcher() in outcome.effects or StartFetcher(lai.leader, lai.leader_epoch) in outcome.effects:
+            self.record(f"broker {b.id}: {b.role} at epoch {lai.leader_epoch} (leader {lai.leader}, isr {lai.isr})")
+            b.heard_from = set()
         if lai.leader == b.id:
-            if same_term and b.role == "leader":
-                b.isr = list(lai.isr)
-                return
             seen = self.leader_by_epoch.setdefault(lai.leader_epoch, b.id)
             if seen != b.id:
                 self.violate("one_leader_per_epoch", f"epoch {lai.leader_epoch} led by {seen} and {b.id}")
-            b.role, b.leader_id, b.leader_epoch, b.isr = "leader", b.id, lai.leader_epoch, list(lai.isr)
-            b.epochs = isr_logic.assign_epoch_start_offset(b.epochs, lai.leader_epoch, b.leo)
-            b.followers = {r: isr_logic.FollowerFetchState() for r in info.replicas if r != b.id}
-            for r, st in b.followers.items():
-                st.reset(self.clock.now_ms, r in lai.isr)
-            b.heard_from, b.pending_acks, b.fetch_mode = set(), {}, None
-            b.last_shrink_check_ms = self.clock.now_ms
-            self.maybe_increment_leader_hw(b)
-        elif lai.leader != NO_LEADER:
-            if same_term and b.role == "follower" and b.leader_id == lai.leader:
-                return
-            b.role, b.leader_id, b.leader_epoch = "follower", lai.leader, lai.leader_epoch
-            b.pending_acks, b.inflight_since_ms = {}, -1
-            if self.cfg.truncation == "hw":
-                b.truncate_to(b.hw)
-                b.fetch_mode = "fetching"
-            else:
-                b.fetch_mode = "truncating"
-        else:
-            b.role, b.leader_epoch, b.fetch_mode = None, lai.leader_epoch, None
+            b.last_shrink_check_ms = now
+        self.run_effects(b, outcome.effects)
 
     def broker_tick(self, b: Broker) -> None:
         now = self.clock.now_ms
-        if not self.store.keep_alive(b.id, b.broker_epoch, now, self.cfg.session_timeout_ms):
-            # Session expired while paused: register again, as a broker does on a new session.
+        b.hw_checkpoint = b.hw  # replication-offset-checkpoint (every tick here, every 5 s on a broker)
+        if not b.isolated and not self.store.keep_alive(b.id, b.broker_epoch, now, self.cfg.session_timeout_ms):
+            # Session expired while paused or isolated: register again, as a broker does on a new session.
             b.broker_epoch = self.store.register(b.id, now, self.cfg.session_timeout_ms)
-        if b.role == "follower" and b.fetch_mode is not None:
+            self.record(f"broker {b.id}: registered again at broker epoch {b.broker_epoch}")
+        rs = b.rs
+        if rs.role is Role.FOLLOWER and b.fetching:
             if b.inflight_since_ms < 0 or now - b.inflight_since_ms > self.cfg.request_timeout_ms:
-                b.inflight_id += 1
-                b.inflight_since_ms = now
-                if b.fetch_mode == "truncating":
-                    latest = b.epochs[-1][0] if b.epochs else isr_logic.UNDEFINED_EPOCH
-                    msg: Any = EpochQuery(b.inflight_id, latest, b.leader_epoch)
-                else:
-                    msg = Fetch(b.inflight_id, b.leo, b.leader_epoch)
-                self.network.send(now, b.id, b.leader_id, msg)
-        if b.role == "leader" and now - b.last_shrink_check_ms >= isr_logic.isr_expiration_interval_ms(
+                self.send_fetch(b, now)
+        if rs.is_leader and now - b.last_shrink_check_ms >= isr_logic.isr_expiration_interval_ms(
             self.cfg.replica_lag_time_max_ms
         ):
             b.last_shrink_check_ms = now
-            self.maybe_shrink_isr(b)
+            self.run_effects(b, rs.on_tick(b.leo, now))  # IsrManager.maybe_shrink_isr
+
+    def send_fetch(self, b: Broker, now: int) -> None:
+        """ReplicaFetcher: truncate by leader epoch first (OffsetForLeaderEpoch), then fetch."""
+        rs = b.rs
+        msg: Any
+        if rs.fetch_mode is FetchMode.TRUNCATING:
+            query = rs.truncation_query(b.latest_epoch(), b.leo)
+            if isinstance(query, TruncateLog):
+                b.apply_log_effects([query])
+                return
+            msg = EpochQuery(b.inflight_id + 1, query, rs.leader_epoch)
+        else:
+            msg = Fetch(b.inflight_id + 1, b.leo, rs.leader_epoch, b.broker_epoch)
+        b.inflight_id += 1
+        b.inflight_since_ms = now
+        self.network.send(now, b.id, rs.leader_id, msg)
 
     def handle_epoch_query(self, b: Broker, q: EpochQuery) -> EpochAnswer:
-        if b.role != "leader" or q.current_leader_epoch != b.leader_epoch:
-            return EpochAnswer(q.req_id, -1, -1, "FENCED_LEADER_EPOCH")
+        """The leader's OffsetForLeaderEpoch (BrokerServicer): fenced by the current leader epoch."""
+        try:
+            b.rs.check_leader(q.current_leader_epoch)
+        except errors.GregorError as err:
+            return EpochAnswer(q.req_id, -1, -1, err.name)
         epoch, end = isr_logic.end_offset_for_epoch(b.epochs, q.epoch, b.leo)
         return EpochAnswer(q.req_id, epoch, end)
 
-    def handle_epoch_answer(self, b: Broker, a: EpochAnswer) -> None:
-        if b.role != "follower" or b.fetch_mode != "truncating" or a.req_id != b.inflight_id:
+    def handle_epoch_answer(self, b: Broker, src: int, a: EpochAnswer) -> None:
+        rs = b.rs
+        if (rs.role is not Role.FOLLOWER or rs.leader_id != src or rs.fetch_mode is not FetchMode.TRUNCATING
+                or not b.fetching or a.req_id != b.inflight_id):
             return
         b.inflight_since_ms = -1
         if a.error:
             return
-        decision = isr_logic.follower_truncation(b.epochs, b.leo, a.epoch, a.end_offset, b.hw)
-        b.truncate_to(decision.offset)
-        if decision.completed:
-            b.fetch_mode = "fetching"
+        latest = b.latest_epoch()
+        effect, completed = rs.on_truncation_point(a.epoch, a.end_offset, b.epochs, b.leo)
+        b.apply_log_effects([effect])
+        b.truncation_rounds += 1
+        if completed or b.latest_epoch() == latest or b.truncation_rounds >= 8:  # ReplicaFetcher._truncate
+            if b.out_of_range_hw is not None:
+                extra = rs.on_leader_log_range(0, b.out_of_range_hw, b.leo)
+                if extra is not None:
+                    b.apply_log_effects([extra])
+            rs.finish_truncation(b.leo)
+            b.truncation_rounds, b.out_of_range_hw = 0, None
 
     def handle_fetch(self, b: Broker, follower: int, f: Fetch) -> FetchResponse:
-        if b.role != "leader" or f.current_leader_epoch != b.leader_epoch or follower not in b.followers:
-            return FetchResponse(f.req_id, f.offset, (), 0, 0, "FENCED_LEADER_EPOCH")
+        """ReplicaManager.handle_fetch for a follower: broker epoch, leader epoch, range; then the state machine."""
+        rs = b.rs
+        try:
+            rs.check_follower_fetch(follower, f.broker_epoch, self.live_epoch(follower))
+            rs.check_leader(f.current_leader_epoch)
+        except errors.GregorError as err:
+            return FetchResponse(f.req_id, f.offset, (), 0, 0, err.name)
         if f.offset > b.leo:
             return FetchResponse(f.req_id, f.offset, (), b.hw, b.leo, "OFFSET_OUT_OF_RANGE")
-        now = self.clock.now_ms
-        b.followers[follower].update_fetch_state(f.offset, b.leo, now)
-        b.heard_from.add(follower)
-        if follower not in b.isr:
-            epoch_start = next((s for e, s in b.epochs if e == b.leader_epoch), None)
-            if isr_logic.maybe_expand_isr(f.offset, b.hw, epoch_start):
-                self.write_isr(b, [*b.isr, follower])
-        self.maybe_increment_leader_hw(b)
         records = tuple(b.log[f.offset : f.offset + self.cfg.fetch_records_max])
+        b.heard_from.add(follower)
+        self.run_effects(b, rs.on_follower_fetch(follower, f.offset, f.broker_epoch, b.leo, self.clock.now_ms))
         return FetchResponse(f.req_id, f.offset, records, b.hw, b.leo)
 
-    def handle_fetch_response(self, b: Broker, r: FetchResponse) -> None:
-        if b.role != "follower" or b.fetch_mode != "fetching" or r.req_id != b.inflight_id:
+    def live_epoch(self, broker_id: int) -> int | None:
+        """The broker epoch the controller last saw registered (the metadata cache's live brokers)."""
+        active = next((c for c in self.controllers if c.active and c.zombie_until_ms < 0), None)
+        return active.ctx.live_broker_epochs.get(broker_id) if active is not None else None
+
+    def handle_fetch_response(self, b: Broker, src: int, r: FetchResponse) -> None:
+        rs = b.rs
+        if (rs.role is not Role.FOLLOWER or rs.leader_id != src or rs.fetch_mode is not FetchMode.FETCHING
+                or not b.fetching or r.req_id != b.inflight_id):
             return
         b.inflight_since_ms = -1
         if r.error == "OFFSET_OUT_OF_RANGE":
             if self.cfg.truncation == "hw":
                 b.truncate_to(r.leader_leo)
             else:
-                b.fetch_mode = "truncating"
+                b.out_of_range_hw = r.hw
+                rs.restart_truncation()
             return
         if r.error or r.offset != b.leo:
             return
         for epoch, value in r.records:
             b.append(epoch, value)
-        b.hw = max(b.hw, min(r.hw, b.leo))
+        self.run_effects(b, rs.on_follower_fetched(r.hw, b.leo))
 
-    def write_isr(self, b: Broker, new_isr: list[int]) -> bool:
-        """The leader's compare-and-swap of the ISR (seed 000); a lost race leaves it unchanged."""
-        state = LeaderAndIsr(b.id, b.leader_epoch, tuple(new_isr), b.controller_epoch_seen, b.partition_epoch + 1)
+    def handle_isr_write(self, src: int, w: IsrWrite) -> None:
+        """The fake etcd's side of IsrManager._write_isr: CAS while the leader epoch is unchanged."""
+        p = w.proposal
+        b = self.brokers[src]
         current = self.store.state
-        if current is None or current.leader_epoch != b.leader_epoch:
-            return False
-        state = state.with_controller_epoch(current.controller_epoch)
-        if not self.store.cas_state(b.partition_epoch, state):
-            return False
-        b.isr, b.partition_epoch = list(new_isr), state.partition_epoch
-        self.store.isr_change_notifications.append(TP)
-        return True
+        result = IsrWriteResult(p.leader_epoch, None, -1)
+        if not b.isolated and current is not None and current.leader == src and current.leader_epoch == p.leader_epoch:
+            new = tuple(r for r in current.isr if r not in p.remove) + tuple(
+                sorted(r for r in p.add if r not in current.isr))
+            state = LeaderAndIsr(src, p.leader_epoch, new, current.controller_epoch, current.partition_epoch + 1)
+            if new == current.isr:
+                result = IsrWriteResult(p.leader_epoch, new, current.partition_epoch)
+            elif self.store.cas_state(current.partition_epoch, state):
+                self.store.isr_change_notifications.append(TP)
+                self.record(f"broker {src}: ISR {current.isr} -> {new} (epoch {p.leader_epoch})")
+                result = IsrWriteResult(p.leader_epoch, new, state.partition_epoch)
+        self.network.send(self.clock.now_ms, STORE, src, result, reliable=True)
 
-    def maybe_shrink_isr(self, b: Broker) -> bool:
-        caught_up = {r: st.last_caught_up_time_ms for r, st in b.followers.items()}
-        leos = {r: b.followers[r].log_end_offset for r in b.heard_from}
-        new_isr = isr_logic.maybe_shrink_isr(
-            b.isr, b.id, caught_up, self.clock.now_ms, self.cfg.replica_lag_time_max_ms, leos, b.leo
-        )
-        if new_isr is None or not self.write_isr(b, new_isr):
-            return False
-        return self.maybe_increment_leader_hw(b)
-
-    def maybe_increment_leader_hw(self, b: Broker) -> bool:
-        leos = {r: b.followers[r].log_end_offset for r in b.heard_from}
-        # Kafka's rule: the ISR plus followers caught up within replica.lag.time.max.ms (seed 000).
-        caught_up = {r: b.followers[r].last_caught_up_time_ms for r in b.heard_from}
-        new_hw = isr_logic.compute_high_watermark(b.leo, b.isr, leos, b.hw, b.id, caught_up, self.clock.now_ms,
-                                                  self.cfg.replica_lag_time_max_ms)
-        if new_hw == b.hw:
-            return False
-        b.hw = new_hw
-        for offset in [o for o in b.pending_acks if o < new_hw]:
-            self.acked[offset] = b.pending_acks.pop(offset)
-        return True
+    def handle_isr_write_result(self, b: Broker, r: IsrWriteResult) -> None:
+        self.run_effects(b, b.rs.on_isr_write_result(r.leader_epoch, r.isr, r.partition_epoch, b.leo,
+                                                     self.clock.now_ms))
 
     # -- invariants ----------------------------------------------------------
 
+    def record(self, event: str) -> None:
+        """Keep a short history for the failure message."""
+        self.history.append(f"t={self.clock.now_ms}ms {event}")
+        del self.history[:-HISTORY_LEN]
+
     def violate(self, name: str, detail: str) -> None:
-        raise InvariantViolation(f"invariant {name} violated at step {self.steps} (seed={self.seed}): {detail}")
+        history = "\n  ".join(self.history)
+        raise InvariantViolation(
+            f"invariant {name} violated at step {self.steps} (seed={self.seed}): {detail}\n"
+            f"last events:\n  {history}")
 
     def check_invariants(self) -> None:
         """Check every named invariant; with unclean election enabled only the structural ones hold."""
@@ -626,20 +682,22 @@ class Simulation:
             self.violate("eventually_consistent", why)
 
     def check_hw_never_regresses(self) -> None:
+        """Within one incarnation of a broker; a restart starts from its HW checkpoint, which may lag."""
         for b in self.brokers.values():
             if b.hw < self.max_hw.get(b.id, 0):
                 self.violate("hw_never_regresses", f"broker {b.id} HW {self.max_hw[b.id]} -> {b.hw}")
             self.max_hw[b.id] = b.hw
 
     def check_no_acked_record_lost(self) -> None:
-        """Every acked record sits at its offset on the established leader and on every replica whose HW passed it."""
+        """Every acked or consumed record sits at its offset on the established leader and on every replica
+        whose HW passed it (a consumer that read above the HW could see a record that is later truncated)."""
         state = self.store.state
         established = None
         if state is not None and state.leader in self.brokers:
             leader = self.brokers[state.leader]
             if leader.alive and leader.role == "leader" and leader.leader_epoch == state.leader_epoch:
                 established = leader
-        for offset, value in self.acked.items():
+        for offset, value in [*self.acked.items(), *self.consumed.items()]:
             for b in self.brokers.values():
                 if (b.hw > offset or b is established) and (offset >= b.leo or b.log[offset][1] != value):
                     got = b.log[offset] if offset < b.leo else None

@@ -71,11 +71,7 @@ class Broker:
         if self.membership is None:
             raise errors.error_for(errors.Code.INVALID_REQUEST, "a standalone broker takes no control requests")
         current = await self.membership.wait_registered()
-        if broker_epoch != -1 and broker_epoch != current:
-            raise errors.error_for(errors.Code.STALE_BROKER_EPOCH,
-                                   f"broker epoch {broker_epoch} is not this broker's registration ({current})")
-        # Last, so a request refused for its broker epoch never moves the controller epoch we hold.
-        self.replica_manager.check_controller_epoch(controller_epoch)
+        self.replica_manager.control_fence.check(controller_epoch, broker_epoch, current)
 
     def metadata_response(self, topics: list[str]) -> broker_pb2.MetadataResponse:
         if self.cluster_mode:

@@ -18,15 +18,17 @@ from typing import Any
 
 import grpc
 
+from gregor.broker.limits import (
+    REGISTER_RETRY_S,
+    REGISTER_WAIT_S,
+    CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S,
+)
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, Lease, LeaseLost, lease_ttl_s
 from gregor.common.rpc import channel
 
 log = logging.getLogger(__name__)
 
-REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way
-REGISTER_WAIT_S = 10.0  # a control request waits this long for our own registration to finish
-CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S = 30.0  # one ControlledShutdown attempt (Kafka: request.timeout.ms)
 CONTROLLER_KEY = "controller"  # written by the controller's election (gregor.controller.elector)
 
 

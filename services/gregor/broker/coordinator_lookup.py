@@ -28,6 +28,10 @@ import json
 import logging
 from typing import Any
 
+from gregor.broker.limits import (
+    LOOKUP_SYNC_WAIT_S as SYNC_WAIT_S,
+    LOOKUP_RETRY_S as RETRY_S,
+)
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
 from gregor.common.coordinator_ownership import (
@@ -39,8 +43,6 @@ log = logging.getLogger(__name__)
 Code = errors.Code
 KEY_TYPE_GROUP = 0  # Kafka's FindCoordinatorRequest key_type: 0 GROUP, 1 TRANSACTION
 KEY_TYPE_TRANSACTION = 1
-SYNC_WAIT_S = 2.0  # a request arriving before the first etcd read waits at most this long for it
-RETRY_S = 0.5  # pause before reading etcd again after an error
 
 
 class CoordinatorLookup:

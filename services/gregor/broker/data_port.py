@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
-from gregor.broker.server import fetch_response, handle_fetch_request
+from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
+from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct(">I")
-REQUEST_FRAME_MAX_BYTES = 1 << 20  # a FetchRequest is a few dozen bytes; anything huge is garbage
 ZERO_COPY_BYTES = Counter("gregor_broker_zero_copy_bytes_total", "Record bytes sent with sendfile on the data port")
 BAD_FRAMES = Counter("gregor_broker_data_port_bad_frames_total", "Malformed frames received on the data port")
 

@@ -14,17 +14,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from gregor.broker.limits import ISR_WRITE_ATTEMPTS
 from gregor.common.clock import now_ms
 from gregor.common.etcd import EtcdClient, EtcdError
 from gregor.common.isr import ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS, IsrChangePropagation, isr_expiration_interval_ms
 
 if TYPE_CHECKING:
     from gregor.broker.partition import Partition
+    from gregor.broker.replica_state import ProposeIsr
     from gregor.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,6 @@ ISR_EXPANDS = Counter("gregor_broker_isr_expands_total", "ISR expansions written
 FAILED_ISR_UPDATES = Counter("gregor_broker_failed_isr_updates_total",
                              "ISR writes given up (leader epoch moved or etcd unavailable)")
 
-ISR_WRITE_ATTEMPTS = 3  # CAS retries while the leader epoch is unchanged (someone else wrote the ISR)
 ISR_CHANGE_NOTIFICATIONS = "isr_change_notification"  # the controller watches this prefix
 
 
@@ -78,31 +79,26 @@ class IsrManager:
 
     # -- shrink / expand -----------------------------------------------------------
     async def maybe_shrink_isr(self) -> None:
-        """isr-expiration: drop followers not caught up within replica.lag.time.max.ms."""
+        """isr-expiration: each led partition's ReplicaState proposes dropping followers that fell behind."""
         now = now_ms()
         for p in list(self.replicas.partitions.values()):
-            new_isr = p.out_of_sync_isr(now, self.replica_lag_time_max_ms)
-            if new_isr is not None:
-                self.request_isr_change(p, add=(), remove=set(p.isr) - set(new_isr))
+            if p.is_leader:
+                self.replicas.run_effects(p, p.on_tick(now))
 
-    def maybe_expand_isr(self, p: "Partition", replica_id: int) -> None:
-        """Expand on a follower fetch; only the follower's live incarnation is eligible (KIP-903)."""
-        if p.needs_expand_isr(replica_id, self.replicas.live_broker_epochs()):
-            self.request_isr_change(p, add={replica_id}, remove=())
-
-    def request_isr_change(self, p: "Partition", add: Iterable[int], remove: Iterable[int]) -> None:
-        if p.isr_update_in_flight:
-            return  # the next fetch or expiration round asks again
-        p.isr_update_in_flight = True
-        task = asyncio.create_task(self._write_isr(p, set(add), set(remove), p.leader_epoch))
+    def write_isr(self, p: "Partition", proposal: "ProposeIsr") -> None:
+        """Carry out a ProposeIsr (the ReplicaState allows one in flight per partition)."""
+        task = asyncio.create_task(self._write_isr(p, proposal))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
     def _state_key(self, p: "Partition") -> bytes:
         return self.etcd.key("brokers", "topics", p.topic, "partitions", p.partition, "state")
 
-    async def _write_isr(self, p: "Partition", add: set[int], remove: set[int], leader_epoch: int) -> None:
-        """CAS the new ISR into the partition state; give up once the leader epoch moved."""
+    async def _write_isr(self, p: "Partition", proposal: "ProposeIsr") -> None:
+        """CAS the change into the partition state; give up once the leader epoch moved; report the result."""
+        leader_epoch, add, remove = proposal.leader_epoch, proposal.add, proposal.remove
+        result: tuple[list[int], int] | None = None
+        unknown = False  # etcd failed: the compare-and-swap may have landed
         try:
             key = self._state_key(p)
             for _ in range(ISR_WRITE_ATTEMPTS):
@@ -116,33 +112,29 @@ class IsrManager:
                 old = [int(r) for r in state["isr"]]
                 new = [r for r in old if r not in remove] + sorted(r for r in add if r not in old)
                 if new == old:
-                    self._apply(p, new, kv.version - 1)
-                    return
+                    result = (new, kv.version - 1)
+                    break
                 state["isr"] = new
-                result = await self.etcd.cas(key, json.dumps(state).encode(), kv.mod_revision)
-                if result:
+                if await self.etcd.cas(key, json.dumps(state).encode(), kv.mod_revision):
+                    result = (new, kv.version)
                     if p.is_leader and p.leader_epoch == leader_epoch:
-                        self._apply(p, new, kv.version)
                         (ISR_SHRINKS if len(new) < len(old) else ISR_EXPANDS).inc()
                         self.propagation.record_isr_change(p.topic, p.partition, now_ms())
                         log.info("%s-%d: ISR %s -> %s (leader epoch %d)", p.topic, p.partition, old, new,
                                  leader_epoch)
-                    return
-            FAILED_ISR_UPDATES.inc()
-            log.info("%s-%d: ISR update given up (leader epoch %d moved or state gone)", p.topic, p.partition,
-                     leader_epoch)
+                    break
+            if result is None:
+                FAILED_ISR_UPDATES.inc()
+                log.info("%s-%d: ISR update given up (leader epoch %d moved or state gone)", p.topic, p.partition,
+                         leader_epoch)
         except EtcdError as exc:
             FAILED_ISR_UPDATES.inc()
+            unknown = True
             log.warning("%s-%d: ISR update failed: %s", p.topic, p.partition, exc)
         finally:
-            p.isr_update_in_flight = False
-
-    def _apply(self, p: "Partition", isr: list[int], partition_epoch: int) -> None:
-        p.isr = set(isr)
-        p.partition_epoch = partition_epoch
-        # The HW may advance once a lagging follower left the ISR (seed 000).
-        p.maybe_increment_leader_hw()
-        self.replicas.on_high_watermark_change(p)
+            isr, version = result if result is not None else (None, -1)
+            # The HW may advance once a lagging follower left the ISR (seed 000).
+            self.replicas.run_effects(p, p.on_isr_write_result(leader_epoch, isr, version, outcome_unknown=unknown))
 
     # -- propagation -----------------------------------------------------------------
     async def maybe_propagate_isr_changes(self) -> None:

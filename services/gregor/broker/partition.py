@@ -18,21 +18,20 @@ from gregor.broker.producer_state import (
     ProducerStateManager,
     parse_batch_infos,
 )
+from gregor.broker.replica_state import (
+    Effect,
+    HighWatermarkChanged,
+    LeaderAndIsrOutcome,
+    ProposeIsr,
+    ReplicaState,
+    StartLogAt,
+    TruncateLog,
+)
 from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
 from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
-from gregor.common.isr import (
-    NO_BROKER_EPOCH,
-    REPLICA_LAG_TIME_MAX_MS_DEFAULT,
-    FollowerFetchState,
-    compute_high_watermark,
-    is_isr_eligible,
-    is_stale_follower_fetch,
-    isr_eligible_followers,
-    maybe_expand_isr,
-    maybe_shrink_isr,
-)
+from gregor.common.isr import NO_BROKER_EPOCH, REPLICA_LAG_TIME_MAX_MS_DEFAULT, FollowerFetchState
 
 log = logging.getLogger(__name__)
 
@@ -66,26 +65,18 @@ class DuplicateAppendInfo:
 
 @dataclass
 class Partition:
-    """Replica state of one partition on this broker (seed 000's Partition)."""
+    """One partition replica on this broker: the native log driven by its ReplicaState (seed 000's Partition).
+
+    Every replication decision (leadership, epochs, ISR, HW, truncation) is the
+    ReplicaState's; this class feeds it the log's offsets and the clock, carries out
+    the log effects (truncate, epoch start) and hands the rest to the ReplicaManager.
+    """
 
     topic: str
     partition: int
     log: native.Log
     local_broker_id: int
     configs: dict
-    leader_id: int = -1
-    leader_epoch: int = -1
-    replicas: list[int] = field(default_factory=list)
-    isr: set[int] = field(default_factory=set)
-    high_watermark: int = 0
-    # Followers' fetch state: LEO and last caught-up time (leader only, seed 000).
-    follower_states: dict[int, FollowerFetchState] = field(default_factory=dict)
-    # LEO when this broker became leader: the start offset of its leader epoch (ISR expansion bound).
-    leader_epoch_start_offset: int | None = None
-    # etcd version of the partition state as LeaderAndIsr told us (partition_epoch + 1); -1 unknown.
-    partition_epoch: int = -1
-    # An ISR write to etcd is in flight (one at a time per partition).
-    isr_update_in_flight: bool = False
     # replica.lag.time.max.ms (broker config): the ISR shrink bound and the HW's caught-up window.
     replica_lag_time_max_ms: int = REPLICA_LAG_TIME_MAX_MS_DEFAULT
     # The metadata cache's live brokers -> broker epoch (None before the first UpdateMetadata; brokers in
@@ -95,14 +86,47 @@ class Partition:
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT
     producer_state: ProducerStateManager | None = None
     _segments_seen: tuple[int, int] = (-1, -1)  # (num_segments, active base offset) at the last append
+    state: ReplicaState = field(init=False)
 
+    def __post_init__(self) -> None:
+        self.state = ReplicaState(self.local_broker_id, self.replica_lag_time_max_ms, self.topic, self.partition)
+
+    # -- the replica state, read-only here (ReplicaState is its one writer) ------------------
     @property
     def key(self) -> tuple[str, int]:
         return (self.topic, self.partition)
 
     @property
     def is_leader(self) -> bool:
-        return self.leader_id == self.local_broker_id
+        return self.state.is_leader
+
+    @property
+    def leader_id(self) -> int:
+        return self.state.leader_id
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    @property
+    def partition_epoch(self) -> int:
+        return self.state.partition_epoch
+
+    @property
+    def replicas(self) -> list[int]:
+        return self.state.replicas
+
+    @property
+    def isr(self) -> set[int]:
+        return self.state.isr
+
+    @property
+    def high_watermark(self) -> int:
+        return self.state.high_watermark
+
+    @property
+    def follower_states(self) -> dict[int, FollowerFetchState]:
+        return self.state.follower_states
 
     @property
     def log_end_offset(self) -> int:
@@ -112,131 +136,102 @@ class Partition:
     def min_insync_replicas(self) -> int:
         return int(self.configs["min.insync.replicas"])
 
+    def _live(self) -> dict[int, int] | None:
+        return self.live_broker_epochs() if self.live_broker_epochs is not None else None
+
+    def apply_log_effects(self, effects: list[Effect]) -> list[Effect]:
+        """Carry out the effects on the log; the rest (fetchers, ISR writes, purgatories) go back to the caller."""
+        rest: list[Effect] = []
+        for e in effects:
+            if isinstance(e, TruncateLog):
+                self.log.truncate_to(e.offset)  # also when nothing goes: it trims an empty epoch at the LEO
+            elif isinstance(e, StartLogAt):
+                self.log.truncate_fully_and_start_at(e.offset)
+            else:
+                rest.append(e)
+        return rest
+
+    # -- events ----------------------------------------------------------------------------
     def make_standalone_leader(self) -> None:
         """A single-broker cluster: this broker leads with an ISR of itself."""
-        self.leader_id = self.local_broker_id
-        self.leader_epoch = max(self.leader_epoch, self.log.latest_epoch() or 0)
-        self.replicas = [self.local_broker_id]
-        self.isr = {self.local_broker_id}
-        self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
-        self.maybe_increment_leader_hw()
+        self.state.become_standalone_leader(self.log.latest_epoch(), self.log.log_end_offset,
+                                            self.log.log_start_offset, now_ms())
+
+    def apply_leader_and_isr(self, leader: int, leader_epoch: int, isr: list[int], replicas: list[int],
+                             partition_epoch: int = -1) -> LeaderAndIsrOutcome:
+        """One partition of a LeaderAndIsr; the log effects are applied, the others returned."""
+        out = self.state.on_leader_and_isr(leader, leader_epoch, isr, replicas, partition_epoch,
+                                           self.log.log_end_offset, self.log.log_start_offset, now_ms())
+        return LeaderAndIsrOutcome(out.error, self.apply_log_effects(out.effects))
 
     def make_leader(self, leader_epoch: int, isr: list[int], replicas: list[int]) -> bool:
-        """Become leader at leader_epoch (LeaderAndIsr); False if that epoch is older than ours."""
-        if leader_epoch < self.leader_epoch:
-            return False
-        if self.is_leader and leader_epoch == self.leader_epoch:
-            # Same term re-sent (e.g. a broker restarted): keep what the followers' fetches told us.
-            self.replicas = list(replicas)
-            self.isr = set(isr)
-            self.maybe_increment_leader_hw()
-            return True
-        self.leader_id = self.local_broker_id
-        self.leader_epoch = leader_epoch
-        self.replicas = list(replicas)
-        self.isr = set(isr)
-        # Followers' LEOs are unknown (0) until they fetch under the new epoch.
-        now = now_ms()
-        self.follower_states = {}
-        for r in replicas:
-            if r != self.local_broker_id:
-                state = FollowerFetchState()
-                state.reset(now, r in self.isr)
-                self.follower_states[r] = state
-        self.leader_epoch_start_offset = self.log.log_end_offset
-        self.high_watermark = max(self.high_watermark, self.log.log_start_offset)
-        self.maybe_increment_leader_hw()
-        return True
+        """Lead at leader_epoch; False if that epoch is not newer than ours (tests and standalone tools)."""
+        return self.apply_leader_and_isr(self.local_broker_id, leader_epoch, isr, replicas).applied
 
     def make_follower(self, leader_id: int, leader_epoch: int, isr: list[int], replicas: list[int]) -> bool:
-        """Follow leader_id at leader_epoch (LeaderAndIsr); False if that epoch is older than ours.
+        """Follow leader_id at leader_epoch; False if that epoch is not newer than ours."""
+        return self.apply_leader_and_isr(leader_id, leader_epoch, isr, replicas).applied
 
-        Consumers and producers get NOT_LEADER_OR_FOLLOWER from now on; the
-        ReplicaManager truncates the log by leader epoch and starts a fetcher.
-        """
-        if leader_epoch < self.leader_epoch:
-            return False
-        self.leader_id = leader_id
-        self.leader_epoch = leader_epoch
-        self.replicas = list(replicas)
-        self.isr = set(isr)
-        self.follower_states = {}
-        self.leader_epoch_start_offset = None
-        return True
+    def stop(self) -> list[Effect]:
+        """StopReplica: waiters wake up to NOT_LEADER_OR_FOLLOWER."""
+        return self.state.on_stop_replica()
+
+    def load_high_watermark(self, checkpointed: int) -> None:
+        self.state.load_high_watermark(checkpointed, self.log.log_start_offset, self.log.log_end_offset)
 
     # ------------------------------------------------------------------ replication (seed 000)
     def check_follower_broker_epoch(self, replica_id: int, broker_epoch: int, live_epoch: int | None) -> None:
-        """Refuse a follower fetch from an earlier incarnation of that broker (STALE_BROKER_EPOCH).
+        """Refuse a follower fetch from an earlier incarnation of that broker (STALE_BROKER_EPOCH)."""
+        self.state.check_follower_fetch(replica_id, broker_epoch, live_epoch)
 
-        The newest epoch known for the follower is the larger of what its accepted
-        fetches carried and what the controller's live-broker list says (KIP-380).
-        """
-        state = self.follower_states.get(replica_id)
-        newest = max(state.broker_epoch if state is not None else NO_BROKER_EPOCH,
-                     live_epoch if live_epoch is not None else NO_BROKER_EPOCH)
-        if is_stale_follower_fetch(broker_epoch, newest):
-            raise errors.error_for(
-                errors.Code.STALE_BROKER_EPOCH,
-                f"fetch from broker {replica_id} at broker epoch {broker_epoch}, older than {newest}",
-                topic=self.topic, partition=self.partition)
+    def on_follower_fetch(self, replica_id: int, fetch_offset: int, broker_epoch: int = NO_BROKER_EPOCH,
+                          fetch_time_ms: int | None = None) -> list[Effect]:
+        """A follower fetched at fetch_offset (its LEO): HW and ISR expansion effects."""
+        return self.state.on_follower_fetch(replica_id, fetch_offset, broker_epoch, self.log.log_end_offset,
+                                            now_ms() if fetch_time_ms is None else fetch_time_ms, self._live())
 
-    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, fetch_time_ms: int,
-                                    broker_epoch: int = NO_BROKER_EPOCH) -> bool:
-        """A follower fetched at fetch_offset (its LEO): record it; True if the HW moved."""
-        if not self.is_leader or replica_id not in self.replicas or replica_id == self.local_broker_id:
-            return False
-        state = self.follower_states.setdefault(replica_id, FollowerFetchState())
-        state.update_fetch_state(fetch_offset, self.log.log_end_offset, fetch_time_ms)
-        if broker_epoch != NO_BROKER_EPOCH:
-            state.broker_epoch = max(state.broker_epoch, broker_epoch)
-        return self.maybe_increment_leader_hw(fetch_time_ms)
+    def on_tick(self, now: int | None = None) -> list[Effect]:
+        """isr-expiration round: ISR shrink proposals and HW effects."""
+        return self.state.on_tick(self.log.log_end_offset, now_ms() if now is None else now, self._live())
 
-    def needs_expand_isr(self, replica_id: int, live_broker_epochs: dict[int, int] | None = None) -> bool:
-        """A follower outside the ISR whose LEO reached the HW and its leader epoch's start (seed 000).
+    def on_isr_write_result(self, leader_epoch: int, isr: list[int] | None, partition_epoch: int,
+                            outcome_unknown: bool = False) -> list[Effect]:
+        return self.state.on_isr_write_result(leader_epoch, isr, partition_epoch, self.log.log_end_offset,
+                                              now_ms(), self._live(), outcome_unknown)
 
-        With the controller's live-broker epochs given, only the registered incarnation
-        of the follower is eligible (KIP-903): a fetch from a dead or older one is not.
-        """
-        if not self.is_leader or replica_id in self.isr or replica_id not in self.replicas:
-            return False
-        state = self.follower_states.get(replica_id)
-        if state is None:
-            return False
-        if live_broker_epochs is not None and not is_isr_eligible(
-                state.broker_epoch, live_broker_epochs.get(replica_id), bool(live_broker_epochs)):
-            return False
-        return maybe_expand_isr(state.log_end_offset, self.high_watermark, self.leader_epoch_start_offset)
-
-    def out_of_sync_isr(self, now: int, replica_lag_time_max_ms: int) -> list[int] | None:
-        """The shrunk ISR if some follower was not caught up within replica.lag.time.max.ms, else None."""
-        if not self.is_leader:
-            return None
-        caught_up = {r: s.last_caught_up_time_ms for r, s in self.follower_states.items()}
-        leos = {r: s.log_end_offset for r, s in self.follower_states.items()}
-        return maybe_shrink_isr(sorted(self.isr), self.local_broker_id, caught_up, now, replica_lag_time_max_ms,
-                                leos, self.log.log_end_offset)
-
-    def update_follower_high_watermark(self, leader_hw: int) -> bool:
-        """Follower HW = min(leader HW, own LEO); True if it changed."""
-        new_hw = min(leader_hw, self.log.log_end_offset)
-        if new_hw != self.high_watermark:
-            self.high_watermark = new_hw
-            return True
-        return False
+    def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
+        """Seed 000's maybeIncrementLeaderHW (decided by the ReplicaState); True if the HW moved."""
+        return bool(self.state.on_local_append(self.log.log_end_offset, now_ms() if now is None else now,
+                                               self._live()))
 
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""
-        where = {"topic": self.topic, "partition": self.partition,
-                 "leader_id": self.leader_id, "leader_epoch": self.leader_epoch}
-        if current_leader_epoch >= 0 and current_leader_epoch < self.leader_epoch:
-            raise errors.error_for(errors.Code.FENCED_LEADER_EPOCH,
-                                   f"leader epoch {current_leader_epoch} is older than {self.leader_epoch}", **where)
-        if current_leader_epoch > self.leader_epoch:
-            raise errors.error_for(errors.Code.UNKNOWN_LEADER_EPOCH,
-                                   f"leader epoch {current_leader_epoch} is newer than {self.leader_epoch}", **where)
-        if not self.is_leader:
-            raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER,
-                                   f"broker {self.local_broker_id} is not the leader", **where)
+        self.state.check_leader(current_leader_epoch)
+
+    # -- follower side -----------------------------------------------------------------------
+    def truncation_query(self) -> int | None:
+        """The epoch to ask the leader about before fetching; None after a HW truncation (no epochs)."""
+        q = self.state.truncation_query(self.log.latest_epoch(), self.log.log_end_offset)
+        if isinstance(q, TruncateLog):
+            self.apply_log_effects([q])
+            return None
+        return q
+
+    def on_truncation_point(self, asked_epoch: int, leader_epoch: int, end_offset: int) -> bool:
+        """Truncate by the leader's OffsetForLeaderEpoch answer (seed 002); True when truncation is complete."""
+        effect, completed = self.state.on_truncation_point(leader_epoch, end_offset, self.log.epoch_entries(),
+                                                           self.log.log_end_offset)
+        if effect.offset < self.log.log_end_offset:
+            log.info("%s-%d: truncating to %d by leader epoch (asked %d, leader said %d@%d)", self.topic,
+                     self.partition, effect.offset, asked_epoch, leader_epoch, end_offset)
+        self.apply_log_effects([effect])
+        return completed
+
+    def append_fetched(self, records: bytes, leader_hw: int) -> list[Effect]:
+        """A follower's fetch response: append the leader's batches, then take the HW (seed 004)."""
+        if records:
+            self.append_records_to_follower(records)
+        return self.state.on_follower_fetched(leader_hw, self.log.log_end_offset)
 
     def append_records_to_leader(self, records: bytes, required_acks: int,
                                  is_marker: bool = False) -> native.AppendInfo | DuplicateAppendInfo:
@@ -246,12 +241,7 @@ class Partition:
         (header fields only): a duplicate answers its original offsets without
         appending; a gap or a stale epoch rejects the request before any write.
         """
-        self.check_leader()
-        if required_acks == -1 and len(self.isr) < self.min_insync_replicas:
-            raise errors.error_for(
-                errors.Code.NOT_ENOUGH_REPLICAS,
-                f"ISR size {len(self.isr)} is below min.insync.replicas {self.min_insync_replicas}",
-                topic=self.topic, partition=self.partition)
+        self.state.check_append(required_acks, self.min_insync_replicas)
         records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
         if batches is not None and not is_marker and any(b.is_control for b in batches):
@@ -346,35 +336,17 @@ class Partition:
             log.warning("%s-%d: cannot write producer snapshot: %s",
                         self.topic, self.partition, exc)
 
-    def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
-        """Seed 000's maybeIncrementLeaderHW: min LEO of the ISR and caught-up ISR-eligible followers; never back."""
-        leo = self.log.log_end_offset
-        if self.high_watermark > leo:
-            return False  # only a follower's view can be ahead of its own log; a leader never lowers it
-        states = self.follower_states
-        leos = {r: s.log_end_offset for r, s in states.items()}
-        leos.update({r: 0 for r in self.isr if r != self.local_broker_id and r not in states})
-        live = self.live_broker_epochs() if self.live_broker_epochs is not None else None
-        new_hw = compute_high_watermark(
-            leo, self.isr, leos, self.high_watermark, self.local_broker_id,
-            {r: s.last_caught_up_time_ms for r, s in states.items()}, now if now is not None else now_ms(),
-            self.replica_lag_time_max_ms,
-            isr_eligible_followers({r: s.broker_epoch for r, s in states.items()}, live))
-        if new_hw > self.high_watermark:
-            self.high_watermark = new_hw
-            return True
-        return False
-
     @property
     def last_stable_offset(self) -> int:
         """The LSO (seed 003): below the oldest open transaction, or the HW when none is open."""
         return partition_lso(self)
 
     def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
-        """Followers read up to the LEO; consumers below the high watermark, read_committed below the LSO."""
-        if is_follower:
-            return self.log.log_end_offset
-        return self.last_stable_offset if isolation_level == READ_COMMITTED else self.high_watermark
+        """Followers read up to the LEO; consumers below the high watermark (the ReplicaState's rule),
+        read_committed consumers below the LSO."""
+        if not is_follower and isolation_level == READ_COMMITTED:
+            return self.last_stable_offset
+        return self.state.fetch_upper_bound(is_follower, self.log.log_end_offset)
 
     def read_slice(self, fetch_offset: int, max_bytes: int, is_follower: bool,
                    isolation_level: int = 0) -> native.FileSlice:

@@ -17,15 +17,17 @@ import logging
 import os
 from typing import Awaitable, Callable, Optional
 
+from gregor.broker.limits import (
+    PRODUCER_ID_PREFETCH_THRESHOLD as PREFETCH_THRESHOLD,
+    PRODUCER_ID_BLOCK_WAIT_S as BLOCK_WAIT_S,
+    PRODUCER_ID_BLOCK_RETRY_S as BLOCK_RETRY_S,
+)
 from gregor.common import errors
 
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
-PREFETCH_THRESHOLD = 0.9  # ask for the next block once this share of the current one is used
 BLOCK_FILE = "producer-id-block"
-BLOCK_WAIT_S = 10.0  # InitProducerId waits this long for a block before answering a retriable error
-BLOCK_RETRY_S = 0.2  # pause between failed block requests
 
 
 class ProducerIdBlock:

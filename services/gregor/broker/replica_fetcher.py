@@ -22,7 +22,15 @@ import grpc
 from prometheus_client import Gauge
 
 from gregor.common import errors
-from gregor.common.isr import follower_truncation
+from gregor.broker.limits import (
+    REPLICA_FETCH_MAX_BYTES,
+    REPLICA_FETCH_WAIT_MAX_MS,
+    REPLICA_FETCH_MIN_BYTES,
+    REPLICA_FETCH_BACKOFF_S,
+    FETCH_RPC_TIMEOUT_S,
+    MAX_TRUNCATION_ROUNDS,
+)
+from gregor.broker.replica_state import FetchMode
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
@@ -35,12 +43,6 @@ log = logging.getLogger(__name__)
 FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
                     "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
 
-REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
-REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: the leader holds an empty fetch this long
-REPLICA_FETCH_MIN_BYTES = 1  # replica.fetch.min.bytes: answer as soon as any partition has a byte
-REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
-FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
-MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
 BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEADER_OR_FOLLOWER,
                            errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
                            errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT,
@@ -52,7 +54,6 @@ BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEAD
 @dataclass
 class PartitionFetchState:
     leader_epoch: int
-    needs_truncation: bool = True
     out_of_range: bool = False
     backoff_until: float = 0.0
 
@@ -177,11 +178,11 @@ class ReplicaFetcher:
             except grpc.aio.AioRpcError as exc:
                 stream.reset()
                 for key, st, _p, _offset in batch:
-                    self._on_error(key, st, errors.from_rpc_error(exc), loop)
+                    self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
                 continue
             except errors.GregorError as err:
                 for key, st, _p, _offset in batch:
-                    self._on_error(key, st, err, loop)
+                    self._on_error(rm, key, st, err, loop)
                 continue
             if resp is None:
                 continue  # new partitions while the poll was out: ask again with them
@@ -197,14 +198,14 @@ class ReplicaFetcher:
         still followed from this leader, truncated first where needed (concurrently)."""
         now = loop.time()
         todo = [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]
-        truncating = [(key, st, p) for key, st in todo if st.needs_truncation
-                      and (p := self._current(rm, key, st)) is not None]
+        truncating = [(key, st, p) for key, st in todo if (p := self._current(rm, key, st)) is not None
+                      and p.state.fetch_mode is FetchMode.TRUNCATING]
         if truncating:
             await asyncio.gather(*(self._truncate_guarded(rm, stub, key, st, p, loop) for key, st, p in truncating))
         batch = []
         for key, st in todo:
             p = self._current(rm, key, st)
-            if p is not None and not st.needs_truncation and st.backoff_until <= loop.time():
+            if p is not None and p.state.fetch_mode is not FetchMode.TRUNCATING and st.backoff_until <= loop.time():
                 batch.append((key, st, p, p.log_end_offset))
         return batch
 
@@ -214,7 +215,7 @@ class ReplicaFetcher:
         try:
             await self._truncate(rm, stub, p, st)
         except grpc.aio.AioRpcError as exc:
-            self._on_error(key, st, errors.from_rpc_error(exc), loop)
+            self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
         except Exception as exc:  # a storage error: back off and truncate again
             log.warning("%s-%d: truncation against leader %d failed: %s", key[0], key[1], self.leader_id, exc)
             st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
@@ -223,27 +224,30 @@ class ReplicaFetcher:
                part: broker_pb2.ReplicaFetchPartitionResponse, loop: asyncio.AbstractEventLoop) -> int:
         """One partition's answer: append its records and move the follower HW; returns its lag."""
         if part.HasField("error"):
-            self._on_error(key, st, errors.from_detail(part.error), loop)
+            self._on_error(rm, key, st, errors.from_detail(part.error), loop)
             return 0
         p = self._current(rm, key, st)
         if p is None or p.log_end_offset != fetch_offset:
             return 0
         try:
-            if part.records:
-                p.append_records_to_follower(part.records)  # also applies the batches to the producer state
-            p.update_follower_high_watermark(part.high_watermark)
+            # Also applies the batches to the producer state; the follower HW is the ReplicaState's.
+            rm.run_effects(p, p.append_fetched(part.records, part.high_watermark))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
-            st.needs_truncation = True
+            p.state.restart_truncation()
             st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
             return 0
         return max(0, part.high_watermark - p.log_end_offset)
 
-    def _on_error(self, key: tuple[str, int], st: PartitionFetchState, err: errors.GregorError,
+    def _on_error(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState,
+                  err: errors.GregorError,
                   loop: asyncio.AbstractEventLoop) -> None:
         if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
             log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
-            st.needs_truncation = st.out_of_range = True
+            st.out_of_range = True
+            p = self._current(rm, key, st)
+            if p is not None:
+                p.state.restart_truncation()
             return
         if err.code not in BACKOFF_CODES:
             log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
@@ -261,29 +265,22 @@ class ReplicaFetcher:
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:
-        """Truncate by leader epoch before fetching (seed 002), falling back to the HW when undefined."""
+        """Ask OffsetForLeaderEpoch until the ReplicaState's truncation converges (seed 002)."""
         for _ in range(MAX_TRUNCATION_ROUNDS):
-            latest = p.log.latest_epoch()
+            latest = p.truncation_query()
             if latest is None:
-                p.log.truncate_to(min(p.high_watermark, p.log_end_offset))
-                break
+                break  # no epochs at all: truncated to the HW
             resp = await stub.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(
                 topic=p.topic, partition=p.partition, leader_epoch=latest, current_leader_epoch=st.leader_epoch,
                 replica_id=rm.config.broker_id), timeout=FETCH_RPC_TIMEOUT_S)
             if self._current(rm, p.key, st) is None:
                 return
-            decision = follower_truncation(p.log.epoch_entries(), p.log_end_offset, resp.leader_epoch,
-                                           resp.end_offset, p.high_watermark)
-            if decision.offset < p.log_end_offset:
-                log.info("%s-%d: truncating to %d by leader epoch (asked %d, leader said %d@%d)", p.topic,
-                         p.partition, decision.offset, latest, resp.leader_epoch, resp.end_offset)
-            p.log.truncate_to(decision.offset)
-            if decision.completed or p.log.latest_epoch() == latest:
+            if p.on_truncation_point(latest, resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
                 break
         if st.out_of_range:
             await self._reset_out_of_range(rm, stub, p, st)
-        p.high_watermark = min(p.high_watermark, p.log_end_offset)
-        st.needs_truncation = st.out_of_range = False
+        p.state.finish_truncation(p.log_end_offset)
+        st.out_of_range = False
 
     async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                   p: "Partition", st: PartitionFetchState) -> None:
@@ -294,13 +291,11 @@ class ReplicaFetcher:
         latest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
             topic=p.topic, partition=p.partition, timestamp_ms=-1, current_leader_epoch=st.leader_epoch),
             timeout=FETCH_RPC_TIMEOUT_S)
-        if p.log_end_offset < earliest.offset:
-            log.info("%s-%d: behind the leader's log start %d; starting over there", p.topic, p.partition,
-                     earliest.offset)
-            p.log.truncate_fully_and_start_at(earliest.offset)
-            p.high_watermark = earliest.offset
-        elif p.log_end_offset > latest.offset:
-            p.log.truncate_to(latest.offset)
+        effect = p.state.on_leader_log_range(earliest.offset, latest.offset, p.log_end_offset)
+        if effect is not None:
+            log.info("%s-%d: out of range at the leader (log start %d, HW %d): %s", p.topic, p.partition,
+                     earliest.offset, latest.offset, effect)
+            p.apply_log_effects([effect])
 
 
 class ReplicaFetcherManager:

@@ -19,9 +19,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
+from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
+from gregor.broker.replica_state import (
+    CompleteDelayed,
+    ControlRequestFence,
+    Effect,
+    HighWatermarkChanged,
+    ProposeIsr,
+    StartFetcher,
+    StopFetcher,
+)
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors
@@ -48,7 +58,6 @@ UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led parti
 UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
 
 ACKS_VALUES = (0, 1, -1)
-HW_CHECKPOINT_INTERVAL_MS = 5000  # replica.high.watermark.checkpoint.interval.ms
 
 
 class LeaderAndIsrState(Protocol):
@@ -144,7 +153,7 @@ class ReplicaManager:
         self.log_manager = log_manager
         self.partitions: dict[tuple[str, int], Partition] = {}
         # The newest controller epoch seen in a control request (Kafka's ReplicaManager.controllerEpoch).
-        self.controller_epoch = 0
+        self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
         log_manager.retention_upper_bound = self._retention_upper_bound
@@ -182,7 +191,7 @@ class ReplicaManager:
     def _load_high_watermark(self, p: Partition) -> None:
         hw = self._checkpointed_hws.get(p.key)
         if hw is not None:
-            p.high_watermark = max(p.log.log_start_offset, min(hw, p.log.log_end_offset))
+            p.load_high_watermark(hw)
 
     def _high_watermarks_by_dir(self) -> dict[str, dict[tuple[str, int], int]]:
         by_dir: dict[str, dict[tuple[str, int], int]] = {d: {} for d in self.log_manager.log_dirs}
@@ -257,13 +266,6 @@ class ReplicaManager:
         self.stop_replicas([k for k in self.partitions if k[0] == topic], delete=True)
 
     # ------------------------------------------------------------------ control requests (seed 001)
-    def check_controller_epoch(self, controller_epoch: int) -> None:
-        """Refuse requests of a controller older than the latest one seen (STALE_CONTROLLER_EPOCH)."""
-        if controller_epoch < self.controller_epoch:
-            raise errors.error_for(errors.Code.STALE_CONTROLLER_EPOCH,
-                                   f"controller epoch {controller_epoch} is older than {self.controller_epoch}")
-        self.controller_epoch = controller_epoch
-
     def become_leader_or_follower(self, states: Iterable[LeaderAndIsrState],
                                   topic_configs: dict[str, dict[str, Any]],
                                   live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
@@ -284,27 +286,34 @@ class ReplicaManager:
             except Exception as exc:  # a log that cannot open fails this partition only
                 failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
                 continue
-            partition_epoch = int(getattr(s, "partition_epoch", -1))
-            if s.leader == self.config.broker_id:
-                if p.is_leader and s.leader_epoch == p.leader_epoch and partition_epoch < p.partition_epoch:
-                    # Same term, and our own ISR write is newer than the controller's view: keep it.
-                    changed = True
-                else:
-                    changed = p.make_leader(s.leader_epoch, list(s.isr), list(s.replicas))
-                if changed and self.fetchers is not None:
-                    self.fetchers.remove_partitions([p.key])
-            else:
-                changed = p.make_follower(s.leader, s.leader_epoch, list(s.isr), list(s.replicas))
-                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
-                if changed and self.fetchers is not None and s.leader >= 0:
-                    self.fetchers.add_partition(p)
-            if not changed:
-                failed[p.key] = errors.Code.STALE_CONTROLLER_EPOCH
-                continue
-            p.partition_epoch = max(p.partition_epoch, partition_epoch)
-            # Parked produces and fetches re-check leadership: a new follower answers NOT_LEADER_OR_FOLLOWER.
-            self.on_high_watermark_change(p)
+            outcome = p.apply_leader_and_isr(s.leader, s.leader_epoch, list(s.isr), list(s.replicas),
+                                             int(getattr(s, "partition_epoch", -1)))
+            if outcome.error is not None:
+                failed[p.key] = outcome.error
+            self.run_effects(p, outcome.effects)
         return failed
+
+    def run_effects(self, p: Partition, effects: Iterable[Effect]) -> None:
+        """Carry out what the partition's ReplicaState decided: fetchers, ISR writes, purgatory wake-ups."""
+        wake = False
+        for e in effects:
+            if isinstance(e, StartFetcher):
+                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
+                if self.fetchers is not None:
+                    self.fetchers.add_partition(p)
+            elif isinstance(e, StopFetcher):
+                if self.fetchers is not None:
+                    self.fetchers.remove_partitions([p.key])
+            elif isinstance(e, ProposeIsr):
+                if self.isr_manager is not None:
+                    self.isr_manager.write_isr(p, e)
+                else:  # standalone: nobody to write to; the proposal is dropped
+                    self.run_effects(p, p.on_isr_write_result(e.leader_epoch, None, e.partition_epoch))
+            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
+                wake = True
+        if wake:
+            # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
+            self.on_high_watermark_change(p)
 
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""
@@ -313,9 +322,7 @@ class ReplicaManager:
                 self.fetchers.remove_partitions([key])
             p = self.partitions.get(key)
             if p is not None:
-                p.leader_id = -1  # waiters wake up to NOT_LEADER_OR_FOLLOWER
-                self.produce_purgatory.check_and_complete(key)
-                self.fetch_purgatory.check_and_complete(key)
+                self.run_effects(p, p.stop())  # waiters wake up to NOT_LEADER_OR_FOLLOWER
             if delete:
                 self.partitions.pop(key, None)
                 self.log_manager.delete_log(*key)
@@ -436,12 +443,17 @@ class ReplicaManager:
 
     def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
         """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
-        if p.update_follower_fetch_state(replica_id, fetch_offset, now_ms(), broker_epoch):
-            self.on_high_watermark_change(p)
-        if self.isr_manager is not None:
-            self.isr_manager.maybe_expand_isr(p, replica_id)
+        self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
 
     # ------------------------------------------------------------------ offsets
+    def offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int,
+                                current_leader_epoch: int | None) -> tuple[int, int]:
+        """The leader's OffsetForLeaderEpoch answer (seed 002): (epoch, end offset) from its epoch cache."""
+        p = self.get_partition(topic, partition)
+        if current_leader_epoch is not None:
+            p.check_leader(current_leader_epoch)
+        return p.log.end_offset_for_epoch(leader_epoch)
+
     def list_offsets(self, topic: str, partition: int, timestamp_ms: int,
                      current_leader_epoch: int = -1, isolation_level: int = 0) -> tuple[int, int, int]:
         """(offset, timestamp, leader_epoch) for -2 earliest, -1 latest (HW; LSO for read_committed) or a

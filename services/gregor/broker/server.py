@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gregor.broker.controller_link import allocate_producer_ids, forward_to_controller
+from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch import ReplicaFetchPart, handle_replica_fetch
 from gregor.common import errors
-from gregor.common.etcd import EtcdError
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -20,29 +20,8 @@ from gregor.rpc.v1 import coordinator_pb2
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
-    from gregor.broker.replica_manager import FetchResult, ReplicaManager
 
 Ctx = grpc.aio.ServicerContext
-
-
-async def handle_fetch_request(replicas: "ReplicaManager", request: broker_pb2.FetchRequest) -> "FetchResult":
-    """A FetchRequest through the ReplicaManager; shared by gRPC Fetch and the zero-copy data port."""
-    return await replicas.handle_fetch(
-        request.topic, request.partition, request.fetch_offset, request.max_bytes, request.min_bytes,
-        request.max_wait_ms, request.replica_id if request.HasField("replica_id") else -1,
-        request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
-        # A broker epoch is an etcd creation revision (>= 1); 0 means the follower sent none.
-        replica_broker_epoch=request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,
-        isolation_level=int(request.isolation_level))
-
-
-def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.FetchResponse:
-    """The FetchResponse of a result; the data port sends the records raw after it, so it passes none."""
-    return broker_pb2.FetchResponse(
-        high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
-        log_start_offset=result.log_start_offset, records=records, leader_epoch=result.leader_epoch,
-        aborted_transactions=[broker_pb2.AbortedTransaction(producer_id=pid, first_offset=first)
-                              for pid, first in result.aborted_transactions])
 
 
 def replica_fetch_partition(part: ReplicaFetchPart,
@@ -68,29 +47,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """Blocks from the controller in cluster mode, a local persistent block file when standalone."""
         if self._producer_ids is None:
             if self.broker.cluster_mode:
-                self._producer_ids = RpcProducerIdManager(self._allocate_producer_ids)
+                self._producer_ids = RpcProducerIdManager(lambda: allocate_producer_ids(self.broker))
             else:
                 self._producer_ids = LocalProducerIdManager(self.broker.log_manager.log_dirs[0])
         return self._producer_ids
-
-    async def _allocate_producer_ids(self) -> tuple[int, int]:
-        """One AllocateProducerIds round trip to the active controller (found through etcd)."""
-        membership = self.broker.membership
-        if membership is None:
-            raise errors.error_for(errors.Code.NOT_CONTROLLER, "not registered in a cluster")
-        try:
-            epoch = await membership.wait_registered()
-            _, ch = await membership.controller_channel()
-            resp = await controller_pb2_grpc.ControllerServiceStub(ch).AllocateProducerIds(
-                controller_pb2.AllocateProducerIdsRequest(broker_id=self.broker.config.broker_id, broker_epoch=epoch),
-                timeout=FORWARD_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            raise errors.from_rpc_error(exc) from None
-        except EtcdError as exc:
-            raise errors.error_for(errors.Code.NOT_CONTROLLER, f"cannot read the controller from etcd: {exc}")
-        if resp.error.code:
-            raise errors.error_for(resp.error.code, resp.error.message)
-        return resp.producer_id_start, resp.producer_id_len
 
     @rpc_method("BrokerService")
     async def InitProducerId(self, request: broker_pb2.InitProducerIdRequest,
@@ -193,10 +153,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def OffsetForLeaderEpoch(self, request: broker_pb2.OffsetForLeaderEpochRequest,
                                    context: Ctx) -> broker_pb2.OffsetForLeaderEpochResponse:
-        p = self.replicas.get_partition(request.topic, request.partition)
-        if request.HasField("current_leader_epoch"):
-            p.check_leader(request.current_leader_epoch)
-        epoch, end_offset = p.log.end_offset_for_epoch(request.leader_epoch)
+        epoch, end_offset = self.replicas.offset_for_leader_epoch(
+            request.topic, request.partition, request.leader_epoch,
+            request.current_leader_epoch if request.HasField("current_leader_epoch") else None)
         return broker_pb2.OffsetForLeaderEpochResponse(leader_epoch=epoch, end_offset=end_offset)
 
 
@@ -345,10 +304,6 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
         return broker_pb2.UpdateMetadataResponse()
 
 
-FORWARD_TIMEOUT_S = 30.0  # how long a forwarded admin call may take, retries for a moving controller included
-FORWARD_RETRY_S = 0.2  # pause before asking etcd again who the controller is
-
-
 def _forwarded(api: str) -> Any:
     """An AdminService method that relays the request to the active controller and its answer back."""
 
@@ -363,34 +318,14 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     """AdminService of a cluster-mode broker: every call goes to the active controller (read from etcd).
 
     A NOT_CONTROLLER answer or an unreachable controller means it moved: look it up
-    again and retry until the caller's deadline (or FORWARD_TIMEOUT_S) runs out.
+    again and retry until the caller's deadline (controller_link.FORWARD_TIMEOUT_S at most).
     """
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
 
     async def forward(self, api: str, request: Any, context: Ctx) -> Any:
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + min(remaining if remaining is not None else FORWARD_TIMEOUT_S,
-                                          FORWARD_TIMEOUT_S)
-        last: errors.GregorError = errors.error_for(errors.Code.NOT_CONTROLLER, "no active controller")
-        while time.monotonic() < deadline:
-            try:
-                membership = self.broker.membership
-                assert membership is not None
-                _, ch = await membership.controller_channel()
-                stub = controller_pb2_grpc.AdminServiceStub(ch)
-                return await getattr(stub, api)(request, timeout=max(0.1, deadline - time.monotonic()))
-            except grpc.RpcError as exc:
-                last = errors.from_rpc_error(exc)
-                if last.code not in (errors.Code.NOT_CONTROLLER, errors.Code.NETWORK_EXCEPTION):
-                    raise last
-            except EtcdError as exc:
-                last = errors.error_for(errors.Code.NOT_CONTROLLER, f"cannot read the controller from etcd: {exc}")
-            except errors.GregorError as err:
-                last = err
-            await asyncio.sleep(FORWARD_RETRY_S)
-        raise last
+        return await forward_to_controller(self.broker, api, request, context.time_remaining())
 
     CreateTopics = _forwarded("CreateTopics")
     DeleteTopics = _forwarded("DeleteTopics")

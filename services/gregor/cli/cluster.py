@@ -24,17 +24,20 @@ def cluster() -> None:
 
 @cluster.command()
 @click.option("--data-dir", help="where logs, data and cluster.json go (default ./.gregor)")
-@click.option("--brokers", type=int, default=3, show_default=True)
-@click.option("--controllers", type=int, default=2, show_default=True,
+@click.option("--standalone", is_flag=True,
+              help="one standalone broker and nothing else (same as --brokers 1 --controllers 0)")
+@click.option("--brokers", type=int, default=None, help="[default: 3; 1 with --standalone]")
+@click.option("--controllers", type=int, default=None,
               help="1 or more run the brokers in cluster mode under an elected controller (the others stand by); "
-                   "0 runs one standalone broker (--brokers 1 --controllers 0)")
+                   "0 runs one standalone broker (--brokers 1 --controllers 0)  [default: 2; 0 with --standalone]")
 @click.option("--lease-ttl-ms", type=int, default=None,
               help="controller lease TTL and broker.session.timeout.ms (default 10000)")
-@click.option("--coordinators", type=int, default=0, show_default=True,
-              help="group coordinators (need --controllers >= 1); groups are sharded over them")
+@click.option("--coordinators", type=int, default=None,
+              help="group coordinators (need --controllers >= 1); groups are sharded over them  "
+                   "[default: 1 with controllers, else 0]")
 @click.option("--coordinator-property", "coordinator_prop_items", multiple=True, metavar="KEY=VALUE",
               help="group/offsets setting of every coordinator, e.g. offsets.topic.num.partitions=8 (repeatable)")
-@click.option("--gateways", type=int, default=0, show_default=True)
+@click.option("--gateways", type=int, default=None, help="producer gateways  [default: 1 with controllers, else 0]")
 @click.option("--gateway-property", "gateway_prop_items", multiple=True, metavar="KEY=VALUE",
               help="producer config of every gateway, e.g. compression.type=lz4 (repeatable)")
 @click.option("--etcd-members", type=int, default=1, show_default=True,
@@ -46,11 +49,24 @@ def cluster() -> None:
 @click.option("--scrape-interval", "scrape_interval_s", type=click.FloatRange(min=0.1), default=None,
               help="with --prometheus: scrape and rule evaluation interval in seconds (default 5)")
 @click.pass_context
-def up(ctx: click.Context, data_dir: str | None, brokers: int, controllers: int, lease_ttl_ms: int | None,
-       coordinators: int, gateways: int, broker_props: tuple[str, ...],
+def up(ctx: click.Context, data_dir: str | None, standalone: bool, brokers: int | None, controllers: int | None,
+       lease_ttl_ms: int | None, coordinators: int | None, gateways: int | None, broker_props: tuple[str, ...],
        gateway_prop_items: tuple[str, ...] = (), coordinator_prop_items: tuple[str, ...] = (),
        etcd_members: int = 1, prometheus: bool = False, scrape_interval_s: float | None = None) -> None:
-    """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it."""
+    """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it.
+
+    The defaults are DESIGN.md's cluster: 3 brokers, 2 controllers, 1 group coordinator, 1 gateway.
+    """
+    if standalone:
+        if (brokers not in (None, 1) or controllers not in (None, 0) or coordinators not in (None, 0)
+                or gateways not in (None, 0)):
+            raise click.UsageError("--standalone runs one broker alone: drop --brokers/--controllers/"
+                                   "--coordinators/--gateways")
+        brokers, controllers = 1, 0
+    brokers = 3 if brokers is None else brokers
+    controllers = 2 if controllers is None else controllers
+    coordinators = (1 if controllers > 0 else 0) if coordinators is None else coordinators
+    gateways = (1 if controllers > 0 else 0) if gateways is None else gateways
     if coordinators < 0:
         raise click.BadParameter("must be >= 0", param_hint="--coordinators")
     coordinator_props = {}

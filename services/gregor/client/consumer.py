@@ -29,6 +29,7 @@ from gregor.client.group_membership import ConsumerRebalanceListener, GroupMembe
 from gregor.client.loop_thread import LoopThread
 from gregor.client.txn_filter import committed_rows
 from gregor.client.metadata import ClusterMetadata, call_error, list_offset
+from gregor.client.subscription_state import PartitionState, SubscriptionState
 from gregor.common import errors
 from gregor.common.records import batch_headers, fetched_rows
 from gregor.rpc.v1 import broker_pb2, common_pb2
@@ -57,26 +58,6 @@ class OffsetAndTimestamp(NamedTuple):
 CommitCallback = Callable[[Mapping[TopicPartition, int], Optional[BaseException]], Any]
 
 
-class _PartitionState:
-    """Position and prefetched records of one assigned partition."""
-
-    __slots__ = ("position", "fetch_offset", "buffer", "buffered_bytes", "task", "error", "high_watermark",
-                 "log_start_offset", "generation", "reset", "committed_checked")
-
-    def __init__(self) -> None:
-        self.position: Optional[int] = None  # next offset poll() returns
-        self.fetch_offset: Optional[int] = None  # next offset to fetch (>= position)
-        self.buffer: list[ConsumerRecord] = []
-        self.buffered_bytes = 0
-        self.task: Optional[asyncio.Task[None]] = None
-        self.error: Optional[errors.GregorError] = None
-        self.high_watermark = -1
-        self.log_start_offset = -1
-        self.generation = 0  # bumped by seek: results of older fetches are dropped
-        self.reset: Optional[int] = None  # EARLIEST/LATEST requested by seek_to_*
-        self.committed_checked = False  # with a group.id, the committed offset is the first choice of position
-
-
 class Consumer:
     """Asyncio consumer (event-loop owned). One fetch task per assigned partition.
 
@@ -100,10 +81,9 @@ class Consumer:
         self.check_crcs = bool(cfg["check.crcs"])
         self.isolation = (common_pb2.READ_COMMITTED if cfg["isolation.level"] == "read_committed"
                           else common_pb2.READ_UNCOMMITTED)
-        self._states: dict[TopicPartition, _PartitionState] = {}
-        self._order: list[TopicPartition] = []
         self._rr = 0
         self._data_ready = asyncio.Event()
+        self.subscriptions = SubscriptionState(self._start_added, self._stop, self._data_ready.set)
         self._space_freed = asyncio.Event()
         self._buffered_total = 0
         self._closed = False
@@ -122,8 +102,8 @@ class Consumer:
         if self._group is not None:
             await self._group.close()  # commits, revokes, leaves while fetch state still exists
         self._closed = True
-        tasks = [s.task for s in self._states.values() if s.task is not None]
-        for state in self._states.values():
+        tasks = [s.task for s in self.subscriptions.states.values() if s.task is not None]
+        for state in self.subscriptions.states.values():
             self._stop(state)  # new generation too: a task that misses its cancellation still exits
         self._space_freed.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -135,19 +115,10 @@ class Consumer:
         if self._group is not None and self._group.subscribed:
             raise errors.InvalidRequestError(  # type: ignore[attr-defined]
                 "Subscription to topics, partitions and pattern are mutually exclusive: unsubscribe() first")
-        wanted = list(dict.fromkeys((str(t), int(p)) for t, p in partitions))
-        for tp in list(self._states):
-            if tp not in wanted:
-                self._stop(self._states.pop(tp))
-        for tp in wanted:
-            if tp not in self._states:
-                self._states[tp] = _PartitionState()
-                self.metadata.add_topics(tp[0])
-                self._start(tp)
-        self._order = wanted
+        self.subscriptions.assign(partitions)
 
     def assignment(self) -> list[TopicPartition]:
-        return list(self._order)
+        return list(self.subscriptions.order)
 
     def subscribe(self, topics: Sequence[str] | str | re.Pattern[str] | None = None, *,
                   pattern: str | re.Pattern[str] | None = None,
@@ -161,7 +132,7 @@ class Consumer:
             topics, pattern = None, topics
         if (topics is None) == (pattern is None):
             raise errors.InvalidRequestError("subscribe() takes a list of topics or a pattern")  # type: ignore[attr-defined]
-        if self._order and not group.subscribed:
+        if self.subscriptions.order and not group.subscribed:
             raise errors.InvalidRequestError(  # type: ignore[attr-defined]
                 "Subscription to topics, partitions and pattern are mutually exclusive: assign([]) first")
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
@@ -190,13 +161,13 @@ class Consumer:
     async def commit_sync(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Commit offsets (default: the positions of everything poll() returned); raises on failure."""
         group = self._require_group("commit_sync()")
-        await group.commit(dict(offsets) if offsets is not None else self._consumed_positions())
+        await group.commit(dict(offsets) if offsets is not None else self.subscriptions.consumed_positions())
 
     def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
                      callback: Optional[CommitCallback] = None) -> "asyncio.Future[None]":
         """Commit in the background; callback(offsets, exception_or_None) runs when it completes."""
         group = self._require_group("commit_async()")
-        snapshot = dict(offsets) if offsets is not None else self._consumed_positions()
+        snapshot = dict(offsets) if offsets is not None else self.subscriptions.consumed_positions()
 
         async def run() -> None:
             exc: Optional[BaseException] = None
@@ -217,31 +188,10 @@ class Consumer:
         """The group's committed offset of each partition (None where nothing is committed)."""
         return await self._require_group("committed()").committed(tps)
 
-    def _consumed_positions(self) -> dict[TopicPartition, int]:
-        return {tp: s.position for tp, s in self._states.items() if s.position is not None}
-
-    def _add_partitions(self, tps: Sequence[TopicPartition], positions: Mapping[TopicPartition, Optional[int]]) -> None:
-        """Group assignment: start fetching tps at their committed offset (else auto.offset.reset)."""
-        for tp in tps:
-            if tp in self._states:
-                continue
-            state = self._states[tp] = _PartitionState()
-            state.position = state.fetch_offset = positions.get(tp)
-            state.committed_checked = True
-            self.metadata.add_topics(tp[0])
-            self._start(tp)
-            self._order.append(tp)
-
-    def _remove_partitions(self, tps: Sequence[TopicPartition]) -> None:
-        gone = set(tps)
-        for tp in gone:
-            state = self._states.pop(tp, None)
-            if state is not None:
-                self._stop(state)
-        self._order = [tp for tp in self._order if tp not in gone]
-
-    def _wake(self) -> None:
-        self._data_ready.set()
+    def _start_added(self, tp: TopicPartition) -> None:
+        """A partition just entered the assignment: learn its topic's metadata and start fetching."""
+        self.metadata.add_topics(tp[0])
+        self._start(tp)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Next poll() returns records of tp from offset (fetching restarts there)."""
@@ -251,11 +201,11 @@ class Consumer:
         self._restart(tp, state, position=offset)
 
     def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        for tp in tps or self._order:
+        for tp in tps or self.subscriptions.order:
             self._restart(tp, self._state(tp), reset=EARLIEST)
 
     def seek_to_end(self, *tps: TopicPartition) -> None:
-        for tp in tps or self._order:
+        for tp in tps or self.subscriptions.order:
             self._restart(tp, self._state(tp), reset=LATEST)
 
     async def position(self, tp: TopicPartition) -> int:
@@ -317,7 +267,7 @@ class Consumer:
             if out:
                 return out
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or (not self._states and (self._group is None or not self._group.subscribed)):
+            if remaining <= 0 or (not self.subscriptions.states and (self._group is None or not self._group.subscribed)):
                 return out
             try:
                 await asyncio.wait_for(self._data_ready.wait(), remaining)
@@ -326,10 +276,10 @@ class Consumer:
 
     def _drain(self, limit: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
-        n = len(self._order)
+        n = len(self.subscriptions.order)
         for i in range(n):
-            tp = self._order[(self._rr + i) % n]
-            state = self._states[tp]
+            tp = self.subscriptions.order[(self._rr + i) % n]
+            state = self.subscriptions.states[tp]
             if state.error is not None and not state.buffer:
                 err, state.error = state.error, None
                 if out:  # return what we have; raise on the next poll
@@ -360,17 +310,17 @@ class Consumer:
         return out
 
     # ------------------------------------------------------------ fetch tasks
-    def _state(self, tp: TopicPartition) -> _PartitionState:
-        state = self._states.get((tp[0], tp[1]))
+    def _state(self, tp: TopicPartition) -> PartitionState:
+        state = self.subscriptions.states.get((tp[0], tp[1]))
         if state is None:
             raise errors.InvalidRequestError(f"partition {tp[0]}-{tp[1]} is not assigned")  # type: ignore[attr-defined]
         return state
 
     def _start(self, tp: TopicPartition) -> None:
-        state = self._states[tp]
+        state = self.subscriptions.states[tp]
         state.task = asyncio.ensure_future(self._fetch_loop(tp, state, state.generation))
 
-    def _stop(self, state: _PartitionState) -> None:
+    def _stop(self, state: PartitionState) -> None:
         state.generation += 1
         if state.task is not None:
             state.task.cancel()
@@ -380,7 +330,7 @@ class Consumer:
         state.buffered_bytes = 0
         self._space_freed.set()  # other partitions' fetch tasks may be waiting for that room
 
-    def _restart(self, tp: TopicPartition, state: _PartitionState, *, position: Optional[int] = None,
+    def _restart(self, tp: TopicPartition, state: PartitionState, *, position: Optional[int] = None,
                  reset: Optional[int] = None) -> None:
         self._stop(state)
         state.error = None
@@ -388,7 +338,7 @@ class Consumer:
         state.reset = reset
         self._start(tp)
 
-    async def _initial_position(self, tp: TopicPartition, state: _PartitionState) -> None:
+    async def _initial_position(self, tp: TopicPartition, state: PartitionState) -> None:
         """A partition without a position: the group's committed offset (Kafka does this for assign() too,
         when group.id is set), else auto.offset.reset / the pending seek_to_*."""
         if self._group is not None and state.reset is None and not state.committed_checked:
@@ -401,7 +351,7 @@ class Consumer:
                 return
         await self._reset_position(tp, state)
 
-    async def _reset_position(self, tp: TopicPartition, state: _PartitionState) -> None:
+    async def _reset_position(self, tp: TopicPartition, state: PartitionState) -> None:
         strategy = state.reset
         if strategy is None:
             policy = self.config["auto.offset.reset"]
@@ -413,7 +363,7 @@ class Consumer:
         state.position = state.fetch_offset = offset
         state.reset = None
 
-    async def _fetch_loop(self, tp: TopicPartition, state: _PartitionState, gen: int) -> None:
+    async def _fetch_loop(self, tp: TopicPartition, state: PartitionState, gen: int) -> None:
         fetcher = make_fetcher(self.config["fetch.transport"], self.metadata, self.config)
         try:
             while state.generation == gen:
@@ -450,7 +400,7 @@ class Consumer:
         finally:
             await fetcher.close()
 
-    async def _with_retry(self, state: _PartitionState, gen: int, coro: Any) -> None:
+    async def _with_retry(self, state: PartitionState, gen: int, coro: Any) -> None:
         try:
             await coro
         except errors.GregorError as err:
@@ -459,7 +409,7 @@ class Consumer:
             self.metadata.request_update(err)
             await asyncio.sleep(self.backoff_s)
 
-    async def _on_fetch_error(self, tp: TopicPartition, state: _PartitionState, err: errors.GregorError) -> None:
+    async def _on_fetch_error(self, tp: TopicPartition, state: PartitionState, err: errors.GregorError) -> None:
         if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
             if self.config["auto.offset.reset"] == "none":
                 state.error = err
@@ -483,7 +433,7 @@ class Consumer:
         state.error = err
         self._data_ready.set()
 
-    def _on_fetch_result(self, tp: TopicPartition, state: _PartitionState, result: FetchResult) -> None:
+    def _on_fetch_result(self, tp: TopicPartition, state: PartitionState, result: FetchResult) -> None:
         state.high_watermark = result.high_watermark
         state.log_start_offset = result.log_start_offset
         known = self.metadata.partition(*tp)

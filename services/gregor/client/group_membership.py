@@ -418,7 +418,7 @@ class GroupMember:
             change = diff(self.owned, assigned)
             if change.revoked:
                 await self._commit_before_revoke(change.revoked)
-                self.consumer._remove_partitions(change.revoked)
+                self.consumer.subscriptions.remove(change.revoked)
                 self.owned = [tp for tp in self.owned if tp not in set(change.revoked)]
                 await self._call_listener("on_partitions_revoked", change.revoked)
                 self.need_rejoin = True  # the follow-up rebalance hands them to their new owner
@@ -426,7 +426,7 @@ class GroupMember:
         else:
             added = list(assigned)
         positions = await self._committed_positions(added)
-        self.consumer._add_partitions(added, positions)
+        self.consumer.subscriptions.add_assigned(added, positions)
         self.owned = sorted(set(self.owned) | set(added))
         await self._call_listener("on_partitions_assigned", added)
 
@@ -442,7 +442,7 @@ class GroupMember:
             return
         owned = list(self.owned)
         await self._commit_before_revoke(owned)
-        self.consumer._remove_partitions(owned)
+        self.consumer.subscriptions.remove(owned)
         self.previous, self.owned = owned, []
         await self._call_listener("on_partitions_revoked", owned)
 
@@ -452,7 +452,7 @@ class GroupMember:
         if not self.owned:
             return
         owned = list(self.owned)
-        self.consumer._remove_partitions(owned)
+        self.consumer.subscriptions.remove(owned)
         self.previous, self.owned = [], []
         await self._call_listener("on_partitions_lost", owned)
 
@@ -513,7 +513,7 @@ class GroupMember:
             log.warning("group %s: heartbeat failed: %s", self.group_id, err)
         if silent_s * 1000 > self.session_timeout_ms:
             self.coordinator_dead("session timeout passed without a heartbeat")
-        self.consumer._wake()
+        self.consumer.subscriptions.notify()
 
     # ------------------------------------------------------------ pattern subscription
     async def _refresh_pattern(self) -> None:
@@ -540,7 +540,7 @@ class GroupMember:
         self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
         if self._commit_task is not None and not self._commit_task.done():
             return
-        offsets = self.consumer._consumed_positions()
+        offsets = self.consumer.subscriptions.consumed_positions()
         offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
         if offsets and not self.rebalancing:
             self._commit_task = asyncio.ensure_future(self._auto_commit(offsets))
@@ -555,7 +555,7 @@ class GroupMember:
         if not self.auto_commit or self.generation < 0:
             return
         wanted = set(tps)
-        offsets = {tp: o for tp, o in self.consumer._consumed_positions().items() if tp in wanted}
+        offsets = {tp: o for tp, o in self.consumer.subscriptions.consumed_positions().items() if tp in wanted}
         if offsets:
             try:
                 await self.commit(offsets)
@@ -635,7 +635,7 @@ class GroupMember:
                     await self._revoke_all(leaving=True)
                     await self.leave_group("the consumer is being closed")
             elif self.auto_commit:
-                offsets = self.consumer._consumed_positions()
+                offsets = self.consumer.subscriptions.consumed_positions()
                 offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
                 if offsets:
                     await self.commit(offsets)

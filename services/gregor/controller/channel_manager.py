@@ -126,7 +126,12 @@ class RequestSender:
                 backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_S)
                 continue
             for pe in getattr(response, "partition_errors", ()):
-                if pe.error:
+                if pe.error == errors.Code.STALE_CONTROLLER_EPOCH:
+                    # The broker already holds this leader epoch (a resend on failover or broker change):
+                    # it ignores the partition, as Kafka's brokers do; nothing to act on.
+                    log.debug("broker %d: %s for %s-%d already applied", self.broker_id, item.api, pe.topic,
+                              pe.partition)
+                elif pe.error:
                     log.warning("broker %d: %s for %s-%d: %s", self.broker_id, item.api, pe.topic, pe.partition,
                                 errors.code_name(pe.error))
             return

@@ -7,37 +7,49 @@ directly with a recording consumer, so only the ordering logic is under test.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import pytest
 
 from gregor.client.config import consumer_config
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
+from gregor.client.subscription_state import SubscriptionState
 
 A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
 
 
+class RecordingSubscriptions(SubscriptionState):
+    """The real SubscriptionState, recording each assignment change into a shared event log (no fetch tasks)."""
+
+    def __init__(self, events: list[tuple[str, list[Any]]]) -> None:
+        super().__init__(start=lambda tp: None, stop=lambda state: None, on_change=lambda: None)
+        self.events = events
+
+    def add_assigned(self, tps: Sequence[tuple[str, int]],
+                     positions: Mapping[tuple[str, int], Optional[int]]) -> list[tuple[str, int]]:
+        self.events.append(("fetch+", sorted(tps)))
+        return super().add_assigned(tps, positions)
+
+    def remove(self, tps: Sequence[tuple[str, int]]) -> None:
+        self.events.append(("fetch-", sorted(tps)))
+        super().remove(tps)
+
+    def consumed_positions(self) -> dict[tuple[str, int], int]:
+        return {tp: 10 for tp in self.states}
+
+
 class RecordingConsumer:
-    """Stands in for Consumer's fetch state: records partition adds/removes into a shared event log."""
+    """Stands in for Consumer: its SubscriptionState is what GroupMember changes."""
 
     def __init__(self, events: list[tuple[str, list[Any]]]) -> None:
         self.metadata = object()
         self.events = events
-        self.fetching: set[tuple[str, int]] = set()
+        self.subscriptions = RecordingSubscriptions(events)
 
-    def _add_partitions(self, tps: list[tuple[str, int]], positions: dict[Any, Optional[int]]) -> None:
-        self.events.append(("fetch+", sorted(tps)))
-        self.fetching |= set(tps)
-
-    def _remove_partitions(self, tps: list[tuple[str, int]]) -> None:
-        self.events.append(("fetch-", sorted(tps)))
-        self.fetching -= set(tps)
-
-    def _consumed_positions(self) -> dict[tuple[str, int], int]:
-        return {tp: 10 for tp in self.fetching}
-
-    def _wake(self) -> None:
-        pass
+    @property
+    def fetching(self) -> set[tuple[str, int]]:
+        return set(self.subscriptions.states)
 
 
 class Recorder(ConsumerRebalanceListener):

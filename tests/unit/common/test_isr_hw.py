@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gregor.broker.partition import Partition
+from gregor.broker.replica_state import Effect, HighWatermarkChanged
 from gregor.common import errors
 from gregor.common.config import effective_topic_configs, log_config_kwargs
 from gregor.common.isr import compute_high_watermark, is_isr_eligible, is_stale_follower_fetch, isr_eligible_followers
@@ -91,6 +92,10 @@ def test_broker_epoch_rules() -> None:
     assert is_isr_eligible(7, None, False)  # no UpdateMetadata yet: nothing to check against
 
 
+def hw_moved(effects: list[Effect]) -> bool:
+    return any(isinstance(e, HighWatermarkChanged) for e in effects)
+
+
 @pytest.fixture
 def partition(tmp_path: os.PathLike[str]) -> Partition:
     configs = effective_topic_configs({"min.insync.replicas": 2}, {})
@@ -104,12 +109,13 @@ def test_partition_hw_waits_for_a_caught_up_follower_outside_the_isr(partition: 
     p = partition
     p.append_records_to_leader(make_batch([b"a", b"b", b"c"]), 1)
     t0 = p.follower_states[2].last_caught_up_time_ms
-    p.update_follower_fetch_state(2, 3, t0 + 10)
+    p.on_follower_fetch(2, 3, -1, fetch_time_ms=t0 + 10)
     assert p.high_watermark == 3  # follower 3 has never been caught up: the ISR alone decides
     # Follower 3 fetches at the LEO (caught up), then the leader appends two more.
-    p.update_follower_fetch_state(3, 3, t0 + 20)
+    p.on_follower_fetch(3, 3, -1, fetch_time_ms=t0 + 20)
+    p.on_isr_write_result(0, None, -1)  # its ISR expansion was refused (nobody writes one here)
     p.append_records_to_leader(make_batch([b"d", b"e"]), 1)
-    p.update_follower_fetch_state(2, 5, t0 + 30)
+    p.on_follower_fetch(2, 5, -1, fetch_time_ms=t0 + 30)
     assert p.high_watermark == 3  # 3 is caught up (20 ms ago) at LEO 3: it holds the HW
     assert p.maybe_increment_leader_hw(t0 + 20 + LAG_MS + 1) and p.high_watermark == 5
 
@@ -125,26 +131,27 @@ def test_partition_hw_does_not_wait_for_a_departing_follower(partition: Partitio
     p.live_broker_epochs = lambda: live
     p.append_records_to_leader(make_batch([b"a", b"b", b"c"]), 1)
     t0 = p.follower_states[2].last_caught_up_time_ms
-    p.update_follower_fetch_state(3, 3, t0 + 10, broker_epoch=30)  # caught up at LEO 3
-    p.update_follower_fetch_state(2, 3, t0 + 10, broker_epoch=20)
+    p.on_follower_fetch(3, 3, 30, fetch_time_ms=t0 + 10)  # caught up at LEO 3
+    p.on_isr_write_result(0, None, -1)  # its ISR expansion was refused (nobody writes one here)
+    p.on_follower_fetch(2, 3, 20, fetch_time_ms=t0 + 10)
     assert p.high_watermark == 3
     p.append_records_to_leader(make_batch([b"d", b"e"]), 1)
-    p.update_follower_fetch_state(2, 5, t0 + 20, broker_epoch=20)
+    p.on_follower_fetch(2, 5, 20, fetch_time_ms=t0 + 20)
     assert p.high_watermark == 3  # 3 is eligible and caught up: waited for
     live = {1: 10, 2: 20}  # UpdateMetadata without broker 3 (controlled shutdown or gone)
     assert p.maybe_increment_leader_hw(t0 + 30) and p.high_watermark == 5
     # Before any UpdateMetadata there is nothing to check against: it would be waited for again.
     p.append_records_to_leader(make_batch([b"f"]), 1)
-    p.update_follower_fetch_state(3, 5, t0 + 40, broker_epoch=30)
+    p.on_follower_fetch(3, 5, 30, fetch_time_ms=t0 + 40)
     live = None
-    p.update_follower_fetch_state(2, 6, t0 + 50, broker_epoch=20)
+    p.on_follower_fetch(2, 6, 20, fetch_time_ms=t0 + 50)
     assert p.high_watermark == 5
 
 
 def test_fetch_from_an_older_incarnation_is_stale(partition: Partition) -> None:
     p = partition
     p.check_follower_broker_epoch(2, 100, live_epoch=100)
-    p.update_follower_fetch_state(2, 0, 1, broker_epoch=100)
+    p.on_follower_fetch(2, 0, 100, fetch_time_ms=1)
     with pytest.raises(errors.GregorError) as info:
         p.check_follower_broker_epoch(2, 90, live_epoch=None)  # older than what its fetches carried
     assert info.value.code == errors.Code.STALE_BROKER_EPOCH
@@ -156,8 +163,8 @@ def test_fetch_from_an_older_incarnation_is_stale(partition: Partition) -> None:
 
 def test_only_the_live_incarnation_may_join_the_isr(partition: Partition) -> None:
     p = partition
-    p.update_follower_fetch_state(3, 0, 1, broker_epoch=70)
-    assert p.needs_expand_isr(3)  # no controller view given: LEO 0 >= HW 0
-    assert not p.needs_expand_isr(3, {1: 10, 2: 20, 3: 60})  # the controller still knows epoch 60
-    assert not p.needs_expand_isr(3, {1: 10, 2: 20})  # the controller thinks it is dead
-    assert p.needs_expand_isr(3, {1: 10, 2: 20, 3: 70})
+    p.on_follower_fetch(3, 0, 70, fetch_time_ms=1)
+    assert p.state.needs_expand_isr(3)  # no controller view given: LEO 0 >= HW 0
+    assert not p.state.needs_expand_isr(3, {1: 10, 2: 20, 3: 60})  # the controller still knows epoch 60
+    assert not p.state.needs_expand_isr(3, {1: 10, 2: 20})  # the controller thinks it is dead
+    assert p.state.needs_expand_isr(3, {1: 10, 2: 20, 3: 70})

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gregor.controller import isr as isr_logic
-from gregor.controller.isr import (
+from gregor.common import isr as isr_logic
+from gregor.common.isr import (
     UNDEFINED_EPOCH,
     UNDEFINED_EPOCH_OFFSET,
     FollowerFetchState,

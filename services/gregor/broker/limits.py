@@ -1,0 +1,42 @@
+"""Every fixed limit of the broker (timeouts, backoffs, retries, sizes) with its default and why.
+
+Configurable limits (server.properties) live in gregor.common.config.BrokerConfig; these are
+the fixed ones. Kafka's config name is given where the value mirrors one.
+"""
+
+from __future__ import annotations
+
+# -- Replica fetchers (seeds 002, 004): replica_fetcher.py
+REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
+REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: the leader holds an empty fetch this long
+REPLICA_FETCH_MIN_BYTES = 1  # replica.fetch.min.bytes: answer as soon as any partition has a byte
+REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
+FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
+MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
+
+# -- ISR writes (seed 000): isr_manager.py
+ISR_WRITE_ATTEMPTS = 3  # CAS retries while the leader epoch is unchanged (someone else wrote the ISR)
+
+# -- High-watermark checkpoint: replica_manager.py
+HW_CHECKPOINT_INTERVAL_MS = 5000  # replica.high.watermark.checkpoint.interval.ms
+
+# -- Calls to the active controller: controller_link.py
+FORWARD_TIMEOUT_S = 30.0  # how long a forwarded admin call may take, retries for a moving controller included
+FORWARD_RETRY_S = 0.2  # pause before asking etcd again who the controller is
+
+# -- Zero-copy data port: data_port.py
+REQUEST_FRAME_MAX_BYTES = 1 << 20  # a FetchRequest is a few dozen bytes; anything huge is garbage
+
+# -- Broker registration and controlled shutdown: cluster_membership.py
+REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way
+REGISTER_WAIT_S = 10.0  # a control request waits this long for our own registration to finish
+CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S = 30.0  # one ControlledShutdown attempt (Kafka: request.timeout.ms)
+
+# -- FindCoordinator lookup in etcd: coordinator_lookup.py
+LOOKUP_SYNC_WAIT_S = 2.0  # a request arriving before the first etcd read waits at most this long for it
+LOOKUP_RETRY_S = 0.5  # pause before reading etcd again after an error
+
+# -- Producer-id blocks: producer_id_manager.py
+PRODUCER_ID_PREFETCH_THRESHOLD = 0.9  # ask for the next block once this share of the current one is used
+PRODUCER_ID_BLOCK_WAIT_S = 10.0  # InitProducerId waits this long for a block before answering a retriable error
+PRODUCER_ID_BLOCK_RETRY_S = 0.2  # pause between failed block requests

@@ -1,0 +1,282 @@
+"""The broker's drivers tested directly: proto in, gRPC status and ErrorDetail out.
+
+An in-process broker (standalone, real gRPC server, real data port, real logs)
+answers BrokerService, BrokerControlService and the data port; replication states a
+standalone broker never reaches (a follower, an ISR of two, a follower fetch) are set
+up through the same ReplicaManager entry points LeaderAndIsr uses. Every error code
+named in broker.proto's comments for these RPCs is produced here at least once
+(COORDINATOR_LOAD_IN_PROGRESS and the coordinator's own codes live in
+test_find_coordinator.py and test_idempotence.py, which need a controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import gregor_native as native
+import grpc
+import pytest
+
+from gregor.broker.broker import Broker
+from gregor.common import errors
+from gregor.common.config import BrokerConfig
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc, coordinator_pb2
+from tests.helpers.batches import make_batch
+
+Code = errors.Code
+
+
+@dataclass
+class Running:
+    broker: Broker
+    stub: broker_pb2_grpc.BrokerServiceStub
+    control: broker_pb2_grpc.BrokerControlServiceStub
+    admin: controller_pb2_grpc.AdminServiceStub
+
+
+@pytest.fixture
+async def running(tmp_path: os.PathLike[str]) -> AsyncIterator[Running]:
+    # A short replica.lag.time.max.ms: a follower that left the ISR stops holding the HW 0.1 s later.
+    cfg = BrokerConfig(broker_id=0, log_dirs=os.path.join(str(tmp_path), "logs"), port=0, data_port=0,
+                       metrics_port=-1, replica_lag_time_max_ms=100)
+    broker = Broker(cfg)
+    await broker.start()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc_port}")
+    run = Running(broker, broker_pb2_grpc.BrokerServiceStub(ch), broker_pb2_grpc.BrokerControlServiceStub(ch),
+                  controller_pb2_grpc.AdminServiceStub(ch))
+    resp = await run.admin.CreateTopics(controller_pb2.CreateTopicsRequest(topics=[
+        controller_pb2.CreatableTopic(name="t", num_partitions=1, replication_factor=1),
+        controller_pb2.CreatableTopic(name="small", num_partitions=1, replication_factor=1,
+                                configs={"max.message.bytes": "200"}),
+        controller_pb2.CreatableTopic(name="strict", num_partitions=1, replication_factor=1,
+                                configs={"min.insync.replicas": "2"})]))
+    assert all(not r.HasField("error") or not r.error.code for r in resp.results)
+    try:
+        yield run
+    finally:
+        await ch.close()
+        await broker.stop(0)
+
+
+async def status_of(call: object) -> errors.GregorError:
+    """Await a call that must fail; its typed error."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    err = errors.from_rpc_error(info.value)
+    assert err.code != Code.UNKNOWN_SERVER_ERROR, err
+    return err
+
+
+def produce(topic: str, records: bytes, acks: int = 1, timeout_ms: int = 1000) -> broker_pb2.ProduceRequest:
+    return broker_pb2.ProduceRequest(topic=topic, partition=0, records=records, acks=acks, timeout_ms=timeout_ms)
+
+
+def idempotent(values: list[bytes], pid: int, epoch: int, seq: int) -> bytes:
+    section = native.encode_records([(None, v, [], 0) for v in values])
+    return native.build_batch(section, len(values), producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+
+def lead_with(run: Running, topic: str, epoch: int, isr: list[int], replicas: list[int]) -> None:
+    """Make broker 0 leader at `epoch` as a LeaderAndIsr would (the standalone broker has no controller)."""
+    rm = run.broker.replica_manager
+    state = broker_pb2.LeaderAndIsrPartitionState(topic=topic, partition=0, leader=0, leader_epoch=epoch, isr=isr,
+                                                  replicas=replicas, partition_epoch=epoch)
+    assert rm.become_leader_or_follower([state], {}) == {}
+
+
+# -- Produce ---------------------------------------------------------------------------------
+
+
+async def test_produce_rejects_bad_requests_with_typed_errors(running: Running) -> None:
+    s = running.stub
+    assert (await status_of(s.Produce(produce("nope", make_batch([b"a"]))))).code == Code.UNKNOWN_TOPIC_OR_PARTITION
+    assert (await status_of(s.Produce(produce("t", make_batch([b"a"]), acks=2)))).code == Code.INVALID_REQUIRED_ACKS
+    assert (await status_of(s.Produce(produce("t", b"")))).code == Code.CORRUPT_MESSAGE
+    bad_crc = bytearray(make_batch([b"a"]))
+    bad_crc[-1] ^= 0xFF
+    assert (await status_of(s.Produce(produce("t", bytes(bad_crc))))).code == Code.CORRUPT_MESSAGE
+    assert (await status_of(s.Produce(produce("small", make_batch([b"x" * 500]))))).code == Code.MESSAGE_TOO_LARGE
+    not_a_batch = make_batch([b"a"])[:20]
+    assert (await status_of(s.Produce(produce("t", not_a_batch)))).code in (Code.CORRUPT_MESSAGE,
+                                                                              Code.INVALID_RECORD)
+    # Nothing of the above was appended.
+    out = await s.ListOffsets(broker_pb2.ListOffsetsRequest(topic="t", partition=0, timestamp_ms=-1))
+    assert out.offset == 0
+
+
+async def test_produce_acks_all_below_min_insync_is_refused_before_any_write(running: Running) -> None:
+    err = await status_of(running.stub.Produce(produce("strict", make_batch([b"a"]), acks=-1)))
+    assert err.code == Code.NOT_ENOUGH_REPLICAS and err.topic == "strict"
+    out = await running.stub.ListOffsets(broker_pb2.ListOffsetsRequest(topic="strict", partition=0, timestamp_ms=-1))
+    assert out.offset == 0
+    await running.stub.Produce(produce("strict", make_batch([b"a"]), acks=1))  # acks=1 does not need the ISR
+
+
+async def test_acks_all_times_out_then_fails_after_append_when_the_isr_shrinks(running: Running) -> None:
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    err = await status_of(running.stub.Produce(produce("strict", make_batch([b"a"]), acks=-1, timeout_ms=100)))
+    assert err.code == Code.REQUEST_TIMED_OUT
+    pending = asyncio.ensure_future(running.stub.Produce(produce("strict", make_batch([b"b"]), acks=-1,
+                                                                 timeout_ms=10_000)))
+    await asyncio.sleep(0.2)
+    rm = running.broker.replica_manager
+    p = rm.partitions[("strict", 0)]
+    rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
+    assert (await status_of(pending)).code == Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+async def test_a_follower_answers_not_leader_and_parked_produces_wake_up(running: Running) -> None:
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    pending = asyncio.ensure_future(running.stub.Produce(produce("strict", make_batch([b"a"]), acks=-1,
+                                                                 timeout_ms=10_000)))
+    await asyncio.sleep(0.2)
+    rm = running.broker.replica_manager
+    state = broker_pb2.LeaderAndIsrPartitionState(topic="strict", partition=0, leader=5, leader_epoch=2, isr=[5],
+                                                  replicas=[0, 5], partition_epoch=3)
+    assert rm.become_leader_or_follower([state], {}) == {}
+    err = await status_of(pending)
+    assert err.code == Code.NOT_LEADER_OR_FOLLOWER
+    err = await status_of(running.stub.Produce(produce("strict", make_batch([b"b"]))))
+    assert err.code == Code.NOT_LEADER_OR_FOLLOWER and err.leader_id == 5 and err.leader_epoch == 2
+    # The same LeaderAndIsr again is stale (Kafka applies only a newer leader epoch).
+    assert rm.become_leader_or_follower([state], {}) == {("strict", 0): Code.STALE_CONTROLLER_EPOCH}
+
+
+async def test_idempotent_producer_errors(running: Running) -> None:
+    s = running.stub
+    init = await s.InitProducerId(broker_pb2.InitProducerIdRequest())
+    pid = init.producer_id
+    first = await s.Produce(produce("t", idempotent([b"a"], pid, 0, 0)))
+    again = await s.Produce(produce("t", idempotent([b"a"], pid, 0, 0)))
+    assert again.duplicate and again.base_offset == first.base_offset
+    assert (await status_of(s.Produce(produce("t", idempotent([b"c"], pid, 0, 5))))).code == \
+        Code.OUT_OF_ORDER_SEQUENCE_NUMBER
+    await s.Produce(produce("t", idempotent([b"b"], pid, 1, 0)))  # a bumped epoch starts at 0
+    assert (await status_of(s.Produce(produce("t", idempotent([b"d"], pid, 0, 1))))).code == \
+        Code.INVALID_PRODUCER_EPOCH
+    assert (await status_of(s.Produce(produce("t", idempotent([b"e"], pid + 999, 0, 7))))).code == \
+        Code.UNKNOWN_PRODUCER_ID
+    assert (await status_of(s.InitProducerId(broker_pb2.InitProducerIdRequest(transactional_id="tx"))))\
+        .code == Code.INVALID_REQUEST
+
+
+async def test_storage_error_when_the_log_is_gone(running: Running) -> None:
+    p = running.broker.replica_manager.partitions[("t", 0)]
+    p.log.close()
+    assert (await status_of(running.stub.Produce(produce("t", make_batch([b"a"]))))).code == \
+        Code.KAFKA_STORAGE_ERROR
+
+
+# -- Fetch, ListOffsets, OffsetForLeaderEpoch -------------------------------------------------------
+
+
+def fetch(**kw: object) -> broker_pb2.FetchRequest:
+    base: dict[str, object] = dict(topic="t", partition=0, fetch_offset=0, max_bytes=1 << 20, min_bytes=0,
+                                   max_wait_ms=0)
+    base.update(kw)
+    return broker_pb2.FetchRequest(**base)  # type: ignore[arg-type]
+
+
+async def test_fetch_errors(running: Running) -> None:
+    s = running.stub
+    await s.Produce(produce("t", make_batch([b"a", b"b"])))
+    assert (await status_of(s.Fetch(fetch(topic="nope")))).code == Code.UNKNOWN_TOPIC_OR_PARTITION
+    assert (await status_of(s.Fetch(fetch(fetch_offset=3)))).code == Code.OFFSET_OUT_OF_RANGE
+    assert (await status_of(s.Fetch(fetch(max_bytes=0)))).code == Code.INVALID_FETCH_SIZE
+    assert (await status_of(s.Fetch(fetch(min_bytes=-1)))).code == Code.INVALID_FETCH_SIZE
+    assert (await status_of(s.Fetch(fetch(max_wait_ms=-1)))).code == Code.INVALID_REQUEST
+    epoch = running.broker.replica_manager.partitions[("t", 0)].leader_epoch
+    lead_with(running, "t", epoch + 2, [0], [0])
+    assert (await status_of(s.Fetch(fetch(current_leader_epoch=epoch)))).code == Code.FENCED_LEADER_EPOCH
+    assert (await status_of(s.Fetch(fetch(current_leader_epoch=epoch + 3)))).code == Code.UNKNOWN_LEADER_EPOCH
+    ok = await s.Fetch(fetch(current_leader_epoch=epoch + 2))
+    assert ok.high_watermark == 2 and ok.leader_epoch == epoch + 2
+
+
+async def test_follower_fetch_moves_the_hw_and_fences_older_incarnations(running: Running) -> None:
+    lead_with(running, "t", 1, [0, 5], [0, 5])
+    s = running.stub
+    await s.Produce(produce("t", make_batch([b"a", b"b"])))
+    assert (await s.Fetch(fetch())).records == b""  # consumers see nothing above the HW (0)
+    await s.Fetch(fetch(replica_id=5, fetch_offset=2, replica_broker_epoch=10, current_leader_epoch=1))
+    consumer = await s.Fetch(fetch())
+    assert consumer.high_watermark == 2 and consumer.records
+    err = await status_of(s.Fetch(fetch(replica_id=5, fetch_offset=2, replica_broker_epoch=9)))
+    assert err.code == Code.STALE_BROKER_EPOCH
+
+
+async def test_list_offsets_and_offset_for_leader_epoch(running: Running) -> None:
+    s = running.stub
+    await s.Produce(produce("t", make_batch([b"a", b"b"])))
+    err = await status_of(s.ListOffsets(broker_pb2.ListOffsetsRequest(topic="t", partition=0, timestamp_ms=-7)))
+    assert err.code == Code.INVALID_REQUEST
+    assert (await status_of(s.ListOffsets(broker_pb2.ListOffsetsRequest(topic="x", partition=0, timestamp_ms=-1))))\
+        .code == Code.UNKNOWN_TOPIC_OR_PARTITION
+    epoch = running.broker.replica_manager.partitions[("t", 0)].leader_epoch
+    out = await s.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(topic="t", partition=0,
+                                                                               leader_epoch=epoch))
+    assert (out.leader_epoch, out.end_offset) == (epoch, 2)
+    err = await status_of(s.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(
+        topic="t", partition=0, leader_epoch=epoch, current_leader_epoch=epoch + 1)))
+    assert err.code == Code.UNKNOWN_LEADER_EPOCH
+    assert (await status_of(s.OffsetForLeaderEpoch(broker_pb2.OffsetForLeaderEpochRequest(
+        topic="x", partition=0, leader_epoch=0)))).code == Code.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_find_coordinator_on_a_standalone_broker(running: Running) -> None:
+    err = await status_of(running.stub.FindCoordinator(coordinator_pb2.FindCoordinatorRequest(group_id="g")))
+    assert err.code == Code.COORDINATOR_NOT_AVAILABLE
+
+
+async def test_control_service_is_not_served_standalone(running: Running) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await running.control.LeaderAndIsr(broker_pb2.LeaderAndIsrRequest(controller_epoch=1))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_control_request_fence(running: Running) -> None:
+    fence = running.broker.replica_manager.control_fence
+    fence.check(3, -1, 7)
+    for args, code in (((2, -1, 7), Code.STALE_CONTROLLER_EPOCH), ((4, 6, 7), Code.STALE_BROKER_EPOCH)):
+        with pytest.raises(errors.GregorError) as info:
+            fence.check(*args)
+        assert info.value.code == code
+    assert fence.controller_epoch == 3  # a request refused for its broker epoch moves nothing
+
+
+# -- the data port ---------------------------------------------------------------------------------
+
+
+def _data_port(port: int, payload: bytes) -> tuple[broker_pb2.DataFetchResponseHeader, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(payload)
+        f = sock.makefile("rb")
+        (n,) = struct.unpack(">I", f.read(4))
+        header = broker_pb2.DataFetchResponseHeader.FromString(f.read(n))
+        return header, f.read(header.records_length) if header.records_length else b""
+
+
+def _frame(req: broker_pb2.FetchRequest) -> bytes:
+    body = req.SerializeToString()
+    return struct.pack(">I", len(body)) + body
+
+
+async def test_data_port_answers_with_the_same_errors_as_grpc(running: Running) -> None:
+    await running.stub.Produce(produce("t", make_batch([b"a"])))
+    port = running.broker.data_port.port  # type: ignore[union-attr]
+    header, raw = await asyncio.to_thread(_data_port, port, _frame(fetch()))
+    assert header.response.high_watermark == 1 and len(raw) == header.records_length > 0
+    for req, code in ((fetch(topic="nope"), Code.UNKNOWN_TOPIC_OR_PARTITION),
+                      (fetch(fetch_offset=9), Code.OFFSET_OUT_OF_RANGE),
+                      (fetch(max_bytes=0), Code.INVALID_FETCH_SIZE)):
+        header, _ = await asyncio.to_thread(_data_port, port, _frame(req))
+        assert header.error.code == code and header.records_length == 0
+    header, _ = await asyncio.to_thread(_data_port, port, struct.pack(">I", 0))
+    assert header.error.code == Code.INVALID_REQUEST
+    header, _ = await asyncio.to_thread(_data_port, port, struct.pack(">I", 3) + b"\xff\xff\xff")
+    assert header.error.code == Code.INVALID_REQUEST

@@ -15,6 +15,7 @@ import math
 import socket
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Awaitable, Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -63,9 +64,7 @@ class MetricsTopicConfig:
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> "MetricsTopicConfig":
         """Pop the metrics.topic.* keys out of props (the gateway's producer properties) and parse them."""
-        class _Ns:
-            pass
-        ns = _Ns()
+        ns = SimpleNamespace()
         for key, (dest, parse, default) in METRICS_TOPIC_KEYS.items():
             raw = props.pop(key, None)
             try:

@@ -312,7 +312,8 @@ class LocalCluster:
            controllers: int = 0, lease_ttl_ms: int | None = None, gateways: int = 0,
            gateway_props: dict[str, str] | None = None, etcd_members: int = 1,
            coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None,
-           prometheus: bool = False, scrape_interval_s: float | None = None) -> "LocalCluster":
+           prometheus: bool = False, scrape_interval_s: float | None = None,
+           controller_overrides: dict[str, str] | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
@@ -342,7 +343,8 @@ class LocalCluster:
             cluster.processes.extend(members)
             etcd_endpoints = ",".join(p.grpc for p in members)
             for i in range(controllers):
-                cluster.processes.append(start_controller(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms))
+                cluster.processes.append(start_controller(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms,
+                                                          overrides=controller_overrides))
             for i in range(brokers):
                 cluster.processes.append(start_broker(data_dir, i, overrides=overrides,
                                                       etcd_endpoint=etcd_endpoints if controllers else None))
@@ -369,8 +371,12 @@ class LocalCluster:
 
 
 def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host: str = "127.0.0.1",
-                     cluster: str = "gregor", lease_ttl_ms: int | None = None, port: int = 0) -> Process:
-    """A controller process (python -m gregor.controller) against etcd_endpoint ([http://]host:port)."""
+                     cluster: str = "gregor", lease_ttl_ms: int | None = None, port: int = 0,
+                     overrides: dict[str, str] | None = None) -> Process:
+    """A controller process (python -m gregor.controller) against etcd_endpoint ([http://]host:port).
+
+    overrides are controller properties (--override), e.g. metrics.topic.enable=true.
+    """
     controller_dir, ready = _process_dir(data_dir, f"controller-{controller_id}")
     log_path = os.path.join(data_dir, "logs", f"controller-{controller_id}.log")
     endpoint = etcd_endpoint if "://" in etcd_endpoint else f"http://{etcd_endpoint}"
@@ -378,6 +384,8 @@ def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host
            "--cluster", cluster, "--host", host, "--port", str(port), "--metrics-port", "0", "--ready-file", ready]
     if lease_ttl_ms is not None:
         cmd += ["--lease-ttl-ms", str(lease_ttl_ms)]
+    for k, v in (overrides or {}).items():
+        cmd += ["--override", f"{k}={v}"]
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
     return Process("controller", controller_id, proc.pid, info["grpc"], info["metrics"], log_path, controller_dir)

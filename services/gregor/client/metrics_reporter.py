@@ -14,11 +14,15 @@ import logging
 import math
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Awaitable, Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from gregor.common import errors
+from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.properties import parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,58 @@ INTERVAL_MS_DEFAULT = 10000  # metrics.topic.interval.ms: a sample batch every 1
 PREFIXES = ("gregor_", "process_")
 TOPIC_RETENTION_MS = 7 * 24 * 3600 * 1000  # metrics history kept a week, like Cruise Control's default
 CREATE_RETRY_S = 2.0  # the topic is created once the cluster answers; retried until then
+
+# The same keys for every role (broker, controller, coordinator, gateway): key -> (dest, parser, default),
+# the shape common.properties.settle takes.
+METRICS_TOPIC_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    "metrics.topic.enable": ("metrics_topic_enable", parse_bool, False),
+    "metrics.topic.interval.ms": ("metrics_topic_interval_ms", int, INTERVAL_MS_DEFAULT),
+    "metrics.topic.replication.factor": ("metrics_topic_replication_factor", int, 1),
+}
+
+
+@dataclass(frozen=True)
+class MetricsTopicConfig:
+    """The metrics.topic.* settings of one process; off by default."""
+    enable: bool = False
+    interval_ms: int = INTERVAL_MS_DEFAULT
+    replication_factor: int = 1
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> "MetricsTopicConfig":
+        """From the dests METRICS_TOPIC_KEYS settled on ns; out-of-range values raise InvalidConfigError."""
+        config = cls(*(getattr(ns, dest) for dest, _, _ in METRICS_TOPIC_KEYS.values()))
+        if config.interval_ms <= 0:
+            raise InvalidConfigError(f"metrics.topic.interval.ms={config.interval_ms}: must be positive")
+        if config.replication_factor < 1:
+            raise InvalidConfigError(f"metrics.topic.replication.factor={config.replication_factor}: must be >= 1")
+        return config
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> "MetricsTopicConfig":
+        """Pop the metrics.topic.* keys out of props (the gateway's producer properties) and parse them."""
+        ns = SimpleNamespace()
+        for key, (dest, parse, default) in METRICS_TOPIC_KEYS.items():
+            raw = props.pop(key, None)
+            try:
+                setattr(ns, dest, default if raw is None else parse(raw))
+            except ValueError:
+                raise InvalidConfigError(f"{key}={raw!r}: invalid value") from None
+        return cls.from_namespace(ns)
+
+
+async def etcd_bootstrap(etcd: Any, poll_s: float = 0.2) -> str:
+    """bootstrap.servers from the brokers registered in etcd `brokers/ids/*`, waiting for at least one.
+
+    Roles without a broker list of their own (the controller, a coordinator without --bootstrap) publish
+    through it.
+    """
+    while True:
+        res = await etcd.get_prefix(etcd.key("brokers", "ids") + b"/")
+        addrs = [f"{info['host']}:{info['grpc_port']}" for info in (json.loads(kv.value) for kv in res.kvs)]
+        if addrs:
+            return ",".join(addrs)
+        await asyncio.sleep(poll_s)
 
 
 def sample_batch(registry: CollectorRegistry, role: str, instance_id: int, now_ms: int,
@@ -69,11 +125,14 @@ def decode(value: bytes) -> dict[str, Any]:
 class MetricsReporter:
     """One asyncio task that creates the topic if needed, then produces a sample batch per interval.
 
+    bootstrap is the brokers' host:port list, or a coroutine function finding it (etcd_bootstrap) for roles
+    that learn the brokers at run time. Every role writes through the ordinary client producer.
+
     Concurrency: runs on the owning process's event loop; a failed send is logged and the next
     interval tries again (metrics must never take the service down).
     """
 
-    def __init__(self, bootstrap: str, role: str, instance_id: int, interval_ms: int = INTERVAL_MS_DEFAULT,
+    def __init__(self, bootstrap: str | Callable[[], Awaitable[str]], role: str, instance_id: int, interval_ms: int = INTERVAL_MS_DEFAULT,
                  replication_factor: int = 1, registry: CollectorRegistry = REGISTRY) -> None:
         self.bootstrap = bootstrap
         self.role, self.instance_id = role, instance_id
@@ -106,9 +165,21 @@ class MetricsReporter:
                 log.info("cannot create %s yet (%s); retrying", METRICS_TOPIC, exc)
             await asyncio.sleep(CREATE_RETRY_S)
 
+    @classmethod
+    def started(cls, config: MetricsTopicConfig, bootstrap: str | Callable[[], Awaitable[str]], role: str,
+                instance_id: int) -> "MetricsReporter | None":
+        """A running reporter when config.enable, else None (metrics.topic.enable is off by default)."""
+        if not config.enable:
+            return None
+        reporter = cls(bootstrap, role, instance_id, config.interval_ms, config.replication_factor)
+        reporter.start()
+        return reporter
+
     async def _run(self) -> None:
         from gregor.client.producer import Producer
 
+        if not isinstance(self.bootstrap, str):
+            self.bootstrap = await self.bootstrap()
         await self._ensure_topic()
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "1", "linger.ms": 0})
         await producer.start()

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
                                          LeaderBalanceConfig)
+from gregor.client.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties, parse_bool, settle
 
@@ -32,6 +33,7 @@ class ControllerArgs:
     lease_ttl_ms: int
     delete_topic_enable: bool = True
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
+    metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
 
 
 # Properties-file keys (Kafka's names where Kafka has one): key -> (argparse dest, parser, default).
@@ -44,6 +46,7 @@ CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
                                                LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT),
     "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", float,
                                                 LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT),
+    **METRICS_TOPIC_KEYS,  # metrics.topic.*: publish our samples to __gregor_metrics (docs/metrics.md)
 }
 
 
@@ -75,6 +78,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     a = ap.parse_args(argv)
     try:
         settle(a, load_properties(a.config, a.override), CONTROLLER_KEYS, "controller")
+        metrics_topic = MetricsTopicConfig.from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -90,7 +94,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
-                                              a.leader_imbalance_check_interval_seconds))
+                                              a.leader_imbalance_check_interval_seconds), metrics_topic)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -101,6 +105,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(args: ControllerArgs) -> int:
+    from gregor.client.metrics_reporter import MetricsReporter, etcd_bootstrap
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -123,6 +128,9 @@ async def run(args: ControllerArgs) -> int:
     register_build_info("controller")
     metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
     await controller.start()
+    # Through the brokers registered in etcd: the controller has no broker list of its own.
+    reporter = MetricsReporter.started(args.metrics_topic, lambda: etcd_bootstrap(etcd), "controller",
+                                       args.controller_id)
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "controller_id": args.controller_id, "grpc": f"{args.host}:{port}",
@@ -131,6 +139,8 @@ async def run(args: ControllerArgs) -> int:
     log.info("controller %d serving gRPC on %s:%d, metrics %d, etcd %s", args.controller_id, args.host, port,
              metrics_port, args.etcd)
     code = await wait_for_shutdown("controller", controller.stopped)
+    if reporter is not None:
+        await reporter.stop()
     # Revoke the lease first: the standby takes over while we finish shutting down.
     await controller.stop()
     await server.stop(1.0)

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from gregor.client.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties, settle
 from gregor.coordinator.coordinator import CoordinatorConfig
@@ -43,7 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          "transactions: transaction.state.log.num.partitions, "
                          "transaction.state.log.replication.factor, transaction.state.log.min.isr, "
                          "transaction.state.log.segment.bytes, transaction.max.timeout.ms, "
-                         "transaction.abort.timed.out.transaction.cleanup.interval.ms")
+                         "transaction.abort.timed.out.transaction.cleanup.interval.ms; "
+                         "metrics.topic.enable, metrics.topic.interval.ms, metrics.topic.replication.factor")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     keys = {"offsets.topic.num.partitions": d.offsets_topic_num_partitions,
@@ -67,7 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     try:  # the file, then each --override on top; --etcd / --cluster over both
         props = load_properties(a.config, a.override)
         settle(a, props, {"etcd.endpoints": ("etcd", str, None), "cluster.id": ("cluster", str, "gregor"),
-                          **{k: (k, int, None) for k in keys}}, "coordinator")
+                          **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS}, "coordinator")
+        a.metrics_topic = MetricsTopicConfig.from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -111,6 +114,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(a: argparse.Namespace) -> int:
+    from gregor.client.metrics_reporter import MetricsReporter
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -138,6 +142,7 @@ async def run(a: argparse.Namespace) -> int:
     metrics_port = serve_metrics(a.host, a.metrics_port) if a.metrics_port >= 0 else -1
     await coordinator.start()
     await transactions.start()
+    reporter = MetricsReporter.started(a.metrics_topic, coordinator.bootstrap, "coordinator", a.coordinator_id)
     if a.ready_file:
         write_ready_file(a.ready_file, {
             "coordinator_id": a.coordinator_id, "grpc": f"{a.host}:{port}",
@@ -145,6 +150,8 @@ async def run(a: argparse.Namespace) -> int:
     log.info("coordinator %d serving gRPC on %s:%d, metrics %d, etcd %s, %s has %d partitions", a.coordinator_id,
              a.host, port, metrics_port, a.etcd, "__consumer_offsets", coordinator.num_partitions)
     code = await wait_for_shutdown("coordinator", coordinator.stopped)
+    if reporter is not None:
+        await reporter.stop()
     await transactions.stop()
     await coordinator.stop()
     await server.stop(1.0)

@@ -31,6 +31,7 @@ from prometheus_client import Counter, Gauge
 
 from gregor.client.admin import AdminClient
 from gregor.client.consumer import Consumer
+from gregor.client.metrics_reporter import etcd_bootstrap
 from gregor.client.producer import Producer
 from gregor.common import errors
 from gregor.common.clock import monotonic_ms, now_ms
@@ -123,7 +124,7 @@ class GroupCoordinator:
     async def start(self) -> None:
         """Ensure __consumer_offsets, register in etcd, start watching and claiming partitions."""
         if not self.bootstrap:
-            self.bootstrap = await self._discover_bootstrap()
+            self.bootstrap = await etcd_bootstrap(self.etcd)  # brokers from etcd brokers/ids/*
         await self._ensure_offsets_topic()
         # Fencing relies on these bounds: send() creates a write's batch within max.block.ms of the
         # admission check (metadata is warmed up below, so it normally does not block at all), and
@@ -183,18 +184,6 @@ class GroupCoordinator:
         if exc is not None:
             log.error("coordinator task %s died: %r", task.get_name(), exc)
             self._fail(exc)
-
-    async def _discover_bootstrap(self) -> str:
-        """Brokers from etcd `brokers/ids/*` (waiting for at least one)."""
-        while True:
-            res = await self.etcd.get_prefix(self.etcd.key("brokers", "ids") + b"/")
-            addrs = []
-            for kv in res.kvs:
-                info = json.loads(kv.value)
-                addrs.append(f"{info['host']}:{info['grpc_port']}")
-            if addrs:
-                return ",".join(addrs)
-            await asyncio.sleep(0.2)
 
     async def _ensure_offsets_topic(self) -> None:
         """Create __consumer_offsets through the controller if missing; learn its real partition count."""

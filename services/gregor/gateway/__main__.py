@@ -10,6 +10,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from gregor.client.metrics_reporter import MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties
 
@@ -27,6 +28,7 @@ class GatewayArgs:
     metrics_port: int
     ready_file: str | None
     props: dict[str, str] = field(default_factory=dict)
+    metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
 
 
 def parse_args(argv: list[str]) -> GatewayArgs:
@@ -41,7 +43,8 @@ def parse_args(argv: list[str]) -> GatewayArgs:
     ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
     ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
     ap.add_argument("--producer-property", "--property", dest="props", action="append", default=[],
-                    metavar="KEY=VALUE", help="producer config of the gateway, e.g. compression.type=lz4 (repeatable)")
+                    metavar="KEY=VALUE", help="producer config of the gateway, e.g. compression.type=lz4, and the "
+                         "gateway's metrics.topic.enable / metrics.topic.interval.ms (repeatable)")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     from gregor.client.config import ConfigError
@@ -49,6 +52,8 @@ def parse_args(argv: list[str]) -> GatewayArgs:
 
     try:  # the file, then each --producer-property on top; --bootstrap over both
         props = load_properties(a.config, a.props, "--producer-property")
+        # metrics.topic.* are the gateway's own settings, not its producer's: taken out before the producer check.
+        metrics_topic = MetricsTopicConfig.from_properties(props)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     bootstrap = a.bootstrap or props.get("bootstrap.servers", "")
@@ -61,7 +66,7 @@ def parse_args(argv: list[str]) -> GatewayArgs:
         ap.error(str(exc))
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props)
+    return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props, metrics_topic)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -72,6 +77,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(args: GatewayArgs) -> int:
+    from gregor.client.metrics_reporter import MetricsReporter
     from gregor.common.memory import tune_allocator
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -91,6 +97,7 @@ async def run(args: GatewayArgs) -> int:
     await server.start()
     register_build_info("gateway")
     metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    reporter = MetricsReporter.started(args.metrics_topic, args.bootstrap, "gateway", args.gateway_id)
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "gateway_id": args.gateway_id, "grpc": f"{args.host}:{port}",
@@ -100,6 +107,8 @@ async def run(args: GatewayArgs) -> int:
              args.gateway_id, args.host, port, metrics_port, args.bootstrap,
              gateway.config.get("enable.idempotence"), gateway.config["compression.type"])
     await wait_for_shutdown("gateway")
+    if reporter is not None:
+        await reporter.stop()
     # Stop taking RPCs, let in-flight ones be answered, then flush what is still buffered.
     await server.stop(SHUTDOWN_GRACE_S)
     await gateway.close(SHUTDOWN_GRACE_S)

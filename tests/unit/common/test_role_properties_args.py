@@ -112,3 +112,25 @@ def test_broker_override_goes_over_its_file_and_a_bad_line_exits_2(tmp_path: Pat
     assert (cfg.etcd_endpoints, cfg.num_partitions) == (ETCD, 5)
     assert broker_main([config(tmp_path, 'num.partitions\n'), f"--log-dirs={tmp_path}"]) == 2
     assert "server.properties:1: expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_every_role_takes_the_metrics_topic_keys_off_by_default(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    conf = config(tmp_path, f"etcd.endpoints={ETCD}\nmetrics.topic.enable=true\n")
+    on = ["--override", "metrics.topic.interval.ms=250"]
+    controller = controller_args(["--controller-id", "0", conf, *on]).metrics_topic
+    coordinator = coordinator_args(["--coordinator-id", "0", conf, *on]).metrics_topic
+    gateway = gateway_args(["--bootstrap", "b:1", "--producer-property", "metrics.topic.enable=true",
+                            "--producer-property", "metrics.topic.interval.ms=250"])
+    for m in (controller, coordinator, gateway.metrics_topic):
+        assert (m.enable, m.interval_ms, m.replication_factor) == (True, 250, 1)
+    assert "metrics.topic.enable" not in gateway.props  # the gateway's own key, not its producer's
+    assert not controller_args(["--controller-id", "0", "--etcd", ETCD]).metrics_topic.enable
+    assert not coordinator_args(["--coordinator-id", "0", "--etcd", ETCD]).metrics_topic.enable
+    assert not gateway_args(["--bootstrap", "b:1"]).metrics_topic.enable
+    refused(controller_args, ["--controller-id", "0", "--etcd", ETCD, "--override", "metrics.topic.interval.ms=0"],
+            capsys, "metrics.topic.interval.ms=0: must be positive")
+    refused(coordinator_args, ["--coordinator-id", "0", "--etcd", ETCD, "--override", "metrics.topic.enable=yes"],
+            capsys, "metrics.topic.enable")
+    refused(gateway_args, ["--bootstrap", "b:1", "--producer-property", "metrics.topic.interval.ms=soon"],
+            capsys, "metrics.topic.interval.ms='soon': invalid value")

@@ -1380,3 +1380,107 @@ fn cleaning_drops_aborted_records_and_never_lets_them_shadow_committed_ones() {
     assert!(offsets.contains(&3) && offsets.contains(&4), "markers stay: {offsets:?}");
     assert_eq!(log.collect_aborted_txns(0, 10).len(), 1, "the joined segment keeps the aborted index");
 }
+
+/// (base offset, has a delete horizon, control) of every batch of the log.
+fn batches_of(log: &Log) -> Vec<(i64, bool, bool)> {
+    let mut out = Vec::new();
+    let mut at = log.log_start_offset();
+    while at < log.log_end_offset() {
+        let s = log.read_slice(at, 1 << 20, None, true).unwrap();
+        if s.length == 0 {
+            break;
+        }
+        let bytes = slice_bytes(&s);
+        for (_, h) in batch::parse_batches(&bytes, true).unwrap() {
+            out.push((h.base_offset, h.attributes & batch::DELETE_HORIZON_FLAG_MASK != 0, h.is_control()));
+            at = h.next_offset();
+        }
+    }
+    out
+}
+
+fn marker_at(log: &Log, offset: i64) -> Option<bool> {
+    batches_of(log).into_iter().find(|b| b.0 == offset && b.2).map(|b| b.1)
+}
+
+#[test]
+fn commit_marker_kept_while_its_data_remains_then_dropped_after_its_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_kv("k", "old", 8, 0), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 1: COMMIT
+    log.append_as_leader(&txn_kv("j", "x", 8, 1), 1, T0).unwrap(); // 2
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 3: COMMIT, producer 8's last batch
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("z"))], T0, 0, -1), 1, T0).unwrap(); // 4
+    log.clean(clean_cfg(T0 + 100_000)).unwrap();
+    assert_eq!(marker_at(&log, 1), Some(false), "k=old is still there: no horizon yet");
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("k", Some("new"))], T0, 0, -1), 1, T0).unwrap(); // 5 shadows 0
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("y", Some("y"))], T0, 0, -1), 1, T0).unwrap(); // 6, active
+    let now = T0 + 200_000;
+    log.clean(clean_cfg(now)).unwrap();
+    assert!(records_of(&log).iter().all(|r| r.0 != 0), "k=old is compacted away");
+    assert_eq!(marker_at(&log, 1), Some(true), "the marker's data is gone: it gets a delete horizon");
+    log.clean(clean_cfg(now + 999)).unwrap();
+    assert_eq!(marker_at(&log, 1), Some(true), "kept before the horizon (delete.retention.ms = 1000)");
+    log.clean(clean_cfg(now + 1000)).unwrap();
+    assert_eq!(marker_at(&log, 1), None, "dropped at the horizon");
+    assert_eq!(marker_at(&log, 3), Some(false), "the marker whose data (j) remains is untouched");
+    let values: Vec<Option<String>> = records_of(&log).into_iter().filter(|r| r.0 != 3).map(|r| r.2).collect();
+    assert_eq!(values, vec![Some("x".into()), Some("z".into()), Some("new".into()), Some("y".into())]);
+}
+
+#[test]
+fn abort_marker_and_its_txnindex_entry_dropped_after_its_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&kv_batch(&[("k", Some("committed"))], T0, 0, -1), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_kv("k", "aborted", 7, 0), 1, T0).unwrap(); // 1
+    log.append_as_leader(&txn_batch(7, Some(0)), 1, T0).unwrap(); // 2: ABORT
+    let t = AbortedTxn { producer_id: 7, first_offset: 1, last_offset: 2, last_stable_offset: 1 };
+    log.append_aborted_txn(t).unwrap();
+    log.append_as_leader(&txn_kv("j", "later", 7, 1), 1, T0).unwrap(); // 3: the next transaction
+    log.append_as_leader(&txn_batch(7, Some(1)), 1, T0).unwrap(); // 4: its COMMIT
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("active"))], T0, 0, -1), 1, T0).unwrap(); // 5
+    log.clean(clean_cfg(T0)).unwrap();
+    assert!(records_of(&log).iter().all(|r| r.0 != 1), "aborted data dropped");
+    assert_eq!(marker_at(&log, 2), Some(true), "the ABORT marker has no data left: horizon set, still kept");
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t], "its index entry stays with it");
+    log.clean(clean_cfg(T0 + 999)).unwrap();
+    assert_eq!(marker_at(&log, 2), Some(true), "kept before the horizon");
+    log.clean(clean_cfg(T0 + 1000)).unwrap();
+    assert_eq!(marker_at(&log, 2), None, "dropped at the horizon");
+    assert_eq!(marker_at(&log, 4), Some(false), "the COMMIT whose data remains stays");
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![], "no entry without its marker: j=later would read as aborted");
+    log.close().unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![], "the .txnindex file agrees");
+    let values: Vec<Option<String>> = records_of(&log).into_iter().filter(|r| r.0 != 4).map(|r| r.2).collect();
+    assert_eq!(values, vec![Some("committed".into()), Some("later".into()), Some("active".into())]);
+}
+
+#[test]
+fn marker_at_or_above_the_cleaner_bound_is_never_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_kv("k", "old", 8, 0), 1, T0).unwrap(); // 0
+    log.append_as_leader(&kv_batch(&[("k", Some("new"))], T0, 0, -1), 1, T0).unwrap(); // 1 shadows 0
+    log.roll(T0).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 2: COMMIT of 0
+    log.append_as_leader(&txn_kv("j", "x", 8, 1), 1, T0).unwrap(); // 3
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 4
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("z"))], T0, 0, -1), 1, T0).unwrap(); // 5, active
+    for now in [T0, T0 + 10_000, T0 + 100_000] {
+        log.clean(CleanConfig { upper_bound_offset: 2, ..clean_cfg(now) }).unwrap();
+        assert!(records_of(&log).iter().all(|r| r.0 != 0), "below the bound k=old goes");
+        assert_eq!(marker_at(&log, 2), Some(false), "the marker at the bound keeps no horizon and stays");
+    }
+    log.clean(clean_cfg(T0 + 200_000)).unwrap();
+    assert_eq!(marker_at(&log, 2), Some(true), "once below the bound it gets its horizon");
+    log.clean(clean_cfg(T0 + 201_000)).unwrap();
+    assert_eq!(marker_at(&log, 2), None);
+}

@@ -1035,6 +1035,19 @@ fn kv_batch(recs: &[(&str, Option<&str>)], ts: i64, codec: i16, producer_id: i64
 /// Every record of the log: (offset, key, value, timestamp).
 fn records_of(log: &Log) -> Vec<(i64, String, Option<String>, i64)> {
     let mut out = Vec::new();
+    for (h, raw) in batches_of(log) {
+        let section = crate::codec::decompress(h.compression(), &raw[61..h.size_bytes()]).unwrap();
+        for r in crate::records::decode_records(&section, h.records_count as usize).unwrap() {
+            let key = String::from_utf8(r.key.unwrap()).unwrap();
+            out.push((h.base_offset + r.offset_delta as i64, key, r.value.map(|v| String::from_utf8(v).unwrap()), h.base_timestamp + r.timestamp_delta));
+        }
+    }
+    out
+}
+
+/// Every batch of the log (header, bytes), read from the log start.
+fn batches_of(log: &Log) -> Vec<(batch::BatchHeader, Vec<u8>)> {
+    let mut out = Vec::new();
     let mut at = log.log_start_offset();
     while at < log.log_end_offset() {
         let s = log.read_slice(at, 1 << 20, None, true).unwrap();
@@ -1043,12 +1056,8 @@ fn records_of(log: &Log) -> Vec<(i64, String, Option<String>, i64)> {
         }
         let bytes = slice_bytes(&s);
         for (pos, h) in batch::parse_batches(&bytes, true).unwrap() {
-            let section = crate::codec::decompress(h.compression(), &bytes[pos + 61..pos + h.size_bytes()]).unwrap();
-            for r in crate::records::decode_records(&section, h.records_count as usize).unwrap() {
-                let key = String::from_utf8(r.key.unwrap()).unwrap();
-                out.push((h.base_offset + r.offset_delta as i64, key, r.value.map(|v| String::from_utf8(v).unwrap()), h.base_timestamp + r.timestamp_delta));
-            }
             at = h.next_offset();
+            out.push((h, bytes[pos..pos + h.size_bytes()].to_vec()));
         }
     }
     out
@@ -1381,26 +1390,10 @@ fn cleaning_drops_aborted_records_and_never_lets_them_shadow_committed_ones() {
     assert_eq!(log.collect_aborted_txns(0, 10).len(), 1, "the joined segment keeps the aborted index");
 }
 
-/// (base offset, has a delete horizon, control) of every batch of the log.
-fn batches_of(log: &Log) -> Vec<(i64, bool, bool)> {
-    let mut out = Vec::new();
-    let mut at = log.log_start_offset();
-    while at < log.log_end_offset() {
-        let s = log.read_slice(at, 1 << 20, None, true).unwrap();
-        if s.length == 0 {
-            break;
-        }
-        let bytes = slice_bytes(&s);
-        for (_, h) in batch::parse_batches(&bytes, true).unwrap() {
-            out.push((h.base_offset, h.attributes & batch::DELETE_HORIZON_FLAG_MASK != 0, h.is_control()));
-            at = h.next_offset();
-        }
-    }
-    out
-}
-
+/// Whether the marker at `offset` carries a delete horizon; None if it is gone.
 fn marker_at(log: &Log, offset: i64) -> Option<bool> {
-    batches_of(log).into_iter().find(|b| b.0 == offset && b.2).map(|b| b.1)
+    let found = batches_of(log).into_iter().find(|(h, _)| h.base_offset == offset && h.is_control());
+    found.map(|(h, _)| h.attributes & batch::DELETE_HORIZON_FLAG_MASK != 0)
 }
 
 #[test]

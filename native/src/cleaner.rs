@@ -22,6 +22,13 @@
 //!    offsets and sequences survive with gaps; a batch left without records
 //!    is dropped unless it is its producer's last (kept empty, as Kafka does).
 //!    Compressed batches are decompressed and recompressed with their codec.
+//!    Transaction markers (COMMIT/ABORT control batches) follow Kafka's rule
+//!    for delete.retention.ms: once no data batch of the marker's transaction
+//!    is left (aborted data is always dropped; committed data once compaction
+//!    removed every record of it), the marker gets a delete horizon as a
+//!    tombstone does (KIP-534) and is dropped by the first cleaning at or
+//!    after it, together with its `.txnindex` entry. A producer's last batch
+//!    is never dropped (it anchors the producer state).
 //! 3. `Log::clean_swap` (locked): checks the snapshot still matches, then per
 //!    group: rename `.cleaned` -> `{base}.{end}.swap` (the commit point; the
 //!    name carries the end of the offsets it replaces), delete the old
@@ -122,6 +129,9 @@ pub struct Built {
     stats: CleanStats,
     end_offset: i64,
     next_delete_horizon_ms: i64,
+    /// Offsets of the markers dropped: their `.txnindex` entries go with them, or a
+    /// read_committed reader would treat the producer's later records as aborted.
+    dropped_markers: Vec<i64>,
 }
 
 impl Built {
@@ -269,11 +279,12 @@ impl Log {
             let swap = self.dir.join(swap_name(*base, *end));
             fs::rename(cleaned, &swap)?;
             File::open(&self.dir)?.sync_all()?;
-            // The joined segment keeps every aborted-transaction entry of the ones it replaces.
+            // The joined segment keeps every aborted-transaction entry of the ones it
+            // replaces whose ABORT marker it still holds.
             let mut aborted = Vec::new();
             for old in olds {
                 if let Some(seg) = self.segments.remove(old) {
-                    aborted.extend_from_slice(seg.txn_index.entries());
+                    aborted.extend(seg.txn_index.entries().iter().filter(|t| !built.dropped_markers.contains(&t.last_offset)));
                     seg.delete_files()?;
                 }
             }
@@ -372,7 +383,13 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
     }
     let horizon_due = plan.cleanable.next_delete_horizon_ms >= 0 && plan.cleanable.next_delete_horizon_ms <= cfg.now_ms;
     if end_offset <= first_dirty && !horizon_due {
-        return Ok(Built { groups: Vec::new(), stats: CleanStats { end_offset: -1, ..stats }, end_offset: first_dirty, next_delete_horizon_ms: plan.cleanable.next_delete_horizon_ms });
+        return Ok(Built {
+            groups: Vec::new(),
+            stats: CleanStats { end_offset: -1, ..stats },
+            end_offset: first_dirty,
+            next_delete_horizon_ms: plan.cleanable.next_delete_horizon_ms,
+            dropped_markers: Vec::new(),
+        });
     }
     let end_offset = end_offset.max(first_dirty);
     // Groups of segments below the map's end, each at most segment.bytes and
@@ -391,6 +408,10 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
     }
     let mut out = Vec::new();
     let mut next_horizon = -1i64;
+    // Per producer, whether its current transaction still has a data batch in the cleaned log
+    // (batches are read in offset order from the log start, so a marker's data comes before it).
+    let mut txn_data_left: HashMap<i64, bool> = HashMap::new();
+    let mut dropped_markers = Vec::new();
     for g in groups {
         let base = g[0].base;
         let path = plan.dir.join(format!("{base:020}{CLEANED_SUFFIX}"));
@@ -398,8 +419,22 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
         for seg in &g {
             stats.bytes_read += seg.size;
             for_each_batch(seg, |h, raw| {
-                let aborted = is_aborted(h, &plan.aborted);
-                let kept = clean_batch(h, raw, &map, &last_batch_of_producer, cfg, aborted, &mut stats)?;
+                let producer_last = h.producer_id >= 0 && last_batch_of_producer.get(&h.producer_id) == Some(&h.last_offset());
+                let kept = if h.is_control() {
+                    let data_left = txn_data_left.remove(&h.producer_id).unwrap_or(false);
+                    let kept = clean_marker(h, raw, !data_left && !producer_last, cfg)?;
+                    if kept.is_none() {
+                        dropped_markers.push(h.base_offset);
+                    }
+                    kept
+                } else {
+                    let aborted = is_aborted(h, &plan.aborted);
+                    let kept = clean_batch(h, raw, &map, producer_last, cfg, aborted, &mut stats)?;
+                    if h.is_transactional() {
+                        *txn_data_left.entry(h.producer_id).or_insert(false) |= kept.is_some();
+                    }
+                    kept
+                };
                 if let Some((bytes, horizon)) = kept {
                     if horizon >= 0 && (next_horizon < 0 || horizon < next_horizon) {
                         next_horizon = horizon;
@@ -416,7 +451,7 @@ pub fn build(plan: &CleanPlan) -> Result<Built> {
         out.push((g.iter().map(|s| s.base).collect(), path, base, end));
     }
     stats.end_offset = end_offset;
-    Ok(Built { groups: out, stats, end_offset, next_delete_horizon_ms: next_horizon })
+    Ok(Built { groups: out, stats, end_offset, next_delete_horizon_ms: next_horizon, dropped_markers })
 }
 
 /// A transactional batch inside one of its producer's aborted transactions (marker after it).
@@ -443,14 +478,11 @@ fn clean_batch(
     h: &BatchHeader,
     raw: &[u8],
     map: &HashMap<Vec<u8>, i64>,
-    last_of_producer: &HashMap<i64, i64>,
+    producer_last: bool,
     cfg: CleanConfig,
     aborted: bool,
     stats: &mut CleanStats,
 ) -> Result<Option<(Vec<u8>, i64)>> {
-    if h.is_control() {
-        return Ok(Some((raw.to_vec(), -1))); // markers stay: recovery and read_committed rely on them
-    }
     let has_horizon = h.attributes & DELETE_HORIZON_FLAG_MASK != 0;
     let expired = has_horizon && h.base_timestamp <= cfg.now_ms;
     let section = section_of(h, raw)?;
@@ -470,18 +502,45 @@ fn clean_batch(
         (true, true) => cfg.now_ms.saturating_add(cfg.delete_retention_ms),
         (true, false) => h.base_timestamp,
     };
-    if kept.len() == views.len() && !set_horizon {
-        return Ok(Some((raw.to_vec(), horizon)));
-    }
-    let producer_last = h.producer_id >= 0 && last_of_producer.get(&h.producer_id) == Some(&h.last_offset());
+    // An empty batch goes once it is no longer its producer's last (it was kept only for that).
     if kept.is_empty() && !producer_last {
         return Ok(None);
     }
-    // Rebuild: same base offset and lastOffsetDelta, the kept records.
+    if kept.len() == views.len() && !set_horizon {
+        return Ok(Some((raw.to_vec(), horizon)));
+    }
+    rebuild(h, &section, &kept, set_horizon.then_some(horizon)).map(|b| Some((b, horizon)))
+}
+
+/// A transaction marker after cleaning (Kafka's rule for delete.retention.ms): kept as it is
+/// while `removable` is false (data of its transaction is left, or it is its producer's last
+/// batch); the first cleaning that finds it removable stamps a delete horizon (now +
+/// delete.retention.ms, KIP-534, as for tombstones) so consumers part-way through the
+/// transaction still see it; a cleaning at or after the horizon drops it.
+fn clean_marker(h: &BatchHeader, raw: &[u8], removable: bool, cfg: CleanConfig) -> Result<Option<(Vec<u8>, i64)>> {
+    let horizon = (h.attributes & DELETE_HORIZON_FLAG_MASK != 0).then_some(h.base_timestamp);
+    match (removable, horizon) {
+        (false, _) => Ok(Some((raw.to_vec(), horizon.unwrap_or(-1)))),
+        (true, Some(at)) if at <= cfg.now_ms => Ok(None),
+        (true, Some(at)) => Ok(Some((raw.to_vec(), at))),
+        (true, None) => {
+            let at = cfg.now_ms.saturating_add(cfg.delete_retention_ms);
+            let section = section_of(h, raw)?;
+            let views = view_records(&section)?;
+            let all: Vec<&RecordView<'_>> = views.iter().collect();
+            Ok(Some((rebuild(h, &section, &all, Some(at))?, at)))
+        }
+    }
+}
+
+/// The batch with only the `kept` records, same base offset and lastOffsetDelta; with
+/// `new_horizon`, stamped with that delete horizon (record timestamps re-based on it).
+fn rebuild(h: &BatchHeader, section: &[u8], kept: &[&RecordView<'_>], new_horizon: Option<i64>) -> Result<Vec<u8>> {
+    let set_horizon = new_horizon.is_some();
     let log_append_time = h.attributes & TIMESTAMP_TYPE_MASK != 0;
     let (mut section_out, mut max_ts) = (Vec::with_capacity(section.len()), if log_append_time { h.max_timestamp } else { -1 });
-    let base_ts = if set_horizon { horizon } else { h.base_timestamp };
-    for r in &kept {
+    let base_ts = new_horizon.unwrap_or(h.base_timestamp);
+    for r in kept {
         let ts = h.base_timestamp + r.timestamp_delta;
         if !log_append_time {
             max_ts = max_ts.max(ts);
@@ -511,5 +570,5 @@ fn clean_batch(
         records_count: kept.len() as i32,
     };
     let compressed = codec::compress(h.compression(), &section_out)?;
-    Ok(Some((batch::build_batch(&compressed, &spec)?, horizon)))
+    batch::build_batch(&compressed, &spec)
 }

@@ -1035,6 +1035,19 @@ fn kv_batch(recs: &[(&str, Option<&str>)], ts: i64, codec: i16, producer_id: i64
 /// Every record of the log: (offset, key, value, timestamp).
 fn records_of(log: &Log) -> Vec<(i64, String, Option<String>, i64)> {
     let mut out = Vec::new();
+    for (h, raw) in batches_of(log) {
+        let section = crate::codec::decompress(h.compression(), &raw[61..h.size_bytes()]).unwrap();
+        for r in crate::records::decode_records(&section, h.records_count as usize).unwrap() {
+            let key = String::from_utf8(r.key.unwrap()).unwrap();
+            out.push((h.base_offset + r.offset_delta as i64, key, r.value.map(|v| String::from_utf8(v).unwrap()), h.base_timestamp + r.timestamp_delta));
+        }
+    }
+    out
+}
+
+/// Every batch of the log (header, bytes), read from the log start.
+fn batches_of(log: &Log) -> Vec<(batch::BatchHeader, Vec<u8>)> {
+    let mut out = Vec::new();
     let mut at = log.log_start_offset();
     while at < log.log_end_offset() {
         let s = log.read_slice(at, 1 << 20, None, true).unwrap();
@@ -1043,12 +1056,8 @@ fn records_of(log: &Log) -> Vec<(i64, String, Option<String>, i64)> {
         }
         let bytes = slice_bytes(&s);
         for (pos, h) in batch::parse_batches(&bytes, true).unwrap() {
-            let section = crate::codec::decompress(h.compression(), &bytes[pos + 61..pos + h.size_bytes()]).unwrap();
-            for r in crate::records::decode_records(&section, h.records_count as usize).unwrap() {
-                let key = String::from_utf8(r.key.unwrap()).unwrap();
-                out.push((h.base_offset + r.offset_delta as i64, key, r.value.map(|v| String::from_utf8(v).unwrap()), h.base_timestamp + r.timestamp_delta));
-            }
             at = h.next_offset();
+            out.push((h, bytes[pos..pos + h.size_bytes()].to_vec()));
         }
     }
     out
@@ -1379,4 +1388,92 @@ fn cleaning_drops_aborted_records_and_never_lets_them_shadow_committed_ones() {
     let offsets: Vec<i64> = recs.iter().map(|r| r.0).collect();
     assert!(offsets.contains(&3) && offsets.contains(&4), "markers stay: {offsets:?}");
     assert_eq!(log.collect_aborted_txns(0, 10).len(), 1, "the joined segment keeps the aborted index");
+}
+
+/// Whether the marker at `offset` carries a delete horizon; None if it is gone.
+fn marker_at(log: &Log, offset: i64) -> Option<bool> {
+    let found = batches_of(log).into_iter().find(|(h, _)| h.base_offset == offset && h.is_control());
+    found.map(|(h, _)| h.attributes & batch::DELETE_HORIZON_FLAG_MASK != 0)
+}
+
+#[test]
+fn commit_marker_kept_while_its_data_remains_then_dropped_after_its_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_kv("k", "old", 8, 0), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 1: COMMIT
+    log.append_as_leader(&txn_kv("j", "x", 8, 1), 1, T0).unwrap(); // 2
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 3: COMMIT, producer 8's last batch
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("z"))], T0, 0, -1), 1, T0).unwrap(); // 4
+    log.clean(clean_cfg(T0 + 100_000)).unwrap();
+    assert_eq!(marker_at(&log, 1), Some(false), "k=old is still there: no horizon yet");
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("k", Some("new"))], T0, 0, -1), 1, T0).unwrap(); // 5 shadows 0
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("y", Some("y"))], T0, 0, -1), 1, T0).unwrap(); // 6, active
+    let now = T0 + 200_000;
+    log.clean(clean_cfg(now)).unwrap();
+    assert!(records_of(&log).iter().all(|r| r.0 != 0), "k=old is compacted away");
+    assert_eq!(marker_at(&log, 1), Some(true), "the marker's data is gone: it gets a delete horizon");
+    log.clean(clean_cfg(now + 999)).unwrap();
+    assert_eq!(marker_at(&log, 1), Some(true), "kept before the horizon (delete.retention.ms = 1000)");
+    log.clean(clean_cfg(now + 1000)).unwrap();
+    assert_eq!(marker_at(&log, 1), None, "dropped at the horizon");
+    assert_eq!(marker_at(&log, 3), Some(false), "the marker whose data (j) remains is untouched");
+    let values: Vec<Option<String>> = records_of(&log).into_iter().filter(|r| r.0 != 3).map(|r| r.2).collect();
+    assert_eq!(values, vec![Some("x".into()), Some("z".into()), Some("new".into()), Some("y".into())]);
+}
+
+#[test]
+fn abort_marker_and_its_txnindex_entry_dropped_after_its_horizon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&kv_batch(&[("k", Some("committed"))], T0, 0, -1), 1, T0).unwrap(); // 0
+    log.append_as_leader(&txn_kv("k", "aborted", 7, 0), 1, T0).unwrap(); // 1
+    log.append_as_leader(&txn_batch(7, Some(0)), 1, T0).unwrap(); // 2: ABORT
+    let t = AbortedTxn { producer_id: 7, first_offset: 1, last_offset: 2, last_stable_offset: 1 };
+    log.append_aborted_txn(t).unwrap();
+    log.append_as_leader(&txn_kv("j", "later", 7, 1), 1, T0).unwrap(); // 3: the next transaction
+    log.append_as_leader(&txn_batch(7, Some(1)), 1, T0).unwrap(); // 4: its COMMIT
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("active"))], T0, 0, -1), 1, T0).unwrap(); // 5
+    log.clean(clean_cfg(T0)).unwrap();
+    assert!(records_of(&log).iter().all(|r| r.0 != 1), "aborted data dropped");
+    assert_eq!(marker_at(&log, 2), Some(true), "the ABORT marker has no data left: horizon set, still kept");
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![t], "its index entry stays with it");
+    log.clean(clean_cfg(T0 + 999)).unwrap();
+    assert_eq!(marker_at(&log, 2), Some(true), "kept before the horizon");
+    log.clean(clean_cfg(T0 + 1000)).unwrap();
+    assert_eq!(marker_at(&log, 2), None, "dropped at the horizon");
+    assert_eq!(marker_at(&log, 4), Some(false), "the COMMIT whose data remains stays");
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![], "no entry without its marker: j=later would read as aborted");
+    log.close().unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.collect_aborted_txns(0, 10), vec![], "the .txnindex file agrees");
+    let values: Vec<Option<String>> = records_of(&log).into_iter().filter(|r| r.0 != 4).map(|r| r.2).collect();
+    assert_eq!(values, vec![Some("committed".into()), Some("later".into()), Some("active".into())]);
+}
+
+#[test]
+fn marker_at_or_above_the_cleaner_bound_is_never_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&txn_kv("k", "old", 8, 0), 1, T0).unwrap(); // 0
+    log.append_as_leader(&kv_batch(&[("k", Some("new"))], T0, 0, -1), 1, T0).unwrap(); // 1 shadows 0
+    log.roll(T0).unwrap();
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 2: COMMIT of 0
+    log.append_as_leader(&txn_kv("j", "x", 8, 1), 1, T0).unwrap(); // 3
+    log.append_as_leader(&txn_batch(8, Some(1)), 1, T0).unwrap(); // 4
+    log.roll(T0).unwrap();
+    log.append_as_leader(&kv_batch(&[("z", Some("z"))], T0, 0, -1), 1, T0).unwrap(); // 5, active
+    for now in [T0, T0 + 10_000, T0 + 100_000] {
+        log.clean(CleanConfig { upper_bound_offset: 2, ..clean_cfg(now) }).unwrap();
+        assert!(records_of(&log).iter().all(|r| r.0 != 0), "below the bound k=old goes");
+        assert_eq!(marker_at(&log, 2), Some(false), "the marker at the bound keeps no horizon and stays");
+    }
+    log.clean(clean_cfg(T0 + 200_000)).unwrap();
+    assert_eq!(marker_at(&log, 2), Some(true), "once below the bound it gets its horizon");
+    log.clean(clean_cfg(T0 + 201_000)).unwrap();
+    assert_eq!(marker_at(&log, 2), None);
 }

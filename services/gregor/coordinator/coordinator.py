@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from prometheus_client import Counter, Gauge
@@ -51,6 +51,23 @@ REBALANCES = Counter("gregor_coordinator_rebalances_total", "Rebalances started 
 OFFSET_COMMITS = Counter("gregor_coordinator_offset_commits_total", "Offsets committed (one per partition)")
 PARTITIONS_OWNED = Gauge("gregor_coordinator_partitions_owned", "__consumer_offsets partitions served")
 PARTITIONS_LOADING = Gauge("gregor_coordinator_partitions_loading", "__consumer_offsets partitions being loaded")
+
+
+async def replay_partition(consumer: Any, tp: Any, begin: int, end: int,
+                           loading: Callable[[], bool]) -> AsyncIterator[Any]:
+    """The keyed records of one internal-topic partition in [begin, end), read to rebuild a
+    coordinator's state when it takes the partition over; stops early once it is no longer loading."""
+    consumer.assign([tp])
+    consumer.seek(tp, begin)
+    position = begin
+    try:
+        while position < end and loading():
+            for rec in await consumer.poll(timeout_ms=500):
+                position = rec.offset + 1
+                if rec.offset < end and rec.key is not None:
+                    yield rec
+    finally:
+        consumer.assign([])
 
 
 async def reconcile_forever(needed: asyncio.Event, reconcile: Any, what: str) -> None:
@@ -385,16 +402,8 @@ class GroupCoordinator:
             offsets: dict[str, dict[tuple[str, int], ol.OffsetValue | None]] = {}
             groups: dict[str, ol.GroupValue | None] = {}
             if end > begin:
-                self._consumer.assign([tp])
-                self._consumer.seek(tp, begin)
-                position = begin
-                while position < end and p in self.loading:
-                    for rec in await self._consumer.poll(timeout_ms=500):
-                        position = rec.offset + 1
-                        if rec.offset >= end or rec.key is None:
-                            continue
-                        self._replay(rec.key, rec.value, offsets, groups)
-                self._consumer.assign([])
+                async for rec in replay_partition(self._consumer, tp, begin, end, lambda: p in self.loading):
+                    self._replay(rec.key, rec.value, offsets, groups)
             if p not in self.loading:
                 return
             self._install(p, offsets, groups)

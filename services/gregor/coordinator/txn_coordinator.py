@@ -43,7 +43,7 @@ from gregor.common.coordinator_ownership import desired_partitions, partition_fo
 from gregor.common.etcd import Delete, EtcdError, WatchCompacted, value_is
 from gregor.common.rpc import channel
 from gregor.coordinator import txn_metadata as tm
-from gregor.coordinator.coordinator import reconcile_forever
+from gregor.coordinator.coordinator import reconcile_forever, replay_partition
 from gregor.coordinator.txn_metadata import TxnMetadata, TxnState
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -260,20 +260,12 @@ class TransactionCoordinator:
         found: dict[str, TxnMetadata | None] = {}
         if end > begin:
             async with self._load_lock:  # one loader consumer: partitions load one at a time
-                self._consumer.assign([tp])
-                self._consumer.seek(tp, begin)
-                position = begin
-                while position < end and p in self.loading:
-                    for rec in await self._consumer.poll(timeout_ms=500):
-                        position = rec.offset + 1
-                        if rec.offset >= end or rec.key is None:
-                            continue
-                        try:
-                            tid = tm.decode_key(rec.key)
-                            found[tid] = tm.decode_value(tid, rec.value) if rec.value is not None else None
-                        except (ValueError, KeyError) as exc:
-                            log.warning("skipping undecodable %s record at %d: %s", TXN_TOPIC, rec.offset, exc)
-                self._consumer.assign([])
+                async for rec in replay_partition(self._consumer, tp, begin, end, lambda: p in self.loading):
+                    try:
+                        tid = tm.decode_key(rec.key)
+                        found[tid] = tm.decode_value(tid, rec.value) if rec.value is not None else None
+                    except (ValueError, KeyError) as exc:
+                        log.warning("skipping undecodable %s record at %d: %s", TXN_TOPIC, rec.offset, exc)
         if p not in self.loading:
             return
         for tid, md in found.items():

@@ -398,7 +398,9 @@ class Controller:
                                            self._isr_change_event), "isr-change-watch"),
         ]
         actions = ControllerActions()
-        on_controller_failover(self.ctx, actions, self._election())
+        bounced = on_controller_failover(self.ctx, actions, self._election())
+        if bounced:
+            log.info("leaders re-registered since their election, handled as bounced: %s", sorted(bounced))
         await self.apply_actions(actions)
         if snapshot.topics_to_delete:
             await self.on_topic_deletion()

@@ -77,7 +77,10 @@ async def test_controlled_shutdown_election_is_rerun_on_the_isr_the_leader_just_
             assert kv is not None and kv.version == 3
             stored = json.loads(kv.value)
             assert (stored["leader"], stored["leader_epoch"], stored["isr"]) == (3, 1, [3])
-            assert ctl.ctx.partition_leadership_info[TP] == LeaderAndIsr(3, 1, (3,), ctl.ctx.epoch, 2)
+            # The re-run election records the registration of its leader, like the first attempt.
+            assert stored["leader_broker_epoch"] == epochs[3]
+            assert ctl.ctx.partition_leadership_info[TP] == LeaderAndIsr(3, 1, (3,), ctl.ctx.epoch, 2,
+                                                                         leader_broker_epoch=epochs[3])
             assert registry.get_sample_value("gregor_controller_partition_state_write_retries_total") == 1.0
             assert registry.get_sample_value("gregor_controller_controlled_shutdowns_total",
                                              {"result": "done"}) == 1.0

@@ -158,8 +158,9 @@ def process_broker_change(
     if changes.new:
         ctx.add_live_brokers({b: current[b] for b in changes.new})
         on_broker_startup(ctx, changes.new, actions, election)
-    # Leaders recorded under another registration than the one seen now bounced too.
-    stale = bounced_leaders(ctx, current) - set(changes.bounced) - set(changes.new)
+    # Leaders recorded under another registration than the one seen now bounced too (even a broker
+    # just seen as new: a partition it still leads under its old registration must not stay at that epoch).
+    stale = bounced_leaders(ctx, current) - set(changes.bounced)
     if stale:
         changes = BrokerChanges(changes.new, changes.dead, tuple(sorted({*changes.bounced, *stale})))
     if changes.bounced:

@@ -24,21 +24,12 @@ from gregor.controller.state import (
     LeaderAndIsr,
     PartitionReplica,
     ReplicaState,
-    TopicPartition,
 )
 from tests.sim.cluster import Simulation, SimConfig
+from tests.sim.test_controller_failover_isr import TP, _context
 from tests.sim.test_replication_sim import run_schedule
 
-TP = TopicPartition("t", 0)
 BOUNCE_DURING_FAILOVER = [(77, "restart_torn", 1, 0), (77, "controller_failover", 0, 0)]
-
-
-def _context(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:
-    ctx = ControllerContext(live_broker_epochs=live, epoch=7)
-    ctx.all_topics.add("t")
-    ctx.update_partition_replica_assignment(TP, (1, 2, 3))
-    ctx.put_partition_leadership_info(TP, lai)
-    return ctx
 
 
 def _running(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:

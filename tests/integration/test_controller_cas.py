@@ -77,11 +77,50 @@ async def test_controlled_shutdown_election_is_rerun_on_the_isr_the_leader_just_
             assert kv is not None and kv.version == 3
             stored = json.loads(kv.value)
             assert (stored["leader"], stored["leader_epoch"], stored["isr"]) == (3, 1, [3])
-            assert ctl.ctx.partition_leadership_info[TP] == LeaderAndIsr(3, 1, (3,), ctl.ctx.epoch, 2)
+            # The re-run election records the registration of its leader, like the first attempt.
+            assert stored["leader_broker_epoch"] == epochs[3]
+            assert ctl.ctx.partition_leadership_info[TP] == LeaderAndIsr(3, 1, (3,), ctl.ctx.epoch, 2,
+                                                                         leader_broker_epoch=epochs[3])
             assert registry.get_sample_value("gregor_controller_partition_state_write_retries_total") == 1.0
             assert registry.get_sample_value("gregor_controller_controlled_shutdowns_total",
                                              {"result": "done"}) == 1.0
             assert ctl.ctx.shutting_down_broker_ids == {1}
             assert registry.get_sample_value("gregor_controller_shutting_down_brokers") == 1.0
+        finally:
+            await ctl.stop()
+
+
+async def test_failover_elects_again_when_the_leader_registered_anew(client: EtcdClient) -> None:
+    """A leader that re-registered while no controller watched does not lead on at its leader epoch.
+
+    t-0 was given to broker 1 at leader epoch 3 under its first registration; broker 1
+    then restarts (its key is deleted and created again: a new broker epoch) before any
+    controller runs. The controller that starts reads only the new registration, and
+    the state's `leader_broker_epoch` tells it the leader bounced: t-0 gets a new leader
+    epoch (docs/controller.md, tests/sim/test_bounced_leader.py).
+    """
+    epochs = {b: await register_broker(client, b) for b in (1, 2, 3)}
+    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}))
+    state_key = metadata_store.partition_state_key(client, TP)
+    await client.put(state_key, metadata_store.encode_partition_state(
+        LeaderAndIsr(1, 3, (1, 2, 3), leader_broker_epoch=epochs[1])))
+    await client.delete(client.key("brokers", "ids", 1))
+    epochs[1] = await register_broker(client, 1)
+    async with EtcdClient(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(0, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
+                         leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+        await ctl.start()
+        try:
+            async def elected_again() -> bool:
+                kv = await client.get(state_key)
+                return kv is not None and metadata_store.decode_partition_state(kv).leader in (2, 3)
+
+            await until(elected_again, 5, "t-0 elected again at failover")
+            kv = await client.get(state_key)
+            assert kv is not None
+            stored = metadata_store.decode_partition_state(kv)
+            assert stored.leader_epoch > 3 and 1 not in stored.isr, stored
+            assert stored.leader_broker_epoch == epochs[stored.leader]
+            assert ctl.ctx.live_broker_epochs == epochs
         finally:
             await ctl.stop()

@@ -13,7 +13,7 @@ that the invariants bite.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gregor.broker.replica_state import (
@@ -619,7 +619,8 @@ class Simulation:
         if not b.isolated and current is not None and current.leader == src and current.leader_epoch == p.leader_epoch:
             new = tuple(r for r in current.isr if r not in p.remove) + tuple(
                 sorted(r for r in p.add if r not in current.isr))
-            state = LeaderAndIsr(src, p.leader_epoch, new, current.controller_epoch, current.partition_epoch + 1)
+            # Like IsrManager, which rewrites only the state's "isr": every other field stays.
+            state = replace(current, isr=new, partition_epoch=current.partition_epoch + 1)
             if new == current.isr:
                 result = IsrWriteResult(p.leader_epoch, new, current.partition_epoch)
             elif self.store.cas_state(current.partition_epoch, state):

@@ -398,7 +398,9 @@ class Controller:
                                            self._isr_change_event), "isr-change-watch"),
         ]
         actions = ControllerActions()
-        on_controller_failover(self.ctx, actions, self._election())
+        bounced = on_controller_failover(self.ctx, actions, self._election())
+        if bounced:
+            log.info("leaders re-registered since their election, handled as bounced: %s", sorted(bounced))
         await self.apply_actions(actions)
         if snapshot.topics_to_delete:
             await self.on_topic_deletion()
@@ -580,7 +582,8 @@ class Controller:
             gone = (*changes.dead, *changes.bounced)
             await self.refresh_partition_states({r.topic_partition for r in self.ctx.replicas_on_brokers(gone)})
         actions = ControllerActions()
-        process_broker_change(self.ctx, current, actions, self._election())
+        # Its bounced brokers also count leaders recorded under another registration (same senders).
+        changes = process_broker_change(self.ctx, current, actions, self._election())
         await self.apply_actions(actions)
         if not changes.is_empty():
             log.info("brokers: new %s, dead %s, bounced %s, live %s", list(changes.new), list(changes.dead),

@@ -9,7 +9,8 @@ from gregor.controller import partition_state_machine as psm
 from gregor.controller import replica_state_machine as rsm
 from gregor.controller.election import OfflineElection
 from gregor.controller.requests import ControllerActions
-from gregor.controller.state import ControllerContext, PartitionReplica, PartitionState, ReplicaState
+from gregor.controller.state import (UNKNOWN_BROKER_EPOCH, ControllerContext, PartitionReplica, PartitionState,
+                                     ReplicaState)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,46 @@ def compute_broker_changes(previous: Mapping[int, int], current: Mapping[int, in
     dead = sorted(set(previous) - set(current))
     bounced = sorted(b for b in set(current) & set(previous) if current[b] > previous[b])
     return BrokerChanges(tuple(new), tuple(dead), tuple(bounced))
+
+
+def bounced_leaders(ctx: ControllerContext, current: Mapping[int, int]) -> set[int]:
+    """Registered brokers that lead a partition under another registration than the one elected.
+
+    A partition state records the leader's broker epoch when its leader epoch
+    began (`requests.stamp_leader_broker_epoch`). A controller that did not see
+    the leader restart (it failed over meanwhile, or the bounce fell between its
+    looks) finds the leader registered under a newer epoch: that incarnation may
+    have lost an unflushed tail appended under this leader epoch, so telling it
+    to lead on at the same epoch would leave followers holding that tail
+    without a reason to truncate it. Such brokers are bounced. An unknown
+    recorded epoch (a state from before the field) is no evidence either way.
+    """
+    return {
+        lai.leader
+        for lai in ctx.partition_leadership_info.values()
+        if lai.leader_broker_epoch != UNKNOWN_BROKER_EPOCH
+        and lai.leader in current
+        and current[lai.leader] != lai.leader_broker_epoch
+    }
+
+
+def on_bounced_brokers(
+    ctx: ControllerContext,
+    bounced: Iterable[int],
+    current: Mapping[int, int],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> None:
+    """processBrokerChange's bounced branch: onBrokerFailure, then onBrokerStartup at the new epochs.
+
+    Their partitions lose them as leader and ISR member, are elected again
+    (a new leader epoch) and their replicas come back as followers or leaders.
+    """
+    bounced = sorted(set(bounced))
+    ctx.remove_live_brokers(bounced)
+    on_broker_failure(ctx, bounced, actions, election)
+    ctx.add_live_brokers({b: current[b] for b in bounced})
+    on_broker_startup(ctx, bounced, actions, election)
 
 
 def on_replicas_become_offline(
@@ -117,18 +158,22 @@ def process_broker_change(
     if changes.new:
         ctx.add_live_brokers({b: current[b] for b in changes.new})
         on_broker_startup(ctx, changes.new, actions, election)
+    # Leaders recorded under another registration than the one seen now bounced too (even a broker
+    # just seen as new: a partition it still leads under its old registration must not stay at that epoch).
+    stale = bounced_leaders(ctx, current) - set(changes.bounced)
+    if stale:
+        changes = BrokerChanges(changes.new, changes.dead, tuple(sorted({*changes.bounced, *stale})))
     if changes.bounced:
-        ctx.remove_live_brokers(changes.bounced)
-        on_broker_failure(ctx, changes.bounced, actions, election)
-        ctx.add_live_brokers({b: current[b] for b in changes.bounced})
-        on_broker_startup(ctx, changes.bounced, actions, election)
+        on_bounced_brokers(ctx, changes.bounced, current, actions, election)
     if changes.dead:
         ctx.remove_live_brokers(changes.dead)
         on_broker_failure(ctx, changes.dead, actions, election)
     return changes
 
 
-def on_controller_failover(ctx: ControllerContext, actions: ControllerActions, election: OfflineElection | None = None) -> None:
+def on_controller_failover(
+    ctx: ControllerContext, actions: ControllerActions, election: OfflineElection | None = None
+) -> set[int]:
     """The pure part of onControllerFailover, once the driver has loaded the context from etcd.
 
     Tells every live broker the full metadata, then runs Kafka's
@@ -141,7 +186,15 @@ def on_controller_failover(ctx: ControllerContext, actions: ControllerActions, e
     PartitionStateMachine.startup: partitions whose leader is not live (now
     `leader: -1`) are Offline and get elected with the new ISR, new ones are
     initialized.
+
+    A leader registered under another broker epoch than the one its partition
+    state records restarted while no controller watched (`bounced_leaders`):
+    it is handled as processBrokerChange handles a bounced broker, out then in
+    again, so its partitions get a new leader epoch. Returns those brokers.
     """
+    current = dict(ctx.live_broker_epochs)
+    bounced = bounced_leaders(ctx, current)
+    ctx.remove_live_brokers(bounced)
     live = ctx.live_or_shutting_down_broker_ids
     actions.batch.add_update_metadata(live, ctx.partitions_with_leaders())
     rsm.initialize_replica_states(ctx)
@@ -155,3 +208,7 @@ def on_controller_failover(ctx: ControllerContext, actions: ControllerActions, e
     rsm.handle_state_changes(ctx, offline, ReplicaState.OFFLINE, actions)
     psm.initialize_partition_states(ctx)
     psm.trigger_online_partition_state_change(ctx, actions, election)
+    if bounced:
+        ctx.add_live_brokers({b: current[b] for b in bounced})
+        on_broker_startup(ctx, bounced, actions, election)
+    return bounced

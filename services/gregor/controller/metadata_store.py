@@ -4,8 +4,10 @@ Keys (under /gregor/<cluster>/, shared/DESIGN.md):
 
 - `brokers/topics/<topic>`: `{"version":2,"partitions":{"0":[1,2,3],...},"adding_replicas":{},"removing_replicas":{}}`
 - `brokers/topics/<topic>/partitions/<p>/state`:
-  `{"controller_epoch":E,"leader":L,"version":1,"leader_epoch":N,"isr":[...]}`; the key's etcd
-  `version` (1 on create, +1 per put) is ZooKeeper's zkVersion: partition_epoch = version - 1
+  `{"controller_epoch":E,"leader":L,"version":1,"leader_epoch":N,"isr":[...],"leader_broker_epoch":B}`;
+  the key's etcd `version` (1 on create, +1 per put) is ZooKeeper's zkVersion: partition_epoch =
+  version - 1. `leader_broker_epoch` (the leader's registration when it was elected) is absent when
+  unknown; leaders' ISR writes keep it (they rewrite only `isr`)
 - `config/topics/<topic>`: `{"version":1,"config":{"retention.ms":"1000",...}}`
 - `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
 """
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, version_is
 from gregor.controller.requests import PartitionStateWrite
-from gregor.controller.state import LeaderAndIsr, TopicPartition
+from gregor.controller.state import UNKNOWN_BROKER_EPOCH, LeaderAndIsr, TopicPartition
 
 BROKER_TOPICS = "brokers/topics/"
 CONFIG_TOPICS = "config/topics/"
@@ -54,15 +56,21 @@ def decode_assignment(value: bytes) -> dict[int, tuple[int, ...]]:
 
 
 def encode_partition_state(lai: LeaderAndIsr) -> bytes:
-    return json.dumps({"controller_epoch": lai.controller_epoch, "leader": lai.leader, "version": 1,
-                       "leader_epoch": lai.leader_epoch, "isr": list(lai.isr)}).encode()
+    """Kafka's state JSON; `leader_broker_epoch` only when known, so an unknown one reads back as before."""
+    state = {"controller_epoch": lai.controller_epoch, "leader": lai.leader, "version": 1,
+             "leader_epoch": lai.leader_epoch, "isr": list(lai.isr)}
+    if lai.leader_broker_epoch != UNKNOWN_BROKER_EPOCH:
+        state["leader_broker_epoch"] = lai.leader_broker_epoch
+    return json.dumps(state).encode()
 
 
 def decode_partition_state(kv: KeyValue) -> LeaderAndIsr:
+    """A missing `leader_broker_epoch` (a state written before it existed) is unknown."""
     raw = json.loads(kv.value)
     return LeaderAndIsr(leader=int(raw["leader"]), leader_epoch=int(raw["leader_epoch"]),
                         isr=tuple(int(r) for r in raw["isr"]), controller_epoch=int(raw["controller_epoch"]),
-                        partition_epoch=kv.version - 1)
+                        partition_epoch=kv.version - 1,
+                        leader_broker_epoch=int(raw.get("leader_broker_epoch", UNKNOWN_BROKER_EPOCH)))
 
 
 def encode_config(configs: Mapping[str, str]) -> bytes:

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gregor.controller.state import ControllerContext, LeaderAndIsr, TopicPartition
+from gregor.controller.state import NO_LEADER, ControllerContext, LeaderAndIsr, TopicPartition
 
 
 @dataclass(frozen=True)
@@ -309,14 +309,44 @@ class ControllerActions:
         """Record a conditional write of tp's state and apply it to the context; returns the stored state.
 
         `recompute` re-runs the transition on a fresher state if the write loses its compare.
+        A new leader epoch records the leader's broker epoch (`stamp_leader_broker_epoch`).
         """
         if create:
-            stored = new_state.with_controller_epoch(ctx.epoch)
+            stored = stamp_leader_broker_epoch(ctx, new_state.with_controller_epoch(ctx.epoch), None)
             self.writes.append(PartitionStateWrite(tp, None, stored))
         else:
             expected = new_state.partition_epoch
-            stored = new_state.with_controller_epoch(ctx.epoch).with_partition_epoch(expected + 1)
-            self.writes.append(PartitionStateWrite(tp, expected, stored, recompute))
+            stored = stamp_leader_broker_epoch(
+                ctx, new_state.with_controller_epoch(ctx.epoch).with_partition_epoch(expected + 1),
+                ctx.partition_leadership_info.get(tp))
+            self.writes.append(PartitionStateWrite(tp, expected, stored, _stamped(ctx, recompute)))
         ctx.put_partition_leadership_info(tp, stored)
         self.failed.pop(tp, None)
         return stored
+
+
+def stamp_leader_broker_epoch(ctx: ControllerContext, new: LeaderAndIsr, previous: LeaderAndIsr | None) -> LeaderAndIsr:
+    """Record which registration of the leader a new leader epoch goes to (KIP-903's broker epochs).
+
+    The LeaderAndIsr for that epoch is addressed to `ctx.broker_epoch(leader)`, so
+    that is the incarnation that leads. A later controller that finds the leader
+    registered under another epoch knows it restarted since (possibly losing an
+    unflushed tail appended at this leader epoch) even though it never saw the
+    bounce, and elects again (`membership.bounced_leaders`). The same leader
+    epoch (an ISR change) keeps what is recorded.
+    """
+    if new.leader == NO_LEADER or (previous is not None and new.leader_epoch == previous.leader_epoch):
+        return new
+    return new.with_leader_broker_epoch(ctx.broker_epoch(new.leader))
+
+
+def _stamped(ctx: ControllerContext, recompute: Recompute | None) -> Recompute | None:
+    """`recompute` whose new leader epochs are stamped like the first attempt's."""
+    if recompute is None:
+        return None
+
+    def rerun(current: LeaderAndIsr) -> LeaderAndIsr | None:
+        wanted = recompute(current)
+        return wanted if wanted is None or wanted is current else stamp_leader_broker_epoch(ctx, wanted, current)
+
+    return rerun

@@ -12,6 +12,8 @@ INITIAL_LEADER_EPOCH = 0
 INITIAL_PARTITION_EPOCH = 0
 INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_CONTROLLER_EPOCH_VERSION = 0
+# Kafka's AbstractControlRequest.UNKNOWN_BROKER_EPOCH: no registration known.
+UNKNOWN_BROKER_EPOCH = -1
 
 
 class ControllerState(enum.Enum):
@@ -108,6 +110,11 @@ class LeaderAndIsr:
     Kafka's partitionEpoch): every writer, controller or leader, compares it
     before writing and bumps it by one, so concurrent writers fence each other.
     `controller_epoch` is the epoch of the controller that last wrote the state.
+    `leader_broker_epoch` is the broker epoch (registration) of the leader this
+    leader epoch was given to, UNKNOWN_BROKER_EPOCH when none or not recorded
+    (states written before the field existed): a live leader registered under
+    another epoch restarted since it was elected, and may have lost records it
+    had appended under this leader epoch, so it must not lead on at it.
     """
 
     leader: int
@@ -115,6 +122,7 @@ class LeaderAndIsr:
     isr: tuple[int, ...] = ()
     controller_epoch: int = INITIAL_CONTROLLER_EPOCH
     partition_epoch: int = INITIAL_PARTITION_EPOCH
+    leader_broker_epoch: int = UNKNOWN_BROKER_EPOCH
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "isr", tuple(self.isr))
@@ -124,8 +132,13 @@ class LeaderAndIsr:
         return self.leader != NO_LEADER
 
     def new_leader_and_isr(self, leader: int, isr: Iterable[int]) -> LeaderAndIsr:
-        """A new leader and ISR: the leader epoch moves on, the partition epoch is the writer's to bump."""
-        return replace(self, leader=leader, leader_epoch=self.leader_epoch + 1, isr=tuple(isr))
+        """A new leader and ISR: the leader epoch moves on, the partition epoch is the writer's to bump.
+
+        The leader's broker epoch is unknown until the writer stamps it
+        (`ControllerActions.write`): a stale one would read as a bounce.
+        """
+        return replace(self, leader=leader, leader_epoch=self.leader_epoch + 1, isr=tuple(isr),
+                       leader_broker_epoch=UNKNOWN_BROKER_EPOCH)
 
     def new_leader(self, leader: int) -> LeaderAndIsr:
         """A new leader with the same ISR (preferred and reassignment elections)."""
@@ -144,6 +157,9 @@ class LeaderAndIsr:
 
     def with_controller_epoch(self, controller_epoch: int) -> LeaderAndIsr:
         return replace(self, controller_epoch=controller_epoch)
+
+    def with_leader_broker_epoch(self, leader_broker_epoch: int) -> LeaderAndIsr:
+        return replace(self, leader_broker_epoch=leader_broker_epoch)
 
 
 @dataclass
@@ -191,8 +207,8 @@ class ControllerContext:
             self.live_broker_epochs.pop(broker_id, None)
 
     def broker_epoch(self, broker_id: int) -> int:
-        """The registered epoch of a live broker; -1 when it is not registered."""
-        return self.live_broker_epochs.get(broker_id, -1)
+        """The registered epoch of a live broker; UNKNOWN_BROKER_EPOCH when it is not registered."""
+        return self.live_broker_epochs.get(broker_id, UNKNOWN_BROKER_EPOCH)
 
     def is_replica_online(
         self, broker_id: int, tp: TopicPartition, include_shutting_down: bool = False

@@ -9,7 +9,8 @@ from gregor.common.etcd import EtcdClient, KeyValue
 from gregor.controller import metadata_store as store
 from gregor.controller.channel_manager import ControllerChannelManager
 from gregor.controller.requests import ControllerActions, PartitionStateWrite, StopReplicaRequest
-from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
+from gregor.controller.state import (UNKNOWN_BROKER_EPOCH, ControllerContext, LeaderAndIsr, PartitionState,
+                                     TopicPartition)
 from gregor.controller.topic_admin import check_assignment
 from gregor.controller.topics import on_new_partition_creation, on_topic_deletion
 from gregor.rpc.v1 import common_pb2
@@ -32,6 +33,17 @@ def test_kafka_json_formats_round_trip() -> None:
     assert ETCD.relative(store.partition_state_key(ETCD, TP)) == "brokers/topics/t/partitions/0/state"
     assert store.is_topic_key(ETCD, store.topic_key(ETCD, "t"))
     assert not store.is_topic_key(ETCD, store.partition_state_key(ETCD, TP))
+
+
+def test_leader_broker_epoch_is_stored_when_known_and_missing_means_unknown() -> None:
+    key = store.partition_state_key(ETCD, TP)
+    known = LeaderAndIsr(2, 4, (2, 3), 7, leader_broker_epoch=41)
+    assert b'"leader_broker_epoch": 41' in store.encode_partition_state(known)
+    assert store.decode_partition_state(KeyValue(key, store.encode_partition_state(known), version=1)) == known
+    # Unknown is not written: the JSON stays what states written before the field look like.
+    assert b"leader_broker_epoch" not in store.encode_partition_state(known.with_leader_broker_epoch(-1))
+    legacy = b'{"controller_epoch": 7, "leader": 2, "version": 1, "leader_epoch": 4, "isr": [2, 3]}'
+    assert store.decode_partition_state(KeyValue(key, legacy, version=1)).leader_broker_epoch == UNKNOWN_BROKER_EPOCH
 
 
 def test_partition_state_writes_compare_the_version() -> None:

@@ -49,8 +49,8 @@ def test_controlled_shutdown_moves_leadership_to_first_live_isr_replica_and_leav
     remaining = do_controlled_shutdown(ctx, 1, 101, actions)
     assert remaining == set()
     assert ctx.shutting_down_broker_ids == {1} and 1 not in ctx.live_broker_ids
-    assert ctx.partition_leadership_info[tp(0)] == LeaderAndIsr(2, 5, (2, 3), 3, 8)
-    assert ctx.partition_leadership_info[tp(1)] == LeaderAndIsr(2, 3, (2, 3), 3, 3)
+    assert ctx.partition_leadership_info[tp(0)] == LeaderAndIsr(2, 5, (2, 3), 3, 8, leader_broker_epoch=102)
+    assert ctx.partition_leadership_info[tp(1)] == LeaderAndIsr(2, 3, (2, 3), 3, 3, leader_broker_epoch=102)
     assert ctx.partition_leadership_info[tp(2)].leader == 1
     assert [(w.topic_partition, w.expected_partition_epoch) for w in actions.writes] == [(tp(0), 7), (tp(1), 2)]
     # The old leader becomes a follower of the partition it led (Kafka's LeaderAndIsr to the live or
@@ -122,7 +122,7 @@ def test_preferred_election_results_per_partition() -> None:
     out = process_replica_leader_election(
         ctx, [tp(0), tp(1), tp(2), tp(7), tp(0, "doomed")], ElectionType.PREFERRED, actions)
     assert out[tp(0)].error is None and out[tp(0)].leader == 1
-    assert ctx.partition_leadership_info[tp(0)] == LeaderAndIsr(1, 6, (1, 2, 3), 3, 10)
+    assert ctx.partition_leadership_info[tp(0)] == LeaderAndIsr(1, 6, (1, 2, 3), 3, 10, leader_broker_epoch=101)
     codes = {p: o.error.code for p, o in out.items() if o.error is not None}
     assert codes == {tp(1): errors.Code.ELECTION_NOT_NEEDED, tp(2): errors.Code.PREFERRED_LEADER_NOT_AVAILABLE,
                      tp(7): errors.Code.UNKNOWN_TOPIC_OR_PARTITION,

@@ -62,7 +62,8 @@ async def test_offline_replica_rerun_after_leader_shrank_the_isr() -> None:
     store.interleave = [stored.with_isr((1, 3)).with_partition_epoch(8)]  # the leader's CAS lands first
     out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
     assert out.retries == 1 and not out.failed
-    assert store.states[TP] == LeaderAndIsr(1, 6, (1,), controller_epoch=4, partition_epoch=9)
+    assert store.states[TP] == LeaderAndIsr(1, 6, (1,), controller_epoch=4, partition_epoch=9,
+                                           leader_broker_epoch=11)
     assert out.changed == {TP: store.states[TP]}
     # The batched LeaderAndIsr carries what was stored, not what was planned.
     actions.batch.replace_leader_and_isr(TP, out.changed[TP])
@@ -93,7 +94,8 @@ async def test_election_rerun_uses_the_fresh_isr_and_fails_when_no_candidate_is_
     store = Store({TP: stored})
     store.interleave = [stored.with_isr((1, 3)).with_partition_epoch(8)]
     out = await perform_partition_state_writes(actions.writes, ctx.epoch, store.write, store.load)
-    assert store.states[TP] == LeaderAndIsr(3, 6, (3,), controller_epoch=4, partition_epoch=9)
+    assert store.states[TP] == LeaderAndIsr(3, 6, (3,), controller_epoch=4, partition_epoch=9,
+                                           leader_broker_epoch=13)
     assert out.changed[TP] == store.states[TP]
 
     ctx = context(stored)

@@ -34,7 +34,8 @@ def test_new_partition_creation_initializes_leader_and_isr_and_requests() -> Non
     assert ctx.partition_state(TP) is PartitionState.ONLINE
     [write] = actions.writes
     assert write.expected_partition_epoch is None
-    assert write.new_state == LeaderAndIsr(1, 0, (1, 3), controller_epoch=5, partition_epoch=0)
+    assert write.new_state == LeaderAndIsr(1, 0, (1, 3), controller_epoch=5, partition_epoch=0,
+                                           leader_broker_epoch=101)
     assert ctx.partition_leadership_info[TP] == write.new_state
     requests = actions.batch.build(ctx, controller_id=7)
     lair = [r for r in requests[1] if isinstance(r, LeaderAndIsrRequest)][0]
@@ -86,7 +87,8 @@ def test_offline_partition_is_reelected_from_isr() -> None:
     ctx.remove_live_brokers([1])
     actions = ControllerActions()
     results = psm.trigger_online_partition_state_change(ctx, actions)
-    assert results[TP] == LeaderAndIsr(2, 4, (2,), controller_epoch=5, partition_epoch=9)
+    assert results[TP] == LeaderAndIsr(2, 4, (2,), controller_epoch=5, partition_epoch=9,
+                                         leader_broker_epoch=102)
     assert actions.writes[0].expected_partition_epoch == 8
     assert ctx.partition_state(TP) is PartitionState.ONLINE and ctx.offline_partition_count == 0
     assert set(actions.batch.leader_and_isr) == {2, 3}  # Live replicas are told.

@@ -74,7 +74,9 @@ def write_targets(data_dir: str, processes: Iterable[Any], cluster: str = "grego
 
 def write_config(data_dir: str, scrape_interval_s: float, port: int, cluster: str) -> str:
     """prometheus.yml: file_sd over targets.json, Prometheus itself, and the shared rules file."""
-    pdir = prometheus_dir(data_dir)
+    # Prometheus resolves a relative file_sd path against its config file's folder, not our working
+    # directory: a relative --data-dir would point it at DIR/prometheus/DIR/prometheus/targets.json.
+    pdir = os.path.abspath(prometheus_dir(data_dir))
     config = {
         "global": {"scrape_interval": f"{scrape_interval_s:g}s", "evaluation_interval": f"{scrape_interval_s:g}s"},
         "rule_files": [rules_file()],

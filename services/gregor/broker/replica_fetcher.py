@@ -214,9 +214,14 @@ class ReplicaFetcher:
                                 loop: asyncio.AbstractEventLoop) -> None:
         try:
             await self._truncate(rm, stub, p, st)
-        except grpc.aio.AioRpcError as exc:
-            self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
-        except Exception as exc:  # a storage error: back off and truncate again
+        except Exception as exc:
+            # The ReplicaState may already say FETCHING while the log cut it asked for failed (or the
+            # ListOffsets after it did): truncate again before any fetch from the untruncated LEO.
+            if (cur := self._current(rm, key, st)) is not None:
+                cur.state.restart_truncation()
+            if isinstance(exc, grpc.aio.AioRpcError):
+                self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
+                return
             log.warning("%s-%d: truncation against leader %d failed: %s", key[0], key[1], self.leader_id, exc)
             st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
 
@@ -277,25 +282,29 @@ class ReplicaFetcher:
                 return
             if p.on_truncation_point(latest, resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
                 break
-        if st.out_of_range:
-            await self._reset_out_of_range(rm, stub, p, st)
+        if st.out_of_range and not await self._reset_out_of_range(rm, stub, p, st):
+            return
         p.state.finish_truncation(p.log_end_offset)
         st.out_of_range = False
 
     async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
-                                  p: "Partition", st: PartitionFetchState) -> None:
-        """OFFSET_OUT_OF_RANGE after epoch truncation: behind the leader's log start, or past its end."""
+                                  p: "Partition", st: PartitionFetchState) -> bool:
+        """OFFSET_OUT_OF_RANGE after epoch truncation: behind the leader's log start, or past its end.
+        False if a LeaderAndIsr took the partition away (or restarted it) while ListOffsets was out."""
         earliest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
             topic=p.topic, partition=p.partition, timestamp_ms=-2, current_leader_epoch=st.leader_epoch),
             timeout=FETCH_RPC_TIMEOUT_S)
         latest = await stub.ListOffsets(broker_pb2.ListOffsetsRequest(
             topic=p.topic, partition=p.partition, timestamp_ms=-1, current_leader_epoch=st.leader_epoch),
             timeout=FETCH_RPC_TIMEOUT_S)
+        if self._current(rm, p.key, st) is None:
+            return False
         effect = p.state.on_leader_log_range(earliest.offset, latest.offset, p.log_end_offset)
         if effect is not None:
             log.info("%s-%d: out of range at the leader (log start %d, HW %d): %s", p.topic, p.partition,
                      earliest.offset, latest.offset, effect)
             p.apply_log_effects([effect])
+        return True
 
 
 class ReplicaFetcherManager:

@@ -30,16 +30,20 @@ from tests.helpers.cluster import LocalCluster, tear_down
 TXN_PARTITIONS = 5
 
 
+def coordinator_overrides(offsets_partitions: int) -> dict[str, str]:
+    """Both internal topics at RF 1 (the clusters have 2 brokers, one may be down), few partitions."""
+    return {"offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": str(offsets_partitions),
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.num.partitions": str(TXN_PARTITIONS)}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster.up(str(tmp_path_factory.mktemp("txn-fo")), brokers=2, controllers=1, coordinators=2,
                         lease_ttl_ms=2000,
                         # Brokers keep their session through the few seconds X is frozen.
                         broker_overrides={"broker.session.timeout.ms": "20000"},
-                        coordinator_overrides={
-                            "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "4",
-                            "transaction.state.log.replication.factor": "1",
-                            "transaction.state.log.num.partitions": str(TXN_PARTITIONS)})
+                        coordinator_overrides=coordinator_overrides(offsets_partitions=4))
     try:
         yield c
     finally:
@@ -113,10 +117,7 @@ async def test_new_coordinator_completes_a_commit_left_in_prepare(cluster: Local
 @pytest.fixture
 def rf2(tmp_path: str) -> Iterator[LocalCluster]:
     c = LocalCluster.up(str(tmp_path), brokers=2, controllers=1, coordinators=1, lease_ttl_ms=2000,
-                        coordinator_overrides={
-                            "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "2",
-                            "transaction.state.log.replication.factor": "1",
-                            "transaction.state.log.num.partitions": str(TXN_PARTITIONS)})
+                        coordinator_overrides=coordinator_overrides(offsets_partitions=2))
     try:
         yield c
     finally:

@@ -21,7 +21,8 @@ import grpc
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2
 
-PRODUCE = "/gregor.rpc.v1.BrokerService/Produce"
+# The producer sends ProducePartitions (many partitions per call); raw clients may send Produce.
+PRODUCE = ("/gregor.rpc.v1.BrokerService/Produce", "/gregor.rpc.v1.BrokerService/ProducePartitions")
 METADATA = "/gregor.rpc.v1.BrokerService/Metadata"
 
 
@@ -93,7 +94,7 @@ class GrpcFaultProxy:
                 for b in resp.brokers:
                     b.host, b.grpc_port = "127.0.0.1", proxy.port
                 return resp.SerializeToString()
-            if method != PRODUCE:
+            if method not in PRODUCE:
                 return await forward(method, request, context)
             p = proxy.policy
             p.calls += 1

@@ -87,6 +87,25 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                           duplicate=result.duplicate)
 
     @rpc_method("BrokerService")
+    async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
+                                context: Ctx) -> broker_pb2.ProducePartitionsResponse:
+        parts = request.partitions
+        results = await self.replicas.handle_produce_partitions(
+            [(d.topic, d.partition, d.records) for d in parts], request.acks, request.timeout_ms)
+        out = broker_pb2.ProducePartitionsResponse()
+        add, acks0 = out.results.add, request.acks == 0
+        for d, r in zip(parts, results):
+            if isinstance(r, errors.GregorError):
+                add(topic=d.topic, partition=d.partition, error=r.to_detail())
+            elif acks0:
+                add(topic=d.topic, partition=d.partition, base_offset=-1, last_offset=-1, log_append_time_ms=-1,
+                    log_start_offset=r.log_start_offset)
+            else:
+                add(topic=d.topic, partition=d.partition, base_offset=r.base_offset, last_offset=r.last_offset,
+                    log_append_time_ms=-1, log_start_offset=r.log_start_offset, duplicate=r.duplicate)
+        return out
+
+    @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())

@@ -210,6 +210,37 @@ async def test_produce_partitions_acks_all_waits_for_every_partition(running: Ru
     assert out.offset == 2
 
 
+async def test_produce_stream_appends_in_order_and_answers_by_correlation_id(running: Running) -> None:
+    """ProduceStream: appends in arrival order, an acks=all request does not hold up later ones, answers
+    carry their correlation id, a malformed request is answered with an error and the stream goes on."""
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    rm = running.broker.replica_manager
+    pid = (await running.stub.InitProducerId(broker_pb2.InitProducerIdRequest())).producer_id
+    call = running.stub.ProduceStream()
+    waiting = produce_many(part("strict", make_batch([b"w"])), acks=-1, timeout_ms=10_000)
+    waiting.correlation_id = 7
+    await call.write(waiting)
+    for cid, seq in ((8, 0), (9, 1), (10, 2)):  # one idempotent producer's batches back to back: in order
+        req = produce_many(part("t", idempotent([b"s%d" % seq], pid, 0, seq)))
+        req.correlation_id = cid
+        await call.write(req)
+    bad = produce_many(part("t", make_batch([b"x"])), acks=5)
+    bad.correlation_id = 11
+    await call.write(bad)
+    answers = [await call.read() for _ in range(4)]
+    assert [a.correlation_id for a in answers] == [8, 9, 10, 11]  # the acks=all one (7) is still waiting
+    assert [a.results[0].base_offset for a in answers[:3]] == [0, 1, 2]
+    assert answers[3].error.code == Code.INVALID_REQUIRED_ACKS and not answers[3].results
+    await asyncio.sleep(0.3)  # past replica.lag.time.max.ms: the leader proposes dropping follower 5
+    p = rm.partitions[("strict", 0)]
+    rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
+    late = await call.read()
+    assert late.correlation_id == 7 and late.results[0].error.code == Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF  # the producer closed its side: the stream ends cleanly
+    assert await call.code() == grpc.StatusCode.OK
+
+
 async def test_idempotent_producer_errors(running: Running) -> None:
     s = running.stub
     init = await s.InitProducerId(broker_pb2.InitProducerIdRequest())

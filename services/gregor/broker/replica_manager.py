@@ -72,6 +72,31 @@ def _produce_result(p: Partition, info: "native.AppendInfo | DuplicateAppendInfo
                          isinstance(info, DuplicateAppendInfo))
 
 
+def _settled(future: "asyncio.Future[ProduceResult]") -> "ProduceResult | errors.GregorError":
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if isinstance(exc, errors.GregorError):
+        return exc
+    raise exc
+
+
+def produce_pending(results: list[Any]) -> bool:
+    """Whether start_produce_partitions left partitions waiting for their acks."""
+    return any(isinstance(r, asyncio.Future) for r in results)
+
+
+async def collect_produce(results: list[Any]) -> list["ProduceResult | errors.GregorError"]:
+    """Wait for the acks=-1 partitions of start_produce_partitions (they run at once), in request order."""
+    for i, item in enumerate(results):
+        if isinstance(item, asyncio.Future):
+            try:
+                results[i] = await item
+            except errors.GregorError as err:
+                results[i] = err
+    return results
+
+
 class LeaderAndIsrState(Protocol):
     """One partition of a LeaderAndIsr request (the proto message satisfies it)."""
 
@@ -372,11 +397,17 @@ class ReplicaManager:
 
     async def handle_produce_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int,
                                         timeout_ms: int) -> list[ProduceResult | errors.GregorError]:
-        """Kafka's multi-partition Produce: append every partition, then wait for all of them (acks=-1).
+        """Kafka's multi-partition Produce: append every partition, then wait for all of them (acks=-1)."""
+        return await collect_produce(self.start_produce_partitions(parts, acks, timeout_ms))
+
+    def start_produce_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int,
+                                 timeout_ms: int) -> list[Any]:
+        """Append every partition now (in the caller's order); acks=-1 partitions come back as futures.
 
         One partition's failure is its own result and never stops the others (Kafka answers
         per partition). Only a request that is wrong as a whole raises: bad acks, no
-        partition, a partition listed twice.
+        partition, a partition listed twice. Synchronous, so a stream's requests append in
+        the order they arrived however long their acks take (ProduceStream).
         """
         _check_acks(acks)
         if not parts:
@@ -399,14 +430,7 @@ class ReplicaManager:
                 continue
             op = DelayedProduce(max(timeout_ms, 0), p, info)
             self.produce_purgatory.try_complete_else_watch(op, [p.key])
-            out.append(op.future)
-        if acks == -1:  # every partition's DelayedProduce runs at once; collect them in request order
-            for i, item in enumerate(out):
-                if isinstance(item, asyncio.Future):
-                    try:
-                        out[i] = await item
-                    except errors.GregorError as err:
-                        out[i] = err
+            out.append(op.future if not op.future.done() else _settled(op.future))
         return out
 
     def _append_for_produce(self, topic: str, partition: int, records: bytes,

@@ -12,6 +12,7 @@ from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch import ReplicaFetchPart, handle_replica_fetch
+from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
@@ -89,21 +90,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
                                 context: Ctx) -> broker_pb2.ProducePartitionsResponse:
-        parts = request.partitions
         results = await self.replicas.handle_produce_partitions(
-            [(d.topic, d.partition, d.records) for d in parts], request.acks, request.timeout_ms)
-        out = broker_pb2.ProducePartitionsResponse()
-        add, acks0 = out.results.add, request.acks == 0
-        for d, r in zip(parts, results):
-            if isinstance(r, errors.GregorError):
-                add(topic=d.topic, partition=d.partition, error=r.to_detail())
-            elif acks0:
-                add(topic=d.topic, partition=d.partition, base_offset=-1, last_offset=-1, log_append_time_ms=-1,
-                    log_start_offset=r.log_start_offset)
-            else:
-                add(topic=d.topic, partition=d.partition, base_offset=r.base_offset, last_offset=r.last_offset,
-                    log_append_time_ms=-1, log_start_offset=r.log_start_offset, duplicate=r.duplicate)
-        return out
+            [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+        return produce_partitions_response(request, results)
+
+    async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
+        """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
+        stream = ProduceStreamHandler(self.replicas)
+        async for response in stream.serve(request_iterator):
+            yield response
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:

@@ -71,6 +71,9 @@ class ProducerBatch:
         return (self.topic, self.partition)
 
     def encode(self, compression: str) -> bytes:
+        """The wire batch, built once. Encoding seals the batch: a record appended after it would be
+        counted in the batch (and given a sequence and an offset) but missing from the bytes sent."""
+        self.sealed = True
         if self.payload is None:
             self.payload = build_batch_from_deltas(self.records, self.base_timestamp, self.max_timestamp,
                                                    compression, producer_id=self.producer_id,

@@ -22,6 +22,7 @@ from gregor.client.accumulator import (
 from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.produce_stream import ProduceStream
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.client.txn_producer import TransactionalState
@@ -96,6 +97,7 @@ class Sender:
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
+        self._streams: dict[tuple[int, str], ProduceStream] = {}  # (leader, address) -> its ProduceStream
 
     async def run(self) -> None:
         acc = self.acc
@@ -128,6 +130,7 @@ class Sender:
             if self.closing and not acc.has_undrained() and not self.requests:
                 if self._init_pid_task is not None:
                     self._init_pid_task.cancel()
+                self.close_streams()
                 return
             if need_metadata or not acc.has_undrained():
                 delay = max(delay, 0.005) if acc.has_undrained() else 1.0
@@ -197,7 +200,8 @@ class Sender:
             sizes[leader] = used + sum(len(b.payload or b"") for b in batches)
         for leader, parts in requests.items():
             self.in_flight[leader] = self.in_flight.get(leader, 0) + 1
-            task = asyncio.ensure_future(self._produce(leader, parts))
+            # Written to the leader's stream now, in drain order (the task only waits for the answer).
+            task = asyncio.ensure_future(self._produce(leader, parts, self._send_request(leader, parts)))
             self.requests.add(task)
             task.add_done_callback(self.requests.discard)
         return need_metadata, bool(requests)
@@ -239,8 +243,10 @@ class Sender:
             await asyncio.sleep(self.metadata.retry_backoff_s)
         self.acc.wakeup.set()
 
-    async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]]) -> None:
-        """One ProducePartitions request to a leader; each partition's result completes or retries its batches."""
+    def _send_request(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]]) -> Any:
+        """Build the leader's ProducePartitions request and queue it on its ProduceStream.
+
+        The future of its answer, or the GregorError that kept it from being sent."""
         compression = self.acc.compression
         stats = self.stats  # per request, not per record: the gateway exports these (compression ratio)
         stats.requests += 1
@@ -254,11 +260,33 @@ class Sender:
             add(topic=tp[0], partition=tp[1], records=payload)
         try:
             stub = self.metadata.broker_stub(leader)
-            # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
-            resp = await stub.ProducePartitions(request, timeout=self.request_timeout_ms / 1000 + 1)
+        except errors.GregorError as err:
+            return err
+        key = (leader, self.metadata.brokers[leader].address)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = ProduceStream(stub, call_error)
+        return stream.send(request)
+
+    async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
+                       sent: Any) -> None:
+        """Wait for one request's answer; each partition's result completes or retries its batches."""
+        try:
+            if isinstance(sent, errors.GregorError):
+                raise sent
+            try:
+                # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
+                resp = await asyncio.wait_for(asyncio.shield(sent), self.request_timeout_ms / 1000 + 1)
+            except asyncio.TimeoutError:
+                err = errors.error_for(errors.Code.REQUEST_TIMED_OUT,
+                                       f"no produce answer from broker {leader} within request.timeout.ms")
+                self._fail_stream(leader, err)  # Kafka closes the connection of a timed-out request
+                raise err from None
+            if resp.HasField("error"):
+                raise errors.from_detail(resp.error)
             if len(resp.results) != len(parts):
                 raise errors.GregorError(f"broker {leader} answered {len(resp.results)} of {len(parts)} partitions")
-        except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+        except (grpc.RpcError, errors.GregorError) as exc:
             err = call_error(exc)
             for tp, batches in parts:
                 self._partition_done(tp, batches, None, err)
@@ -268,6 +296,15 @@ class Sender:
         finally:
             self.in_flight[leader] -= 1
             self.acc.wakeup.set()
+
+    def _fail_stream(self, leader: int, err: errors.GregorError) -> None:
+        for key in [k for k in self._streams if k[0] == leader]:
+            self._streams.pop(key).fail(err)
+
+    def close_streams(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
 
     def _partition_done(self, tp: TopicPartition, batches: list[ProducerBatch],
                         result: Optional[broker_pb2.ProducePartitionResult], err: Optional[errors.GregorError]) -> None:
@@ -450,6 +487,7 @@ class Producer:
                 self._acc.abort_all(errors.RequestTimedOutError(  # type: ignore[attr-defined]
                     "producer closed before the record was sent"))
                 await asyncio.gather(self._sender_task, *self._sender.requests, return_exceptions=True)
+                self._sender.close_streams()
         await self.metadata.close()
         close = getattr(self.partitioner, "close", None) if self._custom_partitioner else None
         if callable(close):

@@ -241,6 +241,44 @@ async def test_produce_stream_appends_in_order_and_answers_by_correlation_id(run
     assert await call.code() == grpc.StatusCode.OK
 
 
+def fetch_part(topic: str, offset: int, epoch: int = 1) -> broker_pb2.ReplicaFetchPartition:
+    return broker_pb2.ReplicaFetchPartition(topic=topic, partition=0, fetch_offset=offset, current_leader_epoch=epoch,
+                                            max_bytes=1 << 20)
+
+
+async def test_replica_fetch_session_answers_only_partitions_with_news(running: Running) -> None:
+    """KIP-227 on the ReplicaFetch stream: after a full request, an incremental one names only moved
+    partitions and is answered only for partitions with records, a new HW or an error."""
+    lead_with(running, "t", 1, [0, 5], [0, 5])
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    call = running.stub.ReplicaFetch()
+
+    async def fetch(*parts: broker_pb2.ReplicaFetchPartition, incremental: bool = True,
+                    wait_ms: int = 3000) -> list[tuple[str, int, int]]:
+        await call.write(broker_pb2.ReplicaFetchRequest(replica_id=5, min_bytes=1, max_wait_ms=wait_ms,
+                                                        partitions=parts, incremental=incremental))
+        resp = await call.read()
+        return [(q.topic, q.high_watermark, len(q.records)) for q in resp.partitions]
+
+    # Full: every partition is answered once (the session has told the follower nothing yet).
+    assert await fetch(fetch_part("t", 0), fetch_part("strict", 0), incremental=False) == [("t", 0, 0),
+                                                                                            ("strict", 0, 0)]
+    # Incremental, nothing moved: parked until an append to a session partition, then only that one.
+    pending = asyncio.ensure_future(fetch())
+    await asyncio.sleep(0.2)
+    assert not pending.done()
+    await running.stub.Produce(produce("t", make_batch([b"a"])))
+    answered = await asyncio.wait_for(pending, 5)
+    assert [(t, hw) for t, hw, _ in answered] == [("t", 0)] and answered[0][2] > 0
+    # The follower names "t" at its new offset: the HW moves, and only "t" is answered with it.
+    assert await fetch(fetch_part("t", 1)) == [("t", 1, 0)]
+    # Nothing new anywhere: the poll runs its max wait and comes back empty.
+    started = asyncio.get_running_loop().time()
+    assert await fetch(wait_ms=300) == []
+    assert asyncio.get_running_loop().time() - started >= 0.25
+    call.cancel()
+
+
 async def test_idempotent_producer_errors(running: Running) -> None:
     s = running.stub
     init = await s.InitProducerId(broker_pb2.InitProducerIdRequest())

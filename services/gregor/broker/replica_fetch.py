@@ -92,17 +92,95 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
         return [w if isinstance(w, errors.GregorError) else _read_or_error(w.read) for w in self.slots]
 
 
+@dataclass
+class _SessionEntry:
+    """One partition of a fetch session: what the follower last asked and what it was last told."""
+
+    part: ReplicaFetchPart
+    slot: Union[_Watched, errors.GregorError]
+    sent_hw: int = -1  # -1: nothing sent yet on this session (a fresh stream answers every partition)
+    sent_log_start: int = -1
+    error_sent: bool = False
+
+
+class ReplicaFetchSession:
+    """Kafka's incremental fetch session (KIP-227) for one follower's ReplicaFetch stream.
+
+    Why: with every partition of a leader in each fetch, a busy partition beside 100 idle ones paid
+    for reading, encoding and applying the 100 on every fetch (at 2,000 acks=all records/s the
+    brokers' CPU went from ~0.25 to ~0.45 cores with an idle 100-partition topic). The session keeps
+    each partition's last fetch offset and the HW last sent; an incremental request names only
+    partitions that moved, and the answer carries only partitions with news.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, int], _SessionEntry] = {}
+
+    def news(self, listed: dict[tuple[str, int], Outcome]) -> list[tuple[_SessionEntry, Outcome]]:
+        """The partitions to answer now (session order): listed ones with records, a new HW or log start
+        or an error; unlisted ones whose log grew, HW or log start moved or leadership changed."""
+        out: list[tuple[_SessionEntry, Outcome]] = []
+        for key, e in self.entries.items():
+            outcome = listed.get(key)
+            if outcome is None:
+                slot = e.slot
+                if isinstance(slot, errors.GregorError):
+                    continue  # told once; the follower drops or re-lists it
+                p = slot.partition
+                if (p.log_end_offset <= slot.fetch_offset and p.is_leader and p.leader_epoch == slot.leader_epoch
+                        and p.high_watermark == e.sent_hw and p.log.log_start_offset == e.sent_log_start):
+                    continue
+                outcome = _read_or_error(slot.read)
+            if isinstance(outcome, errors.GregorError):
+                if not e.error_sent:
+                    out.append((e, outcome))
+            elif (outcome.slice.length or outcome.high_watermark != e.sent_hw
+                  or outcome.log_start_offset != e.sent_log_start):
+                out.append((e, outcome))
+        return out
+
+    @staticmethod
+    def sent(answered: list[tuple[_SessionEntry, Outcome]]) -> None:
+        for e, outcome in answered:
+            if isinstance(outcome, errors.GregorError):
+                e.error_sent = True
+            else:
+                e.sent_hw, e.sent_log_start = outcome.high_watermark, outcome.log_start_offset
+
+
+class DelayedSessionFetch(DelayedReplicaFetch):
+    """A session fetch parked until a session partition moved; answers only the partitions with news."""
+
+    def __init__(self, delay_ms: int, session: ReplicaFetchSession, min_bytes: int) -> None:
+        super().__init__(delay_ms, [e.slot for e in session.entries.values()], min_bytes)
+        self.session = session
+
+    def on_complete(self) -> list[tuple[_SessionEntry, Outcome]]:  # type: ignore[override]
+        return self.session.news({})
+
+    def try_complete(self) -> bool:
+        return self._moved() and self.force_complete()
+
+
 async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epoch: int, min_bytes: int,
-                               max_wait_ms: int, parts: list[ReplicaFetchPart]) -> list[Outcome]:
-    """Read every part (recording the follower's fetch offset), answer at once when there is data or
-    an error, else park one DelayedReplicaFetch watching all the partitions. One outcome per part."""
+                               max_wait_ms: int, parts: list[ReplicaFetchPart],
+                               session: "ReplicaFetchSession | None" = None,
+                               incremental: bool = False) -> list[tuple[ReplicaFetchPart, Outcome]]:
+    """Read every listed part (recording the follower's fetch offset), answer at once when a session
+    partition has news, else park one fetch watching every session partition. A full request
+    (incremental=False) replaces the session's partitions; an incremental one updates those listed."""
     if replica_id < 0 or min_bytes < 0 or max_wait_ms < 0:
         raise errors.error_for(errors.Code.INVALID_REQUEST, f"invalid replica fetch: replica_id={replica_id} "
                                f"min_bytes={min_bytes} max_wait_ms={max_wait_ms}")
+    if session is None:
+        session = ReplicaFetchSession()
+    if not incremental:
+        session.entries = {}
     live_epoch = rm.live_broker_epoch(replica_id)
-    slots: list[Union[_Watched, errors.GregorError]] = []
-    outcomes: list[Outcome] = []
+    listed: dict[tuple[str, int], Outcome] = {}
     for part in parts:
+        key = (part.topic, part.partition)
+        slot: Union[_Watched, errors.GregorError]
         try:
             where = {"topic": part.topic, "partition": part.partition}
             if part.max_bytes <= 0:
@@ -119,15 +197,20 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
 
             result = read()
             rm._on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
-            slots.append(_Watched(p, part.fetch_offset, p.leader_epoch, read))
-            outcomes.append(result)
+            slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
+            listed[key] = result
         except errors.GregorError as err:
-            slots.append(err)
-            outcomes.append(err)
-    if (max_wait_ms == 0 or len(slots) != sum(isinstance(s, _Watched) for s in slots)
-            or _size(outcomes) >= max(min_bytes, 1) or not parts):
-        return outcomes
-    op = DelayedReplicaFetch(max_wait_ms, slots, max(min_bytes, 1))
-    keys = [s.partition.key for s in slots if isinstance(s, _Watched)]
-    rm.fetch_purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
-    return await op.future
+            slot = err
+            listed[key] = err
+        prev = session.entries.get(key)
+        entry = session.entries[key] = _SessionEntry(part, slot)
+        if prev is not None:
+            entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
+    answered = session.news(listed)
+    if not answered and max_wait_ms > 0 and session.entries:
+        op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1))
+        keys = [s.partition.key for s in op.slots if isinstance(s, _Watched)]
+        rm.fetch_purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
+        answered = await op.future  # type: ignore[assignment]
+    session.sent(answered)
+    return [(e.part, outcome) for e, outcome in answered]

@@ -27,6 +27,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_WAIT_MAX_MS,
     REPLICA_FETCH_MIN_BYTES,
     REPLICA_FETCH_BACKOFF_S,
+    REPLICA_FETCH_SESSION_REFRESH_PARTS,
     FETCH_RPC_TIMEOUT_S,
     MAX_TRUNCATION_ROUNDS,
 )
@@ -111,6 +112,9 @@ class ReplicaFetcher:
         self.leader_id = leader_id
         self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
         self._wake = asyncio.Event()
+        # The fetch session (KIP-227): (fetch offset, leader epoch) last named per partition on the stream.
+        self._sent: dict[tuple[str, int], tuple[int, int]] = {}
+        self._full_at = 0.0
         self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
         self.task.add_done_callback(self._on_done)
 
@@ -166,13 +170,14 @@ class ReplicaFetcher:
                 except asyncio.TimeoutError:
                     pass
                 continue
+            listed, incremental = self._session_request(batch, stream, loop.time())
             request = broker_pb2.ReplicaFetchRequest(
                 replica_id=rm.config.broker_id, replica_broker_epoch=self.manager.broker_epoch(),
-                min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS,
+                min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, incremental=incremental,
                 partitions=[broker_pb2.ReplicaFetchPartition(
                     topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
                     max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset)
-                    for _key, st, p, offset in batch])
+                    for _key, st, p, offset in listed])
             try:
                 resp = await stream.exchange(request, self._wake)
             except grpc.aio.AioRpcError as exc:
@@ -186,10 +191,36 @@ class ReplicaFetcher:
                 continue
             if resp is None:
                 continue  # new partitions while the poll was out: ask again with them
-            lag = 0
-            for (key, st, _p, offset), part in zip(batch, resp.partitions):
-                lag = max(lag, self._apply(rm, key, st, offset, part, loop))
-            FETCHER_LAG.labels(leader=str(self.leader_id)).set(lag)
+            if resp.partitions:
+                by_key = {item[0]: item for item in batch}
+                lag = 0
+                for part in resp.partitions:
+                    item = by_key.get((part.topic, part.partition))
+                    if item is not None:
+                        lag = max(lag, self._apply(rm, item[0], item[1], item[3], part, loop))
+                FETCHER_LAG.labels(leader=str(self.leader_id)).set(lag)
+
+    def _session_request(self, batch: list[tuple[tuple[str, int], PartitionFetchState, "Partition", int]],
+                         stream: "_FetchStream", now: float) -> tuple[list[tuple[tuple[str, int],
+                                                                      PartitionFetchState, "Partition", int]], bool]:
+        """The partitions to name in the next request, and whether it is incremental (KIP-227).
+
+        Full on a new stream (a new session on the leader), when the set of partitions changed, and
+        every third of replica.lag.time.max.ms (so the leader records a fetch of every idle partition
+        well within the lag limit); otherwise only partitions whose fetch offset or epoch moved."""
+        keys = {item[0] for item in batch}
+        refresh_s = self.manager.replicas.config.replica_lag_time_max_ms / 1000 / REPLICA_FETCH_SESSION_REFRESH_PARTS
+        full = (stream.call is None or stream.call.done() or keys != self._sent.keys()
+                or now - self._full_at >= refresh_s)
+        if full:
+            self._sent, self._full_at = {}, now
+            listed = batch
+        else:
+            sent = self._sent
+            listed = [item for item in batch if sent.get(item[0]) != (item[3], item[1].leader_epoch)]
+        for key, st, _p, offset in listed:
+            self._sent[key] = (offset, st.leader_epoch)
+        return listed, not full
 
     async def _ready_partitions(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                 loop: asyncio.AbstractEventLoop) -> list[tuple[tuple[str, int], PartitionFetchState,

@@ -11,7 +11,7 @@ from gregor.broker.controller_link import allocate_producer_ids, forward_to_cont
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
-from gregor.broker.replica_fetch import ReplicaFetchPart, handle_replica_fetch
+from gregor.broker.replica_fetch import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
@@ -106,20 +106,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return fetch_response(result, records=result.slice.read())
 
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream: one response per request, in order (see the proto)."""
+        """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
+        session = ReplicaFetchSession()
         async for request in request_iterator:
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
                      for q in request.partitions]
             try:
-                outcomes = await handle_replica_fetch(
+                answered = await handle_replica_fetch(
                     self.replicas, request.replica_id,
                     request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                    request.min_bytes, request.max_wait_ms, parts)
+                    request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
             except errors.GregorError as err:
                 await errors.abort_with(context, err)
                 return
-            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o)
-                                                              for q, o in zip(parts, outcomes)])
+            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

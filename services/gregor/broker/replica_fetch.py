@@ -116,9 +116,12 @@ class ReplicaFetchSession:
     def __init__(self) -> None:
         self.entries: dict[tuple[str, int], _SessionEntry] = {}
 
-    def news(self, listed: dict[tuple[str, int], Outcome]) -> list[tuple[_SessionEntry, Outcome]]:
+    def news(self, listed: dict[tuple[str, int], Outcome],
+             hosted: "dict[tuple[str, int], Partition]") -> list[tuple[_SessionEntry, Outcome]]:
         """The partitions to answer now (session order): listed ones with records, a new HW or log start
-        or an error; unlisted ones whose log grew, HW or log start moved or leadership changed."""
+        or an error; unlisted ones whose log grew, HW or log start moved or leadership changed.
+        hosted: the broker's partitions now (a partition deleted or created anew since it was listed
+        is an error for the follower, which then lists it again)."""
         out: list[tuple[_SessionEntry, Outcome]] = []
         for key, e in self.entries.items():
             outcome = listed.get(key)
@@ -127,10 +130,15 @@ class ReplicaFetchSession:
                 if isinstance(slot, errors.GregorError):
                     continue  # told once; the follower drops or re-lists it
                 p = slot.partition
-                if (p.log_end_offset <= slot.fetch_offset and p.is_leader and p.leader_epoch == slot.leader_epoch
+                if hosted.get(key) is not p:
+                    outcome = errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                                               "the partition was deleted or created anew since it was fetched",
+                                               topic=key[0], partition=key[1])
+                elif (p.log_end_offset <= slot.fetch_offset and p.is_leader and p.leader_epoch == slot.leader_epoch
                         and p.high_watermark == e.sent_hw and p.log.log_start_offset == e.sent_log_start):
                     continue
-                outcome = _read_or_error(slot.read)
+                else:
+                    outcome = _read_or_error(slot.read)
             if isinstance(outcome, errors.GregorError):
                 if not e.error_sent:
                     out.append((e, outcome))
@@ -151,12 +159,14 @@ class ReplicaFetchSession:
 class DelayedSessionFetch(DelayedReplicaFetch):
     """A session fetch parked until a session partition moved; answers only the partitions with news."""
 
-    def __init__(self, delay_ms: int, session: ReplicaFetchSession, min_bytes: int) -> None:
+    def __init__(self, delay_ms: int, session: ReplicaFetchSession, min_bytes: int,
+                 hosted: "dict[tuple[str, int], Partition]") -> None:
         super().__init__(delay_ms, [e.slot for e in session.entries.values()], min_bytes)
         self.session = session
+        self.hosted = hosted
 
     def on_complete(self) -> list[tuple[_SessionEntry, Outcome]]:  # type: ignore[override]
-        return self.session.news({})
+        return self.session.news({}, self.hosted)
 
     def try_complete(self) -> bool:
         return self._moved() and self.force_complete()
@@ -206,9 +216,9 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
         entry = session.entries[key] = _SessionEntry(part, slot)
         if prev is not None:
             entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
-    answered = session.news(listed)
+    answered = session.news(listed, rm.partitions)
     if not answered and max_wait_ms > 0 and session.entries:
-        op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1))
+        op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1), rm.partitions)
         keys = [s.partition.key for s in op.slots if isinstance(s, _Watched)]
         rm.fetch_purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
         answered = await op.future  # type: ignore[assignment]

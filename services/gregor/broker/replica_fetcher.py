@@ -113,7 +113,7 @@ class ReplicaFetcher:
         self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
         self._wake = asyncio.Event()
         # The fetch session (KIP-227): (fetch offset, leader epoch) last named per partition on the stream.
-        self._sent: dict[tuple[str, int], tuple[int, int]] = {}
+        self._sent: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._full_at = 0.0
         self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
         self.task.add_done_callback(self._on_done)
@@ -217,9 +217,11 @@ class ReplicaFetcher:
             listed = batch
         else:
             sent = self._sent
-            listed = [item for item in batch if sent.get(item[0]) != (item[3], item[1].leader_epoch)]
+            # The state object counts too: a partition removed and added again (a topic deleted and created
+            # anew under the same name) is a new partition for the leader even at the same offset and epoch.
+            listed = [item for item in batch if sent.get(item[0]) != (item[3], item[1].leader_epoch, id(item[1]))]
         for key, st, _p, offset in listed:
-            self._sent[key] = (offset, st.leader_epoch)
+            self._sent[key] = (offset, st.leader_epoch, id(st))
         return listed, not full
 
     async def _ready_partitions(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
@@ -270,6 +272,7 @@ class ReplicaFetcher:
             rm.run_effects(p, p.append_fetched(part.records, part.high_watermark))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            self._sent.pop(key, None)
             p.state.restart_truncation()
             st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
             return 0
@@ -278,6 +281,9 @@ class ReplicaFetcher:
     def _on_error(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState,
                   err: errors.GregorError,
                   loop: asyncio.AbstractEventLoop) -> None:
+        # The leader's session told this error once and will not read the partition again until it is
+        # named: forget what it was last named at, so the next request names it (a full one).
+        self._sent.pop(key, None)
         if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
             log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
             st.out_of_range = True

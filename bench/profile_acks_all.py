@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.bench_low_rate import OTHER_TOPICS  # noqa: E402
 from bench.common import RESULTS_DIR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,9 @@ def main() -> None:
     ap.add_argument("--record-seconds", type=int, default=20, help="py-spy recording, started 5 s in")
     ap.add_argument("--out", default=str(ROOT / "docs" / "profiles"))
     ap.add_argument("--tag", default="", help="suffix of the SVG names (e.g. before/after)")
+    ap.add_argument("--others", action="store_true",
+                    help="also bench_vs_kafka's other rf3 topics (150 partitions), as in its fixed-rate cell")
+    ap.add_argument("--native", action="store_true", help="py-spy --native: C/Rust frames too (gRPC core, the poller)")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.access(pyspy, os.X_OK):
@@ -80,6 +84,9 @@ def main() -> None:
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
+            for name, parts in OTHER_TOPICS if args.others else ():
+                subprocess.run([*cli, "topics", "create", name, "--partitions", str(parts), "--replication-factor",
+                                "3", "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
             subprocess.run([*cli, "topics", "create", "latency", "--partitions", "1", "--replication-factor", "3",
                             "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
             described = subprocess.run([*cli, "-o", "json", "topics", "describe", "latency"], env=env,
@@ -100,7 +107,8 @@ def main() -> None:
                 for fmt, path in (("flamegraph", svg), ("raw", raw)):
                     procs.append(subprocess.Popen(
                         [pyspy, "record", "--pid", str(pid), "--duration", str(args.record_seconds), "--rate", "100",
-                         "--format", fmt, "--nonblocking", "--output", str(path)],
+                         "--format", fmt, *(["--native"] if args.native else ["--nonblocking"]),
+                         "--output", str(path)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             for spy in procs:
                 spy.wait()

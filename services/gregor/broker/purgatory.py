@@ -55,6 +55,11 @@ class DelayedOperation(Generic[T]):
     def on_complete(self) -> T:
         raise NotImplementedError
 
+    def try_complete_for(self, key: Hashable) -> bool:
+        """try_complete() after a change to `key`'s partition: an operation watching many keys may
+        look at that one only (DelayedReplicaFetch)."""
+        return self.try_complete()
+
     def on_expiration(self) -> None:
         """Hook for expiry metrics; the result still comes from on_complete()."""
 
@@ -119,7 +124,7 @@ class DelayedOperationPurgatory(Generic[T]):
             return 0
         completed = 0
         for op in list(ops):
-            if not op.is_completed and op.try_complete():
+            if not op.is_completed and op.try_complete_for(key):
                 completed += 1
         return completed
 

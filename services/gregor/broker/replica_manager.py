@@ -33,6 +33,7 @@ from gregor.broker.replica_state import (
     StopFetcher,
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from gregor.broker.replica_fetch import FetchSessionCache
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors
 from gregor.common.clock import now_ms
@@ -156,6 +157,8 @@ class ReplicaManager:
         self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
+        # Follower fetch streams' incremental fetch sessions (replica_fetch.py).
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))

@@ -11,7 +11,7 @@ from gregor.broker.controller_link import allocate_producer_ids, forward_to_cont
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
-from gregor.broker.replica_fetch import ReplicaFetchPart, handle_replica_fetch
+from gregor.broker.replica_fetch import Quiet, ReplicaFetchPart, handle_replica_fetch
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
@@ -25,11 +25,15 @@ Ctx = grpc.aio.ServicerContext
 
 
 def replica_fetch_partition(part: ReplicaFetchPart,
-                            outcome: "FetchResult | errors.GregorError") -> broker_pb2.ReplicaFetchPartitionResponse:
+                            outcome: "FetchResult | Quiet | errors.GregorError") -> broker_pb2.ReplicaFetchPartitionResponse:
     """One partition of a ReplicaFetchResponse: its error, or its HW and records."""
     if isinstance(outcome, errors.GregorError):
         return broker_pb2.ReplicaFetchPartitionResponse(topic=part.topic, partition=part.partition,
                                                         error=outcome.to_detail())
+    if isinstance(outcome, Quiet):
+        return broker_pb2.ReplicaFetchPartitionResponse(topic=part.topic, partition=part.partition,
+                                                        high_watermark=outcome.high_watermark,
+                                                        log_start_offset=outcome.log_start_offset)
     return broker_pb2.ReplicaFetchPartitionResponse(
         topic=part.topic, partition=part.partition, high_watermark=outcome.high_watermark,
         log_start_offset=outcome.log_start_offset, records=outcome.slice.read())
@@ -92,20 +96,32 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         return fetch_response(result, records=result.slice.read())
 
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream: one response per request, in order (see the proto)."""
-        async for request in request_iterator:
-            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
-                     for q in request.partitions]
-            try:
-                outcomes = await handle_replica_fetch(
-                    self.replicas, request.replica_id,
-                    request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                    request.min_bytes, request.max_wait_ms, parts)
-            except errors.GregorError as err:
-                await errors.abort_with(context, err)
-                return
-            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o)
-                                                              for q, o in zip(parts, outcomes)])
+        """A follower's fetch stream: one response per request, in order; the stream is its fetch session
+        when a slot is free (replica_fetch.ReplicaFetchSession, see the proto)."""
+        sessions = self.replicas.fetch_sessions
+        session = sessions.open()
+        try:
+            async for request in request_iterator:
+                parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+                         for q in request.partitions]
+                try:
+                    if request.incremental and session is None:
+                        raise errors.error_for(errors.Code.INVALID_REQUEST,
+                                               "an incremental replica fetch on a stream without a fetch session")
+                    if session is not None:
+                        parts = session.update(parts, request.incremental)
+                    outcomes = await handle_replica_fetch(
+                        self.replicas, request.replica_id,
+                        request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
+                        request.min_bytes, request.max_wait_ms, parts, quiet=session is not None)
+                except errors.GregorError as err:
+                    await errors.abort_with(context, err)
+                    return
+                answered = session.changed(parts, outcomes) if session is not None else zip(parts, outcomes)
+                yield broker_pb2.ReplicaFetchResponse(
+                    partitions=[replica_fetch_partition(q, o) for q, o in answered], incremental=session is not None)
+        finally:
+            sessions.close(session)
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

@@ -96,14 +96,17 @@ class DelayedOperationPurgatory(Generic[T]):
     def size(self) -> int:
         return sum(1 for ops in self._watchers.values() for op in ops if not op.is_completed)
 
-    def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable]) -> bool:
-        """Complete op at once if it can; otherwise watch it under keys and arm its timer."""
-        if op.try_complete():
+    def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable], checked: bool = False) -> bool:
+        """Complete op at once if it can; otherwise watch it under keys and arm its timer.
+
+        checked: the caller has just seen the condition false with no await since (one event loop, so
+        nothing can have changed): skip both checks (a replica fetch's check walks all its partitions)."""
+        if not checked and op.try_complete():
             return True
         for key in keys:
             self._watchers[key].append(op)
         # The condition may have become true between the check and the watch.
-        if op.try_complete():
+        if not checked and op.try_complete():
             return True
         loop = asyncio.get_running_loop()
         parked_at = loop.time()

@@ -24,9 +24,11 @@ the session is still recorded as fetched at its offset on every request (ISR and
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Union
 
+from gregor.broker.limits import REPLICA_FETCH_SESSION_RECORD_S
 from gregor.broker.purgatory import DelayedOperation
 from gregor.common import errors
 
@@ -79,6 +81,25 @@ def _size(outcomes: list[Outcome]) -> int:
     return sum(o.slice.length for o in outcomes if not isinstance(o, (errors.GregorError, Quiet)))
 
 
+class FetchSessionCache:
+    """max.incremental.fetch.session.cache.slots: how many follower streams may hold a session at once
+    (a session costs a dict entry per partition; past the limit a stream is answered in full)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.in_use = 0
+
+    def open(self) -> ReplicaFetchSession | None:
+        if self.in_use >= self.slots:
+            return None
+        self.in_use += 1
+        return ReplicaFetchSession()
+
+    def close(self, session: ReplicaFetchSession | None) -> None:
+        if session is not None:
+            self.in_use -= 1
+
+
 class ReplicaFetchSession:
     """The leader's memory of one follower stream (Kafka's FetchSession): the partitions it fetches
     with their last request fields, and the (HW, log start) it last sent for each."""
@@ -86,11 +107,13 @@ class ReplicaFetchSession:
     def __init__(self) -> None:
         self.parts: dict[Key, ReplicaFetchPart] = {}
         self._sent: dict[Key, tuple[int, int]] = {}
+        # Per partition: (the request part, its slot, when it was last recorded as fetched).
+        self._slots: dict[Key, tuple[ReplicaFetchPart, _Watched, float]] = {}
 
     def update(self, parts: list[ReplicaFetchPart], incremental: bool) -> list[ReplicaFetchPart]:
         """A request's partitions applied (a full request starts over); returns the whole session."""
         if not incremental:
-            self.parts, self._sent = {}, {}
+            self.parts, self._sent, self._slots = {}, {}, {}
         for q in parts:
             self.parts[(q.topic, q.partition)] = q
         return list(self.parts.values())
@@ -111,23 +134,23 @@ class ReplicaFetchSession:
         return out
 
 
-class FetchSessionCache:
-    """max.incremental.fetch.session.cache.slots: how many follower streams may hold a session at once
-    (a session costs a dict entry per partition; past the limit a stream is answered in full)."""
+    def remember(self, part: ReplicaFetchPart, slot: _Watched, now: float) -> None:
+        self._slots[(part.topic, part.partition)] = (part, slot, now)
 
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self.in_use = 0
-
-    def open(self) -> ReplicaFetchSession | None:
-        if self.in_use >= self.slots:
+    def idle_slot(self, rm: "ReplicaManager", part: ReplicaFetchPart, replica_id: int, now: float) -> _Watched | None:
+        """The slot of an unchanged partition (same request part, nothing past its offset, same leader
+        epoch, full ISR) recorded less than REPLICA_FETCH_SESSION_RECORD_S ago: it needs no read and no
+        record (replica_state.repeat_fetch says what a record would change: the fetch times only)."""
+        key = (part.topic, part.partition)
+        entry = self._slots.get(key)
+        if entry is None or entry[0] is not part or now - entry[2] >= REPLICA_FETCH_SESSION_RECORD_S:
             return None
-        self.in_use += 1
-        return ReplicaFetchSession()
-
-    def close(self, session: ReplicaFetchSession | None) -> None:
-        if session is not None:
-            self.in_use -= 1
+        w = entry[1]
+        p = w.partition
+        if (rm.partitions.get(key) is not p or p.leader_epoch != w.leader_epoch or p.log_end_offset != w.fetch_offset
+                or not p.state.in_sync_steady(replica_id)):
+            return None
+        return w
 
 
 class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
@@ -138,10 +161,12 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
     wake it often, and reading every partition on each wake-up would cost O(partitions) reads.
     """
 
-    def __init__(self, delay_ms: int, slots: list[Union[_Watched, errors.GregorError]], min_bytes: int) -> None:
+    def __init__(self, delay_ms: int, slots: list[Union[_Watched, errors.GregorError]], min_bytes: int,
+                 quiet: bool = False) -> None:
         super().__init__(delay_ms)
         self.slots = slots
         self.min_bytes = min_bytes
+        self.quiet = quiet  # a fetch session's: unmoved partitions answer Quiet
         self._by_key = {w.partition.key: w for w in slots if isinstance(w, _Watched)}
 
     @staticmethod
@@ -167,14 +192,22 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
         return self.force_complete()
 
     def on_complete(self) -> list[Outcome]:
-        return [w if isinstance(w, errors.GregorError) else _read_or_error(w.read) for w in self.slots]
+        """Read the partitions that moved; in a session, the others answer Quiet unread (same leader
+        epoch, nothing past the offset: what their read would say)."""
+        return [w if isinstance(w, errors.GregorError)
+                else Quiet(w.partition.high_watermark, w.partition.log.log_start_offset)
+                if self.quiet and not self._slot_moved(w) else _read_or_error(w.read) for w in self.slots]
 
 
 async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epoch: int, min_bytes: int,
-                               max_wait_ms: int, parts: list[ReplicaFetchPart], quiet: bool = False) -> list[Outcome]:
+                               max_wait_ms: int, parts: list[ReplicaFetchPart],
+                               session: ReplicaFetchSession | None = None) -> list[Outcome]:
     """Read every part (recording the follower's fetch offset), answer at once when there is data or
     an error, else park one DelayedReplicaFetch watching all the partitions. One outcome per part;
-    with quiet (a fetch session), Quiet for a partition with nothing past its fetch offset."""
+    in a fetch session, Quiet for a partition with nothing past its fetch offset, and an idle one
+    (ReplicaFetchSession.idle_slot) is neither read nor recorded again."""
+    quiet = session is not None
+    now = time.monotonic()
     if replica_id < 0 or min_bytes < 0 or max_wait_ms < 0:
         raise errors.error_for(errors.Code.INVALID_REQUEST, f"invalid replica fetch: replica_id={replica_id} "
                                f"min_bytes={min_bytes} max_wait_ms={max_wait_ms}")
@@ -182,6 +215,10 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     slots: list[Union[_Watched, errors.GregorError]] = []
     outcomes: list[Outcome] = []
     for part in parts:
+        if session is not None and (idle := session.idle_slot(rm, part, replica_id, now)) is not None:
+            slots.append(idle)
+            outcomes.append(Quiet(idle.partition.high_watermark, idle.partition.log.log_start_offset))
+            continue
         try:
             where = {"topic": part.topic, "partition": part.partition}
             if part.max_bytes <= 0:
@@ -202,7 +239,10 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
 
             result = read()
             rm._on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
-            slots.append(_Watched(p, part.fetch_offset, p.leader_epoch, read))
+            slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
+            if session is not None:
+                session.remember(part, slot, now)
+            slots.append(slot)
             outcomes.append(result)
         except errors.GregorError as err:
             slots.append(err)
@@ -210,7 +250,7 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     if (max_wait_ms == 0 or len(slots) != sum(isinstance(s, _Watched) for s in slots)
             or _size(outcomes) >= max(min_bytes, 1) or not parts):
         return outcomes
-    op = DelayedReplicaFetch(max_wait_ms, slots, max(min_bytes, 1))
-    keys = [s.partition.key for s in slots if isinstance(s, _Watched)]
-    rm.fetch_purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
+    op = DelayedReplicaFetch(max_wait_ms, slots, max(min_bytes, 1), quiet)
+    # Every partition was just read at its offset with nothing past it, and no await since: nothing moved.
+    rm.fetch_purgatory.try_complete_else_watch(op, list(op._by_key), checked=True)  # type: ignore[arg-type]
     return await op.future

@@ -318,6 +318,11 @@ class ReplicaState:
             effects.extend(self._propose(add={replica_id}, remove=set()))
         return effects
 
+    def in_sync_steady(self, replica_id: int) -> bool:
+        """We lead, every replica is in the ISR, and no ISR write is out or of unknown outcome."""
+        return (self.role is Role.LEADER and replica_id in self.isr and len(self.isr) == len(self.replicas)
+                and not self.isr_update_in_flight and not self.uncertain_isr_adds)
+
     def repeat_fetch(self, replica_id: int, fetch_offset: int, broker_epoch: int, log_end_offset: int,
                      now_ms: int) -> bool:
         """Record a fetch that can change nothing but the follower's fetch times, and say so; False (nothing
@@ -329,8 +334,7 @@ class ReplicaState:
         flight) the HW is the min LEO of the ISR, so the same LEOs give the same HW, and no one can join
         the ISR: only update_fetch_state's times change, and the HW recompute is skipped.
         """
-        if (replica_id not in self.isr or len(self.isr) != len(self.replicas) or self.isr_update_in_flight
-                or self.uncertain_isr_adds):
+        if not self.in_sync_steady(replica_id):
             return False
         state = self.follower_states.get(replica_id)
         if (state is None or state.log_end_offset != fetch_offset

@@ -113,7 +113,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     outcomes = await handle_replica_fetch(
                         self.replicas, request.replica_id,
                         request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                        request.min_bytes, request.max_wait_ms, parts, quiet=session is not None)
+                        request.min_bytes, request.max_wait_ms, parts, session)
                 except errors.GregorError as err:
                     await errors.abort_with(context, err)
                     return

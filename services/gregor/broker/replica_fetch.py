@@ -18,8 +18,9 @@ when one partition had data (issue 15: 0.53 cores at 2,000 rec/s with bench_vs_k
 partitions, 0.30 with the one partition alone). In a session a request carries only the partitions
 whose fetch offset or epoch changed, the leader remembers the others, and a response carries only
 the partitions with records, an error, or a HW / log start the follower has not been told; a
-partition with nothing past the follower's offset is not read at all (Quiet). Every partition of
-the session is still recorded as fetched at its offset on every request (ISR and HW as before).
+partition with nothing past the follower's offset is not read at all (Quiet). A partition nothing
+changed for (same offset, caught up, full ISR: ReplicaFetchSession.idle_slot) is recorded as
+fetched once per REPLICA_FETCH_SESSION_RECORD_S instead of on every request; others as before.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Quiet(NamedTuple):
 
 
 Outcome = Union["FetchResult", Quiet, errors.GregorError]
+# An idle session partition's outcome (ReplicaFetchSession.idle_slot): not read, left out of the answer.
+IDLE = Quiet(-1, -1)
 Key = tuple[str, int]
 
 
@@ -122,6 +125,8 @@ class ReplicaFetchSession:
         """What the response carries: errors, records, and HW / log start changes since the last one."""
         out = []
         for q, o in zip(parts, outcomes):
+            if o is IDLE:
+                continue
             key = (q.topic, q.partition)
             if isinstance(o, errors.GregorError):
                 self._sent.pop(key, None)
@@ -140,7 +145,9 @@ class ReplicaFetchSession:
     def idle_slot(self, rm: "ReplicaManager", part: ReplicaFetchPart, replica_id: int, now: float) -> _Watched | None:
         """The slot of an unchanged partition (same request part, nothing past its offset, same leader
         epoch, full ISR) recorded less than REPLICA_FETCH_SESSION_RECORD_S ago: it needs no read and no
-        record (replica_state.repeat_fetch says what a record would change: the fetch times only)."""
+        record (replica_state.repeat_fetch says what a record would change: the fetch times only), and
+        stays out of the answer unless it moves while the fetch is parked; a HW or log start change of
+        an idle partition reaches the follower with the next full pass, within that interval."""
         key = (part.topic, part.partition)
         entry = self._slots.get(key)
         if entry is None or entry[0] is not part or now - entry[2] >= REPLICA_FETCH_SESSION_RECORD_S:
@@ -162,11 +169,12 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
     """
 
     def __init__(self, delay_ms: int, slots: list[Union[_Watched, errors.GregorError]], min_bytes: int,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, idle: list[bool] | None = None) -> None:
         super().__init__(delay_ms)
         self.slots = slots
         self.min_bytes = min_bytes
         self.quiet = quiet  # a fetch session's: unmoved partitions answer Quiet
+        self.idle = idle if idle is not None else [False] * len(slots)  # per slot: was idle when parked
         self._by_key = {w.partition.key: w for w in slots if isinstance(w, _Watched)}
 
     @staticmethod
@@ -193,10 +201,11 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
 
     def on_complete(self) -> list[Outcome]:
         """Read the partitions that moved; in a session, the others answer Quiet unread (same leader
-        epoch, nothing past the offset: what their read would say)."""
+        epoch, nothing past the offset: what their read would say), or IDLE if they were idle."""
         return [w if isinstance(w, errors.GregorError)
-                else Quiet(w.partition.high_watermark, w.partition.log.log_start_offset)
-                if self.quiet and not self._slot_moved(w) else _read_or_error(w.read) for w in self.slots]
+                else _read_or_error(w.read) if not self.quiet or self._slot_moved(w)
+                else IDLE if idle else Quiet(w.partition.high_watermark, w.partition.log.log_start_offset)
+                for w, idle in zip(self.slots, self.idle)]
 
 
 async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epoch: int, min_bytes: int,
@@ -215,9 +224,9 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     slots: list[Union[_Watched, errors.GregorError]] = []
     outcomes: list[Outcome] = []
     for part in parts:
-        if session is not None and (idle := session.idle_slot(rm, part, replica_id, now)) is not None:
-            slots.append(idle)
-            outcomes.append(Quiet(idle.partition.high_watermark, idle.partition.log.log_start_offset))
+        if session is not None and (slot := session.idle_slot(rm, part, replica_id, now)) is not None:
+            slots.append(slot)
+            outcomes.append(IDLE)
             continue
         try:
             where = {"topic": part.topic, "partition": part.partition}
@@ -250,7 +259,7 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     if (max_wait_ms == 0 or len(slots) != sum(isinstance(s, _Watched) for s in slots)
             or _size(outcomes) >= max(min_bytes, 1) or not parts):
         return outcomes
-    op = DelayedReplicaFetch(max_wait_ms, slots, max(min_bytes, 1), quiet)
+    op = DelayedReplicaFetch(max_wait_ms, slots, max(min_bytes, 1), quiet, [o is IDLE for o in outcomes])
     # Every partition was just read at its offset with nothing past it, and no await since: nothing moved.
     rm.fetch_purgatory.try_complete_else_watch(op, list(op._by_key), checked=True)  # type: ignore[arg-type]
     return await op.future

@@ -176,6 +176,7 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
         self.quiet = quiet  # a fetch session's: unmoved partitions answer Quiet
         self.idle = idle if idle is not None else [False] * len(slots)  # per slot: was idle when parked
         self._by_key = {w.partition.key: w for w in slots if isinstance(w, _Watched)}
+        self._touched: set[object] = set()  # keys a change was reported for while parked
 
     @staticmethod
     def _slot_moved(w: _Watched) -> bool:
@@ -187,10 +188,13 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
 
     def try_complete_for(self, key: object) -> bool:
         """An append (or leadership change) on one partition: only its slot can have moved."""
+        self._touched.add(key)
         w = self._by_key.get(key)  # type: ignore[call-overload]
-        if w is not None and not self._slot_moved(w):
+        if w is None:
+            return self.try_complete()
+        if not self._slot_moved(w):
             return False
-        return self.try_complete()
+        return self.force_complete() if self.min_bytes <= 1 else self.try_complete()
 
     def try_complete(self) -> bool:
         if not self._moved():
@@ -202,8 +206,12 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
     def on_complete(self) -> list[Outcome]:
         """Read the partitions that moved; in a session, the others answer Quiet unread (same leader
         epoch, nothing past the offset: what their read would say), or IDLE if they were idle."""
+        if not self.quiet:
+            return [w if isinstance(w, errors.GregorError) else _read_or_error(w.read) for w in self.slots]
+        touched = self._touched  # an idle partition nothing was reported for cannot have moved
         return [w if isinstance(w, errors.GregorError)
-                else _read_or_error(w.read) if not self.quiet or self._slot_moved(w)
+                else IDLE if idle and w.partition.key not in touched
+                else _read_or_error(w.read) if self._slot_moved(w)
                 else IDLE if idle else Quiet(w.partition.high_watermark, w.partition.log.log_start_offset)
                 for w, idle in zip(self.slots, self.idle)]
 

@@ -2,8 +2,8 @@
 produce spends the brokers' CPU.
 
 Starts etcd, a controller and 3 brokers, a topic of 1 partition with RF 3 and
-min.insync.replicas=2, runs `gregor perf produce --throughput RATE --producer-props acks=all`
-and records every broker and the producer with py-spy (pinned in pyproject's `bench` extra;
+min.insync.replicas=2 (beside bench_vs_kafka's other rf3 topics, 150 partitions, unless --alone),
+runs `gregor perf produce --throughput RATE --producer-props acks=all` and records every broker and the producer with py-spy (pinned in pyproject's `bench` extra;
 `make profile-acks-all`) for the middle of the run. Writes one SVG per process to --out
 (default docs/profiles/) and prints the top frames of each by inclusive share of samples (parsed
 from the SVG's frame titles), the leader first.
@@ -66,8 +66,9 @@ def main() -> None:
     ap.add_argument("--record-seconds", type=int, default=20, help="py-spy recording, started 5 s in")
     ap.add_argument("--out", default=str(ROOT / "docs" / "profiles"))
     ap.add_argument("--tag", default="", help="suffix of the SVG names (e.g. before/after)")
-    ap.add_argument("--others", action="store_true",
-                    help="also bench_vs_kafka's other rf3 topics (150 partitions), as in its fixed-rate cell")
+    ap.add_argument("--alone", action="store_true",
+                    help="only the profiled topic (default: also bench_vs_kafka's other rf3 topics, 150 partitions, "
+                         "as in its fixed-rate cell)")
     ap.add_argument("--native", action="store_true", help="py-spy --native: C/Rust frames too (gRPC core, the poller)")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -84,7 +85,7 @@ def main() -> None:
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
-            for name, parts in OTHER_TOPICS if args.others else ():
+            for name, parts in OTHER_TOPICS if not args.alone else ():
                 subprocess.run([*cli, "topics", "create", name, "--partitions", str(parts), "--replication-factor",
                                 "3", "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
             subprocess.run([*cli, "topics", "create", "latency", "--partitions", "1", "--replication-factor", "3",

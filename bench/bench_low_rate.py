@@ -43,6 +43,17 @@ OLD_PATH = {"max.incremental.fetch.session.cache.slots": "0"}
 OTHER_TOPICS = (("idle", 100), ("p1", 1), ("p16", 16), ("p16m", 16), ("p16a1", 16), ("e2e", 1))
 
 
+def create_cell_topics(cli: list[str], env: dict[str, str], topic: str, others: bool) -> int:
+    """The cell's one-partition RF 3 topic, after bench_vs_kafka's other rf3 topics when others;
+    returns the topic's leader (-1 if unknown)."""
+    for name, parts in [*(OTHER_TOPICS if others else ()), (topic, 1)]:
+        subprocess.run([*cli, "topics", "create", name, "--partitions", str(parts), "--replication-factor", "3",
+                        "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
+    described = subprocess.run([*cli, "-o", "json", "topics", "describe", topic], env=env,
+                               capture_output=True, text=True).stdout
+    return int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
+
+
 def one_round(seconds: int, legacy: bool, others: bool = True) -> dict[str, Any]:
     """A fresh cluster, one fixed-rate produce run: latency percentiles and per-process CPU cores."""
     from gregor.cli.local_cluster import LocalCluster
@@ -54,14 +65,7 @@ def one_round(seconds: int, legacy: bool, others: bool = True) -> dict[str, Any]
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1, broker_overrides=OLD_PATH if legacy else None)
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
-            for name, parts in OTHER_TOPICS if others else ():
-                subprocess.run([*cli, "topics", "create", name, "--partitions", str(parts), "--replication-factor",
-                                "3", "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
-            subprocess.run([*cli, "topics", "create", "fixed", "--partitions", "1", "--replication-factor", "3",
-                            "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
-            described = subprocess.run([*cli, "-o", "json", "topics", "describe", "fixed"], env=env,
-                                       capture_output=True, text=True).stdout
-            leader = int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
+            leader = create_cell_topics(cli, env, "fixed", others)
             time.sleep(5)  # every partition's followers caught up, as in bench_vs_kafka
             procs = {(f"{p.role}-{p.id}" + ("*" if p.role == "broker" and p.id == leader else "")): p.pid
                      for p in cluster.processes}

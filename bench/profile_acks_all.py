@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.bench_low_rate import OTHER_TOPICS  # noqa: E402
+from bench.bench_low_rate import create_cell_topics  # noqa: E402
 from bench.common import RESULTS_DIR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,14 +85,7 @@ def main() -> None:
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
-            for name, parts in OTHER_TOPICS if not args.alone else ():
-                subprocess.run([*cli, "topics", "create", name, "--partitions", str(parts), "--replication-factor",
-                                "3", "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
-            subprocess.run([*cli, "topics", "create", "latency", "--partitions", "1", "--replication-factor", "3",
-                            "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
-            described = subprocess.run([*cli, "-o", "json", "topics", "describe", "latency"], env=env,
-                                       capture_output=True, text=True).stdout
-            leader = int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
+            leader = create_cell_topics(cli, env, "latency", not args.alone)
             producer = subprocess.Popen([*cli, "perf", "produce", "--topic", "latency", "--num-records",
                                          str(args.rate * args.seconds), "--record-size", "1024", "--throughput",
                                          str(args.rate), "--producer-props", "acks=all"], env=env,

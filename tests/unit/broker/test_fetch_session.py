@@ -19,16 +19,12 @@ from gregor.broker.replica_fetch import (
 from gregor.broker.replica_fetcher import _FetchStream
 from gregor.broker.replica_state import HighWatermarkChanged, ReplicaState
 from gregor.common import errors
+from tests.unit.broker import test_replica_fetch
+from tests.unit.broker.test_replica_fetch import FakeSlice
 
 
 @dataclass
-class FakeSlice:
-    length: int
-
-
-@dataclass
-class FakeResult:
-    slice: FakeSlice
+class FakeResult(test_replica_fetch.FakeResult):
     high_watermark: int = 5
     log_start_offset: int = 0
 
@@ -83,23 +79,18 @@ class FakeLog:
 
 
 @dataclass
-class FakePartition:
-    key: tuple[str, int]
-    log_end_offset: int = 10
-    is_leader: bool = True
-    leader_epoch: int = 3
+class FakePartition(test_replica_fetch.FakePartition):
     high_watermark: int = 10
     log: FakeLog = field(default_factory=FakeLog)
-    reads: int = 0
 
-    def read(self) -> FakeResult:
-        self.reads += 1
+    def read_all(self) -> FakeResult:
+        self.reads.append(10)
         return FakeResult(FakeSlice(100 * (self.log_end_offset - 10)), self.high_watermark)
 
 
 async def test_a_parked_session_fetch_reads_only_what_moved() -> None:
     a, b, c = (FakePartition(("t", i)) for i in range(3))
-    slots = [_Watched(p, 10, 3, p.read) for p in (a, b, c)]  # type: ignore[arg-type]
+    slots = [_Watched(p, 10, 3, p.read_all) for p in (a, b, c)]  # type: ignore[arg-type]
     op = DelayedReplicaFetch(5000, slots, 1, quiet=True, idle=[False, True, False])  # type: ignore[arg-type]
     purgatory: DelayedOperationPurgatory[Any] = DelayedOperationPurgatory("session-test")
     assert purgatory.try_complete_else_watch(op, [p.key for p in (a, b, c)], checked=True) is False
@@ -108,9 +99,9 @@ async def test_a_parked_session_fetch_reads_only_what_moved() -> None:
     a.log_end_offset = 11
     assert purgatory.check_and_complete(("t", 0)) == 1
     out = await op.future
-    assert out[0].slice.length == 100 and a.reads == 1
-    assert out[1] is IDLE and b.reads == 0  # idle when parked, still unmoved: left out
-    assert out[2] == Quiet(9, 0) and c.reads == 0  # unmoved: what a read would say, unread
+    assert out[0].slice.length == 100 and len(a.reads) == 1
+    assert out[1] is IDLE and b.reads == []  # idle when parked, still unmoved: left out
+    assert out[2] == Quiet(9, 0) and c.reads == []  # unmoved: what a read would say, unread
 
 
 # -- the follower's side -------------------------------------------------------------------

@@ -7,10 +7,10 @@ Prints p50/p99/p99.9 of the producer and the server CPU in cores over the run, s
 fresh clusters. Kafka's figures of the same cell come from `make bench-vs-kafka`; this bench is the
 quick loop for the replication path's CPU and latency (a few minutes, no JVM).
 
---compare runs every round twice, alternating which goes first: once with
-max.incremental.fetch.session.cache.slots=0 on the brokers (no fetch sessions: every follower fetch
-and answer lists every partition, the path before issue 15's fetch sessions) and once with the
-defaults, and prints the new/old ratio of the medians.
+--baseline DIR runs every round twice, alternating which goes first: once with the services of
+another checkout (DIR/services, e.g. `git archive main services | tar -x -C DIR`) on PYTHONPATH for
+the servers and the perf tool, once with this checkout's, and prints the new/old ratio of the
+medians (the native module is the same for both).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from bench.vs_kafka_report import parse_produce, window_stats  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 2000
 RECORD_BYTES = 1024
-OLD_PATH = {"max.incremental.fetch.session.cache.slots": "0"}
 
 
 # The topics bench_vs_kafka's rf3 round has created by the time it runs the fixed-rate cell (RF 3 each):
@@ -54,15 +53,24 @@ def create_cell_topics(cli: list[str], env: dict[str, str], topic: str, others: 
     return int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
 
 
-def one_round(seconds: int, legacy: bool, others: bool = True) -> dict[str, Any]:
+def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[str, Any]:
     """A fresh cluster, one fixed-rate produce run: latency percentiles and per-process CPU cores."""
     from gregor.cli.local_cluster import LocalCluster
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT)])}
+    services = os.path.join(baseline, "services") if baseline else str(ROOT / "services")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([services, str(ROOT)])}
     env.pop("GREGOR_BOOTSTRAP", None)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the servers LocalCluster starts inherit it
     with tempfile.TemporaryDirectory(dir=RESULTS_DIR) as tmp:
-        cluster = LocalCluster.up(tmp, brokers=3, controllers=1, broker_overrides=OLD_PATH if legacy else None)
+        try:
+            cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
             leader = create_cell_topics(cli, env, "fixed", others)
@@ -81,7 +89,7 @@ def one_round(seconds: int, legacy: bool, others: bool = True) -> dict[str, Any]
             cluster.down()
     result = parse_produce(out.splitlines())
     result.update(window_stats(result["windows"]))
-    return {"legacy": legacy, "load": os.getloadavg()[0], "wall_s": wall, "cores": cores,
+    return {"legacy": baseline is not None, "load": os.getloadavg()[0], "wall_s": wall, "cores": cores,
             "server_cores": sum(cores.values()), **{k: v for k, v in result.items() if k != "windows"}}
 
 
@@ -98,28 +106,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--alone", action="store_true",
                     help="only the fixed topic (default: also bench_vs_kafka's other topics, 150 partitions)")
-    ap.add_argument("--compare", action="store_true", help="also run each round without fetch sessions (the old path)")
+    ap.add_argument("--baseline", help="a checkout whose services/ to run each round with too (the old code)")
     args = ap.parse_args()
     runs: list[dict[str, Any]] = []
     for i in range(args.rounds):
-        order = [True, False] if args.compare and i % 2 == 0 else [False, True] if args.compare else [False]
+        order = [True, False] if args.baseline and i % 2 == 0 else [False, True] if args.baseline else [False]
         for legacy in order:
-            r = one_round(args.seconds, legacy, not args.alone)
+            r = one_round(args.seconds, args.baseline if legacy else None, not args.alone)
             runs.append(r)
             show(r)
-    for legacy in ([True, False] if args.compare else [False]):
+    for legacy in ([True, False] if args.baseline else [False]):
         rs = [r for r in runs if r["legacy"] == legacy]
         print(f"{'old' if legacy else 'new'} median of {len(rs)}: p50 {statistics.median(r['p50_ms'] for r in rs):.1f} ms"
               f"  p99 {statistics.median(r['p99_ms'] for r in rs):.1f} ms"
               f"  server {statistics.median(r['server_cores'] for r in rs):.3f} cores")
-    if args.compare:
+    if args.baseline:
         old = [r for r in runs if r["legacy"]]
         new = [r for r in runs if not r["legacy"]]
         for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("median_window_ms", "median 1-s window"),
                            ("server_cores", "server CPU")):
             o, n = statistics.median(r[key] for r in old), statistics.median(r[key] for r in new)
             print(f"new/old {label}: {n:.3f} / {o:.3f} = {n / o:.2f}x" if o else f"new/old {label}: {n} / {o}")
-    write_results("low_rate", {"seconds": args.seconds, "rounds": args.rounds, "compare": args.compare,
+    write_results("low_rate", {"seconds": args.seconds, "rounds": args.rounds, "baseline": args.baseline,
                                "rate": RATE, "record_bytes": RECORD_BYTES}, runs)
 
 

@@ -5,7 +5,11 @@ broker; Metadata answers are rewritten so that clients keep talking to the
 proxy. Produce calls go through `ProducePolicy`: a request may be delayed
 (reordering what reaches the broker), dropped before the broker sees it, or
 forwarded and its answer dropped (the broker appended; the client sees
-UNAVAILABLE, exactly a response lost on the way back).
+UNAVAILABLE, exactly a response lost on the way back). The producer's
+ProduceStream is forwarded message by message under the same policy; on a
+stream a lost request or answer is a broken connection (the stream fails with
+UNAVAILABLE, so every request in flight on it fails), and a delay holds the
+stream (its order is kept, as on a TCP connection).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import grpc
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2
 
-PRODUCE = "/gregor.rpc.v1.BrokerService/Produce"
+# The producer sends ProducePartitions (many partitions per call); raw clients may send Produce.
+PRODUCE = ("/gregor.rpc.v1.BrokerService/Produce", "/gregor.rpc.v1.BrokerService/ProducePartitions")
 METADATA = "/gregor.rpc.v1.BrokerService/Metadata"
+PRODUCE_STREAM = "/gregor.rpc.v1.BrokerService/ProduceStream"
 
 
 @dataclass
@@ -93,7 +99,7 @@ class GrpcFaultProxy:
                 for b in resp.brokers:
                     b.host, b.grpc_port = "127.0.0.1", proxy.port
                 return resp.SerializeToString()
-            if method != PRODUCE:
+            if method not in PRODUCE:
                 return await forward(method, request, context)
             p = proxy.policy
             p.calls += 1
@@ -114,9 +120,71 @@ class GrpcFaultProxy:
             finally:
                 p.concurrent -= 1
 
+        async def produce_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = upstream.stream_stream(PRODUCE_STREAM, request_serializer=None, response_deserializer=None)()
+            p = proxy.policy
+            broken: list[str] = []
+            state = {"outstanding": 0, "drop_answers": 0}
+
+            def break_stream(why: str) -> None:
+                broken.append(why)
+                call.cancel()
+
+            async def pump() -> None:
+                try:
+                    async for request in requests:
+                        p.calls += 1
+                        p.concurrent += 1
+                        state["outstanding"] += 1
+                        p.max_concurrent = max(p.max_concurrent, p.concurrent)
+                        if p.max_delay_s:
+                            await asyncio.sleep(p.rng.uniform(0, p.max_delay_s))
+                        act = p.calls % p.every == 0
+                        if act and p.requests_dropped < p.drop_requests and p.rng.random() < 0.5:
+                            p.requests_dropped += 1
+                            break_stream("proxy dropped a request")
+                            return
+                        await call.write(request)
+                        if act and p.responses_dropped < p.drop_responses:
+                            state["drop_answers"] += 1
+                    await call.done_writing()
+                except (grpc.RpcError, asyncio.InvalidStateError):
+                    call.cancel()
+
+            task = asyncio.ensure_future(pump())
+            try:
+                while True:
+                    try:
+                        response = await call.read()
+                    except asyncio.CancelledError:
+                        if not broken:
+                            raise
+                        break
+                    except grpc.aio.AioRpcError as exc:
+                        await context.abort_with_status(_status(exc))
+                        return
+                    if response is grpc.aio.EOF:
+                        return
+                    p.concurrent -= 1
+                    state["outstanding"] -= 1
+                    if state["drop_answers"]:
+                        state["drop_answers"] -= 1
+                        p.responses_dropped += 1
+                        break_stream("proxy dropped the response")
+                        break
+                    yield response
+                await context.abort(grpc.StatusCode.UNAVAILABLE, broken[0] if broken else "stream broken")
+            finally:
+                task.cancel()
+                p.concurrent -= state["outstanding"]
+                state["outstanding"] = 0
+
         class Handler(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails) -> Any:
                 method = details.method
+                if method == PRODUCE_STREAM:
+                    return grpc.stream_stream_rpc_method_handler(produce_stream, request_deserializer=None,
+                                                                 response_serializer=None)
 
                 async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
                     return await handle(method, request, context)

@@ -147,6 +147,138 @@ async def test_a_follower_answers_not_leader_and_parked_produces_wake_up(running
     assert rm.become_leader_or_follower([state], {}) == {("strict", 0): Code.STALE_CONTROLLER_EPOCH}
 
 
+def part(topic: str, records: bytes) -> broker_pb2.ProducePartitionData:
+    return broker_pb2.ProducePartitionData(topic=topic, partition=0, records=records)
+
+
+def produce_many(*parts: broker_pb2.ProducePartitionData, acks: int = 1,
+                 timeout_ms: int = 1000) -> broker_pb2.ProducePartitionsRequest:
+    return broker_pb2.ProducePartitionsRequest(acks=acks, timeout_ms=timeout_ms, partitions=parts)
+
+
+async def test_produce_partitions_answers_each_partition_and_one_failure_spares_the_others(
+        running: Running) -> None:
+    s = running.stub
+    await s.Produce(produce("t", make_batch([b"0", b"1"])))
+    bad_crc = bytearray(make_batch([b"a"]))
+    bad_crc[-1] ^= 0xFF
+    resp = await s.ProducePartitions(produce_many(
+        part("t", make_batch([b"a", b"b", b"c"])), part("nope", make_batch([b"a"])),
+        part("small", make_batch([b"x" * 500])), part("strict", make_batch([b"s"])),
+        broker_pb2.ProducePartitionData(topic="t", partition=7, records=make_batch([b"a"]))))
+    assert [(r.topic, r.partition) for r in resp.results] == [("t", 0), ("nope", 0), ("small", 0), ("strict", 0),
+                                                              ("t", 7)]
+    ok, unknown, too_large, strict, no_partition = resp.results
+    assert not ok.HasField("error") and (ok.base_offset, ok.last_offset) == (2, 4)
+    assert unknown.error.code == Code.UNKNOWN_TOPIC_OR_PARTITION and unknown.error.topic == "nope"
+    assert too_large.error.code == Code.MESSAGE_TOO_LARGE
+    assert not strict.HasField("error") and strict.base_offset == 0  # acks=1 does not need min.insync.replicas
+    assert no_partition.error.code == Code.UNKNOWN_TOPIC_OR_PARTITION and no_partition.error.partition == 7
+    resp = await s.ProducePartitions(produce_many(part("t", bytes(bad_crc)), part("small", make_batch([b"y"]))))
+    assert resp.results[0].error.code == Code.CORRUPT_MESSAGE and resp.results[1].base_offset == 0
+    out = await s.ListOffsets(broker_pb2.ListOffsetsRequest(topic="t", partition=0, timestamp_ms=-1))
+    assert out.offset == 5  # the damaged batch was not appended; the good ones were
+
+
+async def test_produce_partitions_refuses_a_malformed_request_as_a_whole(running: Running) -> None:
+    s = running.stub
+    assert (await status_of(s.ProducePartitions(produce_many()))).code == Code.INVALID_REQUEST
+    twice = produce_many(part("t", make_batch([b"a"])), part("t", make_batch([b"b"])))
+    assert (await status_of(s.ProducePartitions(twice))).code == Code.INVALID_REQUEST
+    bad_acks = produce_many(part("t", make_batch([b"a"])), acks=2)
+    assert (await status_of(s.ProducePartitions(bad_acks))).code == Code.INVALID_REQUIRED_ACKS
+    out = await s.ListOffsets(broker_pb2.ListOffsetsRequest(topic="t", partition=0, timestamp_ms=-1))
+    assert out.offset == 0
+
+
+async def test_produce_partitions_acks_all_waits_for_every_partition(running: Running) -> None:
+    """acks=-1: the answer comes when every partition is replicated or failed; acks=0 answers -1 offsets."""
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    rm = running.broker.replica_manager
+    pending = asyncio.ensure_future(running.stub.ProducePartitions(produce_many(
+        part("t", make_batch([b"a"])), part("strict", make_batch([b"b"])), acks=-1, timeout_ms=10_000)))
+    await asyncio.sleep(0.3)
+    assert not pending.done()  # "t" (ISR of one) is done, "strict" waits for follower 5
+    p = rm.partitions[("strict", 0)]
+    rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
+    t_result, strict_result = (await pending).results
+    assert not t_result.HasField("error") and t_result.base_offset == 0
+    assert strict_result.error.code == Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    resp = await running.stub.ProducePartitions(produce_many(part("t", make_batch([b"z"])), acks=0))
+    assert resp.results[0].base_offset == -1 and not resp.results[0].HasField("error")
+    out = await running.stub.ListOffsets(broker_pb2.ListOffsetsRequest(topic="t", partition=0, timestamp_ms=-1))
+    assert out.offset == 2
+
+
+async def test_produce_stream_appends_in_order_and_answers_by_correlation_id(running: Running) -> None:
+    """ProduceStream: appends in arrival order, an acks=all request does not hold up later ones, answers
+    carry their correlation id, a malformed request is answered with an error and the stream goes on."""
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    rm = running.broker.replica_manager
+    pid = (await running.stub.InitProducerId(broker_pb2.InitProducerIdRequest())).producer_id
+    call = running.stub.ProduceStream()
+    waiting = produce_many(part("strict", make_batch([b"w"])), acks=-1, timeout_ms=10_000)
+    waiting.correlation_id = 7
+    await call.write(waiting)
+    for cid, seq in ((8, 0), (9, 1), (10, 2)):  # one idempotent producer's batches back to back: in order
+        req = produce_many(part("t", idempotent([b"s%d" % seq], pid, 0, seq)))
+        req.correlation_id = cid
+        await call.write(req)
+    bad = produce_many(part("t", make_batch([b"x"])), acks=5)
+    bad.correlation_id = 11
+    await call.write(bad)
+    answers = [await call.read() for _ in range(4)]
+    assert [a.correlation_id for a in answers] == [8, 9, 10, 11]  # the acks=all one (7) is still waiting
+    assert [a.results[0].base_offset for a in answers[:3]] == [0, 1, 2]
+    assert answers[3].error.code == Code.INVALID_REQUIRED_ACKS and not answers[3].results
+    await asyncio.sleep(0.3)  # past replica.lag.time.max.ms: the leader proposes dropping follower 5
+    p = rm.partitions[("strict", 0)]
+    rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
+    late = await call.read()
+    assert late.correlation_id == 7 and late.results[0].error.code == Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF  # the producer closed its side: the stream ends cleanly
+    assert await call.code() == grpc.StatusCode.OK
+
+
+def fetch_part(topic: str, offset: int, epoch: int = 1) -> broker_pb2.ReplicaFetchPartition:
+    return broker_pb2.ReplicaFetchPartition(topic=topic, partition=0, fetch_offset=offset, current_leader_epoch=epoch,
+                                            max_bytes=1 << 20)
+
+
+async def test_replica_fetch_session_answers_only_partitions_with_news(running: Running) -> None:
+    """KIP-227 on the ReplicaFetch stream: after a full request, an incremental one names only moved
+    partitions and is answered only for partitions with records, a new HW or an error."""
+    lead_with(running, "t", 1, [0, 5], [0, 5])
+    lead_with(running, "strict", 1, [0, 5], [0, 5])
+    call = running.stub.ReplicaFetch()
+
+    async def fetch(*parts: broker_pb2.ReplicaFetchPartition, incremental: bool = True,
+                    wait_ms: int = 3000) -> list[tuple[str, int, int]]:
+        await call.write(broker_pb2.ReplicaFetchRequest(replica_id=5, min_bytes=1, max_wait_ms=wait_ms,
+                                                        partitions=parts, incremental=incremental))
+        resp = await call.read()
+        return [(q.topic, q.high_watermark, len(q.records)) for q in resp.partitions]
+
+    # Full: every partition is answered once (the session has told the follower nothing yet).
+    assert await fetch(fetch_part("t", 0), fetch_part("strict", 0), incremental=False) == [("t", 0, 0),
+                                                                                            ("strict", 0, 0)]
+    # Incremental, nothing moved: parked until an append to a session partition, then only that one.
+    pending = asyncio.ensure_future(fetch())
+    await asyncio.sleep(0.2)
+    assert not pending.done()
+    await running.stub.Produce(produce("t", make_batch([b"a"])))
+    answered = await asyncio.wait_for(pending, 5)
+    assert [(t, hw) for t, hw, _ in answered] == [("t", 0)] and answered[0][2] > 0
+    # The follower names "t" at its new offset: the HW moves, and only "t" is answered with it.
+    assert await fetch(fetch_part("t", 1)) == [("t", 1, 0)]
+    # Nothing new anywhere: the poll runs its max wait and comes back empty.
+    started = asyncio.get_running_loop().time()
+    assert await fetch(wait_ms=300) == []
+    assert asyncio.get_running_loop().time() - started >= 0.25
+    call.cancel()
+
+
 async def test_idempotent_producer_errors(running: Running) -> None:
     s = running.stub
     init = await s.InitProducerId(broker_pb2.InitProducerIdRequest())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -12,6 +13,16 @@ from gregor.client import AdminClient, Consumer, Producer, SyncAdminClient, Sync
 from gregor.client.partitioner import partition_for_key
 from gregor.common import errors
 from tests.helpers.cluster import broker_process, stop_process
+
+
+def requests_served(broker, api: str) -> float:  # type: ignore[no-untyped-def]
+    """The broker's gregor_requests_total for one BrokerService API (successful calls)."""
+    want = f'gregor_requests_total{{api="{api}",code="NONE",service="BrokerService"}} '
+    with urllib.request.urlopen(broker.metrics, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(want):
+                return float(line.split()[1])
+    return 0.0
 
 
 async def create(bootstrap: str, name: str, partitions: int = 1, **configs: str) -> None:
@@ -318,3 +329,32 @@ async def test_a_timed_out_waiter_does_not_cancel_the_other_records_of_its_batch
 
 async def _await(handle):  # type: ignore[no-untyped-def]
     return await handle
+
+
+async def test_one_request_carries_every_ready_partition_of_a_broker(broker) -> None:
+    """Kafka's request shape: 16 ready partitions on one leader leave in one request on its ProduceStream."""
+    await create(broker.grpc, "many", partitions=16)
+    before = requests_served(broker, "ProduceStream")
+    async with Producer({"bootstrap.servers": broker.grpc, "linger.ms": 60000}) as p:
+        handles = [await p.send("many", b"v%d" % i, partition=i) for i in range(16)]
+        await p.flush()  # all 16 become ready at once
+        mds = [await h for h in handles]
+    assert [(md.partition, md.offset) for md in mds] == [(i, 0) for i in range(16)]
+    assert requests_served(broker, "ProduceStream") - before == 1
+    assert requests_served(broker, "Produce") == requests_served(broker, "ProducePartitions") == 0
+
+
+async def test_partitions_beyond_max_request_size_wait_for_the_next_request(broker) -> None:
+    """A request already carrying partitions takes only what fits; the rest go next, none fails as too large."""
+    await create(broker.grpc, "split", partitions=16)
+    before = requests_served(broker, "ProduceStream")
+    cfg = {"bootstrap.servers": broker.grpc, "linger.ms": 60000, "max.request.size": 4096}
+    async with Producer(cfg) as p:
+        handles = [await p.send("split", bytes([i]) * 1000, partition=i) for i in range(16)]
+        await p.flush()
+        mds = [await h for h in handles]
+    assert sorted(md.partition for md in mds) == list(range(16)) and all(md.offset == 0 for md in mds)
+    sent = requests_served(broker, "ProduceStream") - before
+    assert 4 <= sent <= 8, sent  # 3 batches of ~1.1 KB fit in 4,096 bytes: ~6 requests, not 1 and not 16
+    got = await consume_all(broker.grpc, [("split", i) for i in range(16)], 16)
+    assert sorted((r.partition, r.value) for r in got) == [(i, bytes([i]) * 1000) for i in range(16)]

@@ -96,8 +96,11 @@ async def test_dropped_responses_retried_without_duplicates(broker: Process) -> 
     assert all(not isinstance(r, BaseException) for r in results), [r for r in results if isinstance(r, BaseException)]
     offsets, seen = await read_all(broker.grpc, "drops")
     assert seen == values  # exactly once, in send order
-    # Each dropped answer came back as one retry the leader recognised as a duplicate.
-    assert metric(broker, 'gregor_broker_produce_duplicate_requests_total{topic="drops"}') == 10
+    # A dropped answer breaks the producer's stream (as a lost answer breaks Kafka's connection), so the
+    # requests in flight on it (at most max.in.flight = 5) are retried; each the leader had appended comes
+    # back as a duplicate, the dropped one among them.
+    dups = metric(broker, 'gregor_broker_produce_duplicate_requests_total{topic="drops"}')
+    assert 10 <= dups <= 10 * 5, dups
     assert offsets == list(range(len(values)))  # contiguous
     assert sorted(r.offset for r in results) == offsets  # type: ignore[attr-defined]
 

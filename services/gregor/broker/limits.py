@@ -10,11 +10,10 @@ from __future__ import annotations
 REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: the leader holds an empty fetch this long
 REPLICA_FETCH_MIN_BYTES = 1  # replica.fetch.min.bytes: answer as soon as any partition has a byte
-# A fetch session's partition that nothing changed for (same offset, caught up, full ISR) is recorded as
-# fetched at most this often, not on every request: its lastCaughtUpTime lags by at most this, far below
-# replica.lag.time.max.ms (30 s), and a stale broker epoch is still refused within this.
-REPLICA_FETCH_SESSION_RECORD_S = 0.1
 REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
+# A follower's fetch session names every partition again at least this many times per
+# replica.lag.time.max.ms, so the leader records a recent fetch of each idle one (KIP-227 sessions).
+REPLICA_FETCH_SESSION_REFRESH_PARTS = 3
 FETCH_RPC_TIMEOUT_S = 10.0  # one Fetch / OffsetForLeaderEpoch round trip
 MAX_TRUNCATION_ROUNDS = 8  # OffsetForLeaderEpoch rounds before giving up on converging (KIP-279)
 

@@ -187,10 +187,8 @@ class Partition:
     def on_follower_fetch(self, replica_id: int, fetch_offset: int, broker_epoch: int = NO_BROKER_EPOCH,
                           fetch_time_ms: int | None = None) -> list[Effect]:
         """A follower fetched at fetch_offset (its LEO): HW and ISR expansion effects."""
-        leo, now = self.log.log_end_offset, now_ms() if fetch_time_ms is None else fetch_time_ms
-        if self.state.is_leader and self.state.repeat_fetch(replica_id, fetch_offset, broker_epoch, leo, now):
-            return []  # only the fetch times moved: no live-broker map, no HW recompute
-        return self.state.on_follower_fetch(replica_id, fetch_offset, broker_epoch, leo, now, self._live())
+        return self.state.on_follower_fetch(replica_id, fetch_offset, broker_epoch, self.log.log_end_offset,
+                                            now_ms() if fetch_time_ms is None else fetch_time_ms, self._live())
 
     def on_tick(self, now: int | None = None) -> list[Effect]:
         """isr-expiration round: ISR shrink proposals and HW effects."""

@@ -27,6 +27,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_WAIT_MAX_MS,
     REPLICA_FETCH_MIN_BYTES,
     REPLICA_FETCH_BACKOFF_S,
+    REPLICA_FETCH_SESSION_REFRESH_PARTS,
     FETCH_RPC_TIMEOUT_S,
     MAX_TRUNCATION_ROUNDS,
 )
@@ -56,53 +57,25 @@ class PartitionFetchState:
     leader_epoch: int
     out_of_range: bool = False
     backoff_until: float = 0.0
-    lag: int = 0  # leader HW - own LEO after the last answer that listed this partition
-
-
-Key = tuple[str, int]
 
 
 class _FetchStream:
-    """The ReplicaFetch stream to one leader: each request written is answered by one response.
-
-    The stream is also the fetch session (KIP-227, see replica_fetch.py): once the leader answers
-    incremental, a request carries only the partitions whose (fetch offset, leader epoch) changed;
-    a different set of partitions (one added, removed, backing off or truncating) starts a new stream,
-    whose first request is full, so the leader never records an offset the follower left.
-    """
+    """The ReplicaFetch stream to one leader: each request written is answered by one response."""
 
     def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
         self.stub = stub
         self.call: Any = None
-        self.sent: dict[Key, tuple[int, int]] = {}  # per partition: (fetch offset, leader epoch) last sent
-        self.incremental = False  # the leader keeps a session for this stream
 
     def reset(self) -> None:
         if self.call is not None:
             self.call.cancel()
             self.call = None
-        self.sent, self.incremental = {}, False
-
-    def to_send(self, fields: dict[Key, tuple[int, int]]) -> tuple[list[Key], bool]:
-        """The partitions the next request lists, and whether it is incremental."""
-        live = self.call is not None and not self.call.done()
-        if live and self.incremental and fields.keys() == self.sent.keys():
-            changed = [key for key, f in fields.items() if self.sent[key] != f]
-            self.sent = fields
-            return changed, True
-        if live and self.incremental:
-            self.reset()  # another set of partitions: a new session
-        self.sent = fields
-        return list(fields), False
 
     async def exchange(self, request: broker_pb2.ReplicaFetchRequest,
                        wake: asyncio.Event) -> "broker_pb2.ReplicaFetchResponse | None":
         """The response to request; None if wake fired first (the stream is then reset). Raises
         AioRpcError for a failed stream, REQUEST_TIMED_OUT after FETCH_RPC_TIMEOUT_S."""
         if self.call is None or self.call.done():  # first use, or the leader ended the last stream
-            if request.incremental:  # it ended since to_send(): the session went with it
-                self.reset()
-                raise errors.error_for(errors.Code.NETWORK_EXCEPTION, "the replica fetch stream ended")
             self.call = self.stub.ReplicaFetch()
         try:
             await self.call.write(request)
@@ -126,9 +99,8 @@ class _FetchStream:
                                    f"no replica fetch response within {FETCH_RPC_TIMEOUT_S} s")
         resp = read.result()
         if resp is grpc.aio.EOF:
-            self.reset()
+            self.call = None
             raise errors.error_for(errors.Code.NETWORK_EXCEPTION, "the leader closed the replica fetch stream")
-        self.incremental = resp.incremental
         return resp  # type: ignore[no-any-return]
 
 
@@ -140,7 +112,10 @@ class ReplicaFetcher:
         self.leader_id = leader_id
         self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
         self._wake = asyncio.Event()
-        self._lag_gauge = FETCHER_LAG.labels(leader=str(leader_id))  # labels() per fetch cost ~2 µs
+        self._lag_gauge = FETCHER_LAG.labels(leader=str(leader_id))  # labels() per fetch costs ~2 µs
+        # The fetch session (KIP-227): (fetch offset, leader epoch) last named per partition on the stream.
+        self._sent: dict[tuple[str, int], tuple[int, int]] = {}
+        self._full_at = 0.0
         self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
         self.task.add_done_callback(self._on_done)
 
@@ -196,15 +171,14 @@ class ReplicaFetcher:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            entries = {key: (key, st, p, offset) for key, st, p, offset in batch}
-            listed, incremental = stream.to_send({key: (offset, st.leader_epoch) for key, st, _p, offset in batch})
+            listed, incremental = self._session_request(batch, stream, loop.time())
             request = broker_pb2.ReplicaFetchRequest(
                 replica_id=rm.config.broker_id, replica_broker_epoch=self.manager.broker_epoch(),
                 min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, incremental=incremental,
                 partitions=[broker_pb2.ReplicaFetchPartition(
                     topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
                     max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset)
-                    for _key, st, p, offset in map(entries.__getitem__, listed)])
+                    for _key, st, p, offset in listed])
             try:
                 resp = await stream.exchange(request, self._wake)
             except grpc.aio.AioRpcError as exc:
@@ -218,13 +192,36 @@ class ReplicaFetcher:
                 continue
             if resp is None:
                 continue  # new partitions while the poll was out: ask again with them
-            # By key: an incremental response lists only the partitions that changed, in any order.
-            for part in resp.partitions:
-                entry = entries.get((part.topic, part.partition))
-                if entry is not None:
-                    key, st, _p, offset = entry
-                    st.lag = self._apply(rm, key, st, offset, part, loop)
-            self._lag_gauge.set(max((st.lag for st in self.partitions.values()), default=0))
+            if resp.partitions:
+                by_key = {item[0]: item for item in batch}
+                lag = 0
+                for part in resp.partitions:
+                    item = by_key.get((part.topic, part.partition))
+                    if item is not None:
+                        lag = max(lag, self._apply(rm, item[0], item[1], item[3], part, loop))
+                self._lag_gauge.set(lag)
+
+    def _session_request(self, batch: list[tuple[tuple[str, int], PartitionFetchState, "Partition", int]],
+                         stream: "_FetchStream", now: float) -> tuple[list[tuple[tuple[str, int],
+                                                                      PartitionFetchState, "Partition", int]], bool]:
+        """The partitions to name in the next request, and whether it is incremental (KIP-227).
+
+        Full on a new stream (a new session on the leader), when the set of partitions changed, and
+        every third of replica.lag.time.max.ms (so the leader records a fetch of every idle partition
+        well within the lag limit); otherwise only partitions whose fetch offset or epoch moved."""
+        keys = {item[0] for item in batch}
+        refresh_s = self.manager.replicas.config.replica_lag_time_max_ms / 1000 / REPLICA_FETCH_SESSION_REFRESH_PARTS
+        full = (stream.call is None or stream.call.done() or keys != self._sent.keys()
+                or now - self._full_at >= refresh_s)
+        if full:
+            self._sent, self._full_at = {}, now
+            listed = batch
+        else:
+            sent = self._sent
+            listed = [item for item in batch if sent.get(item[0]) != (item[3], item[1].leader_epoch)]
+        for key, st, _p, offset in listed:
+            self._sent[key] = (offset, st.leader_epoch)
+        return listed, not full
 
     async def _ready_partitions(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                 loop: asyncio.AbstractEventLoop) -> list[tuple[tuple[str, int], PartitionFetchState,

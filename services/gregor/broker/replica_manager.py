@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import gregor_native as native
 from prometheus_client import Counter, Gauge
@@ -33,7 +33,6 @@ from gregor.broker.replica_state import (
     StopFetcher,
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
-from gregor.broker.replica_fetch import FetchSessionCache
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors
 from gregor.common.clock import now_ms
@@ -59,6 +58,43 @@ UNDER_REPLICATED = Gauge("gregor_broker_under_replicated_partitions", "Led parti
 UNDER_MIN_ISR = Gauge("gregor_broker_under_min_isr_partitions", "Led partitions whose ISR is below min.insync.replicas")
 
 ACKS_VALUES = (0, 1, -1)
+
+
+def _check_acks(acks: int, **where: Any) -> None:
+    if acks not in ACKS_VALUES:
+        FAILED_PRODUCE.labels(error="INVALID_REQUIRED_ACKS").inc()
+        raise errors.error_for(errors.Code.INVALID_REQUIRED_ACKS, f"acks must be 0, 1 or -1 (all), got {acks}",
+                               **where)
+
+
+def _produce_result(p: Partition, info: "native.AppendInfo | DuplicateAppendInfo") -> "ProduceResult":
+    return ProduceResult(info.first_offset, info.last_offset, p.log.log_start_offset,
+                         isinstance(info, DuplicateAppendInfo))
+
+
+def _settled(future: "asyncio.Future[ProduceResult]") -> "ProduceResult | errors.GregorError":
+    exc = future.exception()
+    if exc is None:
+        return future.result()
+    if isinstance(exc, errors.GregorError):
+        return exc
+    raise exc
+
+
+def produce_pending(results: list[Any]) -> bool:
+    """Whether start_produce_partitions left partitions waiting for their acks."""
+    return any(isinstance(r, asyncio.Future) for r in results)
+
+
+async def collect_produce(results: list[Any]) -> list["ProduceResult | errors.GregorError"]:
+    """Wait for the acks=-1 partitions of start_produce_partitions (they run at once), in request order."""
+    for i, item in enumerate(results):
+        if isinstance(item, asyncio.Future):
+            try:
+                results[i] = await item
+            except errors.GregorError as err:
+                results[i] = err
+    return results
 
 
 class LeaderAndIsrState(Protocol):
@@ -157,8 +193,6 @@ class ReplicaManager:
         self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
-        # Follower fetch streams' incremental fetch sessions (replica_fetch.py).
-        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
@@ -353,10 +387,56 @@ class ReplicaManager:
     # ------------------------------------------------------------------ produce
     async def handle_produce(self, topic: str, partition: int, records: bytes, acks: int,
                              timeout_ms: int) -> ProduceResult:
+        _check_acks(acks, topic=topic, partition=partition)
+        p, info = self._append_for_produce(topic, partition, records, acks)
+        if acks != -1:
+            return _produce_result(p, info)
+        op = DelayedProduce(max(timeout_ms, 0), p, info)
+        self.produce_purgatory.try_complete_else_watch(op, [p.key])
+        return await op.future
+
+    async def handle_produce_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int,
+                                        timeout_ms: int) -> list[ProduceResult | errors.GregorError]:
+        """Kafka's multi-partition Produce: append every partition, then wait for all of them (acks=-1)."""
+        return await collect_produce(self.start_produce_partitions(parts, acks, timeout_ms))
+
+    def start_produce_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int,
+                                 timeout_ms: int) -> list[Any]:
+        """Append every partition now (in the caller's order); acks=-1 partitions come back as futures.
+
+        One partition's failure is its own result and never stops the others (Kafka answers
+        per partition). Only a request that is wrong as a whole raises: bad acks, no
+        partition, a partition listed twice. Synchronous, so a stream's requests append in
+        the order they arrived however long their acks take (ProduceStream).
+        """
+        _check_acks(acks)
+        if not parts:
+            raise errors.error_for(errors.Code.INVALID_REQUEST, "produce request names no partition")
+        if len({(t, n) for t, n, _ in parts}) != len(parts):
+            raise errors.error_for(errors.Code.INVALID_REQUEST, "produce request lists a partition twice")
+        out: list[Any] = []
+        for topic, partition, records in parts:
+            try:
+                p, info = self._append_for_produce(topic, partition, records, acks)
+            except errors.GregorError as err:
+                out.append(err)
+                continue
+            except Exception as exc:  # a bug in one partition's append must not fail the ones already appended
+                log.exception("produce to %s-%d failed", topic, partition)
+                out.append(errors.GregorError(f"{type(exc).__name__}: {exc}", topic=topic, partition=partition))
+                continue
+            if acks != -1:
+                out.append(_produce_result(p, info))
+                continue
+            op = DelayedProduce(max(timeout_ms, 0), p, info)
+            self.produce_purgatory.try_complete_else_watch(op, [p.key])
+            out.append(op.future if not op.future.done() else _settled(op.future))
+        return out
+
+    def _append_for_produce(self, topic: str, partition: int, records: bytes,
+                            acks: int) -> tuple[Partition, "native.AppendInfo | DuplicateAppendInfo"]:
+        """Append to the leader and wake what the new data may satisfy (followers at once, consumers on HW)."""
         try:
-            if acks not in ACKS_VALUES:
-                raise errors.error_for(errors.Code.INVALID_REQUIRED_ACKS,
-                                       f"acks must be 0, 1 or -1 (all), got {acks}", topic=topic, partition=partition)
             if len(records) == 0:
                 raise errors.error_for(errors.Code.CORRUPT_MESSAGE, "produce request carries no record batch",
                                        topic=topic, partition=partition)
@@ -369,16 +449,9 @@ class ReplicaManager:
             DUPLICATE_BATCHES.labels(topic=topic).inc()
         BYTES_IN.labels(topic=topic).inc(info.valid_bytes)
         MESSAGES_IN.labels(topic=topic).inc(info.num_records)
-        # New data may satisfy waiting fetches (followers at once, consumers once the HW moves).
         self.fetch_purgatory.check_and_complete(p.key)
         self.produce_purgatory.check_and_complete(p.key)
-        result = ProduceResult(info.first_offset, info.last_offset, p.log.log_start_offset,
-                               isinstance(info, DuplicateAppendInfo))
-        if acks != -1:
-            return result
-        op = DelayedProduce(max(timeout_ms, 0), p, info)
-        self.produce_purgatory.try_complete_else_watch(op, [p.key])
-        return await op.future
+        return p, info
 
     def on_high_watermark_change(self, p: Partition) -> None:
         """Wake requests that wait on this partition's HW."""

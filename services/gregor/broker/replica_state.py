@@ -307,8 +307,6 @@ class ReplicaState:
         """A follower fetched at fetch_offset (its LEO): record it, maybe move the HW, maybe expand the ISR."""
         if not self.is_leader or replica_id not in self.replicas or replica_id == self.local_broker_id:
             return []
-        if self.repeat_fetch(replica_id, fetch_offset, broker_epoch, log_end_offset, now_ms):
-            return []
         state = self.follower_states.setdefault(replica_id, FollowerFetchState())
         state.update_fetch_state(fetch_offset, log_end_offset, now_ms)
         if broker_epoch != NO_BROKER_EPOCH:
@@ -317,32 +315,6 @@ class ReplicaState:
         if self.needs_expand_isr(replica_id, live_broker_epochs):
             effects.extend(self._propose(add={replica_id}, remove=set()))
         return effects
-
-    def in_sync_steady(self, replica_id: int) -> bool:
-        """We lead, every replica is in the ISR, and no ISR write is out or of unknown outcome."""
-        return (self.role is Role.LEADER and replica_id in self.isr and len(self.isr) == len(self.replicas)
-                and not self.isr_update_in_flight and not self.uncertain_isr_adds)
-
-    def repeat_fetch(self, replica_id: int, fetch_offset: int, broker_epoch: int, log_end_offset: int,
-                     now_ms: int) -> bool:
-        """Record a fetch that can change nothing but the follower's fetch times, and say so; False (nothing
-        recorded) otherwise.
-
-        Why: a follower in a fetch session re-fetches every partition it copies on every request, most of
-        them at the offset it fetched last while the leader's LEO did not move either (issue 15: ~50 per
-        request at 2,000 rec/s on one partition). With every replica in the ISR (and no ISR write in
-        flight) the HW is the min LEO of the ISR, so the same LEOs give the same HW, and no one can join
-        the ISR: only update_fetch_state's times change, and the HW recompute is skipped.
-        """
-        if not self.in_sync_steady(replica_id):
-            return False
-        state = self.follower_states.get(replica_id)
-        if (state is None or state.log_end_offset != fetch_offset
-                or state.last_fetch_leader_log_end_offset != log_end_offset
-                or (broker_epoch != NO_BROKER_EPOCH and broker_epoch != state.broker_epoch)):
-            return False
-        state.update_fetch_state(fetch_offset, log_end_offset, now_ms)
-        return True
 
     def needs_expand_isr(self, replica_id: int, live_broker_epochs: Mapping[int, int] | None = None) -> bool:
         """A follower outside the ISR whose LEO reached the HW and this term's start (seed 000).

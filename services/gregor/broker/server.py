@@ -11,7 +11,8 @@ from gregor.broker.controller_link import allocate_producer_ids, forward_to_cont
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
-from gregor.broker.replica_fetch import Quiet, ReplicaFetchPart, handle_replica_fetch
+from gregor.broker.replica_fetch import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
+from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
@@ -25,15 +26,11 @@ Ctx = grpc.aio.ServicerContext
 
 
 def replica_fetch_partition(part: ReplicaFetchPart,
-                            outcome: "FetchResult | Quiet | errors.GregorError") -> broker_pb2.ReplicaFetchPartitionResponse:
+                            outcome: "FetchResult | errors.GregorError") -> broker_pb2.ReplicaFetchPartitionResponse:
     """One partition of a ReplicaFetchResponse: its error, or its HW and records."""
     if isinstance(outcome, errors.GregorError):
         return broker_pb2.ReplicaFetchPartitionResponse(topic=part.topic, partition=part.partition,
                                                         error=outcome.to_detail())
-    if isinstance(outcome, Quiet):
-        return broker_pb2.ReplicaFetchPartitionResponse(topic=part.topic, partition=part.partition,
-                                                        high_watermark=outcome.high_watermark,
-                                                        log_start_offset=outcome.log_start_offset)
     return broker_pb2.ReplicaFetchPartitionResponse(
         topic=part.topic, partition=part.partition, high_watermark=outcome.high_watermark,
         log_start_offset=outcome.log_start_offset, records=outcome.slice.read())
@@ -91,37 +88,38 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                           duplicate=result.duplicate)
 
     @rpc_method("BrokerService")
+    async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
+                                context: Ctx) -> broker_pb2.ProducePartitionsResponse:
+        results = await self.replicas.handle_produce_partitions(
+            [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+        return produce_partitions_response(request, results)
+
+    async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
+        """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
+        stream = ProduceStreamHandler(self.replicas)
+        async for response in stream.serve(request_iterator):
+            yield response
+
+    @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())
 
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream: one response per request, in order; the stream is its fetch session
-        when a slot is free (replica_fetch.ReplicaFetchSession, see the proto)."""
-        sessions = self.replicas.fetch_sessions
-        session = sessions.open()
-        try:
-            async for request in request_iterator:
-                parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
-                         for q in request.partitions]
-                try:
-                    if request.incremental and session is None:
-                        raise errors.error_for(errors.Code.INVALID_REQUEST,
-                                               "an incremental replica fetch on a stream without a fetch session")
-                    if session is not None:
-                        parts = session.update(parts, request.incremental)
-                    outcomes = await handle_replica_fetch(
-                        self.replicas, request.replica_id,
-                        request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                        request.min_bytes, request.max_wait_ms, parts, session)
-                except errors.GregorError as err:
-                    await errors.abort_with(context, err)
-                    return
-                answered = session.changed(parts, outcomes) if session is not None else zip(parts, outcomes)
-                yield broker_pb2.ReplicaFetchResponse(
-                    partitions=[replica_fetch_partition(q, o) for q, o in answered], incremental=session is not None)
-        finally:
-            sessions.close(session)
+        """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
+        session = ReplicaFetchSession()
+        async for request in request_iterator:
+            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+                     for q in request.partitions]
+            try:
+                answered = await handle_replica_fetch(
+                    self.replicas, request.replica_id,
+                    request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
+                    request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
+            except errors.GregorError as err:
+                await errors.abort_with(context, err)
+                return
+            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

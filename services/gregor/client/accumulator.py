@@ -71,6 +71,9 @@ class ProducerBatch:
         return (self.topic, self.partition)
 
     def encode(self, compression: str) -> bytes:
+        """The wire batch, built once. Encoding seals the batch: a record appended after it would be
+        counted in the batch (and given a sequence and an offset) but missing from the bytes sent."""
+        self.sealed = True
         if self.payload is None:
             self.payload = build_batch_from_deltas(self.records, self.base_timestamp, self.max_timestamp,
                                                    compression, producer_id=self.producer_id,
@@ -380,12 +383,17 @@ class RecordAccumulator:
         # Someone blocked in append(): send everything rather than wait for linger.
         return self.buffered_bytes >= self.buffer_memory * 0.9
 
-    def drain(self, tp: TopicPartition, max_request_size: int, max_batches: Optional[int] = None) -> list[
-            ProducerBatch]:
-        """Head batches of tp for one produce request: at least one, up to max.request.size (and max_batches)."""
+    def drain(self, tp: TopicPartition, max_request_size: int, max_batches: Optional[int] = None,
+              budget: Optional[int] = None) -> list[ProducerBatch]:
+        """Head batches of tp for one produce request: at least one, up to max.request.size (and max_batches).
+
+        budget: the room left in a request that already carries other partitions; then
+        nothing is drained when the head batch does not fit (it goes in the next request).
+        """
         dq = self.batches.get(tp)
         out: list[ProducerBatch] = []
         total = 0
+        limit = max_request_size if budget is None else min(budget, max_request_size)
         while dq and (max_batches is None or len(out) < max_batches):
             head = dq[0]
             try:
@@ -399,8 +407,10 @@ class RecordAccumulator:
                 err.__cause__ = exc
                 head.fail(err)
                 continue
-            if out and total + len(payload) > max_request_size:
+            if out and total + len(payload) > limit:
                 break
+            if not out and len(payload) > limit and len(payload) <= max_request_size:
+                break  # only with a budget: fits an empty request, not this one
             if not out and len(payload) > max_request_size:
                 dq.popleft()
                 head.sealed = True
@@ -416,7 +426,8 @@ class RecordAccumulator:
             out.append(head)
         return out
 
-    def drain_merged(self, tp: TopicPartition, max_request_size: int) -> list[ProducerBatch]:
+    def drain_merged(self, tp: TopicPartition, max_request_size: int,
+                     budget: Optional[int] = None) -> list[ProducerBatch]:
         """Idempotent producer: the head batches never sent, as ONE batch (one sequence range) up to max.request.size.
 
         The broker remembers the last 5 batches of a producer, so at most 5 may be
@@ -426,14 +437,15 @@ class RecordAccumulator:
         takes the ordinary drain path.
         """
         dq = self.batches.get(tp)
+        limit = max_request_size if budget is None else min(budget, max_request_size)
         n, total = 0, BATCH_HEADER_SIZE
         for b in dq or ():
-            if b.has_sequence or (n and total + b.size_bytes > max_request_size):
+            if b.has_sequence or (n and total + b.size_bytes > limit):
                 break
             n += 1
             total += b.size_bytes
         if n <= 1 or dq is None:
-            return self.drain(tp, max_request_size, 1)
+            return self.drain(tp, max_request_size, 1, budget)
         parts = [dq.popleft() for _ in range(n)]
         first = parts[0]
         merged = ProducerBatch(tp[0], tp[1], first.created, first.base_timestamp)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -21,6 +22,7 @@ from gregor.client.accumulator import (
 from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.produce_stream import ProduceStream
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.client.txn_producer import TransactionalState
@@ -94,6 +96,8 @@ class Sender:
         self.closing = False
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
+        self._drain_index = 0  # where the next drain starts among the ready partitions
+        self._streams: dict[tuple[int, str], ProduceStream] = {}  # (leader, address) -> its ProduceStream
 
     async def run(self) -> None:
         acc = self.acc
@@ -108,47 +112,13 @@ class Sender:
                     f"Expiring {len(batch.records)} record(s) for {batch.topic}-{batch.partition}: "
                     f"{int((now - batch.created) * 1000)} ms has passed since batch creation "
                     f"(delivery.timeout.ms)", topic=batch.topic, partition=batch.partition))
-            ready, delay = acc.ready(now, self.muted)
-            need_metadata = False
-            for tp in ready:
-                leader = self.metadata.leader_for(*tp)
-                if leader < 0:
-                    need_metadata = True
-                    continue
-                if not self.metadata.connectable(leader):
-                    # The leader's connection failed (it died?): keep the batches (delivery.timeout.ms
-                    # bounds them) and ask for metadata; they go as soon as it names a new leader.
-                    need_metadata = True
-                    self.metadata.request_update()
-                    continue
-                if self.in_flight.get(leader, 0) >= self.max_in_flight:
-                    continue
-                if self.txn_gate is not None and not self.txn_gate(tp):
-                    continue
-                if self.txn is not None:
-                    dq = acc.batches.get(tp)
-                    allowed = self.txn.drainable(tp, dq[0]) if dq else 0
-                    if allowed <= 0:
-                        continue
-                    # New batches leave merged into one (one of the 5 in-flight batches); a retry alone.
-                    batches = (acc.drain(tp, self.max_request_size, 1) if dq[0].has_sequence  # type: ignore[index]
-                               else acc.drain_merged(tp, self.max_request_size))
-                    if not batches:
-                        continue
-                    self.txn.assign_sequences(tp, batches)
-                    if batches[0].payload is None and not acc.encode_or_fail(batches[0]):  # a merged batch
-                        self.txn.request_done(tp)
-                        self.txn.on_failed(batches[0])
-                        continue
-                else:
-                    batches = acc.drain(tp, self.max_request_size)
-                    if not batches:
-                        continue
-                    self.muted.add(tp)
-                self.in_flight[leader] = self.in_flight.get(leader, 0) + 1
-                task = asyncio.ensure_future(self._produce(leader, tp, batches))
-                self.requests.add(task)
-                task.add_done_callback(self.requests.discard)
+            # Kafka's Sender sends one request per broker per pass and passes again while one was
+            # sent (more may be ready: a full request, up to max.in.flight per broker).
+            need_metadata, sent = False, True
+            while sent:
+                ready, delay = acc.ready(now, self.muted)
+                need, sent = self._send_ready(ready)
+                need_metadata = need_metadata or need
             # Kafka's NetworkClient updates metadata first once an update is requested (a request
             # failed with NOT_LEADER_OR_FOLLOWER, a network error, ...): refresh at once, not when
             # the retried batch's backoff has passed, so the retry already goes to the new leader.
@@ -160,6 +130,7 @@ class Sender:
             if self.closing and not acc.has_undrained() and not self.requests:
                 if self._init_pid_task is not None:
                     self._init_pid_task.cancel()
+                self.close_streams()
                 return
             if need_metadata or not acc.has_undrained():
                 delay = max(delay, 0.005) if acc.has_undrained() else 1.0
@@ -167,6 +138,73 @@ class Sender:
                 await asyncio.wait_for(acc.wakeup.wait(), delay)
             except asyncio.TimeoutError:
                 pass
+
+    def _send_ready(self, ready: list[TopicPartition]) -> tuple[bool, bool]:
+        """Drain the ready partitions into one produce request per leader (Kafka's Sender.drain).
+
+        Every ready partition of a leader goes into the same request, up to
+        max.request.size over all of them, so 16 partitions cost one call, not 16.
+        The start rotates between calls (Kafka's drainIndex) so that a full request
+        does not always favour the same partitions. Returns whether metadata is needed
+        and whether a request was sent.
+        """
+        need_metadata = False
+        requests: dict[int, list[tuple[TopicPartition, list[ProducerBatch]]]] = {}
+        sizes: dict[int, int] = {}
+        acc, limit = self.acc, self.max_request_size
+        if len(ready) > 1:
+            self._drain_index = (self._drain_index + 1) % len(ready)
+            ready = ready[self._drain_index:] + ready[:self._drain_index]
+        for tp in ready:
+            leader = self.metadata.leader_for(*tp)
+            if leader < 0:
+                need_metadata = True
+                continue
+            if not self.metadata.connectable(leader):
+                # The leader's connection failed (it died?): keep the batches (delivery.timeout.ms
+                # bounds them) and ask for metadata; they go as soon as it names a new leader.
+                need_metadata = True
+                self.metadata.request_update()
+                continue
+            if self.in_flight.get(leader, 0) >= self.max_in_flight:
+                continue
+            if self.txn_gate is not None and not self.txn_gate(tp):
+                continue
+            used = sizes.get(leader, 0)
+            # The first partition of a request may fill it; later ones take what is left, and a head
+            # batch that does not fit waits for the next request instead of failing as too large.
+            budget = limit - used if used else None
+            if budget is not None and budget <= 0:
+                continue
+            if self.txn is not None:
+                dq = acc.batches.get(tp)
+                allowed = self.txn.drainable(tp, dq[0]) if dq else 0
+                if allowed <= 0:
+                    continue
+                # New batches leave merged into one (one of the 5 in-flight batches); a retry alone.
+                batches = (acc.drain(tp, limit, 1, budget) if dq[0].has_sequence  # type: ignore[index]
+                           else acc.drain_merged(tp, limit, budget))
+                if not batches:
+                    continue
+                self.txn.assign_sequences(tp, batches)
+                if batches[0].payload is None and not acc.encode_or_fail(batches[0]):  # a merged batch
+                    self.txn.request_done(tp)
+                    self.txn.on_failed(batches[0])
+                    continue
+            else:
+                batches = acc.drain(tp, limit, None, budget)
+                if not batches:
+                    continue
+                self.muted.add(tp)
+            requests.setdefault(leader, []).append((tp, batches))
+            sizes[leader] = used + sum(len(b.payload or b"") for b in batches)
+        for leader, parts in requests.items():
+            self.in_flight[leader] = self.in_flight.get(leader, 0) + 1
+            # Written to the leader's stream now, in drain order (the task only waits for the answer).
+            task = asyncio.ensure_future(self._produce(leader, parts, self._send_request(leader, parts)))
+            self.requests.add(task)
+            task.add_done_callback(self.requests.discard)
+        return need_metadata, bool(requests)
 
     def _maybe_init_producer_id(self) -> None:
         if self._init_pid_task is None or self._init_pid_task.done():
@@ -205,38 +243,89 @@ class Sender:
             await asyncio.sleep(self.metadata.retry_backoff_s)
         self.acc.wakeup.set()
 
-    async def _produce(self, leader: int, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
-        payload = b"".join(b.encode(self.acc.compression) for b in batches)
+    def _send_request(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]]) -> Any:
+        """Build the leader's ProducePartitions request and queue it on its ProduceStream.
+
+        The future of its answer, or the GregorError that kept it from being sent."""
+        compression = self.acc.compression
         stats = self.stats  # per request, not per record: the gateway exports these (compression ratio)
         stats.requests += 1
-        stats.batches += len(batches)
-        stats.record_bytes += sum(b.size_bytes for b in batches)
-        stats.wire_bytes += len(payload)
-        request = broker_pb2.ProduceRequest(topic=tp[0], partition=tp[1], records=payload, acks=self.acks,
-                                            timeout_ms=self.request_timeout_ms)
+        request = broker_pb2.ProducePartitionsRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
+        add = request.partitions.add
+        for tp, batches in parts:
+            payload = b"".join(b.encode(compression) for b in batches)
+            stats.batches += len(batches)
+            stats.record_bytes += sum(b.size_bytes for b in batches)
+            stats.wire_bytes += len(payload)
+            add(topic=tp[0], partition=tp[1], records=payload)
         try:
             stub = self.metadata.broker_stub(leader)
-            # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
-            resp = await stub.Produce(request, timeout=self.request_timeout_ms / 1000 + 1)
-        except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
-            if self.txn is not None:
-                self.txn.request_done(tp)
-            self._on_error(tp, batches, call_error(exc))
+        except errors.GregorError as err:
+            return err
+        key = (leader, self.metadata.brokers[leader].address)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = ProduceStream(stub, call_error)
+        return stream.send(request)
+
+    async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
+                       sent: Any) -> None:
+        """Wait for one request's answer; each partition's result completes or retries its batches."""
+        try:
+            if isinstance(sent, errors.GregorError):
+                raise sent
+            try:
+                # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
+                resp = await asyncio.wait_for(asyncio.shield(sent), self.request_timeout_ms / 1000 + 1)
+            except asyncio.TimeoutError:
+                err = errors.error_for(errors.Code.REQUEST_TIMED_OUT,
+                                       f"no produce answer from broker {leader} within request.timeout.ms")
+                self._fail_stream(leader, err)  # Kafka closes the connection of a timed-out request
+                raise err from None
+            if resp.HasField("error"):
+                raise errors.from_detail(resp.error)
+            if len(resp.results) != len(parts):
+                raise errors.GregorError(f"broker {leader} answered {len(resp.results)} of {len(parts)} partitions")
+        except (grpc.RpcError, errors.GregorError) as exc:
+            err = call_error(exc)
+            for tp, batches in parts:
+                self._partition_done(tp, batches, None, err)
         else:
-            if self.txn is not None:
-                self.txn.request_done(tp)
-            base = resp.base_offset
-            for batch in batches:
-                if self.txn is not None:
-                    self.txn.on_success(batch)
-                self.acc.deallocate(batch)
-                batch.complete(base, resp.log_append_time_ms)
-                if base >= 0:  # batches of one request get contiguous offsets
-                    base += len(batch.records)
+            for (tp, batches), result in zip(parts, resp.results):
+                self._partition_done(tp, batches, result, None)
         finally:
             self.in_flight[leader] -= 1
-            self.muted.discard(tp)
             self.acc.wakeup.set()
+
+    def _fail_stream(self, leader: int, err: errors.GregorError) -> None:
+        for key in [k for k in self._streams if k[0] == leader]:
+            self._streams.pop(key).fail(err)
+
+    def close_streams(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
+    def _partition_done(self, tp: TopicPartition, batches: list[ProducerBatch],
+                        result: Optional[broker_pb2.ProducePartitionResult], err: Optional[errors.GregorError]) -> None:
+        if self.txn is not None:
+            self.txn.request_done(tp)
+        self.muted.discard(tp)
+        if err is None and result is not None and result.HasField("error"):
+            err = errors.from_detail(result.error)
+        if err is not None:
+            # A failed partition gets its own copy: _on_error stamps topic and partition into it.
+            self._on_error(tp, batches, copy.copy(err) if result is None else err)
+            return
+        assert result is not None
+        base = result.base_offset
+        for batch in batches:
+            if self.txn is not None:
+                self.txn.on_success(batch)
+            self.acc.deallocate(batch)
+            batch.complete(base, result.log_append_time_ms)
+            if base >= 0:  # batches of one request get contiguous offsets
+                base += len(batch.records)
 
     def _on_error(self, tp: TopicPartition, batches: list[ProducerBatch], err: errors.GregorError) -> None:
         if not err.topic:
@@ -398,6 +487,7 @@ class Producer:
                 self._acc.abort_all(errors.RequestTimedOutError(  # type: ignore[attr-defined]
                     "producer closed before the record was sent"))
                 await asyncio.gather(self._sender_task, *self._sender.requests, return_exceptions=True)
+                self._sender.close_streams()
         await self.metadata.close()
         close = getattr(self.partitioner, "close", None) if self._custom_partitioner else None
         if callable(close):

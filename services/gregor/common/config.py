@@ -196,9 +196,6 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int = 15000  # log.cleaner.backoff.ms: sleep when no log needs cleaning
     log_cleaner_dedupe_buffer_size: int = 134217728  # log.cleaner.dedupe.buffer.size (all threads together)
     replica_lag_time_max_ms: int = 30000  # replica.lag.time.max.ms
-    # max.incremental.fetch.session.cache.slots: follower fetch streams the leader keeps a fetch session for
-    # (incremental requests and responses, KIP-227); 0 answers every fetch in full.
-    max_incremental_fetch_session_cache_slots: int = 1000
     controlled_shutdown_enable: bool = True  # controlled.shutdown.enable: move leadership away before stopping
     controlled_shutdown_max_retries: int = 3  # controlled.shutdown.max.retries
     controlled_shutdown_retry_backoff_ms: int = 5000  # controlled.shutdown.retry.backoff.ms

@@ -128,6 +128,22 @@ async def test_drain_bundles_batches_up_to_max_request_size_and_retry_keeps_orde
     assert [len(b.records) for b in acc.batches[("t", 0)]] == [1, 1, 1, 1, 1, 2]
 
 
+async def test_a_batch_encoded_but_left_behind_takes_no_more_records() -> None:
+    """A drain with a budget encodes the open head to see whether it fits; when it does not, it stays
+    queued, but sealed: records appended later go to a new batch, so the bytes sent later hold every
+    record the batch counts (it once kept accepting records its cached bytes did not carry)."""
+    acc = make(batch_size=10_000)
+    for i in range(3):
+        await append(acc, b"r%d" % i + b"." * 100)
+    head = acc.batches[("t", 0)][0]
+    assert acc.drain(("t", 0), 100_000, None, budget=50) == []  # does not fit what is left of the request
+    await append(acc, b"late")
+    taken = acc.drain(("t", 0), 100_000, 1)
+    assert taken == [head] and len(head.records) == 3
+    assert [r.value[:2] for r in iter_records(head.payload)] == [b"r0", b"r1", b"r2"]  # type: ignore[arg-type]
+    assert [len(b.records) for b in acc.batches[("t", 0)]] == [1]  # the late record opened a new batch
+
+
 async def test_expire_and_abort_fail_every_waiting_record() -> None:
     acc = make(delivery_timeout_ms=10)
     h, _ = await append(acc, b"a")

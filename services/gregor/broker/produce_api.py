@@ -1,0 +1,111 @@
+"""Multi-partition produce in and out of the domain: the unary ProducePartitions and the ProduceStream.
+
+Both hand the partitions to ReplicaManager.start_produce_partitions, which appends
+them synchronously; they differ in how answers go back. The stream is Kafka's
+connection: requests append strictly in the order they arrived, because each is
+appended before the next is read, and each is answered (with its correlation id)
+as soon as its acks are in, so an acks=all request never holds up the appends
+behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from gregor.broker.replica_manager import collect_produce, produce_pending
+from gregor.common import errors
+from gregor.common.rpc import REQUEST_LATENCY, REQUESTS
+from gregor.rpc.v1 import broker_pb2
+
+if TYPE_CHECKING:
+    from gregor.broker.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+STREAM_API = "ProduceStream"  # the api label of the stream's per-request metrics
+
+
+def produce_partitions_response(request: broker_pb2.ProducePartitionsRequest,
+                                results: list[Any]) -> broker_pb2.ProducePartitionsResponse:
+    """One result per partition, in request order: its offsets, or its ErrorDetail."""
+    out = broker_pb2.ProducePartitionsResponse(correlation_id=request.correlation_id)
+    add, acks0 = out.results.add, request.acks == 0
+    for d, r in zip(request.partitions, results):
+        if isinstance(r, errors.GregorError):
+            add(topic=d.topic, partition=d.partition, error=r.to_detail())
+        elif acks0:
+            add(topic=d.topic, partition=d.partition, base_offset=-1, last_offset=-1, log_append_time_ms=-1,
+                log_start_offset=r.log_start_offset)
+        else:
+            add(topic=d.topic, partition=d.partition, base_offset=r.base_offset, last_offset=r.last_offset,
+                log_append_time_ms=-1, log_start_offset=r.log_start_offset, duplicate=r.duplicate)
+    return out
+
+
+class ProduceStreamHandler:
+    """One ProduceStream: a reader task appends each request as it arrives; answers leave through a queue."""
+
+    def __init__(self, replicas: "ReplicaManager") -> None:
+        self.replicas = replicas
+        self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
+        self._waiting: set[asyncio.Task[None]] = set()
+        self._latency = REQUEST_LATENCY.labels(service="BrokerService", api=STREAM_API)
+        self._counters: dict[str, Any] = {}
+
+    async def serve(self, request_iterator: Any) -> AsyncIterator[broker_pb2.ProducePartitionsResponse]:
+        reader = asyncio.ensure_future(self._read(request_iterator))
+        try:
+            while True:
+                response = await self._out.get()
+                if response is None:
+                    return
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(self._waiting):
+                task.cancel()
+
+    async def _read(self, request_iterator: Any) -> None:
+        try:
+            async for request in request_iterator:
+                self._handle(request, time.perf_counter())
+            if self._waiting:  # the producer closed its side: answer what is still waiting for acks
+                await asyncio.gather(*list(self._waiting), return_exceptions=True)
+        finally:
+            self._out.put_nowait(None)
+
+    def _handle(self, request: broker_pb2.ProducePartitionsRequest, start: float) -> None:
+        try:
+            results = self.replicas.start_produce_partitions(
+                [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+        except errors.GregorError as err:
+            self._reject(request, err, start)
+            return
+        except Exception as exc:  # a bug answers this request; the stream and the appends before it stay
+            log.exception("ProduceStream request failed")
+            self._reject(request, errors.GregorError(f"{type(exc).__name__}: {exc}"), start)
+            return
+        if not produce_pending(results):
+            self._answer(produce_partitions_response(request, results), start, "NONE")
+            return
+        task = asyncio.ensure_future(self._finish(request, results, start))
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
+
+    async def _finish(self, request: broker_pb2.ProducePartitionsRequest, results: list[Any], start: float) -> None:
+        self._answer(produce_partitions_response(request, await collect_produce(results)), start, "NONE")
+
+    def _reject(self, request: broker_pb2.ProducePartitionsRequest, err: errors.GregorError, start: float) -> None:
+        self._answer(broker_pb2.ProducePartitionsResponse(correlation_id=request.correlation_id,
+                                                          error=err.to_detail()), start, err.name)
+
+    def _answer(self, response: broker_pb2.ProducePartitionsResponse, start: float, code: str) -> None:
+        self._out.put_nowait(response)
+        self._latency.observe(time.perf_counter() - start)
+        counter = self._counters.get(code)
+        if counter is None:
+            counter = self._counters[code] = REQUESTS.labels(service="BrokerService", api=STREAM_API, code=code)
+        counter.inc()

@@ -1,0 +1,99 @@
+"""The producer's ProduceStream to one broker: Kafka's pipelined connection over one gRPC stream.
+
+Requests are written in the order `send` is called (a writer task drains a FIFO),
+so the broker appends an idempotent producer's batches of a partition in sequence
+order even with 5 in flight; concurrent unary calls could be started by the
+server in any order and come back OUT_OF_ORDER_SEQUENCE_NUMBER. Answers carry the
+request's correlation id and may come back in any order. When the stream fails
+(the broker died, a request timed out), every request on it fails with that error
+and the next `send` opens a new stream, as Kafka's NetworkClient fails the
+in-flight requests of a connection it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import grpc
+
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+
+Response = broker_pb2.ProducePartitionsResponse
+
+
+class ProduceStream:
+    """One open ProduceStream (re-opened on the next send after a failure). Concurrency: one event loop."""
+
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub, error_of: Any) -> None:
+        self._stub = stub
+        self._error_of = error_of  # grpc.RpcError -> GregorError (the client's call_error)
+        self._call: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queue: asyncio.Queue[broker_pb2.ProducePartitionsRequest] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[Response]] = {}
+        self._next_id = 0
+
+    def send(self, request: broker_pb2.ProducePartitionsRequest) -> "asyncio.Future[Response]":
+        """Queue request (written after every earlier one); the future gets its answer or the stream's error."""
+        if self._call is None:
+            self._open()
+        self._next_id += 1
+        request.correlation_id = self._next_id
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._pending[self._next_id] = future
+        self._queue.put_nowait(request)
+        return future
+
+    def fail(self, err: errors.GregorError) -> None:
+        """Close the stream and fail every request on it (written or queued) with err."""
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self._queue = asyncio.Queue()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(err)
+
+    def close(self) -> None:
+        self.fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, "the producer closed its produce stream"))
+
+    def _open(self) -> None:
+        self._call = call = self._stub.ProduceStream()
+        self._tasks = [asyncio.ensure_future(self._write(call, self._queue)), asyncio.ensure_future(self._read(call))]
+
+    async def _write(self, call: Any, queue: "asyncio.Queue[broker_pb2.ProducePartitionsRequest]") -> None:
+        try:
+            while True:
+                await call.write(await queue.get())
+        except asyncio.CancelledError:
+            raise
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            self._failed(call, exc)
+
+    async def _read(self, call: Any) -> None:
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    self._failed(call, None)
+                    return
+                future = self._pending.pop(response.correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(response)
+        except asyncio.CancelledError:
+            raise
+        except grpc.RpcError as exc:
+            self._failed(call, exc)
+
+    def _failed(self, call: Any, exc: Optional[BaseException]) -> None:
+        if call is not self._call:  # already failed and replaced
+            return
+        err = (self._error_of(exc) if isinstance(exc, grpc.RpcError) else
+               errors.error_for(errors.Code.NETWORK_EXCEPTION, "the broker closed the produce stream"))
+        self.fail(err)

@@ -2,8 +2,8 @@
 produce spends the brokers' CPU.
 
 Starts etcd, a controller and 3 brokers, a topic of 1 partition with RF 3 and
-min.insync.replicas=2, runs `gregor perf produce --throughput RATE --producer-props acks=all`
-and records every broker and the producer with py-spy (pinned in pyproject's `bench` extra;
+min.insync.replicas=2 (beside bench_vs_kafka's other rf3 topics, 150 partitions, unless --alone),
+runs `gregor perf produce --throughput RATE --producer-props acks=all` and records every broker and the producer with py-spy (pinned in pyproject's `bench` extra;
 `make profile-acks-all`) for the middle of the run. Writes one SVG per process to --out
 (default docs/profiles/) and prints the top frames of each by inclusive share of samples (parsed
 from the SVG's frame titles), the leader first.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.bench_low_rate import create_cell_topics  # noqa: E402
 from bench.common import RESULTS_DIR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,10 @@ def main() -> None:
     ap.add_argument("--record-seconds", type=int, default=20, help="py-spy recording, started 5 s in")
     ap.add_argument("--out", default=str(ROOT / "docs" / "profiles"))
     ap.add_argument("--tag", default="", help="suffix of the SVG names (e.g. before/after)")
+    ap.add_argument("--alone", action="store_true",
+                    help="only the profiled topic (default: also bench_vs_kafka's other rf3 topics, 150 partitions, "
+                         "as in its fixed-rate cell)")
+    ap.add_argument("--native", action="store_true", help="py-spy --native: C/Rust frames too (gRPC core, the poller)")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.access(pyspy, os.X_OK):
@@ -80,11 +85,7 @@ def main() -> None:
         cluster = LocalCluster.up(tmp, brokers=3, controllers=1)
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
-            subprocess.run([*cli, "topics", "create", "latency", "--partitions", "1", "--replication-factor", "3",
-                            "--config", "min.insync.replicas=2"], env=env, check=True, capture_output=True)
-            described = subprocess.run([*cli, "-o", "json", "topics", "describe", "latency"], env=env,
-                                       capture_output=True, text=True).stdout
-            leader = int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
+            leader = create_cell_topics(cli, env, "latency", not args.alone)
             producer = subprocess.Popen([*cli, "perf", "produce", "--topic", "latency", "--num-records",
                                          str(args.rate * args.seconds), "--record-size", "1024", "--throughput",
                                          str(args.rate), "--producer-props", "acks=all"], env=env,
@@ -100,7 +101,8 @@ def main() -> None:
                 for fmt, path in (("flamegraph", svg), ("raw", raw)):
                     procs.append(subprocess.Popen(
                         [pyspy, "record", "--pid", str(pid), "--duration", str(args.record_seconds), "--rate", "100",
-                         "--format", fmt, "--nonblocking", "--output", str(path)],
+                         "--format", fmt, *(["--native"] if args.native else ["--nonblocking"]),
+                         "--output", str(path)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             for spy in procs:
                 spy.wait()

@@ -55,6 +55,11 @@ class DelayedOperation(Generic[T]):
     def on_complete(self) -> T:
         raise NotImplementedError
 
+    def try_complete_for(self, key: Hashable) -> bool:
+        """try_complete() after a change to `key`'s partition: an operation watching many keys may
+        look at that one only (DelayedReplicaFetch)."""
+        return self.try_complete()
+
     def on_expiration(self) -> None:
         """Hook for expiry metrics; the result still comes from on_complete()."""
 
@@ -91,14 +96,17 @@ class DelayedOperationPurgatory(Generic[T]):
     def size(self) -> int:
         return sum(1 for ops in self._watchers.values() for op in ops if not op.is_completed)
 
-    def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable]) -> bool:
-        """Complete op at once if it can; otherwise watch it under keys and arm its timer."""
-        if op.try_complete():
+    def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable], checked: bool = False) -> bool:
+        """Complete op at once if it can; otherwise watch it under keys and arm its timer.
+
+        checked: the caller has just seen the condition false with no await since (one event loop, so
+        nothing can have changed): skip both checks (a replica fetch's check walks all its partitions)."""
+        if not checked and op.try_complete():
             return True
         for key in keys:
             self._watchers[key].append(op)
         # The condition may have become true between the check and the watch.
-        if op.try_complete():
+        if not checked and op.try_complete():
             return True
         loop = asyncio.get_running_loop()
         parked_at = loop.time()
@@ -119,7 +127,7 @@ class DelayedOperationPurgatory(Generic[T]):
             return 0
         completed = 0
         for op in list(ops):
-            if not op.is_completed and op.try_complete():
+            if not op.is_completed and op.try_complete_for(key):
                 completed += 1
         return completed
 

@@ -71,15 +71,23 @@ class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
         super().__init__(delay_ms)
         self.slots = slots
         self.min_bytes = min_bytes
+        self._by_key = {w.partition.key: w for w in slots if isinstance(w, _Watched)}
+
+    @staticmethod
+    def _slot_moved(w: _Watched) -> bool:
+        p = w.partition
+        return p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
 
     def _moved(self) -> bool:
-        for w in self.slots:
-            if isinstance(w, errors.GregorError):
-                continue
-            p = w.partition
-            if p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch:
-                return True
-        return False
+        return any(self._slot_moved(w) for w in self.slots if not isinstance(w, errors.GregorError))
+
+    def try_complete_for(self, key: object) -> bool:
+        """An append, HW move or leadership change on one partition: only its slot can have moved, so a
+        fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
+        w = self._by_key.get(key)  # type: ignore[call-overload]
+        if w is not None and not self._slot_moved(w):
+            return False
+        return self.try_complete()
 
     def try_complete(self) -> bool:
         if not self._moved():
@@ -220,7 +228,8 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     if not answered and max_wait_ms > 0 and session.entries:
         op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1), rm.partitions)
         keys = [s.partition.key for s in op.slots if isinstance(s, _Watched)]
-        rm.fetch_purgatory.try_complete_else_watch(op, keys)  # type: ignore[arg-type]
+        # news() just found nothing moved, and no await since (one event loop): skip the two walks.
+        rm.fetch_purgatory.try_complete_else_watch(op, keys, checked=True)  # type: ignore[arg-type]
         answered = await op.future  # type: ignore[assignment]
     session.sent(answered)
     return [(e.part, outcome) for e, outcome in answered]

@@ -112,6 +112,7 @@ class ReplicaFetcher:
         self.leader_id = leader_id
         self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
         self._wake = asyncio.Event()
+        self._lag_gauge = FETCHER_LAG.labels(leader=str(leader_id))  # labels() per fetch costs ~2 µs
         # The fetch session (KIP-227): (fetch offset, leader epoch) last named per partition on the stream.
         self._sent: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._full_at = 0.0
@@ -198,7 +199,7 @@ class ReplicaFetcher:
                     item = by_key.get((part.topic, part.partition))
                     if item is not None:
                         lag = max(lag, self._apply(rm, item[0], item[1], item[3], part, loop))
-                FETCHER_LAG.labels(leader=str(self.leader_id)).set(lag)
+                self._lag_gauge.set(lag)
 
     def _session_request(self, batch: list[tuple[tuple[str, int], PartitionFetchState, "Partition", int]],
                          stream: "_FetchStream", now: float) -> tuple[list[tuple[tuple[str, int],
@@ -231,11 +232,17 @@ class ReplicaFetcher:
         still followed from this leader, truncated first where needed (concurrently)."""
         now = loop.time()
         todo = [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]
-        truncating = [(key, st, p) for key, st in todo if (p := self._current(rm, key, st)) is not None
-                      and p.state.fetch_mode is FetchMode.TRUNCATING]
-        if truncating:
-            await asyncio.gather(*(self._truncate_guarded(rm, stub, key, st, p, loop) for key, st, p in truncating))
-        batch = []
+        batch, truncating = [], []
+        for key, st in todo:  # one pass when nothing truncates: this runs once per fetch
+            if (p := self._current(rm, key, st)) is not None:
+                if p.state.fetch_mode is FetchMode.TRUNCATING:
+                    truncating.append((key, st, p))
+                else:
+                    batch.append((key, st, p, p.log_end_offset))
+        if not truncating:
+            return batch
+        await asyncio.gather(*(self._truncate_guarded(rm, stub, key, st, p, loop) for key, st, p in truncating))
+        batch = []  # the partitions may have changed while truncation was out
         for key, st in todo:
             p = self._current(rm, key, st)
             if p is not None and p.state.fetch_mode is not FetchMode.TRUNCATING and st.backoff_until <= loop.time():

@@ -257,6 +257,8 @@ class ReplicaState:
     # -- leader side (seeds 000, 004) -----------------------------------------------------
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH / NOT_LEADER_OR_FOLLOWER unless we lead at that epoch."""
+        if self.role is Role.LEADER and (current_leader_epoch < 0 or current_leader_epoch == self.leader_epoch):
+            return  # the common case, checked on every read: no error context built
         where = {**self._where(), "leader_id": self.leader_id, "leader_epoch": self.leader_epoch}
         if 0 <= current_leader_epoch < self.leader_epoch:
             raise errors.error_for(errors.Code.FENCED_LEADER_EPOCH,

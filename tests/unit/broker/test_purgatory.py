@@ -74,3 +74,31 @@ async def test_error_in_on_complete_goes_to_the_waiter_and_cancel_all_fails_ever
     p.cancel_all(RuntimeError("shutdown"))
     with pytest.raises(RuntimeError):
         await stuck.future
+
+
+class Counted(WaitFor):
+    """WaitFor that counts its checks, and is told which key changed."""
+
+    def __init__(self, delay_ms: int, state: dict[str, int], target: int) -> None:
+        super().__init__(delay_ms, state, target)
+        self.checks: list[object] = []
+
+    def try_complete(self) -> bool:
+        self.checks.append("all")
+        return super().try_complete()
+
+    def try_complete_for(self, key: object) -> bool:
+        self.checks.append(key)
+        return super().try_complete_for(key)
+
+
+async def test_a_checked_watch_skips_both_checks_and_a_key_change_names_its_key() -> None:
+    p: DelayedOperationPurgatory[str] = DelayedOperationPurgatory("t5")
+    state = {"value": 0}
+    op = Counted(5000, state, 1)
+    assert p.try_complete_else_watch(op, ["a", "b"], checked=True) is False
+    assert op.checks == [] and p.size() == 2  # watched under both keys, never checked
+    state["value"] = 1
+    assert p.check_and_complete("b") == 1
+    assert op.checks == ["b", "all"]  # the default try_complete_for falls back to the whole check
+    assert await op.future == "reached 1"

@@ -85,3 +85,13 @@ async def test_expires_after_max_wait_with_empty_reads() -> None:
     _purgatory, op = await park([a], delay_ms=20)
     results = await asyncio.wait_for(op.future, 5)
     assert results[0].slice.length == 0
+
+
+async def test_a_change_reported_for_one_partition_looks_at_that_partition_only() -> None:
+    a, b = FakePartition(("t", 0)), FakePartition(("t", 1))
+    purgatory, op = await park([a, b])
+    b.log_end_offset = 12  # not reported yet: the append to b reports ("t", 1) itself
+    assert purgatory.check_and_complete(("t", 0)) == 0  # a HW move or append on a: a did not move
+    assert not op.is_completed
+    assert purgatory.check_and_complete(("t", 1)) == 1
+    assert [r.slice.length for r in await op.future] == [0, 200]

@@ -30,6 +30,7 @@ async def run(a: argparse.Namespace) -> int:
     async with Producer({"bootstrap.servers": a.bootstrap, "transactional.id": a.transactional_id,
                          "linger.ms": 2, "transaction.timeout.ms": a.transaction_timeout_ms}) as producer:
         await producer.init_transactions()
+        print("READY", flush=True)  # where a stalled start stopped, in the test's log
         async with Consumer({"bootstrap.servers": a.bootstrap, "group.id": a.group, "enable.auto.commit": False,
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                              "fetch.max.wait.ms": 50, "max.poll.records": a.max_poll_records}) as consumer:

@@ -257,7 +257,9 @@ async def group_offsets(address: str, group: str, topic: str) -> dict[int, int |
 
 
 async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: LocalCluster, tmp_path: str) -> None:
-    b, n = broker_of(cluster), 300
+    # Enough input that no round can finish it before its kill: a worker commits ~1,000 records/s on a
+    # quiet machine, and a round with nothing left to read would wait for a commit that never comes.
+    b, n = broker_of(cluster), 1500
     await create(b, "ctp-in")
     await create(b, "ctp-out")
     sent = await produce_input(b, "ctp-in", n)
@@ -270,12 +272,18 @@ async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: 
 
         async def committed_once() -> bool:
             return os.path.exists(round_log) and "COMMITTED" in open(round_log).read()
-        await until(committed_once, timeout_s=30)
+        try:
+            await until(committed_once, timeout_s=30)
+        except AssertionError:
+            w.kill()
+            raise AssertionError(f"round {round_}: no commit in 30 s; worker log: {open(round_log).read()[-1500:]!r}")
         await asyncio.sleep(rng.uniform(0.0, 0.3))
         w.send_signal(signal.SIGKILL)
         w.wait()
         with open(round_log) as f, open(log_path, "a") as out:
             out.write(f.read())
+    left = await group_offsets(b, "ctp-group", "ctp-in")
+    assert sum(v or 0 for v in left.values()) < n, "every round was killed with input still to process"
     w = start_worker(cluster, "ctp", "ctp-in", "ctp-out", "ctp-group", log_path, *small)
     try:
         async def all_committed() -> bool:

@@ -72,7 +72,9 @@ class ProduceStream:
             while True:
                 await call.write(await queue.get())
         except asyncio.CancelledError:
-            raise
+            if _task_cancelled():
+                raise
+            self._failed(call, None)  # the call was cancelled under us (its channel closed): not this task
         except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             self._failed(call, exc)
 
@@ -87,8 +89,10 @@ class ProduceStream:
                 if future is not None and not future.done():
                     future.set_result(response)
         except asyncio.CancelledError:
-            raise
-        except grpc.RpcError as exc:
+            if _task_cancelled():
+                raise
+            self._failed(call, None)  # grpc.aio reports a call cancelled by its channel as CancelledError
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
             self._failed(call, exc)
 
     def _failed(self, call: Any, exc: Optional[BaseException]) -> None:
@@ -97,3 +101,9 @@ class ProduceStream:
         err = (self._error_of(exc) if isinstance(exc, grpc.RpcError) else
                errors.error_for(errors.Code.NETWORK_EXCEPTION, "the broker closed the produce stream"))
         self.fail(err)
+
+
+def _task_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (fail(), close()), not just its gRPC call."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,0 +1,80 @@
+"""The producer's ProduceStream bookkeeping with a fake gRPC call (pure: no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gregor.client.produce_stream import ProduceStream
+from gregor.common import errors
+from gregor.rpc.v1 import broker_pb2
+
+
+class FakeCall:
+    """A bidi call: writes are recorded; read() returns what answer() queued, or raises what break_() set."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.cancelled = False
+
+    async def write(self, request: broker_pb2.ProducePartitionsRequest) -> None:
+        self.written.append(request.correlation_id)
+
+    async def read(self) -> Any:
+        item = await self.answers.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class FakeStub:
+    def __init__(self) -> None:
+        self.calls: list[FakeCall] = []
+
+    def ProduceStream(self) -> FakeCall:  # noqa: N802 (the gRPC method name)
+        self.calls.append(FakeCall())
+        return self.calls[-1]
+
+
+def error_of(exc: BaseException) -> errors.GregorError:
+    return errors.error_for(errors.Code.NETWORK_EXCEPTION, str(exc))
+
+
+async def test_answers_match_by_correlation_id_in_any_order() -> None:
+    stub = FakeStub()
+    stream = ProduceStream(stub, error_of)  # type: ignore[arg-type]
+    first, second = stream.send(broker_pb2.ProducePartitionsRequest()), stream.send(broker_pb2.ProducePartitionsRequest())
+    await asyncio.sleep(0)
+    call = stub.calls[0]
+    assert call.written == [1, 2]  # written in send order
+    await call.answers.put(broker_pb2.ProducePartitionsResponse(correlation_id=2))
+    await call.answers.put(broker_pb2.ProducePartitionsResponse(correlation_id=1))
+    assert (await asyncio.wait_for(second, 1)).correlation_id == 2
+    assert (await asyncio.wait_for(first, 1)).correlation_id == 1
+    stream.close()
+
+
+async def test_a_call_cancelled_under_the_stream_fails_its_requests_instead_of_losing_them() -> None:
+    """grpc.aio reports a call whose channel went away as CancelledError in read(); the requests on it
+    must fail (and be retried), not wait for request.timeout.ms."""
+    stub = FakeStub()
+    stream = ProduceStream(stub, error_of)  # type: ignore[arg-type]
+    pending = stream.send(broker_pb2.ProducePartitionsRequest())
+    await asyncio.sleep(0)
+    await stub.calls[0].answers.put(asyncio.CancelledError())
+    with pytest.raises(errors.GregorError) as info:
+        await asyncio.wait_for(pending, 1)
+    assert info.value.code == errors.Code.NETWORK_EXCEPTION
+    again = stream.send(broker_pb2.ProducePartitionsRequest())  # the next send opens a new stream
+    await asyncio.sleep(0)
+    assert len(stub.calls) == 2 and stub.calls[1].written == [2]
+    stream.close()
+    with pytest.raises(errors.GregorError):
+        await again

@@ -26,9 +26,8 @@ Response = broker_pb2.ProducePartitionsResponse
 class ProduceStream:
     """One open ProduceStream (re-opened on the next send after a failure). Concurrency: one event loop."""
 
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub, error_of: Any) -> None:
+    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
         self._stub = stub
-        self._error_of = error_of  # grpc.RpcError -> GregorError (the client's call_error)
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[broker_pb2.ProducePartitionsRequest] = asyncio.Queue()
@@ -96,11 +95,17 @@ class ProduceStream:
             self._failed(call, exc)
 
     def _failed(self, call: Any, exc: Optional[BaseException]) -> None:
+        """The stream ended: whatever its status (UNAVAILABLE, or INTERNAL / CANCELLED from a broker that
+        is stopping), that is a lost connection, retriable, never a verdict on the requests: the
+        broker answers those in responses."""
         if call is not self._call:  # already failed and replaced
             return
-        err = (self._error_of(exc) if isinstance(exc, grpc.RpcError) else
-               errors.error_for(errors.Code.NETWORK_EXCEPTION, "the broker closed the produce stream"))
-        self.fail(err)
+        why = "the broker closed the produce stream"
+        if isinstance(exc, grpc.aio.AioRpcError):
+            why = f"the produce stream failed: {exc.code().name}: {exc.details()}"
+        elif exc is not None:
+            why = f"the produce stream failed: {type(exc).__name__}: {exc}"
+        self.fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, why))
 
 
 def _task_cancelled() -> bool:

@@ -265,7 +265,7 @@ class Sender:
         key = (leader, self.metadata.brokers[leader].address)
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = ProduceStream(stub, call_error)
+            stream = self._streams[key] = ProduceStream(stub)
         return stream.send(request)
 
     async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],

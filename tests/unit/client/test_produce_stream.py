@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import pytest
 
 from gregor.client.produce_stream import ProduceStream
@@ -43,13 +44,9 @@ class FakeStub:
         return self.calls[-1]
 
 
-def error_of(exc: BaseException) -> errors.GregorError:
-    return errors.error_for(errors.Code.NETWORK_EXCEPTION, str(exc))
-
-
 async def test_answers_match_by_correlation_id_in_any_order() -> None:
     stub = FakeStub()
-    stream = ProduceStream(stub, error_of)  # type: ignore[arg-type]
+    stream = ProduceStream(stub)  # type: ignore[arg-type]
     first, second = stream.send(broker_pb2.ProducePartitionsRequest()), stream.send(broker_pb2.ProducePartitionsRequest())
     await asyncio.sleep(0)
     call = stub.calls[0]
@@ -65,7 +62,7 @@ async def test_a_call_cancelled_under_the_stream_fails_its_requests_instead_of_l
     """grpc.aio reports a call whose channel went away as CancelledError in read(); the requests on it
     must fail (and be retried), not wait for request.timeout.ms."""
     stub = FakeStub()
-    stream = ProduceStream(stub, error_of)  # type: ignore[arg-type]
+    stream = ProduceStream(stub)  # type: ignore[arg-type]
     pending = stream.send(broker_pb2.ProducePartitionsRequest())
     await asyncio.sleep(0)
     await stub.calls[0].answers.put(asyncio.CancelledError())
@@ -78,3 +75,19 @@ async def test_a_call_cancelled_under_the_stream_fails_its_requests_instead_of_l
     stream.close()
     with pytest.raises(errors.GregorError):
         await again
+
+
+async def test_a_stream_ending_with_internal_is_a_retriable_lost_connection() -> None:
+    """A broker that stops cancels its stream handlers, which clients see as INTERNAL; that must be a
+    retriable NETWORK_EXCEPTION (it was UNKNOWN_SERVER_ERROR, which failed records for good)."""
+    stub = FakeStub()
+    stream = ProduceStream(stub)  # type: ignore[arg-type]
+    pending = stream.send(broker_pb2.ProducePartitionsRequest())
+    await asyncio.sleep(0)
+    await stub.calls[0].answers.put(grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(),
+                                                         grpc.aio.Metadata(), "Internal error from Core"))
+    with pytest.raises(errors.GregorError) as info:
+        await asyncio.wait_for(pending, 1)
+    assert info.value.code == errors.Code.NETWORK_EXCEPTION and info.value.retriable
+    assert "INTERNAL" in info.value.message
+    stream.close()

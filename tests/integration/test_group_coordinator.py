@@ -70,14 +70,19 @@ async def test_three_members_join_sync_heartbeat_and_leave(cluster: LocalCluster
     async with ch:
         members = [Member(s, "g-basic", ["orders"]) for _ in range(3)]
         assignments = await retrying(lambda: join_and_sync(members, {"orders": 6}))
-        assert {m.generation for m in members} == {1}
+        # With group.initial.rebalance.delay.ms=0 a join that arrives after the first join phase
+        # completed starts another generation (Kafka does the same), so under load the three may
+        # settle in a later generation: what counts is that they share one.
+        gens = {m.generation for m in members}
+        assert len(gens) == 1
+        gen = gens.pop()
         assert len({m.leader for m in members}) == 1
         got = sorted(p for a in assignments for _, ps in a.partitions for p in ps)
         assert got == list(range(6)) and all(len(a.partitions[0][1]) == 2 for a in assignments)
         for m in members:
             await m.heartbeat()
         d = await describe(s, "g-basic")
-        assert (d.state, d.protocol, d.generation_id, len(d.members)) == ("Stable", "range", 1, 3)
+        assert (d.state, d.protocol, d.generation_id, len(d.members)) == ("Stable", "range", gen, 3)
         assert all(x.client_host == "/127.0.0.1" and x.assignment for x in d.members)
         listing = await call(s.ListGroups(pb.ListGroupsRequest(), timeout=10))
         assert ("g-basic", "Stable", "consumer") in [(g.group_id, g.state, g.protocol_type) for g in listing.groups]
@@ -87,12 +92,12 @@ async def test_three_members_join_sync_heartbeat_and_leave(cluster: LocalCluster
             await members[0].heartbeat()
         assert ei.value.code == errors.Code.REBALANCE_IN_PROGRESS
         await join_and_sync(members[:2], {"orders": 6})
-        assert {m.generation for m in members[:2]} == {2}
+        assert {m.generation for m in members[:2]} == {gen + 1}
         with pytest.raises(errors.GregorError) as ei:
             await members[2].heartbeat()
         assert ei.value.code == errors.Code.UNKNOWN_MEMBER_ID
         with pytest.raises(errors.GregorError) as ei:
-            await members[0].commit({("orders", 0): 5}, generation=1)
+            await members[0].commit({("orders", 0): 5}, generation=gen)
         assert ei.value.code == errors.Code.ILLEGAL_GENERATION
         bad = Member(s, "g-basic", ["orders"], session_timeout_ms=100)
         with pytest.raises(errors.GregorError) as ei:
@@ -114,6 +119,7 @@ async def test_session_timeout_evicts_member_and_triggers_rebalance(cluster: Loc
     async with ch:
         alive, silent = (Member(s, "g-session", ["t"], session_timeout_ms=1500) for _ in range(2))
         await retrying(lambda: join_and_sync([alive, silent], {"t": 2}))
+        gen = alive.generation
         start = time.monotonic()
         with pytest.raises(errors.GregorError) as ei:
             while time.monotonic() - start < 10:
@@ -122,7 +128,7 @@ async def test_session_timeout_evicts_member_and_triggers_rebalance(cluster: Loc
         assert ei.value.code == errors.Code.REBALANCE_IN_PROGRESS
         assert 1.2 < time.monotonic() - start < 5
         await join_and_sync([alive], {"t": 2})
-        assert alive.generation == 2 and alive.assignment is not None
+        assert alive.generation == gen + 1 and alive.assignment is not None
         assert alive.assignment.partitions == [("t", [0, 1])]
         d = await describe(s, "g-session")
         assert [x.member_id for x in d.members] == [alive.member_id]

@@ -57,7 +57,7 @@ class DelayedOperation(Generic[T]):
 
     def try_complete_for(self, key: Hashable) -> bool:
         """try_complete() after a change to `key`'s partition: an operation watching many keys may
-        look at that one only (DelayedReplicaFetch)."""
+        look at that one only (DelayedSessionFetch)."""
         return self.try_complete()
 
     def on_expiration(self) -> None:

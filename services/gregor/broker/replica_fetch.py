@@ -59,47 +59,6 @@ def _size(outcomes: list[Outcome]) -> int:
     return sum(o.slice.length for o in outcomes if not isinstance(o, errors.GregorError))
 
 
-class DelayedReplicaFetch(DelayedOperation[list[Outcome]]):
-    """A follower's fetch parked until a watched partition has data beyond the follower's offset
-    (or changed leadership), then min_bytes over all of them, or its max wait.
-
-    The wake-up check is an offset comparison per partition (no read): appends to a busy partition
-    wake it often, and reading every partition on each wake-up would cost O(partitions) reads.
-    """
-
-    def __init__(self, delay_ms: int, slots: list[Union[_Watched, errors.GregorError]], min_bytes: int) -> None:
-        super().__init__(delay_ms)
-        self.slots = slots
-        self.min_bytes = min_bytes
-        self._by_key = {w.partition.key: w for w in slots if isinstance(w, _Watched)}
-
-    @staticmethod
-    def _slot_moved(w: _Watched) -> bool:
-        p = w.partition
-        return p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
-
-    def _moved(self) -> bool:
-        return any(self._slot_moved(w) for w in self.slots if not isinstance(w, errors.GregorError))
-
-    def try_complete_for(self, key: object) -> bool:
-        """An append, HW move or leadership change on one partition: only its slot can have moved, so a
-        fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
-        w = self._by_key.get(key)  # type: ignore[call-overload]
-        if w is not None and not self._slot_moved(w):
-            return False
-        return self.try_complete()
-
-    def try_complete(self) -> bool:
-        if not self._moved():
-            return False
-        if self.min_bytes > 1 and _size(self.on_complete()) < self.min_bytes:
-            return False
-        return self.force_complete()
-
-    def on_complete(self) -> list[Outcome]:
-        return [w if isinstance(w, errors.GregorError) else _read_or_error(w.read) for w in self.slots]
-
-
 @dataclass
 class _SessionEntry:
     """One partition of a fetch session: what the follower last asked and what it was last told."""
@@ -164,20 +123,49 @@ class ReplicaFetchSession:
                 e.sent_hw, e.sent_log_start = outcome.high_watermark, outcome.log_start_offset
 
 
-class DelayedSessionFetch(DelayedReplicaFetch):
-    """A session fetch parked until a session partition moved; answers only the partitions with news."""
+class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]]):
+    """A follower's session fetch parked until a session partition grew past the follower's offset or
+    changed leadership, then min_bytes over the partitions with news, or its max wait; it answers only
+    the partitions with news.
+
+    The wake-up check is an offset comparison per partition (no read): appends to a busy partition
+    wake it often, and reading every partition on each wake-up would cost O(partitions) reads.
+    """
 
     def __init__(self, delay_ms: int, session: ReplicaFetchSession, min_bytes: int,
                  hosted: "dict[tuple[str, int], Partition]") -> None:
-        super().__init__(delay_ms, [e.slot for e in session.entries.values()], min_bytes)
+        super().__init__(delay_ms)
         self.session = session
         self.hosted = hosted
+        self.min_bytes = min_bytes
+        self.slots = [e.slot for e in session.entries.values()]
+        self._by_key = {w.partition.key: w for w in self.slots if isinstance(w, _Watched)}
 
-    def on_complete(self) -> list[tuple[_SessionEntry, Outcome]]:  # type: ignore[override]
-        return self.session.news({}, self.hosted)
+    @staticmethod
+    def _slot_moved(w: _Watched) -> bool:
+        p = w.partition
+        return p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
+
+    def _moved(self) -> bool:
+        return any(self._slot_moved(w) for w in self.slots if not isinstance(w, errors.GregorError))
+
+    def try_complete_for(self, key: object) -> bool:
+        """An append, HW move or leadership change on one partition: only its slot can have moved, so a
+        fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
+        w = self._by_key.get(key)  # type: ignore[call-overload]
+        if w is not None and not self._slot_moved(w):
+            return False
+        return self.try_complete()
 
     def try_complete(self) -> bool:
-        return self._moved() and self.force_complete()
+        if not self._moved():
+            return False
+        if self.min_bytes > 1 and _size([o for _, o in self.on_complete()]) < self.min_bytes:
+            return False  # Kafka's DelayedFetch: wait for replica.fetch.min.bytes over the partitions
+        return self.force_complete()
+
+    def on_complete(self) -> list[tuple[_SessionEntry, Outcome]]:
+        return self.session.news({}, self.hosted)
 
 
 async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epoch: int, min_bytes: int,

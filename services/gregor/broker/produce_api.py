@@ -21,27 +21,33 @@ from gregor.common.rpc import REQUEST_LATENCY, REQUESTS
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
-    from gregor.broker.replica_manager import ReplicaManager
+    from gregor.broker.replica_manager import ProduceResult, ReplicaManager
 
 log = logging.getLogger(__name__)
 
 STREAM_API = "ProduceStream"  # the api label of the stream's per-request metrics
 
 
+def produce_result_fields(r: "ProduceResult", acks: int) -> dict[str, Any]:
+    """A partition's answer fields (ProduceResponse and ProducePartitionResult share them): with acks=0
+    Kafka sends no response, and the producer gets offset -1."""
+    if acks == 0:
+        return {"base_offset": -1, "last_offset": -1, "log_append_time_ms": -1,
+                "log_start_offset": r.log_start_offset}
+    return {"base_offset": r.base_offset, "last_offset": r.last_offset, "log_append_time_ms": -1,
+            "log_start_offset": r.log_start_offset, "duplicate": r.duplicate}
+
+
 def produce_partitions_response(request: broker_pb2.ProducePartitionsRequest,
                                 results: list[Any]) -> broker_pb2.ProducePartitionsResponse:
     """One result per partition, in request order: its offsets, or its ErrorDetail."""
     out = broker_pb2.ProducePartitionsResponse(correlation_id=request.correlation_id)
-    add, acks0 = out.results.add, request.acks == 0
+    add, acks = out.results.add, request.acks
     for d, r in zip(request.partitions, results):
         if isinstance(r, errors.GregorError):
             add(topic=d.topic, partition=d.partition, error=r.to_detail())
-        elif acks0:
-            add(topic=d.topic, partition=d.partition, base_offset=-1, last_offset=-1, log_append_time_ms=-1,
-                log_start_offset=r.log_start_offset)
         else:
-            add(topic=d.topic, partition=d.partition, base_offset=r.base_offset, last_offset=r.last_offset,
-                log_append_time_ms=-1, log_start_offset=r.log_start_offset, duplicate=r.duplicate)
+            add(topic=d.topic, partition=d.partition, **produce_result_fields(r, acks))
     return out
 
 

@@ -387,13 +387,12 @@ class ReplicaManager:
     # ------------------------------------------------------------------ produce
     async def handle_produce(self, topic: str, partition: int, records: bytes, acks: int,
                              timeout_ms: int) -> ProduceResult:
+        """The single-partition Produce: a one-partition request whose partition error is the call's."""
         _check_acks(acks, topic=topic, partition=partition)
-        p, info = self._append_for_produce(topic, partition, records, acks)
-        if acks != -1:
-            return _produce_result(p, info)
-        op = DelayedProduce(max(timeout_ms, 0), p, info)
-        self.produce_purgatory.try_complete_else_watch(op, [p.key])
-        return await op.future
+        [result] = await self.handle_produce_partitions([(topic, partition, records)], acks, timeout_ms)
+        if isinstance(result, errors.GregorError):
+            raise result
+        return result
 
     async def handle_produce_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int,
                                         timeout_ms: int) -> list[ProduceResult | errors.GregorError]:

@@ -12,7 +12,7 @@ from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
-from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response
+from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
@@ -80,12 +80,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
         result = await self.replicas.handle_produce(request.topic, request.partition, request.records,
                                                     request.acks, request.timeout_ms)
-        if request.acks == 0:
-            return broker_pb2.ProduceResponse(base_offset=-1, last_offset=-1, log_append_time_ms=-1,
-                                              log_start_offset=result.log_start_offset)
-        return broker_pb2.ProduceResponse(base_offset=result.base_offset, last_offset=result.last_offset,
-                                          log_append_time_ms=-1, log_start_offset=result.log_start_offset,
-                                          duplicate=result.duplicate)
+        return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks))
 
     @rpc_method("BrokerService")
     async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,

@@ -241,6 +241,35 @@ async def test_produce_stream_appends_in_order_and_answers_by_correlation_id(run
     assert await call.code() == grpc.StatusCode.OK
 
 
+async def test_a_stopping_broker_answers_what_waits_and_ends_its_produce_streams(tmp_path: os.PathLike[str]) -> None:
+    """Broker.stop answers a request still waiting for its acks (NOT_LEADER_OR_FOLLOWER, retriable) and
+    ends the stream with OK, as Kafka closes its connections: the server's stop does not wait out its
+    grace period for the stream and then cancel it (it did, 2 s per broker stop)."""
+    cfg = BrokerConfig(broker_id=0, log_dirs=os.path.join(str(tmp_path), "logs"), port=0, data_port=-1,
+                       metrics_port=-1)
+    broker = Broker(cfg)
+    await broker.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc_port}") as ch:
+        run = Running(broker, broker_pb2_grpc.BrokerServiceStub(ch), broker_pb2_grpc.BrokerControlServiceStub(ch),
+                      controller_pb2_grpc.AdminServiceStub(ch))
+        await run.admin.CreateTopics(controller_pb2.CreateTopicsRequest(topics=[
+            controller_pb2.CreatableTopic(name="strict", num_partitions=1, replication_factor=1)]))
+        lead_with(run, "strict", 1, [0, 5], [0, 5])
+        call = run.stub.ProduceStream()
+        req = produce_many(part("strict", make_batch([b"w"])), acks=-1, timeout_ms=60_000)
+        req.correlation_id = 3
+        await call.write(req)
+        await asyncio.sleep(0.2)
+        assert len(broker.produce_streams) == 1
+        stopping = asyncio.ensure_future(broker.stop(60))  # a grace far beyond the test's own timeout
+        answer = await call.read()
+        assert answer.correlation_id == 3 and answer.results[0].error.code == Code.NOT_LEADER_OR_FOLLOWER
+        assert await call.read() == grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+        await asyncio.wait_for(stopping, 30)
+        assert not broker.produce_streams
+
+
 def fetch_part(topic: str, offset: int, epoch: int = 1) -> broker_pb2.ReplicaFetchPartition:
     return broker_pb2.ReplicaFetchPartition(topic=topic, partition=0, fetch_offset=offset, current_leader_epoch=epoch,
                                             max_bytes=1 << 20)

@@ -15,6 +15,7 @@ from gregor.broker.data_port import DataPortServer
 from gregor.broker.local_admin import LocalTopicStore
 from gregor.broker.log_manager import LogManager
 from gregor.broker.metadata_cache import MetadataCache
+from gregor.broker.produce_api import ProduceStreamHandler
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors
@@ -39,6 +40,7 @@ class Broker:
         self.config = config
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
+        self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
         watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
         register_build_info("broker")
         self.cluster_mode = bool(config.etcd_endpoints)
@@ -197,7 +199,9 @@ class Broker:
             await self.coordinator_lookup.stop()
         if self._etcd is not None:
             await self._etcd.close()
-        self.replica_manager.shutdown()
+        self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER
+        for stream in list(self.produce_streams):
+            stream.close()
         unwatch_broker(self.replica_manager)
         if self.data_port is not None:
             await self.data_port.stop()

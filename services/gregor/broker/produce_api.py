@@ -54,15 +54,19 @@ def produce_partitions_response(request: broker_pb2.ProducePartitionsRequest,
 class ProduceStreamHandler:
     """One ProduceStream: a reader task appends each request as it arrives; answers leave through a queue."""
 
-    def __init__(self, replicas: "ReplicaManager") -> None:
+    def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler] | None" = None) -> None:
         self.replicas = replicas
         self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
         self._waiting: set[asyncio.Task[None]] = set()
         self._latency = REQUEST_LATENCY.labels(service="BrokerService", api=STREAM_API)
         self._counters: dict[str, Any] = {}
+        self._open_streams = open_streams if open_streams is not None else set()
+        self._reader: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def serve(self, request_iterator: Any) -> AsyncIterator[broker_pb2.ProducePartitionsResponse]:
-        reader = asyncio.ensure_future(self._read(request_iterator))
+        self._reader = asyncio.ensure_future(self._read(request_iterator))
+        self._open_streams.add(self)
         try:
             while True:
                 response = await self._out.get()
@@ -70,15 +74,29 @@ class ProduceStreamHandler:
                     return
                 yield response
         finally:
-            reader.cancel()
+            self._open_streams.discard(self)
+            self._reader.cancel()
             for task in list(self._waiting):
                 task.cancel()
 
+    def close(self) -> None:
+        """The broker is stopping: read no more requests, answer the ones in hand, then end the stream
+        with OK, as Kafka closes its connections; the producer takes the end as a lost connection and
+        retries elsewhere. Without this the server's stop waited its whole grace period for the stream
+        and then cancelled it (2 s per broker stop, and a logged CancelledError)."""
+        self._closing = True
+        if self._reader is not None:
+            self._reader.cancel()
+
     async def _read(self, request_iterator: Any) -> None:
         try:
-            async for request in request_iterator:
-                self._handle(request, time.perf_counter())
-            if self._waiting:  # the producer closed its side: answer what is still waiting for acks
+            try:
+                async for request in request_iterator:
+                    self._handle(request, time.perf_counter())
+            except asyncio.CancelledError:
+                if not self._closing:
+                    raise
+            if self._waiting:  # the producer closed its side, or the broker stops: answer what is waiting
                 await asyncio.gather(*list(self._waiting), return_exceptions=True)
         finally:
             self._out.put_nowait(None)

@@ -91,7 +91,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
-        stream = ProduceStreamHandler(self.replicas)
+        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams)
         async for response in stream.serve(request_iterator):
             yield response
 

@@ -112,3 +112,38 @@ def _task_cancelled() -> bool:
     """Whether the running task itself is being cancelled (fail(), close()), not just its gRPC call."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+class ProduceStreams:
+    """A producer's streams, one per broker at its current address (Kafka's connections by node)."""
+
+    def __init__(self, stub_for: Any) -> None:
+        self._stub_for = stub_for  # broker id -> its BrokerServiceStub (raises GregorError when unknown)
+        self._by_leader: dict[int, tuple[str, ProduceStream]] = {}
+
+    def send(self, leader: int, address: str,
+             request: broker_pb2.ProducePartitionsRequest) -> "asyncio.Future[Response]":
+        """Queue request on the leader's stream; a broker that moved to a new address (restarted on another
+        port or pod IP) gets a new stream, and the one to the old address fails as a closed connection
+        (its requests retry) instead of being kept for good."""
+        held = self._by_leader.get(leader)
+        if held is None or held[0] != address:
+            stub = self._stub_for(leader)
+            if held is not None:
+                held[1].fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, f"broker {leader} moved to {address}"))
+            held = self._by_leader[leader] = (address, ProduceStream(stub))
+        return held[1].send(request)
+
+    def fail(self, leader: int, err: errors.GregorError) -> None:
+        """Fail the leader's stream and every request on it (a timed-out request closes its connection)."""
+        held = self._by_leader.pop(leader, None)
+        if held is not None:
+            held[1].fail(err)
+
+    def close(self) -> None:
+        for _, stream in self._by_leader.values():
+            stream.close()
+        self._by_leader.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_leader)

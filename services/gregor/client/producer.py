@@ -22,7 +22,7 @@ from gregor.client.accumulator import (
 from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
-from gregor.client.produce_stream import ProduceStream
+from gregor.client.produce_stream import ProduceStreams
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.client.txn_producer import TransactionalState
@@ -97,7 +97,7 @@ class Sender:
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
-        self._streams: dict[tuple[int, str], ProduceStream] = {}  # (leader, address) -> its ProduceStream
+        self._streams = ProduceStreams(self.metadata.broker_stub)
 
     async def run(self) -> None:
         acc = self.acc
@@ -258,15 +258,11 @@ class Sender:
             stats.record_bytes += sum(b.size_bytes for b in batches)
             stats.wire_bytes += len(payload)
             add(topic=tp[0], partition=tp[1], records=payload)
-        try:
-            stub = self.metadata.broker_stub(leader)
+        broker = self.metadata.brokers.get(leader)
+        try:  # an unknown broker ("" is no address) fails in broker_stub with BROKER_NOT_AVAILABLE
+            return self._streams.send(leader, broker.address if broker is not None else "", request)
         except errors.GregorError as err:
             return err
-        key = (leader, self.metadata.brokers[leader].address)
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = self._streams[key] = ProduceStream(stub)
-        return stream.send(request)
 
     async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
                        sent: Any) -> None:
@@ -298,13 +294,10 @@ class Sender:
             self.acc.wakeup.set()
 
     def _fail_stream(self, leader: int, err: errors.GregorError) -> None:
-        for key in [k for k in self._streams if k[0] == leader]:
-            self._streams.pop(key).fail(err)
+        self._streams.fail(leader, err)
 
     def close_streams(self) -> None:
-        for stream in self._streams.values():
-            stream.close()
-        self._streams.clear()
+        self._streams.close()
 
     def _partition_done(self, tp: TopicPartition, batches: list[ProducerBatch],
                         result: Optional[broker_pb2.ProducePartitionResult], err: Optional[errors.GregorError]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gregor.client.produce_stream import ProduceStream
+from gregor.client.produce_stream import ProduceStream, ProduceStreams
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 
@@ -91,3 +91,29 @@ async def test_a_stream_ending_with_internal_is_a_retriable_lost_connection() ->
     assert info.value.code == errors.Code.NETWORK_EXCEPTION and info.value.retriable
     assert "INTERNAL" in info.value.message
     stream.close()
+
+
+async def test_a_broker_at_a_new_address_gets_a_new_stream_and_the_old_one_fails_retriably() -> None:
+    stubs = {1: FakeStub()}
+
+    def stub_for(leader: int) -> FakeStub:
+        if leader not in stubs:
+            raise errors.error_for(errors.Code.BROKER_NOT_AVAILABLE, f"broker {leader} is not in the metadata")
+        return stubs[leader]
+
+    streams = ProduceStreams(stub_for)
+    old = [streams.send(1, "10.0.0.1:9092", broker_pb2.ProducePartitionsRequest()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(stubs[1].calls) == 1  # same address: the same stream
+    new = streams.send(1, "10.0.0.7:9092", broker_pb2.ProducePartitionsRequest())  # the broker restarted elsewhere
+    for future in old:
+        with pytest.raises(errors.GregorError) as info:
+            await future
+        assert info.value.code == errors.Code.NETWORK_EXCEPTION and info.value.retriable
+    assert stubs[1].calls[0].cancelled and len(stubs[1].calls) == 2 and len(streams) == 1
+    assert not new.done()
+    with pytest.raises(errors.GregorError) as info:
+        streams.send(2, "", broker_pb2.ProducePartitionsRequest())  # not in the metadata
+    assert info.value.code == errors.Code.BROKER_NOT_AVAILABLE
+    streams.close()
+    assert len(streams) == 0 and new.done() and new.exception().code == errors.Code.NETWORK_EXCEPTION

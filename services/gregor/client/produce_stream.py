@@ -13,36 +13,44 @@ in-flight requests of a connection it closes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import grpc
 
+from gregor.client.produce_request import PRODUCE_STREAM_METHOD, finish
 from gregor.common import errors
-from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+from gregor.rpc.v1 import broker_pb2
 
 Response = broker_pb2.ProducePartitionsResponse
+
+
+def open_produce_stream(channel: grpc.aio.Channel) -> Callable[[], Any]:
+    """What opens a ProduceStream call on channel: requests go as bytes (produce_request.py builds
+    them), answers are parsed as ProducePartitionsResponse."""
+    return channel.stream_stream(PRODUCE_STREAM_METHOD, request_serializer=None,
+                                 response_deserializer=Response.FromString)
 
 
 class ProduceStream:
     """One open ProduceStream (re-opened on the next send after a failure). Concurrency: one event loop."""
 
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
-        self._stub = stub
+    def __init__(self, open_call: Callable[[], Any]) -> None:
+        self._open_call = open_call
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._queue: asyncio.Queue[broker_pb2.ProducePartitionsRequest] = asyncio.Queue()
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future[Response]] = {}
         self._next_id = 0
 
-    def send(self, request: broker_pb2.ProducePartitionsRequest) -> "asyncio.Future[Response]":
-        """Queue request (written after every earlier one); the future gets its answer or the stream's error."""
+    def send(self, pieces: list[bytes]) -> "asyncio.Future[Response]":
+        """Queue a request, the pieces of ProduceRequestEncoder (written after every earlier one; its
+        correlation_id is added here); the future gets its answer or the stream's error."""
         if self._call is None:
             self._open()
         self._next_id += 1
-        request.correlation_id = self._next_id
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._pending[self._next_id] = future
-        self._queue.put_nowait(request)
+        self._queue.put_nowait(finish(pieces, self._next_id))
         return future
 
     def fail(self, err: errors.GregorError) -> None:
@@ -63,10 +71,10 @@ class ProduceStream:
         self.fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, "the producer closed its produce stream"))
 
     def _open(self) -> None:
-        self._call = call = self._stub.ProduceStream()
+        self._call = call = self._open_call()
         self._tasks = [asyncio.ensure_future(self._write(call, self._queue)), asyncio.ensure_future(self._read(call))]
 
-    async def _write(self, call: Any, queue: "asyncio.Queue[broker_pb2.ProducePartitionsRequest]") -> None:
+    async def _write(self, call: Any, queue: "asyncio.Queue[bytes]") -> None:
         try:
             while True:
                 await call.write(await queue.get())

@@ -22,7 +22,8 @@ from gregor.client.accumulator import (
 from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
-from gregor.client.produce_stream import ProduceStream
+from gregor.client.produce_request import ProduceRequestEncoder
+from gregor.client.produce_stream import ProduceStream, open_produce_stream
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.client.txn_producer import TransactionalState
@@ -98,6 +99,7 @@ class Sender:
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
         self._streams: dict[tuple[int, str], ProduceStream] = {}  # (leader, address) -> its ProduceStream
+        self._request_encoder = ProduceRequestEncoder(self.acks, self.request_timeout_ms)
 
     async def run(self) -> None:
         acc = self.acc
@@ -250,23 +252,24 @@ class Sender:
         compression = self.acc.compression
         stats = self.stats  # per request, not per record: the gateway exports these (compression ratio)
         stats.requests += 1
-        request = broker_pb2.ProducePartitionsRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
-        add = request.partitions.add
+        encoder = self._request_encoder
+        pieces = encoder.start()
         for tp, batches in parts:
-            payload = b"".join(b.encode(compression) for b in batches)
+            payloads = [b.encode(compression) for b in batches]
+            wire = sum(map(len, payloads))
             stats.batches += len(batches)
             stats.record_bytes += sum(b.size_bytes for b in batches)
-            stats.wire_bytes += len(payload)
-            add(topic=tp[0], partition=tp[1], records=payload)
-        try:
-            stub = self.metadata.broker_stub(leader)
-        except errors.GregorError as err:
-            return err
-        key = (leader, self.metadata.brokers[leader].address)
+            stats.wire_bytes += wire
+            encoder.add_partition(pieces, tp[0], tp[1], payloads, wire)
+        broker = self.metadata.brokers.get(leader)
+        if broker is None:
+            return errors.BrokerNotAvailableError(  # type: ignore[attr-defined]
+                f"broker {leader} is not in the metadata")
+        key = (leader, broker.address)
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = ProduceStream(stub)
-        return stream.send(request)
+            stream = self._streams[key] = ProduceStream(open_produce_stream(self.metadata.channel(broker.address)))
+        return stream.send(pieces)
 
     async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
                        sent: Any) -> None:

@@ -123,6 +123,7 @@ class ProducerBatch:
                 _call(cb, RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1, ts), None)
 
     def fail(self, exc: BaseException) -> None:
+        self.sealed = True  # failed before it was drained (aborted, expired): nothing more goes in
         if self.registry is not None:
             self.registry.discard(self)
         if self.future.done():
@@ -243,6 +244,9 @@ class RecordAccumulator:
         self.compression = compression
         self.batches: dict[TopicPartition, collections.deque[ProducerBatch]] = {}
         self.incomplete: set[ProducerBatch] = set()
+        # topic -> the open batch its sticky partition (KIP-480) is filling, for try_append_sticky: set by
+        # the producer after a sticky append, dropped when a batch of that partition opens behind it.
+        self.sticky_batches: dict[str, ProducerBatch] = {}
         self.buffered_bytes = 0
         self.flushes_in_progress = 0
         self.closed = False
@@ -300,10 +304,38 @@ class RecordAccumulator:
             self.wakeup.set()
         return FutureRecordMetadata(batch, len(records) - 1)
 
+    def try_append_sticky(self, topic: str, key: Optional[bytes], value: Optional[bytes],
+                          headers: Sequence[tuple[str, bytes]], timestamp_ms: int,
+                          size: int) -> Optional[FutureRecordMetadata]:
+        """send()'s fast path for a record of the sticky partition: appended to sticky_batches[topic] when
+        that batch is still open and has room for size bytes (and buffer.memory too); None otherwise, and
+        nothing appended (try_append then decides, as for any record). The same append as try_append's:
+        no partitioner call, no (topic, partition) lookup, every attribute read once."""
+        batch = self.sticky_batches.get(topic)
+        if batch is None or batch.sealed:
+            return None
+        filled = batch.size_bytes + size
+        buffered = self.buffered_bytes + size
+        batch_size = self.batch_size
+        if filled > batch_size or buffered > self.buffer_memory:
+            return None
+        records = batch.records
+        records.append((key, value, headers, timestamp_ms - batch.base_timestamp))
+        if timestamp_ms > batch.max_timestamp:
+            batch.max_timestamp = timestamp_ms
+        batch.size_bytes = filled
+        self.buffered_bytes = buffered
+        if filled >= batch_size or self.linger_s == 0:
+            self.wakeup.set()
+        return FutureRecordMetadata(batch, len(records) - 1)
+
     def _new_batch(self, topic: str, partition: int, dq: Optional[collections.deque[ProducerBatch]],
                    timestamp_ms: int) -> ProducerBatch:
         if dq is None:
             dq = self.batches[(topic, partition)] = collections.deque()
+        sticky = self.sticky_batches.get(topic)
+        if sticky is not None and sticky.partition == partition:
+            del self.sticky_batches[topic]  # a batch opens behind it: records after this one must not go there
         # Kafka's append wakes the sender whenever a batch is created (newBatchCreated), not only
         # when the previous one is complete: an idle sender (nothing queued, nothing in flight, e.g.
         # after every request of a failover failed at once) would otherwise sleep its whole idle

@@ -3,7 +3,8 @@ item 5): `gregor perf produce` of 300,000 records of 1 KiB, acks=1, default prod
 16-partition topic on one standalone broker (etcd + broker, as bench_vs_kafka's "single" topology).
 
 That cell is bound by the producer's CPU (the Python perf tool and the SDK's send path), so besides
-MB/s this prints the perf process's CPU seconds (user + system, startup included) and the broker's.
+MB/s this prints the perf process's CPU seconds (user + system, startup included) and the broker's;
+the client CPU is the steadier figure on a shared machine.
 
 --baseline DIR alternates every round between the services of another checkout (DIR/services, e.g.
 `git archive main services | tar -x -C DIR`) and this checkout's, for the perf tool only (the broker
@@ -57,7 +58,12 @@ def baseline_services(baseline: str) -> Path:
 
 
 def perf_produce(cli: list[str], env: dict[str, str], records: int, broker_pid: int) -> dict[str, Any]:
-    """One `gregor perf produce` run: its summary, its own CPU seconds and the broker's over the run."""
+    """One `gregor perf produce` run: its summary, its own CPU seconds and the broker's over the run.
+
+    The page cache is written back first (sync): with the dirty pages of earlier runs the kernel
+    throttles the broker's writes (its system time doubled from the fourth run on), so every run
+    starts from the same state whatever ran before it."""
+    os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     broker0 = proc_cpu_seconds(broker_pid)
     t0 = time.monotonic()

@@ -117,8 +117,11 @@ class ProducerBatch:
         self.log_append_time = log_append_time
         self.future.set_result(base_offset)
         if self.callbacks:
+            # Dropped once called, as a future drops its callbacks: a callback that refers to its record's
+            # handle (and so to this batch) would otherwise keep the batch in a cycle only the GC frees.
+            callbacks, self.callbacks = self.callbacks, []
             topic, partition, records, base_ts = self.topic, self.partition, self.records, self.base_timestamp
-            for index, cb in self.callbacks:
+            for index, cb in callbacks:
                 ts = log_append_time if log_append_time >= 0 else base_ts + records[index][3]
                 _call(cb, RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1, ts), None)
 
@@ -133,7 +136,8 @@ class ProducerBatch:
                 part.fail(exc)
         self.future.set_exception(exc)
         self.future.exception()  # mark retrieved: a caller who never awaits is not an "unhandled" error
-        for _, cb in self.callbacks:
+        callbacks, self.callbacks = self.callbacks, []
+        for _, cb in callbacks:
             _call(cb, None, exc)
 
 

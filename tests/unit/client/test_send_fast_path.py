@@ -140,3 +140,30 @@ async def test_callbacks_of_fast_path_records_get_their_own_metadata() -> None:
     handles[0].batch.complete(40)
     assert got == [(40, 1_000), (41, 1_001), (42, 1_002)]
     await asyncio.sleep(0)
+
+
+async def test_a_completed_batch_lets_go_of_its_callbacks() -> None:
+    """A callback that refers to its own handle must not keep the batch alive in a cycle after it ran
+    (the sender frees batches by reference counting, not by waiting for the cyclic GC)."""
+    import gc
+
+    p = offline_producer(batch_size=10 * RECORD)
+    ok = await p.send("t", VALUE)
+    ok.add_done_callback(lambda md, exc, h=ok: None)  # type: ignore[misc]
+    failed = await p.send("t", VALUE, partition=(ok.batch.partition + 1) % 4)
+    failed.add_done_callback(lambda md, exc, h=failed: None)  # type: ignore[misc]
+    assert p._acc is not None
+    ok.batch.complete(7)
+    failed.batch.fail(errors.GregorError("gone"))
+    assert ok.batch.callbacks == [] and failed.batch.callbacks == []
+    p._acc.batches.clear()
+    p._acc.sticky_batches.clear()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the next collection finds unreachable stays in gc.garbage
+    try:
+        del ok, failed
+        gc.collect()
+        assert not [o for o in gc.garbage if isinstance(o, ProducerBatch)]  # freed by reference counting
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()

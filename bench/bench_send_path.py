@@ -4,7 +4,10 @@ item 5): `gregor perf produce` of 300,000 records of 1 KiB, acks=1, default prod
 
 That cell is bound by the producer's CPU (the Python perf tool and the SDK's send path), so besides
 MB/s this prints the perf process's CPU seconds (user + system, startup included) and the broker's;
-the client CPU is the steadier figure on a shared machine.
+the client CPU is the steadier figure on a shared machine. Every run starts on a freshly created
+topic (--same-topic to keep one): on this machine the standalone broker's CPU per run tripled
+(0.33 -> ~1.0 s per 300,000 records, the broker then the bottleneck at ~290 MB/s) once ~1.5 GB had
+been written to its topic, and stayed there for many runs, which hid the client's changes.
 
 --baseline DIR alternates every round between the services of another checkout (DIR/services, e.g.
 `git archive main services | tar -x -C DIR`) and this checkout's, for the perf tool only (the broker
@@ -57,12 +60,19 @@ def baseline_services(baseline: str) -> Path:
     return services
 
 
+def create_topic(cli: list[str], env: dict[str, str], fresh: bool) -> None:
+    """The 16-partition topic p16; with fresh, deleted first (a run then starts on an empty log)."""
+    if fresh:
+        subprocess.run([*cli, "topics", "delete", "p16"], env=env, check=True, capture_output=True)
+        time.sleep(0.5)
+    subprocess.run([*cli, "topics", "create", "p16", "--partitions", str(PARTITIONS), "--replication-factor", "1"],
+                   env=env, check=True, capture_output=True)
+
+
 def perf_produce(cli: list[str], env: dict[str, str], records: int, broker_pid: int) -> dict[str, Any]:
     """One `gregor perf produce` run: its summary, its own CPU seconds and the broker's over the run.
 
-    The page cache is written back first (sync): with the dirty pages of earlier runs the kernel
-    throttles the broker's writes (its system time doubled from the fourth run on), so every run
-    starts from the same state whatever ran before it."""
+    The page cache is written back first (sync), so no run inherits the dirty pages of the one before."""
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     broker0 = proc_cpu_seconds(broker_pid)
@@ -86,6 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=300_000)
     ap.add_argument("--rounds", type=int, default=3, help="runs per side")
+    ap.add_argument("--warmup", type=int, default=1, help="runs before the measured ones (new code)")
+    ap.add_argument("--same-topic", action="store_true",
+                    help="keep appending to one topic (default: delete and create it before every run)")
     ap.add_argument("--baseline", help="a checkout whose services/ runs the perf tool too (the old code)")
     args = ap.parse_args()
     from gregor.cli.local_cluster import LocalCluster
@@ -100,13 +113,17 @@ def main() -> None:
         try:
             cli = [sys.executable, "-m", "gregor.cli.main", "--bootstrap", cluster.bootstrap]
             env = sides["new"]
-            subprocess.run([*cli, "topics", "create", "p16", "--partitions", str(PARTITIONS),
-                            "--replication-factor", "1"], env=env, check=True, capture_output=True)
+            create_topic(cli, env, fresh=False)
             broker_pid = cluster.by_role("broker")[0].pid
-            perf_produce(cli, env, min(args.records, 30_000), broker_pid)  # warm-up: page cache, first segments
+            # Warm-up: imports cached, the broker's first segments and the page cache in use.
+            for _ in range(args.warmup):
+                w = perf_produce(cli, env, args.records, broker_pid)
+                print(f"  warm-up {w['mb_per_sec']:7.1f} MB/s  broker CPU {w['broker_cpu_s']:.2f} s", flush=True)
             for i in range(args.rounds):
                 order = sorted(sides, reverse=i % 2 == 1)  # new, old / old, new: load hits both sides alike
                 for side in order:
+                    if not args.same_topic:
+                        create_topic(cli, env, fresh=True)
                     r = {"side": side, "round": i, **perf_produce(cli, sides[side], args.records, broker_pid)}
                     runs.append(r)
                     print(f"  {side}  {r['mb_per_sec']:7.1f} MB/s  client CPU {r['client_cpu_s']:.2f} s  "
@@ -127,7 +144,8 @@ def main() -> None:
               f"{new['mb_per_sec'] / old['mb_per_sec']:.3f}x")
         print(f"new/old client CPU per run: {new['client_cpu_s']:.2f} / {old['client_cpu_s']:.2f} = "
               f"{new['client_cpu_s'] / old['client_cpu_s']:.3f}x")
-    write_results("send_path", {"records": args.records, "rounds": args.rounds, "baseline": args.baseline,
+    write_results("send_path", {"records": args.records, "rounds": args.rounds, "warmup": args.warmup,
+                                "baseline": args.baseline, "same_topic": args.same_topic,
                                 "partitions": PARTITIONS, "record_bytes": RECORD_BYTES}, runs)
 
 

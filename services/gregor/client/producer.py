@@ -535,11 +535,11 @@ class Producer:
         # KIP-480's common case without a partitioner call: a record the sticky partition takes goes into
         # the batch that partition is filling, while it has room (the path below does the same, slower).
         if partition is None and (key is None or self._ignore_keys) and size <= self.max_request_size:
-            handle = acc.try_append_sticky(topic, key, value, hdrs, timestamp_ms, size)
-            if handle is not None:
+            fast = acc.try_append_sticky(topic, key, value, hdrs, timestamp_ms, size)
+            if fast is not None:
                 if callback is not None:
-                    handle.add_done_callback(callback)
-                return handle
+                    fast.add_done_callback(callback)
+                return fast
         n, available = cached[1], cached[2]
         partitioner = self.partitioner
         sticky = False

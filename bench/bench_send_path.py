@@ -95,12 +95,15 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=300_000)
+    ap.add_argument("--quick", action="store_true", help="smoke size (30,000 records, one round): noisy ratios")
     ap.add_argument("--rounds", type=int, default=3, help="runs per side")
     ap.add_argument("--warmup", type=int, default=1, help="runs before the measured ones (new code)")
     ap.add_argument("--same-topic", action="store_true",
                     help="keep appending to one topic (default: delete and create it before every run)")
     ap.add_argument("--baseline", help="a checkout whose services/ runs the perf tool too (the old code)")
     args = ap.parse_args()
+    if args.quick:
+        args.records, args.rounds = 30_000, 1
     from gregor.cli.local_cluster import LocalCluster
 
     sides = {"new": services_env(ROOT / "services")}

@@ -87,25 +87,19 @@ async def test_a_keyed_record_filling_the_sticky_batch_leaves_later_records_in_o
     assert third.batch is not first.batch and len(first.batch.records) == 2
 
 
-async def test_a_drained_sticky_batch_takes_no_more_records() -> None:
+@pytest.mark.parametrize("how", ["drained", "aborted"])
+async def test_a_sticky_batch_that_left_takes_no_more_records(how: str) -> None:
     p = offline_producer(batch_size=10 * RECORD)
     first = await p.send("t", VALUE)
     assert p._acc is not None
-    drained = p._acc.drain(("t", first.batch.partition), 1 << 20)
-    assert drained == [first.batch]
+    if how == "drained":
+        assert p._acc.drain(("t", first.batch.partition), 1 << 20) == [first.batch]
+    else:
+        p._acc.abort_undrained(errors.GregorError("no producer id"))
+        with pytest.raises(errors.GregorError, match="no producer id"):
+            await first
     second = await p.send("t", VALUE)
-    assert second.batch is not first.batch and len(first.batch.records) == 1
-
-
-async def test_an_aborted_sticky_batch_takes_no_more_records() -> None:
-    p = offline_producer(batch_size=10 * RECORD)
-    first = await p.send("t", VALUE)
-    assert p._acc is not None
-    p._acc.abort_undrained(errors.GregorError("no producer id"))
-    with pytest.raises(errors.GregorError, match="no producer id"):
-        await first
-    second = await p.send("t", VALUE)
-    assert second.batch is not first.batch and not second.done()
+    assert second.batch is not first.batch and len(first.batch.records) == 1 and not second.done()
 
 
 async def test_buffer_memory_still_blocks_the_fast_path() -> None:

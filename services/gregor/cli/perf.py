@@ -200,9 +200,13 @@ def batch_latency_counts(batch: ProducerBatch, ack_ms: int) -> dict[int, int]:
     """Kafka's PerfCallback latency (ack time - send time, wall-clock ms) of each record of an acknowledged
     batch, as latency -> records. A record's send time is the timestamp send() gave it."""
     ack = ack_ms - batch.base_timestamp
-    deltas = list(map(_TIMESTAMP_DELTA, batch.records))
+    records = batch.records
+    # The usual batch: every record sent within its first millisecond (no later timestamp, none earlier).
+    if batch.max_timestamp == batch.base_timestamp and min(map(_TIMESTAMP_DELTA, records)) == 0:
+        return {ack: len(records)}
+    deltas = list(map(_TIMESTAMP_DELTA, records))
     first = min(deltas)
-    if first == max(deltas):  # the usual batch: every record sent within one millisecond
+    if first == max(deltas):  # one millisecond, but not the first record's (the clock stepped back)
         return {ack - first: len(deltas)}
     counts: dict[int, int] = {}
     for delta in deltas:

@@ -117,12 +117,16 @@ class ProducerBatch:
         self.log_append_time = log_append_time
         self.future.set_result(base_offset)
         if self.callbacks:
+            # Dropped once called, as a future drops its callbacks: a callback that refers to its record's
+            # handle (and so to this batch) would otherwise keep the batch in a cycle only the GC frees.
+            callbacks, self.callbacks = self.callbacks, []
             topic, partition, records, base_ts = self.topic, self.partition, self.records, self.base_timestamp
-            for index, cb in self.callbacks:
+            for index, cb in callbacks:
                 ts = log_append_time if log_append_time >= 0 else base_ts + records[index][3]
                 _call(cb, RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1, ts), None)
 
     def fail(self, exc: BaseException) -> None:
+        self.sealed = True  # failed before it was drained (aborted, expired): nothing more goes in
         if self.registry is not None:
             self.registry.discard(self)
         if self.future.done():
@@ -132,7 +136,8 @@ class ProducerBatch:
                 part.fail(exc)
         self.future.set_exception(exc)
         self.future.exception()  # mark retrieved: a caller who never awaits is not an "unhandled" error
-        for _, cb in self.callbacks:
+        callbacks, self.callbacks = self.callbacks, []
+        for _, cb in callbacks:
             _call(cb, None, exc)
 
 
@@ -243,6 +248,9 @@ class RecordAccumulator:
         self.compression = compression
         self.batches: dict[TopicPartition, collections.deque[ProducerBatch]] = {}
         self.incomplete: set[ProducerBatch] = set()
+        # topic -> the open batch its sticky partition (KIP-480) is filling, for try_append_sticky: set by
+        # the producer after a sticky append, dropped when a batch of that partition opens behind it.
+        self.sticky_batches: dict[str, ProducerBatch] = {}
         self.buffered_bytes = 0
         self.flushes_in_progress = 0
         self.closed = False
@@ -300,10 +308,38 @@ class RecordAccumulator:
             self.wakeup.set()
         return FutureRecordMetadata(batch, len(records) - 1)
 
+    def try_append_sticky(self, topic: str, key: Optional[bytes], value: Optional[bytes],
+                          headers: Sequence[tuple[str, bytes]], timestamp_ms: int,
+                          size: int) -> Optional[FutureRecordMetadata]:
+        """send()'s fast path for a record of the sticky partition: appended to sticky_batches[topic] when
+        that batch is still open and has room for size bytes (and buffer.memory too); None otherwise, and
+        nothing appended (try_append then decides, as for any record). The same append as try_append's:
+        no partitioner call, no (topic, partition) lookup, every attribute read once."""
+        batch = self.sticky_batches.get(topic)
+        if batch is None or batch.sealed:
+            return None
+        filled = batch.size_bytes + size
+        buffered = self.buffered_bytes + size
+        batch_size = self.batch_size
+        if filled > batch_size or buffered > self.buffer_memory:
+            return None
+        records = batch.records
+        records.append((key, value, headers, timestamp_ms - batch.base_timestamp))
+        if timestamp_ms > batch.max_timestamp:
+            batch.max_timestamp = timestamp_ms
+        batch.size_bytes = filled
+        self.buffered_bytes = buffered
+        if filled >= batch_size or self.linger_s == 0:
+            self.wakeup.set()
+        return FutureRecordMetadata(batch, len(records) - 1)
+
     def _new_batch(self, topic: str, partition: int, dq: Optional[collections.deque[ProducerBatch]],
                    timestamp_ms: int) -> ProducerBatch:
         if dq is None:
             dq = self.batches[(topic, partition)] = collections.deque()
+        sticky = self.sticky_batches.get(topic)
+        if sticky is not None and sticky.partition == partition:
+            del self.sticky_batches[topic]  # a batch opens behind it: records after this one must not go there
         # Kafka's append wakes the sender whenever a batch is created (newBatchCreated), not only
         # when the previous one is complete: an idle sender (nothing queued, nothing in flight, e.g.
         # after every request of a failover failed at once) would otherwise sleep its whole idle

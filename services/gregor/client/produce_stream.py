@@ -13,36 +13,44 @@ in-flight requests of a connection it closes.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import grpc
 
+from gregor.client.produce_request import PRODUCE_STREAM_METHOD, finish
 from gregor.common import errors
-from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+from gregor.rpc.v1 import broker_pb2
 
 Response = broker_pb2.ProducePartitionsResponse
+
+
+def open_produce_stream(channel: grpc.aio.Channel) -> Callable[[], Any]:
+    """What opens a ProduceStream call on channel: requests go as bytes (produce_request.py builds
+    them), answers are parsed as ProducePartitionsResponse."""
+    return channel.stream_stream(PRODUCE_STREAM_METHOD, request_serializer=None,
+                                 response_deserializer=Response.FromString)
 
 
 class ProduceStream:
     """One open ProduceStream (re-opened on the next send after a failure). Concurrency: one event loop."""
 
-    def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
-        self._stub = stub
+    def __init__(self, open_call: Callable[[], Any]) -> None:
+        self._open_call = open_call
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._queue: asyncio.Queue[broker_pb2.ProducePartitionsRequest] = asyncio.Queue()
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future[Response]] = {}
         self._next_id = 0
 
-    def send(self, request: broker_pb2.ProducePartitionsRequest) -> "asyncio.Future[Response]":
-        """Queue request (written after every earlier one); the future gets its answer or the stream's error."""
+    def send(self, pieces: list[bytes]) -> "asyncio.Future[Response]":
+        """Queue a request, the pieces of ProduceRequestEncoder (written after every earlier one; its
+        correlation_id is added here); the future gets its answer or the stream's error."""
         if self._call is None:
             self._open()
         self._next_id += 1
-        request.correlation_id = self._next_id
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._pending[self._next_id] = future
-        self._queue.put_nowait(request)
+        self._queue.put_nowait(finish(pieces, self._next_id))
         return future
 
     def fail(self, err: errors.GregorError) -> None:
@@ -63,10 +71,10 @@ class ProduceStream:
         self.fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, "the producer closed its produce stream"))
 
     def _open(self) -> None:
-        self._call = call = self._stub.ProduceStream()
+        self._call = call = self._open_call()
         self._tasks = [asyncio.ensure_future(self._write(call, self._queue)), asyncio.ensure_future(self._read(call))]
 
-    async def _write(self, call: Any, queue: "asyncio.Queue[broker_pb2.ProducePartitionsRequest]") -> None:
+    async def _write(self, call: Any, queue: "asyncio.Queue[bytes]") -> None:
         try:
             while True:
                 await call.write(await queue.get())
@@ -117,22 +125,20 @@ def _task_cancelled() -> bool:
 class ProduceStreams:
     """A producer's streams, one per broker at its current address (Kafka's connections by node)."""
 
-    def __init__(self, stub_for: Any) -> None:
-        self._stub_for = stub_for  # broker id -> its BrokerServiceStub (raises GregorError when unknown)
+    def __init__(self, opener: Callable[[str], Callable[[], Any]]) -> None:
+        self._opener = opener  # address -> what opens a ProduceStream call there (open_produce_stream)
         self._by_leader: dict[int, tuple[str, ProduceStream]] = {}
 
-    def send(self, leader: int, address: str,
-             request: broker_pb2.ProducePartitionsRequest) -> "asyncio.Future[Response]":
-        """Queue request on the leader's stream; a broker that moved to a new address (restarted on another
-        port or pod IP) gets a new stream, and the one to the old address fails as a closed connection
-        (its requests retry) instead of being kept for good."""
+    def send(self, leader: int, address: str, pieces: list[bytes]) -> "asyncio.Future[Response]":
+        """Queue a request on the leader's stream; a broker that moved to a new address (restarted on
+        another port or pod IP) gets a new stream, and the one to the old address fails as a closed
+        connection (its requests retry) instead of being kept for good."""
         held = self._by_leader.get(leader)
         if held is None or held[0] != address:
-            stub = self._stub_for(leader)
             if held is not None:
                 held[1].fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, f"broker {leader} moved to {address}"))
-            held = self._by_leader[leader] = (address, ProduceStream(stub))
-        return held[1].send(request)
+            held = self._by_leader[leader] = (address, ProduceStream(self._opener(address)))
+        return held[1].send(pieces)
 
     def fail(self, leader: int, err: errors.GregorError) -> None:
         """Fail the leader's stream and every request on it (a timed-out request closes its connection)."""

@@ -22,7 +22,8 @@ from gregor.client.accumulator import (
 from gregor.client.config import ConfigError, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
-from gregor.client.produce_stream import ProduceStreams
+from gregor.client.produce_request import ProduceRequestEncoder
+from gregor.client.produce_stream import ProduceStreams, open_produce_stream
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
 from gregor.client.transaction_manager import TransactionManager
 from gregor.client.txn_producer import TransactionalState
@@ -31,7 +32,7 @@ from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
-_time = time.time
+_time_ns = time.time_ns  # a record's timestamp: wall-clock ms as an int with no float step
 _NO_HEADERS: tuple[tuple[str, bytes], ...] = ()  # shared by every record without headers
 
 __all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata", "InvalidRecordTypeError"]
@@ -97,7 +98,8 @@ class Sender:
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
-        self._streams = ProduceStreams(self.metadata.broker_stub)
+        self._streams = ProduceStreams(lambda address: open_produce_stream(self.metadata.channel(address)))
+        self._request_encoder = ProduceRequestEncoder(self.acks, self.request_timeout_ms)
 
     async def run(self) -> None:
         acc = self.acc
@@ -250,19 +252,20 @@ class Sender:
         compression = self.acc.compression
         stats = self.stats  # per request, not per record: the gateway exports these (compression ratio)
         stats.requests += 1
-        request = broker_pb2.ProducePartitionsRequest(acks=self.acks, timeout_ms=self.request_timeout_ms)
-        add = request.partitions.add
+        encoder = self._request_encoder
+        pieces = encoder.start()
         for tp, batches in parts:
-            payload = b"".join(b.encode(compression) for b in batches)
+            payloads = [b.encode(compression) for b in batches]
+            wire = sum(map(len, payloads))
             stats.batches += len(batches)
             stats.record_bytes += sum(b.size_bytes for b in batches)
-            stats.wire_bytes += len(payload)
-            add(topic=tp[0], partition=tp[1], records=payload)
+            stats.wire_bytes += wire
+            encoder.add_partition(pieces, tp[0], tp[1], payloads, wire)
         broker = self.metadata.brokers.get(leader)
-        try:  # an unknown broker ("" is no address) fails in broker_stub with BROKER_NOT_AVAILABLE
-            return self._streams.send(leader, broker.address if broker is not None else "", request)
-        except errors.GregorError as err:
-            return err
+        if broker is None:
+            return errors.BrokerNotAvailableError(  # type: ignore[attr-defined]
+                f"broker {leader} is not in the metadata")
+        return self._streams.send(leader, broker.address, pieces)
 
     async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
                        sent: Any) -> None:
@@ -387,6 +390,8 @@ class Producer:
             raise ConfigError(f"Invalid value {cfg['partitioner.class']} for configuration partitioner.class: "
                               f"{exc}") from exc
         self._custom_partitioner = not is_builtin(self.partitioner)
+        # partitioner.ignore.keys: keyed records are sticky too (never with partitioner.class)
+        self._ignore_keys = not self._custom_partitioner and bool(self.partitioner.ignore_keys)
         self.max_block_ms = int(cfg["max.block.ms"])
         self.max_request_size = int(cfg["max.request.size"])
         self._acc: Optional[RecordAccumulator] = None
@@ -518,6 +523,16 @@ class Producer:
         cached = self._parts_cache.get(topic)
         if acc is None or cached is None or self.metadata.topics.get(topic) is not cached[0]:
             acc, cached = await self._prepare(topic)
+        if timestamp_ms is None:
+            timestamp_ms = _time_ns() // 1_000_000
+        # KIP-480's common case without a partitioner call: a record the sticky partition takes goes into
+        # the batch that partition is filling, while it has room (the path below does the same, slower).
+        if partition is None and (key is None or self._ignore_keys) and size <= self.max_request_size:
+            fast = acc.try_append_sticky(topic, key, value, hdrs, timestamp_ms, size)
+            if fast is not None:
+                if callback is not None:
+                    fast.add_done_callback(callback)
+                return fast
         n, available = cached[1], cached[2]
         partitioner = self.partitioner
         sticky = False
@@ -538,24 +553,30 @@ class Producer:
             raise errors.MessageTooLargeError(  # type: ignore[attr-defined]
                 f"The message is {size} bytes when serialized which is larger than max.request.size "
                 f"({self.max_request_size})", topic=topic, partition=partition)
-        if timestamp_ms is None:
-            timestamp_ms = int(_time() * 1000)
         handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size, sticky)
         if handle is NEW_BATCH:
             # KIP-480: the sticky partition's batch is complete; move on before opening a new one.
-            partitioner.on_batch_full(topic, partition, n, available)
-            partition = partitioner.partition(topic, None, n, available)
+            partition = self._next_sticky_partition(acc, topic, partition, n, available)
             handle = acc.try_append(topic, partition, key, value, hdrs, timestamp_ms, size)
         if handle is None:  # buffer.memory is full: wait for the sender to free some
             if self._failure is not None:
                 raise self._sender_failed_error()
             if sticky and acc.needs_new_batch((topic, partition), size):
-                partitioner.on_batch_full(topic, partition, n, available)
-                partition = partitioner.partition(topic, None, n, available)
+                partition = self._next_sticky_partition(acc, topic, partition, n, available)
+            # Not the topic's sticky batch for try_append_sticky: the partitioner may move on meanwhile.
             handle, _ = await acc.append(topic, partition, key, value, hdrs, timestamp_ms, size)
+        elif sticky:
+            acc.sticky_batches[topic] = handle.batch  # type: ignore[union-attr]
         if callback is not None:
             handle.add_done_callback(callback)  # type: ignore[union-attr]
         return handle  # type: ignore[return-value]
+
+    def _next_sticky_partition(self, acc: RecordAccumulator, topic: str, partition: int, n: int,
+                               available: list[int]) -> int:
+        """KIP-480: the sticky partition's batch is complete; the partition the next records go to."""
+        acc.sticky_batches.pop(topic, None)
+        self.partitioner.on_batch_full(topic, partition, n, available)
+        return self.partitioner.partition(topic, None, n, available)  # type: ignore[no-any-return]
 
     async def _prepare(self, topic: str) -> tuple[RecordAccumulator, tuple[Any, int, list[int]]]:
         """send()'s slow path: start the producer if needed and get the topic's partitions (waiting up to
@@ -583,6 +604,8 @@ class Producer:
         if not parts:
             return None
         cached = self._parts_cache[topic] = (info, len(parts), [p.partition for p in parts if p.leader >= 0])
+        if self._acc is not None:  # the partitioner sees the new partitions before the next sticky append
+            self._acc.sticky_batches.pop(topic, None)
         return cached
 
     async def send_and_wait(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,

@@ -64,6 +64,12 @@ async def test_batch_latency_counts_are_ack_time_minus_each_record_timestamp() -
     for _ in range(4):
         acc2.try_append("t", 0, None, b"v", (), 20_000, 30)
     assert batch_latency_counts(acc2.batches[("t", 0)][0], 20_007) == {7: 4}
+    # One millisecond again, but after its first record the clock stepped back: not the short path's answer.
+    acc3 = RecordAccumulator(batch_size=1 << 20, linger_ms=5, buffer_memory=1 << 24, max_block_ms=100,
+                             delivery_timeout_ms=1000, retry_backoff_ms=10)
+    for ts in (30_000, 29_999, 29_999):
+        acc3.try_append("t", 0, None, b"v", (), ts, 30)
+    assert batch_latency_counts(acc3.batches[("t", 0)][0], 30_010) == {10: 1, 11: 2}
 
 
 def test_reporting_interval_sets_the_progress_window(capsys) -> None:  # type: ignore[no-untyped-def]

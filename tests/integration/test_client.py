@@ -188,6 +188,18 @@ async def test_producer_errors_are_typed(broker) -> None:
             await p.send("small", b"x", partition=5)
 
 
+async def test_a_partition_added_after_the_metadata_was_read_is_waited_for(broker) -> None:
+    """Kafka's waitOnMetadata: a send to a partition beyond the known count refreshes the metadata
+    (partitions may just have been added) instead of failing at once; the spark stream test hit this."""
+    await create(broker.grpc, "grows", partitions=2)
+    async with Producer({"bootstrap.servers": broker.grpc, "max.block.ms": 10_000}) as p:
+        await p.send_and_wait("grows", b"a", partition=1)  # the producer now holds 2 partitions
+        async with AdminClient({"bootstrap.servers": broker.grpc}) as admin:
+            await admin.create_partitions("grows", 3)
+        md = await p.send_and_wait("grows", b"b", partition=2)
+        assert (md.partition, md.offset) == (2, 0)
+
+
 async def test_topic_max_message_bytes_rejection_reaches_the_record(broker) -> None:
     await create(broker.grpc, "tiny", max_message_bytes="200")
     async with Producer({"bootstrap.servers": broker.grpc}) as p:

@@ -538,9 +538,8 @@ class Producer:
         sticky = False
         if partition is not None:
             if not 0 <= partition < n:
-                raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
-                    f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
-                    topic=topic, partition=partition)
+                acc, cached = await self._wait_for_partition(topic, partition, n)
+                n, available = cached[1], cached[2]
         elif self._custom_partitioner:  # partitioner.class decides (InvalidPartitionError outside [0, n))
             partition = checked_partition(partitioner, topic, key, value, n, available)
         elif key is None or partitioner.ignore_keys:
@@ -595,6 +594,30 @@ class Producer:
         if self._failure is not None:  # the sender died while we waited
             raise self._sender_failed_error()
         return acc, cached
+
+    async def _wait_for_partition(self, topic: str, partition: int,
+                                  n: int) -> tuple[RecordAccumulator, tuple[Any, int, list[int]]]:
+        """An explicit partition beyond the partitions known: Kafka's waitOnMetadata refreshes until the
+        topic has it (partitions may have just been added, and this metadata is older) or max.block.ms
+        passed, then fails the send. A negative partition, or max.block.ms=0 (the gateway), fails at once."""
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        while partition >= 0 and self.max_block_ms > 0:
+            try:
+                await self.metadata.refresh([topic])
+            except errors.GregorError:
+                if time.monotonic() >= deadline:
+                    raise
+            acc, cached = await self._prepare(topic)
+            n = cached[1]
+            if partition < n:
+                return acc, cached
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(self.metadata.retry_backoff_s)
+        raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+            f"partition {partition} of topic {topic!r} does not exist ({n} partitions)"
+            + (f" after max.block.ms ({self.max_block_ms} ms) of metadata refreshes" if partition >= 0
+               and self.max_block_ms > 0 else ""), topic=topic, partition=partition)
 
     def _topic_parts(self, topic: str) -> Optional[tuple[Any, int, list[int]]]:
         """(TopicInfo, partition count, partitions with a leader) of topic, cached until the metadata

@@ -112,11 +112,14 @@ class ClusterMetadata:
             ch = self._channels[address] = rpc.channel(address)
         return ch
 
-    def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:
+    def broker_address(self, broker_id: int) -> str:
         broker = self.brokers.get(broker_id)
         if broker is None:
             raise errors.BrokerNotAvailableError(f"broker {broker_id} is not in the metadata")  # type: ignore[attr-defined]
-        return broker_pb2_grpc.BrokerServiceStub(self.channel(broker.address))
+        return broker.address
+
+    def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:
+        return broker_pb2_grpc.BrokerServiceStub(self.channel(self.broker_address(broker_id)))
 
     def any_address(self) -> str:
         known = [b.address for b in self.brokers.values()]
@@ -249,15 +252,16 @@ class ClusterMetadata:
         # Behind a leader hint: ask again after retry.backoff.ms rather than trust this answer for long.
         self.updated_at = time.monotonic() - (self.max_age_s if lagging else 0.0)
 
-    async def wait_for_topic(self, topic: str, max_wait_ms: int) -> list[PartitionInfo]:
-        """Partitions of topic, refreshing until known or max_wait_ms passed (Kafka's waitOnMetadata)."""
+    async def wait_for_topic(self, topic: str, max_wait_ms: int, partition: int = 0) -> list[PartitionInfo]:
+        """Partitions of topic, refreshing until it is known with partition among them or max_wait_ms
+        passed (Kafka's waitOnMetadata: a partition beyond the known count may just have been added)."""
         deadline = time.monotonic() + max_wait_ms / 1000
         if topic not in self._wanted:
             self._wanted.add(topic)
             self.updated_at = 0.0
         while True:
             parts = self.partitions_for(topic)
-            if parts and not self.stale:
+            if len(parts) > partition and not self.stale:
                 return parts
             try:
                 await self.refresh([topic])
@@ -265,13 +269,15 @@ class ClusterMetadata:
                 if time.monotonic() >= deadline:
                     raise
             parts = self.partitions_for(topic)
-            if parts:
+            if len(parts) > partition:
                 return parts
             if time.monotonic() >= deadline:
                 info = self.topics.get(topic)
                 code = info.error if info is not None and info.error else errors.Code.UNKNOWN_TOPIC_OR_PARTITION
-                raise errors.error_for(code, f"topic {topic!r} not present in metadata after {max_wait_ms} ms",
-                                       topic=topic)
+                what = f"partition {partition} of topic {topic!r} with partition count {len(parts)}" if parts \
+                    else f"topic {topic!r}"
+                raise errors.error_for(code, f"{what} not present in metadata after {max_wait_ms} ms",
+                                       topic=topic, **({"partition": partition} if parts else {}))
             await asyncio.sleep(self.retry_backoff_s)
 
     async def leader_stub(self, topic: str, partition: int, max_wait_ms: int) -> tuple[

@@ -261,11 +261,11 @@ class Sender:
             stats.record_bytes += sum(b.size_bytes for b in batches)
             stats.wire_bytes += wire
             encoder.add_partition(pieces, tp[0], tp[1], payloads, wire)
-        broker = self.metadata.brokers.get(leader)
-        if broker is None:
-            return errors.BrokerNotAvailableError(  # type: ignore[attr-defined]
-                f"broker {leader} is not in the metadata")
-        return self._streams.send(leader, broker.address, pieces)
+        try:
+            address = self.metadata.broker_address(leader)
+        except errors.GregorError as err:
+            return err
+        return self._streams.send(leader, address, pieces)
 
     async def _produce(self, leader: int, parts: list[tuple[TopicPartition, list[ProducerBatch]]],
                        sent: Any) -> None:
@@ -600,24 +600,12 @@ class Producer:
         """An explicit partition beyond the partitions known: Kafka's waitOnMetadata refreshes until the
         topic has it (partitions may have just been added, and this metadata is older) or max.block.ms
         passed, then fails the send. A negative partition, or max.block.ms=0 (the gateway), fails at once."""
-        deadline = time.monotonic() + self.max_block_ms / 1000
-        while partition >= 0 and self.max_block_ms > 0:
-            try:
-                await self.metadata.refresh([topic])
-            except errors.GregorError:
-                if time.monotonic() >= deadline:
-                    raise
-            acc, cached = await self._prepare(topic)
-            n = cached[1]
-            if partition < n:
-                return acc, cached
-            if time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(self.metadata.retry_backoff_s)
-        raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
-            f"partition {partition} of topic {topic!r} does not exist ({n} partitions)"
-            + (f" after max.block.ms ({self.max_block_ms} ms) of metadata refreshes" if partition >= 0
-               and self.max_block_ms > 0 else ""), topic=topic, partition=partition)
+        if partition < 0 or self.max_block_ms <= 0:
+            raise errors.UnknownTopicOrPartitionError(  # type: ignore[attr-defined]
+                f"partition {partition} of topic {topic!r} does not exist ({n} partitions)",
+                topic=topic, partition=partition)
+        await self.metadata.wait_for_topic(topic, self.max_block_ms, partition)
+        return await self._prepare(topic)
 
     def _topic_parts(self, topic: str) -> Optional[tuple[Any, int, list[int]]]:
         """(TopicInfo, partition count, partitions with a leader) of topic, cached until the metadata

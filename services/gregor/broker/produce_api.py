@@ -54,13 +54,13 @@ def produce_partitions_response(request: broker_pb2.ProducePartitionsRequest,
 class ProduceStreamHandler:
     """One ProduceStream: a reader task appends each request as it arrives; answers leave through a queue."""
 
-    def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler] | None" = None) -> None:
+    def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler]") -> None:
         self.replicas = replicas
         self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
         self._waiting: set[asyncio.Task[None]] = set()
         self._latency = REQUEST_LATENCY.labels(service="BrokerService", api=STREAM_API)
         self._counters: dict[str, Any] = {}
-        self._open_streams = open_streams if open_streams is not None else set()
+        self._open_streams = open_streams  # the broker's open streams, closed when it stops
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
 

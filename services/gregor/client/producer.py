@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
 import time
@@ -665,11 +666,16 @@ class Producer:
 class SyncProducer:
     """Blocking facade over Producer: an event loop on a private thread runs the real one.
 
-    send() returns a concurrent.futures.Future[RecordMetadata]; use it from any thread.
+    The order of calls is kept as Kafka's KafkaProducer keeps it: send() returns once the record is in
+    the accumulator (or raises what Kafka's send() raises: a bad record, a record too large, a send
+    outside a transaction, a fenced or closed producer), so the flush(), commit_transaction(),
+    abort_transaction() or close() called after it covers it. send() returns a
+    concurrent.futures.Future[RecordMetadata]; use it from any thread.
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._loop = LoopThread("gregor-producer")
+        self._closed = False
         try:
             self._producer: Producer = self._loop.run(self._make(config, kwargs))
         except BaseException:
@@ -682,38 +688,67 @@ class SyncProducer:
         await p.start()
         return p
 
+    def _run(self, coro: Any, timeout: Optional[float] = None) -> Any:
+        if self._closed:
+            coro.close()
+            raise errors.GregorError("the producer is closed")
+        return self._loop.run(coro, timeout)
+
     def send(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None,
              headers: Optional[Sequence[tuple[str, bytes]]] = None, partition: Optional[int] = None,
              timestamp_ms: Optional[int] = None,
-             callback: Optional[Callable[[Optional[RecordMetadata], Optional[BaseException]], Any]] = None) -> Any:
-        return self._loop.submit(self._producer.send_and_wait(topic, value, key, headers=headers, partition=partition,
-                                                              timestamp_ms=timestamp_ms, callback=callback))
+             callback: Optional[Callable[[Optional[RecordMetadata], Optional[BaseException]], Any]] = None
+             ) -> "concurrent.futures.Future[RecordMetadata]":
+        """Append one record (blocking up to max.block.ms for metadata or buffer space, as Kafka's send()).
+
+        Raises at once what the async send() raises; the returned future resolves to the record's
+        RecordMetadata once acknowledged, or to its delivery error. callback(metadata, exception) runs
+        on the producer's I/O thread, as Kafka's callbacks run on its sender thread."""
+        result: "concurrent.futures.Future[RecordMetadata]" = concurrent.futures.Future()
+
+        def resolve(md: Optional[RecordMetadata], exc: Optional[BaseException]) -> None:
+            if exc is not None:
+                result.set_exception(exc)
+            else:
+                result.set_result(md)  # type: ignore[arg-type]
+
+        async def append() -> None:
+            handle = await self._producer.send(topic, value, key, headers=headers, partition=partition,
+                                               timestamp_ms=timestamp_ms, callback=callback)
+            handle.add_done_callback(resolve)
+
+        self._run(append())
+        return result
 
     def partitions_for(self, topic: str) -> list[int]:
-        return self._loop.run(self._producer.partitions_for(topic))
+        return self._run(self._producer.partitions_for(topic))
 
     def init_transactions(self) -> None:
-        self._loop.run(self._producer.init_transactions())
+        self._run(self._producer.init_transactions())
 
     def begin_transaction(self) -> None:
-        self._loop.run(self._producer.begin_transaction())
+        self._run(self._producer.begin_transaction())
 
     def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
-        self._loop.run(self._producer.send_offsets_to_transaction(offsets, group_metadata))
+        self._run(self._producer.send_offsets_to_transaction(offsets, group_metadata))
 
     def commit_transaction(self) -> None:
-        self._loop.run(self._producer.commit_transaction())
+        self._run(self._producer.commit_transaction())
 
     def abort_transaction(self) -> None:
-        self._loop.run(self._producer.abort_transaction())
+        self._run(self._producer.abort_transaction())
 
     def flush(self, timeout: Optional[float] = None) -> None:
-        self._loop.run(self._producer.flush(timeout))
+        self._run(self._producer.flush(timeout))
 
     def close(self, timeout: Optional[float] = None) -> None:
+        """Kafka's close(): every send that returned is completed or failed before this returns."""
+        if self._closed:
+            return
         try:
-            self._loop.run(self._producer.close(timeout))
+            self._run(self._producer.close(timeout))
         finally:
+            self._closed = True
             self._loop.stop()
 
     def __enter__(self) -> "SyncProducer":

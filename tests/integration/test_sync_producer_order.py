@@ -81,8 +81,13 @@ def test_commit_covers_every_send_that_returned(cluster: LocalCluster) -> None:
         assert all(f.exception() is None for f in futs)
     finally:
         p.close()
-    # No transaction is left open (the records landed before the commit marker), so the LSO is the HW.
-    assert lso_reached_end(cluster, "t-commit")
+    # No transaction is left open (the records landed before the commit): once the coordinator has written
+    # the markers, which it does after EndTxn answers, the LSO is the HW. Had a record landed after the
+    # commit, the LSO would stay behind it until transaction.timeout.ms aborted it.
+    deadline = time.monotonic() + 15
+    while not lso_reached_end(cluster, "t-commit"):
+        assert time.monotonic() < deadline, "a transaction stays open after commit_transaction() returned"
+        time.sleep(0.2)
     assert sorted(read_all(cluster, "t-commit", "read_committed")) == [f"c-{i}".encode() for i in range(5)]
 
 

@@ -29,7 +29,8 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import restart_broker, tear_down
 from tests.helpers.batches import make_batch, record_values
-from tests.integration.test_cluster_control import broker, metadata, partitions, until
+from tests.integration.test_cluster_control import broker, metadata, partitions
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # the controller's lease
 # Brokers keep their registration through a SIGSTOP longer than the ISR shrink

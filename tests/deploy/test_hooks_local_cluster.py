@@ -21,6 +21,7 @@ import pytest
 
 from gregor.cli.local_cluster import free_port
 from tests.helpers.cluster import LocalCluster, running_cluster
+from tests.helpers.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "helm" / "gregor" / "files" / "helm-test" / "produce_consume.py"
@@ -63,12 +64,6 @@ def leaders(c: LocalCluster, topic: str) -> dict[int, int]:
                          capture_output=True, text=True, timeout=60, check=True).stdout
     return {p["partition"]: p["leader"] for p in json.loads(out)[0]["partitions"]}
 
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_prestop_moves_every_leadership_off_a_running_broker(cluster: LocalCluster, tmp_path: Path) -> None:

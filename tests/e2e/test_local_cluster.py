@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from tests.helpers.wait import wait_for as until
 
 GREGOR = [os.path.join(os.path.dirname(sys.executable), "gregor")]  # the installed entry point
 
@@ -128,16 +129,6 @@ def rf3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[st
 def processes(cluster: dict[str, Any], role: str) -> list[dict[str, Any]]:
     return sorted((p for p in cluster["processes"] if p["role"] == role), key=lambda p: p["id"])
 
-
-def until(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll cond() until it returns something truthy (returned), or fail naming what did not happen."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
-        time.sleep(0.2)
 
 
 def test_cluster_describe_shows_controller_and_brokers_and_follows_failover(rf3, tmp_path) -> None:

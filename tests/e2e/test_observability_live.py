@@ -23,6 +23,7 @@ from gregor.cli import dashboards
 from gregor.cli.local_cluster import LocalCluster, start_broker
 from gregor.cli.local_prometheus import prometheus_binary
 from tests.helpers.cluster import tear_down
+from tests.helpers.wait import wait_for
 
 GREGOR = [sys.executable, "-m", "gregor.cli.main"]
 GREGOR_ROLES = ("controller", "broker", "coordinator", "gateway")
@@ -58,14 +59,6 @@ def prom_query(url: str, expr: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=5) as r:
         return list(json.load(r)["data"]["result"])
 
-
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import gregor_native as native
 import grpc
@@ -25,8 +26,10 @@ import pytest
 from gregor.broker.broker import Broker
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
+from gregor.common.clock import now_ms
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc, coordinator_pb2
 from tests.helpers.batches import make_batch
+from tests.helpers.wait import until
 
 Code = errors.Code
 
@@ -87,6 +90,11 @@ def lead_with(run: Running, topic: str, epoch: int, isr: list[int], replicas: li
     state = broker_pb2.LeaderAndIsrPartitionState(topic=topic, partition=0, leader=0, leader_epoch=epoch, isr=isr,
                                                   replicas=replicas, partition_epoch=epoch)
     assert rm.become_leader_or_follower([state], {}) == {}
+
+
+def follower_5_lagging(p: Any) -> bool:
+    """The leader's own rule says follower 5 is out of sync: an ISR without it is what it would propose."""
+    return p.state.out_of_sync_isr(p.log_end_offset, now_ms()) == [0]
 
 
 # -- Produce ---------------------------------------------------------------------------------
@@ -197,9 +205,13 @@ async def test_produce_partitions_acks_all_waits_for_every_partition(running: Ru
     rm = running.broker.replica_manager
     pending = asyncio.ensure_future(running.stub.ProducePartitions(produce_many(
         part("t", make_batch([b"a"])), part("strict", make_batch([b"b"])), acks=-1, timeout_ms=10_000)))
-    await asyncio.sleep(0.3)
-    assert not pending.done()  # "t" (ISR of one) is done, "strict" waits for follower 5
     p = rm.partitions[("strict", 0)]
+    # Both partitions are appended ("t", ISR of one, is committed at once) and the request is parked in
+    # the produce purgatory: it is not answered while "strict" waits for follower 5.
+    await until(lambda: rm.produce_purgatory.size() > 0 and p.log_end_offset == 1
+                and rm.partitions[("t", 0)].high_watermark == 1, 10, "the request parked in purgatory")
+    assert not pending.done()
+    await until(lambda: follower_5_lagging(p), 10, "follower 5 is past replica.lag.time.max.ms")
     rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
     t_result, strict_result = (await pending).results
     assert not t_result.HasField("error") and t_result.base_offset == 0
@@ -231,8 +243,8 @@ async def test_produce_stream_appends_in_order_and_answers_by_correlation_id(run
     assert [a.correlation_id for a in answers] == [8, 9, 10, 11]  # the acks=all one (7) is still waiting
     assert [a.results[0].base_offset for a in answers[:3]] == [0, 1, 2]
     assert answers[3].error.code == Code.INVALID_REQUIRED_ACKS and not answers[3].results
-    await asyncio.sleep(0.3)  # past replica.lag.time.max.ms: the leader proposes dropping follower 5
     p = rm.partitions[("strict", 0)]
+    await until(lambda: follower_5_lagging(p), 10, "follower 5 is past replica.lag.time.max.ms")
     rm.run_effects(p, p.on_isr_write_result(1, [0], p.partition_epoch + 1))  # follower 5 left the ISR
     late = await call.read()
     assert late.correlation_id == 7 and late.results[0].error.code == Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND
@@ -295,7 +307,7 @@ async def test_replica_fetch_session_answers_only_partitions_with_news(running: 
     # Incremental, nothing moved: parked until an append to a session partition, then only that one.
     pending = asyncio.ensure_future(fetch())
     await asyncio.sleep(0.2)
-    assert not pending.done()
+    assert not pending.done(), took
     await running.stub.Produce(produce("t", make_batch([b"a"])))
     answered = await asyncio.wait_for(pending, 5)
     assert [(t, hw) for t, hw, _ in answered] == [("t", 0)] and answered[0][2] > 0

@@ -28,6 +28,7 @@ from gregor.controller.requests import (ControlRequest, LeaderAndIsrRequest, Par
                                         UpdateMetadataRequest)
 from gregor.controller.state import LeaderAndIsr, TopicPartition
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.helpers.wait import until
 
 CONTROLLER_ID, CONTROLLER_EPOCH, BROKER_EPOCH = 9, 3, 11
 DELIVERY_TIMEOUT_S = 10.0  # a handful of local RPCs plus at most a few backoffs (<= 2 s each)
@@ -111,12 +112,6 @@ def update_metadata(tag: int) -> UpdateMetadataRequest:
     return UpdateMetadataRequest(CONTROLLER_ID, CONTROLLER_EPOCH, BROKER_EPOCH, _state(tag), (1,))
 
 
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = DELIVERY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        await asyncio.sleep(0.01)
-
 
 @pytest.fixture
 def registry() -> CollectorRegistry:
@@ -150,8 +145,8 @@ async def test_queue_size_and_queue_time_per_broker_while_a_broker_is_paused(
         manager.send({1: requests, 2: requests}, {})
 
         # Broker 1 holds the first request: it is in flight, the other four wait in its queue.
-        await until(lambda: len(paused.attempts) == 1, "the paused broker receives the first request")
-        await until(lambda: len(healthy.delivered) == 5, "the healthy broker gets all five")
+        await until(lambda: len(paused.attempts) == 1, DELIVERY_TIMEOUT_S, "the paused broker receives the first request")
+        await until(lambda: len(healthy.delivered) == 5, DELIVERY_TIMEOUT_S, "the healthy broker gets all five")
         assert manager.queue_size(1) == 4 and manager.queue_size(2) == 0
         assert sample(registry, "gregor_controller_channel_queue_size", 1) == 4
         assert sample(registry, "gregor_controller_channel_queue_size", 2) == 0
@@ -161,7 +156,7 @@ async def test_queue_size_and_queue_time_per_broker_while_a_broker_is_paused(
         await asyncio.sleep(max(0.0, enqueued_s + PAUSE_S - time.monotonic()))
         assert paused.delivered == [] and manager.queue_size(1) == 4, "nothing overtakes the held request"
         paused.gate.set()
-        await until(lambda: len(paused.delivered) == 5, "the resumed broker gets the rest")
+        await until(lambda: len(paused.delivered) == 5, DELIVERY_TIMEOUT_S, "the resumed broker gets the rest")
         assert paused.delivered == [("UpdateMetadata", i) for i in range(5)]
         assert sample(registry, "gregor_controller_channel_queue_size", 1) == 0
 
@@ -186,7 +181,7 @@ async def test_unavailable_broker_is_retried_with_doubling_backoff_and_order_is_
     try:
         manager.add_broker(endpoint(1, port))
         manager.send({1: [leader_and_isr(0), stop_replica(1), update_metadata(2)]}, {})
-        await until(lambda: len(fake.delivered) == 3, "all three delivered after the failures")
+        await until(lambda: len(fake.delivered) == 3, DELIVERY_TIMEOUT_S, "all three delivered after the failures")
         assert fake.delivered == [("LeaderAndIsr", 0), ("StopReplica", 1), ("UpdateMetadata", 2)]
         # The first request was resent until answered; the next ones waited behind it and went once each.
         assert [tag for _, tag, _ in fake.attempts] == [0] * (failures + 1) + [1, 2]
@@ -212,8 +207,7 @@ async def test_requests_queued_while_a_broker_is_down_arrive_once_it_listens(
     assert bound == port
     try:
         # Backoff is capped at RETRY_BACKOFF_MAX_S, gRPC's reconnect backoff at 1 s (CHANNEL_OPTIONS).
-        await until(lambda: len(fake.delivered) == 2, "delivered once the broker listens",
-                    timeout_s=channel_manager.RETRY_BACKOFF_MAX_S + 5)
+        await until(lambda: len(fake.delivered) == 2, channel_manager.RETRY_BACKOFF_MAX_S + 5, "delivered once the broker listens")
         assert fake.delivered == [("UpdateMetadata", 0), ("LeaderAndIsr", 1)]
     finally:
         await server.stop(None)
@@ -230,7 +224,7 @@ async def test_final_errors_are_not_retried(manager: ControllerChannelManager, r
     try:
         manager.add_broker(endpoint(1, port))
         manager.send({1: [leader_and_isr(0), leader_and_isr(1)]}, {})
-        await until(lambda: fake.delivered == [("LeaderAndIsr", 1)], "the next request goes through")
+        await until(lambda: fake.delivered == [("LeaderAndIsr", 1)], DELIVERY_TIMEOUT_S, "the next request goes through")
         assert len(fake.attempts_of(0)) == 1, "a final answer is not resent"
         await asyncio.sleep(3 * channel_manager.RETRY_BACKOFF_S)  # a resend would have happened by now
         assert len(fake.attempts_of(0)) == 1
@@ -247,7 +241,7 @@ async def test_removed_broker_drops_its_queue_and_its_metrics(manager: Controlle
     try:
         manager.add_broker(endpoint(1, port))
         manager.send({1: [update_metadata(i) for i in range(3)]}, {})
-        await until(lambda: len(fake.attempts) == 1, "the first request is in flight")
+        await until(lambda: len(fake.attempts) == 1, DELIVERY_TIMEOUT_S, "the first request is in flight")
         assert sample(registry, "gregor_controller_channel_queue_size", 1) == 2
         manager.remove_broker(1)
         assert manager.broker_ids == set() and manager.queue_size(1) == 0

@@ -25,7 +25,8 @@ from gregor.client import Consumer
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import AckedLoad, tear_down
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 TOPIC = "follow-leader"
 # retry.backoff.ms (100) + a metadata round trip + a produce round trip, with room for 2 busy cores.

@@ -21,6 +21,7 @@ from gregor.common import errors
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # controller lease and broker.session.timeout.ms; etcd rounds up to 2 s anyway
 FAILOVER_MARGIN_S = 6.0  # lease expiry check (TTL/3 keepalives) + watch + election + LeaderAndIsr + slack
@@ -38,14 +39,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         for p in c.processes:  # a broker restarted by a test is not in cluster.json's original list
             stop_process(p, signal.SIGKILL)
 
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if await cond():
-            return time.monotonic() - start
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 async def metadata(p: Process, topic: str = TOPIC) -> broker_pb2.MetadataResponse:

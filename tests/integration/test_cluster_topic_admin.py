@@ -35,7 +35,8 @@ from gregor.controller import metadata_store as store
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
 from tests.helpers.cluster import running_cluster, with_controller_flags
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # controller lease and broker.session.timeout.ms
 # Control requests are queued before the admin RPC answers, so brokers converge in well under a second;

@@ -25,6 +25,7 @@ from gregor.client.group_admin import GroupAdmin
 from gregor.client.group_membership import ConsumerRebalanceListener
 from gregor.common import errors
 from tests.helpers.cluster import LocalCluster, tear_down
+from tests.helpers.wait import until
 
 SERVICES = os.path.join(os.path.dirname(__file__), "..", "..", "services")
 SESSION_TIMEOUT_MS = 6000  # the coordinator's group.min.session.timeout.ms (Kafka's default)
@@ -80,14 +81,6 @@ async def produce(c: LocalCluster, topic: str, partitions: int, per_partition: i
             await h
     return values
 
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if await cond():
-            return time.monotonic() - start
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 class Recorder(ConsumerRebalanceListener):

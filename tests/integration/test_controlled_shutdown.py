@@ -39,7 +39,8 @@ from gregor.controller.state import TopicPartition
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import record_values
 from tests.helpers.cluster import with_controller_flags
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 TOPIC = "payments"
 SESSION_TIMEOUT_MS = 6000  # broker.session.timeout.ms: how long a crashed broker goes unnoticed

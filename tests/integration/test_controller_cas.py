@@ -23,7 +23,8 @@ from gregor.controller import metadata_store
 from gregor.controller.controller import Controller, LeaderBalanceConfig
 from gregor.controller.state import LeaderAndIsr, TopicPartition
 from tests.helpers.cluster import Process
-from tests.integration.test_controller_election import register_broker, until
+from tests.integration.test_controller_election import register_broker
+from tests.helpers.wait import until
 
 TP = TopicPartition("t", 0)
 

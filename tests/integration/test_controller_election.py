@@ -21,6 +21,7 @@ from gregor.controller import elector
 from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, PRODUCER_ID_BLOCK_KEY, Controller
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
 TAKEOVER_MARGIN_S = 3.0  # lease expiry check interval (0.5 s) + watch + election + slack
@@ -49,15 +50,6 @@ def scrape(proc: Process) -> dict[str, float]:
         lines = r.read().decode().splitlines()
     return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
 
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    """Poll cond every 20 ms; return the seconds it took, fail after timeout_s."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if await cond():
-            return time.monotonic() - start
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 async def controller_is(client: EtcdClient, controller_id: int) -> bool:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from gregor.common.etcd import EtcdClient
 from gregor.controller.controller import Controller, LeaderBalanceConfig
 from tests.helpers.cluster import Process
-from tests.integration.test_controller_election import until
+from tests.helpers.wait import until
 
 
 @pytest.fixture

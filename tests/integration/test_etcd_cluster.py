@@ -24,7 +24,7 @@ from gregor.cli.local_cluster import LocalCluster, Process, stop_process
 from gregor.common.etcd import EtcdClient
 from gregor.controller import elector
 from tests.helpers.cluster import AckedLoad, etcd_endpoints, move_etcd_leader, tear_down
-from tests.integration.test_cluster_control import until
+from tests.helpers.wait import until
 from tests.integration.test_failover_under_load import (
     PARTITIONS, TOPIC, acks_resume_everywhere, by_id, create_topic, full_isr_everywhere, identical_replicas, report,
     view)

@@ -35,7 +35,8 @@ from gregor.controller.channel_manager import RETRY_BACKOFF_S
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch
 from tests.helpers.cluster import AckedLoad, etcd_endpoints, replica_log_bytes, restart_broker, tear_down
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 TOPIC = "under-load"
 PARTITIONS = 3

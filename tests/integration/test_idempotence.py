@@ -34,7 +34,8 @@ from tests.helpers.cluster import tear_down
 from tests.helpers.grpc_proxy import GrpcFaultProxy, ProducePolicy
 from tests.integration.test_cli import failed, gregor
 from tests.integration.test_cluster_control import broker as broker_by_id
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 
 async def create_topic(address: str, topic: str, partitions_: int = 1, rf: int = 1,

@@ -3,6 +3,7 @@ publish sample batches (docs/metrics.md schema) to __gregor_metrics; with the op
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -10,7 +11,10 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from gregor.cli.local_cluster import LocalCluster
+from gregor.client import AdminClient, Consumer
 from gregor.client.metrics_reporter import METRICS_TOPIC, decode
 from tests.helpers.cluster import tear_down
 
@@ -74,14 +78,35 @@ def test_every_role_publishes_to_the_metrics_topic(tmp_path) -> None:  # type: i
         tear_down(cluster)
 
 
-def test_nothing_is_written_with_the_option_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # The interval is set but metrics.topic.enable is left at its default (false) on every role.
-    cluster = _up(tmp_path, {"metrics.topic.interval.ms": "200"})
+async def _count_batches_by_role(bootstrap: str, control: str, enough: int) -> dict[str, int]:
+    """Batches in __gregor_metrics by role, read from the beginning until the control role has `enough`."""
+    counts: dict[str, int] = {}
+    async with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        deadline = time.monotonic() + 25
+        while METRICS_TOPIC not in await admin.list_topics(include_internal=True) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    async with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
+        consumer.assign([(METRICS_TOPIC, p) for p in await consumer.partitions_for(METRICS_TOPIC)])
+        while counts.get(control, 0) < enough and time.monotonic() < deadline:
+            for rec in await consumer.poll(timeout_ms=500):
+                role = decode(rec.value)["role"]
+                counts[role] = counts.get(role, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("on_role", ["broker", "controller"])
+def test_nothing_is_written_with_the_option_off(tmp_path, on_role: str) -> None:  # type: ignore[no-untyped-def]
+    """One role publishes (the control), every other role has the interval set but metrics.topic.enable at
+    its default (false): while the control publishes several batches, no other role writes one."""
+    off = {"metrics.topic.interval.ms": "200"}
+    on = {**off, "metrics.topic.enable": "true"}
+    props = {role: (on if role == on_role else off) for role in ROLES}
+    cluster = LocalCluster.up(str(tmp_path / "c"), brokers=1, controllers=1, coordinators=1, gateways=1,
+                              broker_overrides=props["broker"], controller_overrides=props["controller"],
+                              coordinator_overrides=props["coordinator"], gateway_props=props["gateway"])
     try:
-        time.sleep(1.5)  # several intervals
-        r = _gregor(cluster, "topics", "list")
-        assert r.returncode == 0, r.stderr
-        assert "__consumer_offsets" in r.stdout  # the listing works and shows internal topics
-        assert METRICS_TOPIC not in r.stdout
+        counts = asyncio.run(_count_batches_by_role(cluster.bootstrap, on_role, 10))
+        assert counts.get(on_role, 0) >= 10, f"the control role {on_role} published {counts}"
+        assert set(counts) == {on_role}, f"roles with metrics.topic.enable off published: {counts}"
     finally:
         tear_down(cluster)

@@ -29,7 +29,7 @@ from gregor.cli.local_cluster import LocalCluster, Process, start_broker, stop_p
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import with_controller_flags
-from tests.integration.test_cluster_control import until
+from tests.helpers.wait import until
 from tests.integration.test_controlled_shutdown import controller_metrics, stored_state
 
 TOPIC = "ledger"

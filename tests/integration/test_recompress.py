@@ -23,7 +23,8 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
 from tests.integration.test_cli import gregor, json_lines, ok
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 from tests.integration.test_idempotence import create_topic, init_producer_id, raw_produce
 
 SOURCES = ("gzip", "none", "lz4")

@@ -21,7 +21,8 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch
 from tests.helpers.cluster import tear_down
-from tests.integration.test_cluster_control import broker, metadata, partitions, until
+from tests.integration.test_cluster_control import broker, metadata, partitions
+from tests.helpers.wait import until
 
 TOPIC = "shared-fetcher"
 

@@ -51,7 +51,8 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, split_batches, record_values
 from tests.helpers.cluster import restart_broker, running_cluster
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # the controller's lease
 # B is SIGSTOPped for about a second while A takes the records B must not get; its

@@ -33,7 +33,8 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
 from tests.helpers.cluster import replica_log_bytes, replica_values, restart_broker, running_cluster
-from tests.integration.test_cluster_control import metadata, partitions, until
+from tests.integration.test_cluster_control import metadata, partitions
+from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # the controller's lease
 # Followers are SIGSTOPped for about a second; their registrations (keepalive every third of

@@ -30,6 +30,7 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from gregor.common.rpc import channel
 from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_cli import failed, gregor, ok
+from tests.helpers.wait import until
 
 TXN_OVERRIDES = {"offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "5",
                  "transaction.state.log.replication.factor": "1", "transaction.state.log.num.partitions": "5",
@@ -88,12 +89,6 @@ async def latest(address: str, topic: str, partition: int, isolation: int) -> in
             topic=topic, partition=partition, timestamp_ms=-1, isolation_level=isolation), timeout=10)  # type: ignore
     return r.offset
 
-
-async def until(pred, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not await pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 async def test_committed_visible_aborted_never(cluster: LocalCluster) -> None:
@@ -180,7 +175,7 @@ async def test_timed_out_transaction_is_aborted_and_the_lso_moves_on(cluster: Lo
 
         async def lso_moved() -> bool:
             return await latest(b, "tx-timeout", 0, common_pb2.READ_COMMITTED) == 2  # past the abort marker
-        await until(lso_moved)
+        await until(lso_moved, 15, "lso_moved")
         with pytest.raises((errors.ProducerFencedError, errors.InvalidProducerEpochError)):  # type: ignore[attr-defined]
             await p.commit_transaction()
     assert await values(b, "tx-timeout", "read_committed", partitions=1, timeout_s=1.5) == []
@@ -210,7 +205,7 @@ async def test_offsets_commit_only_with_the_transaction(cluster: LocalCluster) -
 
     async def at_nine() -> bool:
         return await committed() == 9
-    await until(at_nine)
+    await until(at_nine, 15, "at_nine")
 
 
 # ---------------------------------------------------------------- real worker processes (seed 003's advanced case)
@@ -273,7 +268,7 @@ async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: 
         async def committed_once() -> bool:
             return os.path.exists(round_log) and "COMMITTED" in open(round_log).read()
         try:
-            await until(committed_once, timeout_s=30)
+            await until(committed_once, 30, "committed_once")
         except AssertionError:
             w.kill()
             raise AssertionError(f"round {round_}: no commit in 30 s; worker log: {open(round_log).read()[-1500:]!r}")
@@ -288,7 +283,7 @@ async def test_consume_transform_produce_exactly_once_through_sigkills(cluster: 
     try:
         async def all_committed() -> bool:
             return await group_offsets(b, "ctp-group", "ctp-in") == {0: n // 2, 1: n // 2}
-        await until(all_committed, timeout_s=60)
+        await until(all_committed, 60, "all_committed")
     finally:
         w.send_signal(signal.SIGKILL)
         w.wait()
@@ -311,7 +306,7 @@ async def test_zombie_frozen_with_sigstop_is_fenced(cluster: LocalCluster, tmp_p
     try:
         async def holding() -> bool:
             return os.path.exists(zlog) and "HOLDING" in open(zlog).read()
-        await until(holding, timeout_s=30)
+        await until(holding, 30, "holding")
         zombie.send_signal(signal.SIGSTOP)  # frozen with its transaction's records on the brokers
         successor = start_worker(cluster, "zb", "zb-in", "zb-out", "zb-group", slog, "--stop-after", "40")
         assert successor.wait(timeout=60) == 0, open(slog).read()

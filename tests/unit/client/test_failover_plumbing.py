@@ -14,7 +14,6 @@ import time
 from gregor.client.accumulator import RecordAccumulator
 from gregor.client.metadata import ClusterMetadata
 from gregor.common import errors
-from gregor.common.rpc import CHANNEL_OPTIONS
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 
@@ -81,7 +80,3 @@ def test_refreshes_are_spaced_by_retry_backoff() -> None:
     assert md.refresh_backoff_left(now + 0.1) == 0.0
 
 
-def test_channels_reconnect_with_kafkas_backoff() -> None:
-    opts = dict(CHANNEL_OPTIONS)
-    assert opts["grpc.initial_reconnect_backoff_ms"] == 50  # reconnect.backoff.ms
-    assert opts["grpc.max_reconnect_backoff_ms"] == 1000  # reconnect.backoff.max.ms

@@ -59,7 +59,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """Kafka's InitProducerId without a transactional id: a fresh producer id at epoch 0."""
         if request.transactional_id:
             raise errors.error_for(errors.Code.INVALID_REQUEST,
-                                   "transactions are not supported yet: InitProducerId takes no transactional_id")
+                                   "a transactional InitProducerId goes to the transaction coordinator "
+                                   "(FindCoordinator key_type TRANSACTION), not to a broker")
         pid = await self.producer_id_manager().generate_producer_id()
         return broker_pb2.InitProducerIdResponse(producer_id=pid, producer_epoch=0)
 

@@ -419,7 +419,7 @@ def progress_row(r: dict[str, Any]) -> str:
             f"{r['fetch_msg_sec']:.4f}")
 
 
-class RebalanceTimer(ConsumerRebalanceListener):
+class ConsumerPerfRebListener(ConsumerRebalanceListener):
     """ConsumerPerformance's ConsumerPerfRebListener: the time from having no partition (the start, or the
     revocation of the last one) to getting partitions; rebalance.time.ms is its total, and each detailed
     line shows what accrued in its interval. Runs on the consumer's event loop."""
@@ -476,7 +476,7 @@ async def _perf_consume(config: dict[str, Any], topic: str, messages: int, timeo
             config = {k: v for k, v in config.items() if k != "group.id"}
     subscribe = bool(config.get("group.id"))
     start_ms = _now_ms()
-    timer = RebalanceTimer(start_ms)
+    timer = ConsumerPerfRebListener(start_ms)
     metrics = ConsumerPerfMetrics(str(config["client.id"]), topic) if print_metrics else None
     read = nbytes = last_read = last_bytes = 0
     async with Consumer(config) as consumer:

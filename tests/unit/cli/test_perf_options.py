@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pytest
 
-from gregor.cli.perf import RebalanceTimer, progress, progress_row, read_payload_file, scanner_tokens
+from gregor.cli.perf import ConsumerPerfRebListener, progress, progress_row, read_payload_file, scanner_tokens
 from gregor.cli.perf_metrics import metric_name, metrics_lines
 
 
@@ -61,7 +61,7 @@ def test_progress_figures_are_per_interval_with_the_join_time_taken_out() -> Non
 
 
 def test_rebalance_timer_counts_from_no_partitions_to_some() -> None:
-    t = RebalanceTimer(start_ms=0)
+    t = ConsumerPerfRebListener(start_ms=0)
     t.join_start_ms = 0
     t.on_partitions_assigned([("t", 0)])
     first = t.join_ms

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import click
 
 from gregor.cli.analytics import analytics
+from gregor.cli.certs import certs_group
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
 from gregor.cli.controller_events import controller_group
@@ -55,6 +56,7 @@ cli.add_command(transactions)
 cli.add_command(analytics)
 cli.add_command(controller_group)
 cli.add_command(dashboards_group)
+cli.add_command(certs_group)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -321,3 +321,21 @@ async def test_delete_topic_disabled_refuses_and_ignores_a_deletion_mark(no_dele
         assert partition_dirs(b, "kept") == ["kept-0"], b.id
     assert await fetch_values(broker(c, leader), "kept", 0) == values
     assert (await produce(broker(c, leader), "kept", 0, [b"four"])).base_offset == 3
+
+
+def test_an_oversized_create_is_refused_up_front_and_the_cluster_keeps_serving(cluster: LocalCluster) -> None:
+    """`topics create z --partitions 100000` once ran the broker out of file descriptors; Kafka 4 refuses
+    more than 10,000 new partitions in one operation before placing any replica. So do we: at once, with
+    an error naming the limit, nothing created, and the cluster answers the next request."""
+    from tests.integration.test_cli import failed, gregor, ok
+
+    boot = cluster.bootstrap
+    r = gregor("topics", "create", "huge", "--partitions", "100000", "--replication-factor", "1", bootstrap=boot)
+    failed(r, "POLICY_VIOLATION")
+    assert "10000" in r.stderr and "CreatePartitions" in r.stderr
+    assert "huge" not in ok(gregor("topics", "list", bootstrap=boot)).split()
+    ok(gregor("topics", "create", "huge", "--partitions", "2", "--replication-factor", "1", bootstrap=boot))
+    r = gregor("topics", "alter", "huge", "--partitions", "10003", bootstrap=boot)
+    failed(r, "POLICY_VIOLATION")
+    assert "10001 > 10000" in r.stderr
+    assert "PartitionCount: 2" in ok(gregor("topics", "describe", "huge", bootstrap=boot)).replace("\t", " ")

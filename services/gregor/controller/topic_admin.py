@@ -28,6 +28,9 @@ NUM_PARTITIONS_DEFAULT = 1  # num.partitions: used when a request asks for -1
 DEFAULT_REPLICATION_FACTOR = 1  # default.replication.factor: used when a request asks for -1
 
 
+MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka 4.0's per-operation limit (QuorumController.MAX_RECORDS_PER_USER_OP)
+
+
 @dataclass(frozen=True)
 class NewTopic:
     """A CreateTopics entry: counts (-1 = default) or an explicit partition -> replicas assignment."""
@@ -89,10 +92,12 @@ class TopicAdmin:
             raise _exists(t.name)
         validate_topic_configs(t.configs)
         if t.assignments:
+            check_partitions_per_request(len(t.assignments))
             check_assignment(t.name, t.assignments, self._ctx.live_broker_ids)
             return {p: list(r) for p, r in t.assignments.items()}
         n = NUM_PARTITIONS_DEFAULT if t.num_partitions == -1 else t.num_partitions
         rf = DEFAULT_REPLICATION_FACTOR if t.replication_factor == -1 else t.replication_factor
+        check_partitions_per_request(n)
         return assign_replicas_to_brokers(n, rf, sorted(self._ctx.live_broker_ids))
 
     async def create_topic(self, t: NewTopic, validate_only: bool) -> TopicOutcome:
@@ -132,6 +137,7 @@ class TopicAdmin:
         if name not in self._ctx.all_topics:
             raise _unknown(name)
         current = dict(self._ctx.partition_assignments[name])
+        check_partitions_per_request(count - len(current))
         added = add_partitions_assignment(current, count, sorted(self._ctx.live_broker_ids))
         rf = len(current[0])
         if not validate_only:
@@ -176,6 +182,17 @@ class TopicAdmin:
                 actions.batch.add_leader_and_isr(self._ctx, live, tp, lai)
         await self.controller.apply_actions(actions)
         return configs
+
+
+def check_partitions_per_request(n: int) -> None:
+    """Kafka 4's limit on one operation (KAFKA-17870): at most MAX_PARTITIONS_PER_REQUEST new partitions,
+    checked before any replica is placed, so one oversized request cannot tie up the controller's queue
+    and every broker's file descriptors (a 100,000-partition create once took a broker down)."""
+    if n > MAX_PARTITIONS_PER_REQUEST:
+        raise errors.error_for(
+            errors.Code.POLICY_VIOLATION,
+            f"Excessively large number of partitions per request: {n} > {MAX_PARTITIONS_PER_REQUEST}. "
+            f"Create the topic with fewer partitions and add the rest with CreatePartitions.")
 
 
 def effective_configs(overrides: Mapping[str, str]) -> dict[str, Any]:

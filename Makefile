@@ -17,7 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
-.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up kind-down prometheus test-prometheus-rules spark-deps analytics bench-spark
+.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -26,7 +26,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
 	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
-	@echo "make kind-up      build the image, load it into a kind cluster, helm install and helm test (needs Docker)"
+	@echo "make kind-up image-load helm-install chaos-kind kind-down   the kind pipeline (needs Docker)"
 	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
@@ -61,7 +61,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples chart-tools prometheus spark-deps test-native stubtest test-python
+test: setup examples chart-tools kube-tools prometheus spark-deps test-native stubtest test-python
 
 # Prometheus and promtool (Prometheus 3.x; its Go module is versioned v0.3xx), built from the Go module
 # proxy into .venv/bin: Debian's package is 2.x and needs root, no registry ships a 3.x binary.
@@ -87,7 +87,7 @@ test-native:
 stubtest: setup
 	$(PY) -m mypy.stubtest gregor_native._native --allowlist native/stubtest-allowlist.txt
 
-test-python: setup chart-tools prometheus
+test-python: setup chart-tools kube-tools prometheus
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
@@ -189,17 +189,48 @@ chart-docs: setup
 chart-schema: setup
 	$(PY) deploy/helm/gen_values_schema.py
 
-# A kind cluster on a machine with Docker (not this one): image, cluster, install, helm test.
+# A kind cluster on a machine with Docker (not this one): cluster, image, install, helm test, chaos.
+#   make kind-up image-load helm-install chaos-kind kind-down
 KIND_CLUSTER ?= gregor
 IMAGE ?= gregor:0.1.0
-kind-up: chart-tools
-	docker build -t $(IMAGE) .
+kind-up:
 	kind create cluster --name $(KIND_CLUSTER) --config deploy/kind/cluster.yaml
+image-load:
+	docker build -t $(IMAGE) .
 	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
-	$(HELM) install gregor deploy/helm/gregor --namespace gregor --create-namespace \
+helm-install: chart-tools
+	$(HELM) upgrade --install gregor deploy/helm/gregor --namespace gregor --create-namespace \
 	    --set image.repository=$(word 1,$(subst :, ,$(IMAGE))) --set image.tag=$(word 2,$(subst :, ,$(IMAGE))) \
 	    --wait --timeout 10m
 	$(HELM) test gregor --namespace gregor --logs
+# Chaos Mesh experiments while the chaos workload runs as a Job, then the checker Job's verdict
+# (deploy/kind/README.md). DRY_RUN=1 prints the commands.
+chaos-kind: chart-tools
+	HELM=$(HELM) bash deploy/kind/chaos-kind.sh
 
 kind-down:
 	kind delete cluster --name $(KIND_CLUSTER)
+
+# The real kube-apiserver, built from the Go module proxy (deploy/kind/apiserver: a wrapper module that
+# requires k8s.io/kubernetes and points each staging module at its published version), and Chaos
+# Mesh's CRDs from its pinned Go module: tests/deploy/test_kind_pipeline.py validates the kind
+# pipeline's objects against them on machines without Docker.
+KUBE_APISERVER := .tools/bin/kube-apiserver
+KUBE_VERSION := $(shell awk '/^require k8s.io\/kubernetes /{print $$3}' deploy/kind/apiserver/go.mod)
+# The version the server reports (charts check kubeVersion); a plain `go build` would say v0.0.0-master.
+KUBE_VERSION_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+    -X k8s.io/component-base/version.gitMajor=$(word 2,$(subst ., ,$(subst v,v ,$(KUBE_VERSION)))) \
+    -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION))) \
+    -X k8s.io/component-base/version.gitTreeState=clean
+CHAOS_MESH_MODULE := github.com/chaos-mesh/chaos-mesh@v0.9.1-0.20260902003049-47411975a8cb
+kube-tools: $(KUBE_APISERVER) .tools/chaos-mesh-crd.yaml
+$(KUBE_APISERVER): deploy/kind/apiserver/go.mod deploy/kind/apiserver/go.sum
+	@command -v go >/dev/null || { echo "go not found: install Go to build kube-apiserver" >&2; exit 1; }
+	mkdir -p .tools/bin
+	cd deploy/kind/apiserver && GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -o $(abspath $@) \
+	    -ldflags "$(KUBE_VERSION_LDFLAGS)" k8s.io/kubernetes/cmd/kube-apiserver
+.tools/chaos-mesh-crd.yaml:
+	mkdir -p .tools
+	cp "$$(cd /tmp && GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json $(CHAOS_MESH_MODULE) | \
+	    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/manifests/crd.yaml" $@
+	chmod u+w $@

@@ -15,7 +15,6 @@ expires with its lease — then the new owner claims p and loads it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode
@@ -79,28 +78,3 @@ def apply_coordinator_key(live: dict[int, dict[str, Any]], claims: dict[int, int
     else:
         target[key.n] = CoordinatorsZNode.decode_claim(value)
 
-
-def apply_registry_key(live: dict[int, dict[str, Any]], claims: dict[int, int], rel: str,
-                       value: bytes | None, txn_claims: dict[int, int] | None = None) -> None:
-    """Fold one `coordinators/{ids,partitions}/<n>` key into the etcd view (value None: deleted,
-    e.g. its lease expired). Used by the coordinators and by brokers answering FindCoordinator.
-
-    Raises ValueError on a malformed value; other keys are ignored.
-    """
-    parts = rel.split("/")
-    if len(parts) != 3 or not parts[2].isdigit():
-        return
-    n = int(parts[2])
-    if parts[1] == "ids":
-        if value is None:
-            live.pop(n, None)
-        else:
-            live[n] = json.loads(value)
-    elif parts[1] in ("partitions", TXN_CLAIMS):
-        target = claims if parts[1] == "partitions" else txn_claims
-        if target is None:
-            return
-        if value is None:
-            target.pop(n, None)
-        else:
-            target[n] = int(value)

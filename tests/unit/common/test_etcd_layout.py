@@ -1,7 +1,11 @@
 """gregor.common.etcd_layout: one round trip per record kind, the exact bytes stored today still
-decode (existing clusters stay readable)."""
+decode (existing clusters stay readable), and no other module of services/ builds an etcd key."""
 
 from __future__ import annotations
+
+import ast
+import pathlib
+import re
 
 import pytest
 
@@ -13,6 +17,7 @@ from gregor.common.etcd_layout import (UNKNOWN_BROKER_EPOCH, BrokerIdsZNode, Con
                                        TopicZNode)
 
 ETCD = EtcdClient("http://127.0.0.1:2379", cluster="c")  # no connection: only its key prefix is used
+SERVICES = pathlib.Path(__file__).resolve().parents[3] / "services" / "gregor"
 
 
 def test_controller() -> None:
@@ -139,3 +144,48 @@ def test_coordinators() -> None:
     assert CoordinatorsZNode.decode_info(info) == {"coordinator_id": 2, "host": "h", "port": 9000}
     assert CoordinatorsZNode.decode_claim(CoordinatorsZNode.encode_claim(2)) == 2
     assert CoordinatorsZNode.encode_claim(2) == b"2"
+
+
+# -- no other module builds a key ----------------------------------------------
+
+# Every key goes through EtcdClient.key (and is read back through EtcdClient.relative), so a call of either
+# outside the layout is a key built by hand. A literal that spells a path of the layout (its top-level
+# segments with a '/', the distinctive single-segment keys, the cluster prefix) is one too. "controller"
+# and "controller_epoch" alone are too common in messages and JSON fields to be told apart here: their keys
+# are caught by the .key() rule.
+KEY_LITERAL = re.compile(r"^/?(brokers|config|admin|coordinators|isr_change_notification)/|"
+                         r"^(latest_producer_id_block|isr_change_notification)$|^/gregor/")
+ALLOWED = {"common/etcd_layout.py", "common/etcd.py"}
+
+
+def _violations(path: pathlib.Path, source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("key", "relative") and "etcd" in ast.unparse(node.func.value).lower():
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)[:80]}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            text = node.value.decode(errors="replace") if isinstance(node.value, bytes) else node.value
+            if KEY_LITERAL.search(text):
+                found.append(f"{path}:{node.lineno}: {text[:80]!r}")
+    return found
+
+
+def test_the_scan_catches_a_hand_built_key() -> None:
+    """The scan below can fail: each way of building a key by hand is caught."""
+    for source in ('k = self.etcd.key("brokers", "ids", 1)', 'k = etcd.relative(kv.key)',
+                   'p = "brokers/topics/"', 'k = f"coordinators/ids/{n}"', 'K = "isr_change_notification"',
+                   'K = "latest_producer_id_block"', 'k = b"/gregor/c/x"'):
+        assert _violations(pathlib.Path("x.py"), source), source
+    assert not _violations(pathlib.Path("x.py"), 'log.info("controller %d moved", 1); s = "config"')
+
+
+def test_no_module_outside_the_layout_builds_an_etcd_key() -> None:
+    files = sorted(p for p in SERVICES.rglob("*.py") if "rpc/v1" not in p.as_posix())
+    assert len(files) > 100
+    found = []
+    for path in files:
+        rel = path.relative_to(SERVICES).as_posix()
+        if rel not in ALLOWED:
+            found += _violations(path.relative_to(SERVICES), path.read_text())
+    assert found == [], "etcd keys built outside gregor.common.etcd_layout:\n" + "\n".join(found)

@@ -16,13 +16,15 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
 	@echo "make run     start a local cluster in $(DATA_DIR) and run the demo"
-	@echo "make test    run every test (cargo, stubtest, pytest)"
+	@echo "make test    run every test (cargo, stubtest, mypy, pytest)"
+	@echo "make test-fast  the edit-test loop: unit + simulation + native tests, no clusters"
+	@echo "make typecheck  mypy over services/ and spark/ (settings in pyproject.toml)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
 	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
@@ -61,7 +63,16 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples chart-tools kube-tools prometheus spark-deps test-native stubtest test-python
+test: setup examples chart-tools kube-tools prometheus spark-deps test-native stubtest typecheck test-python
+
+# The edit-test loop: pure-logic unit tests, the seeded simulation (CI's schedule count) and the Rust
+# tests; no etcd, no processes, no clusters.
+test-fast: setup test-native
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/sim
+
+# mypy over services/ and spark/ ([tool.mypy] in pyproject.toml).
+typecheck: setup
+	$(PY) -m mypy
 
 # Prometheus and promtool (Prometheus 3.x; its Go module is versioned v0.3xx), built from the Go module
 # proxy into .venv/bin: Debian's package is 2.x and needs root, no registry ships a 3.x binary.

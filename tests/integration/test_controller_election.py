@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 from gregor.cli.local_cluster import LocalCluster, start_controller, stop_process
 from gregor.common import errors
 from gregor.common.etcd import CompareFailed, EtcdClient, Put
+from gregor.common.etcd_layout import ProducerIdBlockZNode
 from gregor.controller import elector
-from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, PRODUCER_ID_BLOCK_KEY, Controller
+from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, Controller
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
 from tests.helpers.wait import until
@@ -262,7 +263,7 @@ async def test_guarded_write_of_a_deposed_controller_fails(client: EtcdClient) -
             assert info.value.code == errors.Code.NOT_CONTROLLER
             assert ctl.metrics.fenced_writes._value.get() == 1.0
             assert not ctl.is_active and ctl.active_controller_id == 2
-            assert await client.get(client.key(PRODUCER_ID_BLOCK_KEY)) is None
+            assert await client.get(ProducerIdBlockZNode.key(client)) is None
             # The raw fence: a write guarded by the old epoch's revision never applies.
             with pytest.raises(CompareFailed):
                 await client.guarded_txn([elector.epoch_guard(client, won.epoch_version - 1)],

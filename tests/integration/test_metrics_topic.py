@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from gregor.cli.local_cluster import LocalCluster
-from gregor.client.metrics_reporter import METRICS_TOPIC, decode
+from gregor.common.metrics_reporter import METRICS_TOPIC, decode
 from tests.helpers.cluster import tear_down
 
 

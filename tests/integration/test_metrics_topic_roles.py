@@ -15,7 +15,7 @@ import pytest
 
 from gregor.cli.local_cluster import LocalCluster
 from gregor.client import AdminClient, Consumer
-from gregor.client.metrics_reporter import METRICS_TOPIC, decode
+from gregor.common.metrics_reporter import METRICS_TOPIC, decode
 from tests.helpers.cluster import tear_down
 
 ROLES = ("controller", "broker", "coordinator", "gateway")

@@ -146,7 +146,7 @@ class Broker:
         self.coordinator_lookup.start()
         await self.membership.start()
         if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
-            from gregor.client.metrics_reporter import MetricsReporter
+            from gregor.common.metrics_reporter import MetricsReporter
 
             self.metrics_reporter = MetricsReporter(
                 f"{self.config.host}:{self.grpc_port}", "broker", self.config.broker_id,

@@ -10,7 +10,6 @@ When the lease is lost the broker registers again and gets a new epoch.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,11 +24,10 @@ from gregor.broker.limits import (
 )
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, Lease, LeaseLost, lease_ttl_s
+from gregor.common.etcd_layout import BrokerIdsZNode, ControllerZNode
 from gregor.common.rpc import channel
 
 log = logging.getLogger(__name__)
-
-CONTROLLER_KEY = "controller"  # written by the controller's election (gregor.controller.elector)
 
 
 class ClusterMembership:
@@ -56,7 +54,7 @@ class ClusterMembership:
 
     @property
     def key(self) -> bytes:
-        return self.etcd.key("brokers", "ids", self.broker_id)
+        return BrokerIdsZNode.key(self.etcd, self.broker_id)
 
     async def start(self) -> None:
         """Register and return once registered (the broker epoch is known)."""
@@ -87,7 +85,7 @@ class ClusterMembership:
         self._task = asyncio.get_running_loop().create_task(self._register(), name="broker-registration")
 
     async def _register(self) -> None:
-        value = json.dumps({"version": 5, **self.info, "timestamp": str(int(time.time() * 1000))}).encode()
+        value = BrokerIdsZNode.encode(self.info, int(time.time() * 1000))
         while True:
             try:
                 lease = self._lease if self._lease is not None and self._lease.alive else await self._new_lease()
@@ -98,7 +96,7 @@ class ClusterMembership:
                     self.broker_epoch = kv.create_revision if kv is not None else result.revision
                     break
                 log.info("broker %d: %s is still registered (an earlier incarnation's lease); waiting",
-                         self.broker_id, self.etcd.relative(self.key))
+                         self.broker_id, self.key.decode())
             except EtcdError as exc:
                 log.warning("broker %d: registration failed (%s); retrying", self.broker_id, exc)
             await asyncio.sleep(REGISTER_RETRY_S)
@@ -168,13 +166,13 @@ class ClusterMembership:
 
     async def controller_channel(self) -> tuple[int, grpc.aio.Channel]:
         """(controller id, channel) of the active controller, read from the `controller` key."""
-        kv = await self.etcd.get(self.etcd.key(CONTROLLER_KEY))
+        kv = await self.etcd.get(ControllerZNode.key(self.etcd))
         if kv is None:
             raise errors.error_for(errors.Code.NOT_CONTROLLER, "no active controller")
-        raw = json.loads(kv.value)
-        endpoint = str(raw.get("endpoint", ""))
+        registration = ControllerZNode.decode(kv.value)
+        endpoint = registration.endpoint
         if not endpoint:
             raise errors.error_for(errors.Code.NOT_CONTROLLER, "the active controller has no endpoint")
         if endpoint not in self._channels:
             self._channels[endpoint] = channel(endpoint)
-        return int(raw.get("controller_id", raw.get("brokerid", -1))), self._channels[endpoint]
+        return registration.controller_id, self._channels[endpoint]

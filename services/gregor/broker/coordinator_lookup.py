@@ -24,7 +24,6 @@ Concurrency: event-loop owned; one watch task keeps `live` and `claims` current.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -34,8 +33,9 @@ from gregor.broker.limits import (
 )
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
+from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode, TopicZNode
 from gregor.common.coordinator_ownership import (
-    OFFSETS_TOPIC, TXN_TOPIC, apply_registry_key, desired_owner, partition_for,
+    OFFSETS_TOPIC, TXN_TOPIC, apply_coordinator_key, desired_owner, partition_for,
 )
 
 log = logging.getLogger(__name__)
@@ -70,36 +70,36 @@ class CoordinatorLookup:
             self._task = None
 
     async def _watch(self) -> None:
-        prefix = self.etcd.key("coordinators") + b"/"
+        prefix = CoordinatorsZNode.prefix(self.etcd)
         while True:
             try:
                 res = await self.etcd.get_prefix(prefix)
                 self.live, self.claims, self.txn_claims = {}, {}, {}
                 for kv in res.kvs:
-                    self._apply(self.etcd.relative(kv.key), kv.value)
+                    self._apply(CoordinatorsZNode.parse(self.etcd, kv.key), kv.value)
                 self._synced.set()
                 async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+                    self._apply(CoordinatorsZNode.parse(self.etcd, ev.key), ev.value if ev.type == "put" else None)
             except WatchCompacted:
                 continue
             except EtcdError as exc:
                 log.warning("coordinator lookup: reading %r from etcd failed (%s); retrying", prefix, exc)
                 await asyncio.sleep(RETRY_S)
 
-    def _apply(self, rel: str, value: bytes | None) -> None:
-        """One `coordinators/{ids,partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""
+    def _apply(self, key: CoordinatorKey | None, value: bytes | None) -> None:
+        """One `coordinators/{ids,partitions,txn-partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""
         try:
-            apply_registry_key(self.live, self.claims, rel, value, self.txn_claims)
+            apply_coordinator_key(self.live, self.claims, key, value, self.txn_claims)
         except ValueError as exc:
-            log.warning("coordinator lookup: ignoring malformed %s: %s", rel, exc)
+            log.warning("coordinator lookup: ignoring malformed %s: %s", key, exc)
 
     async def _partitions(self, topic: str = OFFSETS_TOPIC) -> int:
         """Partition count of __consumer_offsets (or __transaction_state), read once from etcd (never changes)."""
         known = self.num_partitions if topic == OFFSETS_TOPIC else self.num_txn_partitions
         if known == 0:
-            kv = await self.etcd.get(self.etcd.key("brokers", "topics", topic))
+            kv = await self.etcd.get(TopicZNode.key(self.etcd, topic))
             if kv is not None:
-                known = len(json.loads(kv.value)["partitions"])
+                known = TopicZNode.partition_count(kv.value)
                 if topic == OFFSETS_TOPIC:
                     self.num_partitions = known
                 else:

@@ -11,7 +11,6 @@ entries (after 5 s of quiet, or at most 60 s late) for the controller.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from prometheus_client import Counter
 from gregor.broker.limits import ISR_WRITE_ATTEMPTS
 from gregor.common.clock import now_ms
 from gregor.common.etcd import EtcdClient, EtcdError
+from gregor.common.etcd_layout import IsrChangeNotificationZNode, PartitionStateZNode
 from gregor.common.isr import ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS, IsrChangePropagation, isr_expiration_interval_ms
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ ISR_SHRINKS = Counter("gregor_broker_isr_shrinks_total", "ISR shrinks written by
 ISR_EXPANDS = Counter("gregor_broker_isr_expands_total", "ISR expansions written by this broker as leader")
 FAILED_ISR_UPDATES = Counter("gregor_broker_failed_isr_updates_total",
                              "ISR writes given up (leader epoch moved or etcd unavailable)")
-
-ISR_CHANGE_NOTIFICATIONS = "isr_change_notification"  # the controller watches this prefix
 
 
 class IsrManager:
@@ -92,7 +90,7 @@ class IsrManager:
         task.add_done_callback(self._writes.discard)
 
     def _state_key(self, p: "Partition") -> bytes:
-        return self.etcd.key("brokers", "topics", p.topic, "partitions", p.partition, "state")
+        return PartitionStateZNode.key(self.etcd, p.topic, p.partition)
 
     async def _write_isr(self, p: "Partition", proposal: "ProposeIsr") -> None:
         """CAS the change into the partition state; give up once the leader epoch moved; report the result."""
@@ -105,18 +103,18 @@ class IsrManager:
                 kv = await self.etcd.get(key)
                 if kv is None:
                     break
-                state = json.loads(kv.value)
-                if (state.get("leader") != self.broker_id or state.get("leader_epoch") != leader_epoch
+                state = PartitionStateZNode.decode(kv.value, kv.version)
+                if (state.leader != self.broker_id or state.leader_epoch != leader_epoch
                         or not p.is_leader or p.leader_epoch != leader_epoch):
                     break
-                old = [int(r) for r in state["isr"]]
+                old = list(state.isr)
                 new = [r for r in old if r not in remove] + sorted(r for r in add if r not in old)
                 if new == old:
-                    result = (new, kv.version - 1)
+                    result = (new, state.partition_epoch)
                     break
-                state["isr"] = new
-                if await self.etcd.cas(key, json.dumps(state).encode(), kv.mod_revision):
-                    result = (new, kv.version)
+                if await self.etcd.cas(key, PartitionStateZNode.encode(state.with_isr(new)), kv.mod_revision):
+                    # The put bumped the key's etcd version by one.
+                    result = (new, PartitionStateZNode.partition_epoch(kv.version + 1))
                     if p.is_leader and p.leader_epoch == leader_epoch:
                         (ISR_SHRINKS if len(new) < len(old) else ISR_EXPANDS).inc()
                         self.propagation.record_isr_change(p.topic, p.partition, now_ms())
@@ -143,11 +141,9 @@ class IsrManager:
         if not changed:
             return
         self._seq += 1
-        # etcd has no sequential nodes: time, broker id and a local counter keep names unique and ordered.
-        name = f"isr_change_{time.time_ns():020d}_{self.broker_id}_{self._seq}"
-        body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in changed]}
+        key = IsrChangeNotificationZNode.key(self.etcd, time.time_ns(), self.broker_id, self._seq)
         try:
-            await self.etcd.put(self.etcd.key(ISR_CHANGE_NOTIFICATIONS, name), json.dumps(body).encode())
+            await self.etcd.put(key, IsrChangeNotificationZNode.encode(changed))
         except EtcdError as exc:
             log.warning("ISR change propagation failed, retrying next round: %s", exc)
             for t, p in changed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
@@ -21,8 +21,9 @@ from gregor.rpc.v1 import coordinator_pb2
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
+    from gregor.broker.replica_manager import FetchResult
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 
 
 def replica_fetch_partition(part: ReplicaFetchPart,

@@ -94,7 +94,8 @@ def _wait_ready(proc: subprocess.Popen[bytes], ready_file: str, log_path: str) -
                 return dict(json.load(f))
         if proc.poll() is not None:
             tail = open(log_path, errors="replace").read()[-2000:]
-            raise ClusterError(f"{' '.join(proc.args[:3])} exited with {proc.returncode}:\n{tail}")  # type: ignore[index]
+            argv = proc.args if isinstance(proc.args, list) else [proc.args]  # _spawn passes a list
+            raise ClusterError(f"{' '.join(map(str, argv[:3]))} exited with {proc.returncode}:\n{tail}")
         time.sleep(0.05)
     proc.kill()
     raise ClusterError(f"process did not become ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")

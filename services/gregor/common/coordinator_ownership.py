@@ -15,14 +15,15 @@ expires with its lease — then the new owner claims p and loads it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode
 
 OFFSETS_TOPIC = "__consumer_offsets"
 # Transactional ids live in __transaction_state partitions, claimed as `coordinators/txn-partitions/<p>`
 # by the same instances under the same rule (coordinator/txn_coordinator.py).
 TXN_TOPIC = "__transaction_state"
-TXN_CLAIMS = "txn-partitions"
+TXN_CLAIMS = CoordinatorsZNode.TXN_CLAIMS
 
 
 def java_string_hash(s: str) -> int:
@@ -53,27 +54,27 @@ def desired_partitions(my_id: int, live_ids: list[int], num_partitions: int) -> 
     return {p for p in range(num_partitions) if desired_owner(p, live_ids) == my_id}
 
 
-def apply_registry_key(live: dict[int, dict[str, Any]], claims: dict[int, int], rel: str,
-                       value: bytes | None, txn_claims: dict[int, int] | None = None) -> None:
-    """Fold one `coordinators/{ids,partitions}/<n>` key into the etcd view (value None: deleted,
-    e.g. its lease expired). Used by the coordinators and by brokers answering FindCoordinator.
+def apply_coordinator_key(live: dict[int, dict[str, Any]], claims: dict[int, int], key: CoordinatorKey | None,
+                          value: bytes | None, txn_claims: dict[int, int] | None = None) -> None:
+    """Fold one `coordinators/{ids,partitions,txn-partitions}/<n>` key (parsed by
+    CoordinatorsZNode.parse) into the etcd view (value None: deleted, e.g. its lease expired).
+    Used by the coordinators and by brokers answering FindCoordinator.
 
-    Raises ValueError on a malformed value; other keys are ignored.
+    Raises ValueError on a malformed value; other keys (None) are ignored.
     """
-    parts = rel.split("/")
-    if len(parts) != 3 or not parts[2].isdigit():
+    if key is None:
         return
-    n = int(parts[2])
-    if parts[1] == "ids":
+    if key.kind == CoordinatorsZNode.IDS:
         if value is None:
-            live.pop(n, None)
+            live.pop(key.n, None)
         else:
-            live[n] = json.loads(value)
-    elif parts[1] in ("partitions", TXN_CLAIMS):
-        target = claims if parts[1] == "partitions" else txn_claims
-        if target is None:
-            return
-        if value is None:
-            target.pop(n, None)
-        else:
-            target[n] = int(value)
+            live[key.n] = CoordinatorsZNode.decode_info(value)
+        return
+    target = claims if key.kind == CoordinatorsZNode.OFFSETS_CLAIMS else txn_claims
+    if target is None:
+        return
+    if value is None:
+        target.pop(key.n, None)
+    else:
+        target[key.n] = CoordinatorsZNode.decode_claim(value)
+

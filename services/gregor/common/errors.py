@@ -8,6 +8,8 @@ speak Kafka's error vocabulary.
 
 from __future__ import annotations
 
+from typing import cast
+
 import grpc
 from google.rpc import status_pb2
 from grpc_status import rpc_status
@@ -142,7 +144,7 @@ class GregorError(Exception):
 
     def to_detail(self) -> common_pb2.ErrorDetail:
         return common_pb2.ErrorDetail(
-            code=self.code,
+            code=cast("common_pb2.ErrorCode", self.code),  # an int: protobuf takes enum fields as ints
             message=self.message,
             retriable=self.retriable,
             topic=self.topic,

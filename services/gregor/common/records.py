@@ -184,8 +184,8 @@ def split_batches(data: bytes, verify_crc: bool = True) -> list[tuple["native.Ba
 
 
 def batch_records(header: "native.BatchHeader", batch: bytes | memoryview) -> list[
-        tuple[int, int, Optional[bytes], Optional[bytes], list[Header]]]:
-    """Decoded (offset_delta, timestamp_delta, key, value, headers) of one whole batch."""
+        tuple[int, int, Optional[bytes], Optional[bytes], list[tuple[str, Optional[bytes]]]]]:
+    """Decoded (offset_delta, timestamp_delta, key, value, headers) of one whole batch (a header value may be null)."""
     section = bytes(batch[BATCH_HEADER_SIZE:header.size_bytes])
     codec = header.attributes & CODEC_MASK
     try:

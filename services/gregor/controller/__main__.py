@@ -14,7 +14,7 @@ from typing import Any, Callable
 from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
                                          LeaderBalanceConfig)
-from gregor.client.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
+from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties, parse_bool, settle
 
@@ -105,7 +105,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(args: ControllerArgs) -> int:
-    from gregor.client.metrics_reporter import MetricsReporter, etcd_bootstrap
+    from gregor.common.metrics_reporter import MetricsReporter, etcd_bootstrap
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown

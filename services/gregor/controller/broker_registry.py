@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gregor.common.etcd import EtcdClient, KeyValue
+from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.rpc.v1 import common_pb2
-
-BROKER_IDS = "brokers/ids/"
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,7 @@ class ClusterDescription:
 
 
 def broker_id_of(etcd: EtcdClient, key: bytes) -> int | None:
-    suffix = etcd.relative(key)[len(BROKER_IDS):]
-    return int(suffix) if suffix.isdigit() else None
+    return BrokerIdsZNode.broker_id(etcd, key)
 
 
 def registrations(etcd: EtcdClient, kvs: Sequence[KeyValue]) -> list[BrokerRegistration]:
@@ -48,11 +45,7 @@ def registrations(etcd: EtcdClient, kvs: Sequence[KeyValue]) -> list[BrokerRegis
         broker_id = broker_id_of(etcd, kv.key)
         if broker_id is None:
             continue
-        try:
-            info = json.loads(kv.value) if kv.value else {}
-        except ValueError:
-            info = {}
-        out.append(BrokerRegistration(broker_id, kv.create_revision, info if isinstance(info, dict) else {}))
+        out.append(BrokerRegistration(broker_id, kv.create_revision, BrokerIdsZNode.decode(kv.value)))
     return out
 
 

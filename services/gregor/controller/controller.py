@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
@@ -14,9 +13,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from gregor.common import errors
 from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, Lease, LeaseLost, Put,
                                 WatchCompacted, lease_ttl_s, mod_revision_is)
+from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
+                                       ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
-from gregor.controller.broker_registry import (BROKER_IDS, BrokerRegistration, ClusterDescription, broker_epochs,
-                                               registrations)
+from gregor.controller.broker_registry import BrokerRegistration, ClusterDescription, broker_epochs, registrations
 from gregor.controller.channel_manager import ControllerChannelManager
 from gregor.controller.election import ELECTION_KINDS, OfflineElection
 from gregor.controller.elector import NO_CONTROLLER, ControllerMovedError
@@ -35,8 +35,6 @@ T = TypeVar("T")
 
 LEASE_TTL_MS_DEFAULT = 10_000  # a SIGKILLed controller is replaced within this
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
-PRODUCER_ID_BLOCK_KEY = "latest_producer_id_block"
-ISR_CHANGE_NOTIFICATIONS = "isr_change_notification/"
 # auto.leader.rebalance.enable, leader.imbalance.per.broker.percentage, leader.imbalance.check.interval.seconds
 AUTO_LEADER_REBALANCE_ENABLE_DEFAULT = True
 LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT = 10
@@ -189,7 +187,7 @@ class Controller:
         """Watch the controller key, then queue Startup (Kafka's startup())."""
         self.events.start()
         # Read the revision first and watch from just after it: no change can fall between.
-        revision = (await self.etcd.get_prefix(self.etcd.key(elector.CONTROLLER_KEY))).revision
+        revision = (await self.etcd.get_prefix(ControllerZNode.key(self.etcd))).revision
         self._controller_watch = self._spawn(self._watch_controller(revision + 1), "controller-watch")
         await self.events.put(_Event(ControllerState.CONTROLLER_CHANGE, "Startup", self._process_startup))
 
@@ -234,7 +232,7 @@ class Controller:
 
     async def _watch_controller(self, start_revision: int) -> None:
         """Creation or data change -> ControllerChange; deletion -> Reelect (ControllerChangeHandler)."""
-        key = self.etcd.key(elector.CONTROLLER_KEY)
+        key = ControllerZNode.key(self.etcd)
         while True:
             try:
                 async for ev in self.etcd.watch(key, start_revision):
@@ -249,10 +247,9 @@ class Controller:
                 start_revision = (await self.etcd.get_prefix(key)).revision + 1
                 await self.events.put(_Event(ControllerState.CONTROLLER_CHANGE, "Reelect", self._process_reelect))
 
-    async def _watch_prefix(self, prefix: str, start_revision: int, event: Callable[[], "_Event"],
+    async def _watch_prefix(self, key: bytes, start_revision: int, event: Callable[[], "_Event"],
                             wanted: Callable[[bytes], bool] = lambda key: True) -> None:
-        """Enqueue event() for each wanted change under prefix (the active role's ChildChangeHandlers)."""
-        key = self.etcd.key(prefix)
+        """Enqueue event() for each wanted change under the key prefix (the active role's ChildChangeHandlers)."""
         while True:
             try:
                 async for ev in self.etcd.watch_prefix(key, start_revision):
@@ -363,7 +360,7 @@ class Controller:
         self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
         try:
-            await self.guarded_write([], [Delete(self.etcd.key(elector.CONTROLLER_KEY))])
+            await self.guarded_write([], [Delete(ControllerZNode.key(self.etcd))])
         except (EtcdError, ControllerMovedError) as exc:
             log.warning("could not delete the controller key: %s", exc)
 
@@ -377,24 +374,25 @@ class Controller:
         pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
         replicas. Topics queued for deletion resume deleting.
         """
-        brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
+        brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}
-        await self.guarded_write([], [Delete(self.etcd.key(ISR_CHANGE_NOTIFICATIONS), prefix=True)])
+        await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
         snapshot = await metadata_store.load_topics(self.etcd)
         self._load_topics(snapshot)
         for registration in registered:
             self.channels.add_broker(registration.endpoint())
         self._active_watches = [
-            self._spawn(self._watch_prefix(BROKER_IDS, brokers.revision + 1, self._broker_change_event),
+            self._spawn(self._watch_prefix(BrokerIdsZNode.prefix(self.etcd), brokers.revision + 1,
+                                           self._broker_change_event),
                         "broker-watch"),
-            self._spawn(self._watch_prefix(metadata_store.BROKER_TOPICS, snapshot.revision + 1,
+            self._spawn(self._watch_prefix(TopicZNode.prefix(self.etcd), snapshot.revision + 1,
                                            self._topic_change_event,
                                            lambda key: metadata_store.is_topic_key(self.etcd, key)), "topic-watch"),
-            self._spawn(self._watch_prefix(metadata_store.DELETE_TOPICS, snapshot.revision + 1,
+            self._spawn(self._watch_prefix(DeleteTopicsZNode.prefix(self.etcd), snapshot.revision + 1,
                                            self._topic_deletion_event), "topic-deletion-watch"),
             # Only creations matter: our own deletions of handled notifications also show up here.
-            self._spawn(self._watch_prefix(ISR_CHANGE_NOTIFICATIONS, snapshot.revision + 1,
+            self._spawn(self._watch_prefix(IsrChangeNotificationZNode.prefix(self.etcd), snapshot.revision + 1,
                                            self._isr_change_event), "isr-change-watch"),
         ]
         actions = ControllerActions()
@@ -538,14 +536,13 @@ class Controller:
         """
         if not self.is_active:
             return
-        found = await self.etcd.get_prefix(self.etcd.key(ISR_CHANGE_NOTIFICATIONS))
+        found = await self.etcd.get_prefix(IsrChangeNotificationZNode.prefix(self.etcd))
         if not found.kvs:
             return
         changed: set[TopicPartition] = set()
         for kv in found.kvs:
             try:
-                for entry in json.loads(kv.value).get("partitions", []):
-                    changed.add(TopicPartition(str(entry["topic"]), int(entry["partition"])))
+                changed.update(TopicPartition(t, p) for t, p in IsrChangeNotificationZNode.decode(kv.value))
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring malformed ISR change notification %r: %s", kv.key, exc)
         refreshed = []
@@ -569,7 +566,7 @@ class Controller:
         """BrokerChange: senders follow membership first, then onBrokerStartup / onBrokerFailure."""
         if not self.is_active:
             return
-        brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
+        brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = {r.broker_id: r for r in registrations(self.etcd, brokers.kvs)}
         current = {b: r.broker_epoch for b, r in registered.items()}
         changes = compute_broker_changes(self.ctx.live_broker_epochs, current)
@@ -762,19 +759,19 @@ class Controller:
         if self.ctx.broker_epoch(broker_id) != broker_epoch:
             raise errors.error_for(errors.Code.STALE_BROKER_EPOCH,
                                    f"broker {broker_id} epoch {broker_epoch} is not the registered one")
-        key = self.etcd.key(PRODUCER_ID_BLOCK_KEY)
+        key = ProducerIdBlockZNode.key(self.etcd)
         kv = await self.etcd.get(key)
-        start = json.loads(kv.value)["block_end"] + 1 if kv is not None else 0
-        block = {"version": 1, "broker": broker_id, "block_start": start, "block_end": start + PRODUCER_ID_BLOCK_SIZE - 1}
+        start = ProducerIdBlockZNode.decode(kv.value).block_end + 1 if kv is not None else 0
+        block = ProducerIdBlock(broker_id, start, start + PRODUCER_ID_BLOCK_SIZE - 1)
         expected = kv.mod_revision if kv is not None else 0
-        await self.guarded_write([mod_revision_is(key, expected)], [Put(key, json.dumps(block).encode())])
+        await self.guarded_write([mod_revision_is(key, expected)], [Put(key, ProducerIdBlockZNode.encode(block))])
         return start, PRODUCER_ID_BLOCK_SIZE
 
     async def describe_cluster(self) -> ClusterDescription:
         """Controller id, epoch and registered brokers as etcd has them now (any instance may answer)."""
         controller_id = await elector.read_controller_id(self.etcd)
         epoch, _ = await elector.read_controller_epoch(self.etcd)
-        brokers = await self.etcd.get_prefix(self.etcd.key(BROKER_IDS))
+        brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         return ClusterDescription(controller_id, epoch, registrations(self.etcd, brokers.kvs))
 
 

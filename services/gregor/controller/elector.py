@@ -2,40 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 from gregor.common.etcd import Compare, EtcdClient, Put, mod_revision_is, version_is
+from gregor.common.etcd_layout import ControllerEpochZNode, ControllerRegistration, ControllerZNode
 
-CONTROLLER_KEY = "controller"
-CONTROLLER_EPOCH_KEY = "controller_epoch"
 NO_CONTROLLER = -1
 
 
 class ControllerMovedError(RuntimeError):
     """Another controller registered first, or a newer epoch fenced our write (Kafka's ControllerMovedException)."""
-
-
-@dataclass(frozen=True)
-class ControllerRegistration:
-    """The value of the `controller` key: who is active and since when (ZooKeeper's /controller JSON)."""
-
-    controller_id: int
-    timestamp_ms: int
-    # host:port of the controller's gRPC server, so brokers can forward AdminService calls.
-    endpoint: str = ""
-
-    def encode(self) -> bytes:
-        # "brokerid" keeps Kafka's field name for tools that read /controller; "controller_id" is ours.
-        return json.dumps({"version": 1, "brokerid": self.controller_id, "controller_id": self.controller_id,
-                           "timestamp": str(self.timestamp_ms), "endpoint": self.endpoint}).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> "ControllerRegistration":
-        raw = json.loads(value)
-        return cls(int(raw.get("controller_id", raw.get("brokerid"))), int(raw.get("timestamp", 0)),
-                   str(raw.get("endpoint", "")))
 
 
 @dataclass(frozen=True)
@@ -48,17 +25,17 @@ class Election:
 
 def epoch_guard(etcd: EtcdClient, epoch_version: int) -> Compare:
     """The compare every controller write carries: controller_epoch was last written by our election."""
-    return mod_revision_is(etcd.key(CONTROLLER_EPOCH_KEY), epoch_version)
+    return mod_revision_is(ControllerEpochZNode.key(etcd), epoch_version)
 
 
 def is_epoch_guard(etcd: EtcdClient, compare: Compare) -> bool:
-    return compare.key == etcd.key(CONTROLLER_EPOCH_KEY) and compare.target == "mod_revision"
+    return compare.key == ControllerEpochZNode.key(etcd) and compare.target == "mod_revision"
 
 
 async def read_controller(etcd: EtcdClient) -> ControllerRegistration | None:
     """The active controller's registration, None when the key is absent."""
-    kv = await etcd.get(etcd.key(CONTROLLER_KEY))
-    return ControllerRegistration.decode(kv.value) if kv is not None else None
+    kv = await etcd.get(ControllerZNode.key(etcd))
+    return ControllerZNode.decode(kv.value) if kv is not None else None
 
 
 async def read_controller_id(etcd: EtcdClient) -> int:
@@ -69,8 +46,8 @@ async def read_controller_id(etcd: EtcdClient) -> int:
 
 async def read_controller_epoch(etcd: EtcdClient) -> tuple[int, int]:
     """(epoch, mod_revision) of `controller_epoch`; (0, 0) before the first election."""
-    kv = await etcd.get(etcd.key(CONTROLLER_EPOCH_KEY))
-    return (int(kv.value), kv.mod_revision) if kv is not None else (0, 0)
+    kv = await etcd.get(ControllerEpochZNode.key(etcd))
+    return (ControllerEpochZNode.decode(kv.value), kv.mod_revision) if kv is not None else (0, 0)
 
 
 async def register_controller_and_increment_epoch(
@@ -85,10 +62,11 @@ async def register_controller_and_increment_epoch(
     epoch, epoch_version = await read_controller_epoch(etcd)
     registration = ControllerRegistration(controller_id, now_ms if now_ms is not None else int(time.time() * 1000),
                                           endpoint)
-    controller_key, epoch_key = etcd.key(CONTROLLER_KEY), etcd.key(CONTROLLER_EPOCH_KEY)
+    controller_key, epoch_key = ControllerZNode.key(etcd), ControllerEpochZNode.key(etcd)
     result = await etcd.txn(
         [version_is(controller_key, 0), mod_revision_is(epoch_key, epoch_version)],
-        [Put(controller_key, registration.encode(), lease_id), Put(epoch_key, str(epoch + 1).encode())],
+        [Put(controller_key, ControllerZNode.encode(registration), lease_id),
+         Put(epoch_key, ControllerEpochZNode.encode(epoch + 1))],
     )
     if not result:
         failed = ", ".join(map(str, result.failed))

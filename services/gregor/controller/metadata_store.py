@@ -1,84 +1,56 @@
-"""The cluster metadata in etcd: keys and Kafka's ZooKeeper JSON formats for topics, partition states and configs.
+"""The cluster metadata in etcd as the controller reads and writes it: topics, partition states, configs.
 
-Keys (under /gregor/<cluster>/, shared/DESIGN.md):
-
-- `brokers/topics/<topic>`: `{"version":2,"partitions":{"0":[1,2,3],...},"adding_replicas":{},"removing_replicas":{}}`
-- `brokers/topics/<topic>/partitions/<p>/state`:
-  `{"controller_epoch":E,"leader":L,"version":1,"leader_epoch":N,"isr":[...],"leader_broker_epoch":B}`;
-  the key's etcd `version` (1 on create, +1 per put) is ZooKeeper's zkVersion: partition_epoch =
-  version - 1. `leader_broker_epoch` (the leader's registration when it was elected) is absent when
-  unknown; leaders' ISR writes keep it (they rewrite only `isr`)
-- `config/topics/<topic>`: `{"version":1,"config":{"retention.ms":"1000",...}}`
-- `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
+Keys and value formats are gregor.common.etcd_layout's (TopicZNode, PartitionStateZNode,
+TopicConfigZNode, DeleteTopicsZNode); this module converts between them and the controller's
+LeaderAndIsr, loads snapshots, and builds the conditional writes.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, version_is
+from gregor.common.etcd_layout import (DeleteTopicsZNode, PartitionState, PartitionStateZNode, TopicConfigZNode,
+                                       TopicZNode)
 from gregor.controller.requests import PartitionStateWrite
-from gregor.controller.state import UNKNOWN_BROKER_EPOCH, LeaderAndIsr, TopicPartition
-
-BROKER_TOPICS = "brokers/topics/"
-CONFIG_TOPICS = "config/topics/"
-DELETE_TOPICS = "admin/delete_topics/"
+from gregor.controller.state import LeaderAndIsr, TopicPartition
 
 
 def topic_key(etcd: EtcdClient, topic: str) -> bytes:
-    return etcd.key("brokers", "topics", topic)
+    return TopicZNode.key(etcd, topic)
 
 
 def partition_state_key(etcd: EtcdClient, tp: TopicPartition) -> bytes:
-    return etcd.key("brokers", "topics", tp.topic, "partitions", tp.partition, "state")
+    return PartitionStateZNode.key(etcd, tp.topic, tp.partition)
 
 
 def config_key(etcd: EtcdClient, topic: str) -> bytes:
-    return etcd.key("config", "topics", topic)
+    return TopicConfigZNode.key(etcd, topic)
 
 
 def delete_topic_key(etcd: EtcdClient, topic: str) -> bytes:
-    return etcd.key("admin", "delete_topics", topic)
+    return DeleteTopicsZNode.key(etcd, topic)
 
 
-# -- Kafka's JSON formats -------------------------------------------------------
+# -- values (codecs in etcd_layout) ------------------------------------------------
 
-def encode_assignment(assignment: Mapping[int, Sequence[int]]) -> bytes:
-    partitions = {str(p): list(replicas) for p, replicas in sorted(assignment.items())}
-    return json.dumps({"version": 2, "partitions": partitions, "adding_replicas": {}, "removing_replicas": {}}).encode()
-
-
-def decode_assignment(value: bytes) -> dict[int, tuple[int, ...]]:
-    raw = json.loads(value)
-    return {int(p): tuple(int(r) for r in replicas) for p, replicas in raw.get("partitions", {}).items()}
+encode_assignment = TopicZNode.encode
+decode_assignment = TopicZNode.decode
+encode_config = TopicConfigZNode.encode
+decode_config = TopicConfigZNode.decode
 
 
 def encode_partition_state(lai: LeaderAndIsr) -> bytes:
-    """Kafka's state JSON; `leader_broker_epoch` only when known, so an unknown one reads back as before."""
-    state = {"controller_epoch": lai.controller_epoch, "leader": lai.leader, "version": 1,
-             "leader_epoch": lai.leader_epoch, "isr": list(lai.isr)}
-    if lai.leader_broker_epoch != UNKNOWN_BROKER_EPOCH:
-        state["leader_broker_epoch"] = lai.leader_broker_epoch
-    return json.dumps(state).encode()
+    return PartitionStateZNode.encode(PartitionState(lai.leader, lai.leader_epoch, tuple(lai.isr),
+                                                     lai.controller_epoch, lai.partition_epoch,
+                                                     lai.leader_broker_epoch))
 
 
 def decode_partition_state(kv: KeyValue) -> LeaderAndIsr:
-    """A missing `leader_broker_epoch` (a state written before it existed) is unknown."""
-    raw = json.loads(kv.value)
-    return LeaderAndIsr(leader=int(raw["leader"]), leader_epoch=int(raw["leader_epoch"]),
-                        isr=tuple(int(r) for r in raw["isr"]), controller_epoch=int(raw["controller_epoch"]),
-                        partition_epoch=kv.version - 1,
-                        leader_broker_epoch=int(raw.get("leader_broker_epoch", UNKNOWN_BROKER_EPOCH)))
-
-
-def encode_config(configs: Mapping[str, str]) -> bytes:
-    return json.dumps({"version": 1, "config": {k: str(v) for k, v in sorted(configs.items())}}).encode()
-
-
-def decode_config(value: bytes) -> dict[str, str]:
-    return {str(k): str(v) for k, v in json.loads(value).get("config", {}).items()}
+    s = PartitionStateZNode.decode(kv.value, kv.version)
+    return LeaderAndIsr(leader=s.leader, leader_epoch=s.leader_epoch, isr=s.isr, controller_epoch=s.controller_epoch,
+                        partition_epoch=s.partition_epoch, leader_broker_epoch=s.leader_broker_epoch)
 
 
 # -- loads ---------------------------------------------------------------------
@@ -96,39 +68,39 @@ class TopicsSnapshot:
 
 def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSnapshot) -> None:
     for kv in kvs:
-        parts = etcd.relative(kv.key)[len(BROKER_TOPICS):].split("/")
-        if len(parts) == 1 and parts[0]:
-            snap.assignments[parts[0]] = decode_assignment(kv.value)
-        elif len(parts) == 4 and parts[1] == "partitions" and parts[3] == "state" and parts[2].isdigit():
-            snap.states[TopicPartition(parts[0], int(parts[2]))] = decode_partition_state(kv)
+        topic = TopicZNode.topic(etcd, kv.key)
+        if topic is not None:
+            snap.assignments[topic] = decode_assignment(kv.value)
+        elif (tp := PartitionStateZNode.topic_partition(etcd, kv.key)) is not None:
+            snap.states[TopicPartition(*tp)] = decode_partition_state(kv)
 
 
 async def load_topics(etcd: EtcdClient) -> TopicsSnapshot:
     """Read topics, partition states, configs and pending deletions (controller failover)."""
     snap = TopicsSnapshot()
-    topics = await etcd.get_prefix(etcd.key(BROKER_TOPICS))
+    topics = await etcd.get_prefix(TopicZNode.prefix(etcd))
     snap.revision = topics.revision
     _parse_topic_keys(etcd, topics.kvs, snap)
     # A state whose topic key is gone is a leftover of a half-done deletion: ignore it.
     snap.states = {tp: s for tp, s in snap.states.items() if tp.partition in snap.assignments.get(tp.topic, {})}
-    for kv in (await etcd.get_prefix(etcd.key(CONFIG_TOPICS))).kvs:
-        snap.configs[etcd.relative(kv.key)[len(CONFIG_TOPICS):]] = decode_config(kv.value)
-    for kv in (await etcd.get_prefix(etcd.key(DELETE_TOPICS))).kvs:
-        snap.topics_to_delete.add(etcd.relative(kv.key)[len(DELETE_TOPICS):])
+    for kv in (await etcd.get_prefix(TopicConfigZNode.prefix(etcd))).kvs:
+        if (topic := TopicConfigZNode.topic(etcd, kv.key)) is not None:
+            snap.configs[topic] = decode_config(kv.value)
+    snap.topics_to_delete = _topics_to_delete(etcd, (await etcd.get_prefix(DeleteTopicsZNode.prefix(etcd))).kvs)
     return snap
 
 
 async def load_assignments(etcd: EtcdClient) -> dict[str, dict[int, tuple[int, ...]]]:
     """Only the `brokers/topics/<topic>` keys (TopicChange)."""
     snap = TopicsSnapshot()
-    _parse_topic_keys(etcd, (await etcd.get_prefix(etcd.key(BROKER_TOPICS))).kvs, snap)
+    _parse_topic_keys(etcd, (await etcd.get_prefix(TopicZNode.prefix(etcd))).kvs, snap)
     return snap.assignments
 
 
 async def load_partition_states(etcd: EtcdClient) -> dict[TopicPartition, LeaderAndIsr]:
     """Every partition state as etcd holds it now, in one range read (Kafka's getTopicPartitionStatesFromZk)."""
     snap = TopicsSnapshot()
-    _parse_topic_keys(etcd, (await etcd.get_prefix(etcd.key(BROKER_TOPICS))).kvs, snap)
+    _parse_topic_keys(etcd, (await etcd.get_prefix(TopicZNode.prefix(etcd))).kvs, snap)
     return snap.states
 
 
@@ -137,15 +109,17 @@ async def load_partition_state(etcd: EtcdClient, tp: TopicPartition) -> LeaderAn
     return decode_partition_state(kv) if kv is not None else None
 
 
+def _topics_to_delete(etcd: EtcdClient, kvs: Sequence[KeyValue]) -> set[str]:
+    return {topic for kv in kvs if (topic := DeleteTopicsZNode.topic(etcd, kv.key)) is not None}
+
+
 async def load_topics_to_delete(etcd: EtcdClient) -> set[str]:
-    kvs = (await etcd.get_prefix(etcd.key(DELETE_TOPICS))).kvs
-    return {etcd.relative(kv.key)[len(DELETE_TOPICS):] for kv in kvs}
+    return _topics_to_delete(etcd, (await etcd.get_prefix(DeleteTopicsZNode.prefix(etcd))).kvs)
 
 
 def is_topic_key(etcd: EtcdClient, key: bytes) -> bool:
     """True for `brokers/topics/<topic>` itself, False for its partition state keys."""
-    rest = etcd.relative(key)[len(BROKER_TOPICS):]
-    return bool(rest) and "/" not in rest
+    return TopicZNode.topic(etcd, key) is not None
 
 
 # -- conditional writes (the caller adds the controller epoch guard) -------------
@@ -153,7 +127,7 @@ def is_topic_key(etcd: EtcdClient, key: bytes) -> bool:
 def partition_state_write(etcd: EtcdClient, write: PartitionStateWrite) -> tuple[list[Compare], list[Put | Delete]]:
     """A create (key absent) or an update (zkVersion still expected + 1) of one partition state."""
     key = partition_state_key(etcd, write.topic_partition)
-    expected_version = 0 if write.expected_partition_epoch is None else write.expected_partition_epoch + 1
+    expected_version = PartitionStateZNode.expected_version(write.expected_partition_epoch)
     return [version_is(key, expected_version)], [Put(key, encode_partition_state(write.new_state))]
 
 
@@ -167,5 +141,5 @@ def create_topic_ops(etcd: EtcdClient, topic: str, assignment: Mapping[int, Sequ
 
 def delete_topic_ops(etcd: EtcdClient, topic: str) -> list[Put | Delete]:
     """Remove every key of a deleted topic, the deletion mark last."""
-    return [Delete(topic_key(etcd, topic) + b"/", prefix=True), Delete(topic_key(etcd, topic)),
+    return [Delete(TopicZNode.children_prefix(etcd, topic), prefix=True), Delete(topic_key(etcd, topic)),
             Delete(config_key(etcd, topic)), Delete(delete_topic_key(etcd, topic))]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 
@@ -18,7 +18,7 @@ from gregor.rpc.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 if TYPE_CHECKING:
     from gregor.controller.controller import Controller
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):

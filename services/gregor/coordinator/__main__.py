@@ -9,8 +9,8 @@ import logging
 import os
 import sys
 
-from gregor.client.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.properties import load_properties, settle
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
@@ -114,7 +114,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(a: argparse.Namespace) -> int:
-    from gregor.client.metrics_reporter import MetricsReporter
+    from gregor.common.metrics_reporter import MetricsReporter
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown

@@ -20,7 +20,6 @@ timeout) a safety margin before that.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -31,16 +30,17 @@ from prometheus_client import Counter, Gauge
 
 from gregor.client.admin import AdminClient
 from gregor.client.consumer import Consumer
-from gregor.client.metrics_reporter import etcd_bootstrap
 from gregor.client.producer import Producer
 from gregor.common import errors
 from gregor.common.clock import monotonic_ms, now_ms
 from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompacted, lease_ttl_s, value_is
+from gregor.common.etcd_layout import BrokerIdsZNode, CoordinatorKey, CoordinatorsZNode, TopicZNode
+from gregor.common.metrics_reporter import etcd_bootstrap
 from gregor.coordinator import offsets_log as ol
 from gregor.coordinator.coordinator_metrics import COMMITTED_OFFSETS, RebalanceTimer
 from gregor.coordinator.group import Group, GroupState, Member
 from gregor.coordinator.group_manager import GroupConfig, GroupManager
-from gregor.common.coordinator_ownership import apply_registry_key, desired_partitions
+from gregor.common.coordinator_ownership import apply_coordinator_key, desired_partitions
 
 log = logging.getLogger(__name__)
 Code = errors.Code
@@ -159,8 +159,8 @@ class GroupCoordinator:
         self._lease = await self.etcd.grant_lease(lease_ttl_s(self.config.lease_ttl_ms))
         self._lease_valid_until_ms = granted_at + self._lease.ttl_s * 1000
         self._lease.on_lost(lambda exc: self._fail(exc))
-        info = {"coordinator_id": self.id, "host": self.host, "port": self.port}
-        await self.etcd.put(self.etcd.key("coordinators", "ids", self.id), json.dumps(info).encode(),
+        await self.etcd.put(CoordinatorsZNode.id_key(self.etcd, self.id),
+                            CoordinatorsZNode.encode_info(self.id, self.host, self.port),
                             lease=self._lease.id)
         for coro, name in ((self._watch_coordinators(), "watch-coordinators"),
                            (self._watch_topics(), "watch-topics"),
@@ -204,10 +204,10 @@ class GroupCoordinator:
 
     async def _ensure_offsets_topic(self) -> None:
         """Create __consumer_offsets through the controller if missing; learn its real partition count."""
-        key = self.etcd.key("brokers", "topics", ol.OFFSETS_TOPIC)
+        key = TopicZNode.key(self.etcd, ol.OFFSETS_TOPIC)
         kv = await self.etcd.get(key)
         if kv is None:
-            brokers = len((await self.etcd.get_prefix(self.etcd.key("brokers", "ids") + b"/")).kvs)
+            brokers = len((await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))).kvs)
             rf = min(self.config.offsets_topic_replication_factor, max(brokers, 1))
             if rf < self.config.offsets_topic_replication_factor:
                 log.warning("offsets.topic.replication.factor %d capped at %d live brokers",
@@ -222,7 +222,7 @@ class GroupCoordinator:
                 raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, f"{ol.OFFSETS_TOPIC} did not appear in etcd")
         else:
             await self._check_offsets_topic_configs()
-        self.num_partitions = len(json.loads(kv.value)["partitions"])
+        self.num_partitions = TopicZNode.partition_count(kv.value)
         if self.num_partitions != self.config.offsets_topic_num_partitions:
             log.warning("%s has %d partitions, not offsets.topic.num.partitions %d: using %d", ol.OFFSETS_TOPIC,
                         self.num_partitions, self.config.offsets_topic_num_partitions, self.num_partitions)
@@ -272,22 +272,23 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ ownership
     async def _watch_coordinators(self) -> None:
-        prefix = self.etcd.key("coordinators") + b"/"
+        prefix = CoordinatorsZNode.prefix(self.etcd)
         while True:
             res = await self.etcd.get_prefix(prefix)
             self.live, self.claims = {}, {}
             for kv in res.kvs:
-                self._apply_coordinator_kv(self.etcd.relative(kv.key), kv.value)
+                self._apply_coordinator_kv(CoordinatorsZNode.parse(self.etcd, kv.key), kv.value)
             self._reconcile_needed.set()
             try:
                 async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply_coordinator_kv(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+                    self._apply_coordinator_kv(CoordinatorsZNode.parse(self.etcd, ev.key),
+                                               ev.value if ev.type == "put" else None)
                     self._reconcile_needed.set()
             except WatchCompacted:
                 continue
 
-    def _apply_coordinator_kv(self, rel: str, value: bytes | None) -> None:
-        apply_registry_key(self.live, self.claims, rel, value)
+    def _apply_coordinator_kv(self, key: CoordinatorKey | None, value: bytes | None) -> None:
+        apply_coordinator_key(self.live, self.claims, key, value)
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(self._reconcile_needed, self._reconcile, "ownership")
@@ -300,13 +301,15 @@ class GroupCoordinator:
         for p in sorted(mine - want):
             self._unload(p)
             await self._drain(p)  # the successor must find every write we sent in the log
-            await self.etcd.txn([value_is(self._claim_key(p), str(self.id).encode())], [Delete(self._claim_key(p))])
+            await self.etcd.txn([value_is(self._claim_key(p), CoordinatorsZNode.encode_claim(self.id))],
+                                [Delete(self._claim_key(p))])
         for p in sorted(want - mine):
             holder = self.claims.get(p)
             if holder is not None and holder != self.id:
                 continue  # the old owner releases it (or its lease expires); the watch brings us back
             if holder is None:
-                res = await self.etcd.create_if_absent(self._claim_key(p), str(self.id).encode(), self._lease.id)
+                res = await self.etcd.create_if_absent(self._claim_key(p), CoordinatorsZNode.encode_claim(self.id),
+                                                       self._lease.id)
                 if not res:
                     continue
                 self.claims[p] = self.id
@@ -365,7 +368,7 @@ class GroupCoordinator:
                 f"{self.fence_margin_ms} ms (a successor may take over): FindCoordinator again")
 
     def _claim_key(self, p: int) -> bytes:
-        return self.etcd.key("coordinators", "partitions", p)
+        return CoordinatorsZNode.claim_key(self.etcd, CoordinatorsZNode.OFFSETS_CLAIMS, p)
 
     def _unload(self, p: int) -> None:
         """Forget the groups of partition p; their parked requests get NOT_COORDINATOR."""
@@ -651,38 +654,36 @@ class GroupCoordinator:
     async def _watch_topics(self) -> None:
         """Changes of topics (etcd brokers/topics/<t>) trigger rebalances of the groups subscribed to them:
         a partition-count change, a deletion, or the creation of a subscribed topic (seed 003)."""
-        prefix = self.etcd.key("brokers", "topics") + b"/"
+        prefix = TopicZNode.prefix(self.etcd)
         initial = True
         while True:
             res = await self.etcd.get_prefix(prefix)
             listed: set[str] = set()
             for kv in res.kvs:
-                topic = self._apply_topic(self.etcd.relative(kv.key), kv.value, initial=initial)
+                topic = self._apply_topic(TopicZNode.topic(self.etcd, kv.key), kv.value, initial=initial)
                 if topic is not None:
                     listed.add(topic)
             if not initial:
                 # Re-listed after a compacted watch: topics deleted meanwhile sent no event.
                 for topic in sorted(set(self.topic_partitions) - listed):
-                    self._apply_topic(f"brokers/topics/{topic}", None)
+                    self._apply_topic(topic, None)
             initial = False
             try:
                 async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply_topic(self.etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+                    self._apply_topic(TopicZNode.topic(self.etcd, ev.key), ev.value if ev.type == "put" else None)
             except WatchCompacted:
                 continue
 
-    def _apply_topic(self, rel: str, value: bytes | None, initial: bool = False) -> str | None:
+    def _apply_topic(self, topic: str | None, value: bytes | None, initial: bool = False) -> str | None:
         """Track a topic's partition count; rebalance the subscribed groups when it changes (0 = deleted).
-        Returns the topic name (None for keys that are not a topic's assignment)."""
-        parts = rel.split("/")
-        if len(parts) != 3:
-            return None  # partition state keys, not the topic's assignment
-        topic = parts[2]
+        topic is None for keys that are not a topic's assignment (partition states). Returns the topic."""
+        if topic is None:
+            return None
         if value is None:
             count = 0
         else:
             try:
-                count = len(json.loads(value)["partitions"])
+                count = TopicZNode.partition_count(value)
             except (ValueError, KeyError, TypeError):
                 return None
         before = self.topic_partitions.pop(topic, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeAlias
 
 import grpc
 
@@ -13,7 +14,7 @@ from gregor.coordinator.coordinator import GroupCoordinator
 from gregor.coordinator.group import Group, GroupState
 from gregor.rpc.v1 import common_pb2, coordinator_pb2 as pb, coordinator_pb2_grpc
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 Code = errors.Code
 LIST_SCOPE_HEADER = "gregor-list-scope"
 

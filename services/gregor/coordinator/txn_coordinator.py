@@ -25,7 +25,6 @@ Concurrency: event-loop owned; one asyncio.Lock per transactional id orders its 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from gregor.common import errors
 from gregor.common.clock import now_ms
 from gregor.common.coordinator_ownership import desired_partitions, partition_for
 from gregor.common.etcd import Delete, EtcdError, WatchCompacted, value_is
+from gregor.common.etcd_layout import BrokerIdsZNode, CoordinatorKey, CoordinatorsZNode, TopicZNode
 from gregor.common.rpc import channel
 from gregor.coordinator import txn_metadata as tm
 from gregor.coordinator.coordinator import reconcile_forever, replay_partition
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 Code = errors.Code
 TXN_TOPIC = "__transaction_state"
 OFFSETS_TOPIC = "__consumer_offsets"
-CLAIMS = "txn-partitions"  # etcd: coordinators/txn-partitions/<p> -> holder id
+CLAIMS = CoordinatorsZNode.TXN_CLAIMS  # etcd: coordinators/txn-partitions/<p> -> holder id
 MARKER_RETRY_S = 0.2  # pause before resending markers that failed retriably (a leader moved)
 
 OPEN_TXNS = Gauge("gregor_coordinator_transactions_open", "Transactions in Ongoing or Prepare* on this instance")
@@ -125,7 +125,7 @@ class TransactionCoordinator:
 
     async def _wait_for_topic(self) -> None:
         """Learn the partition count of __transaction_state once it exists in etcd; ownership starts then."""
-        etcd, key = self.gc.etcd, self.gc.etcd.key("brokers", "topics", TXN_TOPIC)
+        etcd, key = self.gc.etcd, TopicZNode.key(self.gc.etcd, TXN_TOPIC)
         while (kv := await etcd.get(key)) is None:
             await asyncio.sleep(0.2)
         gc = self.gc  # the writer and the loader only now: a cluster without transactions never starts them
@@ -136,7 +136,7 @@ class TransactionCoordinator:
         self._consumer = Consumer({"bootstrap.servers": gc.bootstrap, "enable.auto.commit": False,
                                    "auto.offset.reset": "earliest", "client.id": f"txn-coordinator-{gc.id}-loader"})
         await self._producer.metadata.wait_for_topic(TXN_TOPIC, 30000)
-        self.num_partitions = len(json.loads(kv.value)["partitions"])
+        self.num_partitions = TopicZNode.partition_count(kv.value)
         self._reconcile_needed.set()
 
     def _maybe_create_topic(self) -> None:
@@ -151,10 +151,10 @@ class TransactionCoordinator:
 
     async def _ensure_topic(self) -> None:
         """Create __transaction_state (compacted, Kafka's transaction.state.log.* settings) if missing."""
-        etcd, key = self.gc.etcd, self.gc.etcd.key("brokers", "topics", TXN_TOPIC)
+        etcd, key = self.gc.etcd, TopicZNode.key(self.gc.etcd, TXN_TOPIC)
         kv = await etcd.get(key)
         if kv is None:
-            brokers = len((await etcd.get_prefix(etcd.key("brokers", "ids") + b"/")).kvs)
+            brokers = len((await etcd.get_prefix(BrokerIdsZNode.prefix(etcd))).kvs)
             rf = min(self.config.replication_factor, max(brokers, 1))
             configs = {"cleanup.policy": "compact", "segment.bytes": str(self.config.segment_bytes),
                        "min.insync.replicas": str(min(self.config.min_isr, rf))}
@@ -174,35 +174,34 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ ownership (as the offsets partitions)
     async def _watch(self) -> None:
         etcd = self.gc.etcd
-        prefix = etcd.key("coordinators") + b"/"
+        prefix = CoordinatorsZNode.prefix(etcd)
         while True:
             res = await etcd.get_prefix(prefix)
             self.live, self.claims = set(), {}
             for kv in res.kvs:
-                self._apply(etcd.relative(kv.key), kv.value)
+                self._apply(CoordinatorsZNode.parse(etcd, kv.key), kv.value)
             self._reconcile_needed.set()
             try:
                 async for ev in etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(etcd.relative(ev.key), ev.value if ev.type == "put" else None)
+                    self._apply(CoordinatorsZNode.parse(etcd, ev.key), ev.value if ev.type == "put" else None)
                     self._reconcile_needed.set()
             except WatchCompacted:
                 continue
 
-    def _apply(self, rel: str, value: bytes | None) -> None:
-        parts = rel.split("/")
-        if len(parts) != 3 or not parts[2].isdigit():
+    def _apply(self, key: CoordinatorKey | None, value: bytes | None) -> None:
+        if key is None:
             return
-        n = int(parts[2])
-        if parts[1] == "ids":
+        n = key.n
+        if key.kind == CoordinatorsZNode.IDS:
             (self.live.discard(n) if value is None else self.live.add(n))
-        elif parts[1] == CLAIMS:
+        elif key.kind == CLAIMS:
             if value is None:
                 self.claims.pop(n, None)
             else:
-                self.claims[n] = int(value)
+                self.claims[n] = CoordinatorsZNode.decode_claim(value)
 
     def _claim_key(self, p: int) -> bytes:
-        return self.gc.etcd.key("coordinators", CLAIMS, p)
+        return CoordinatorsZNode.claim_key(self.gc.etcd, CLAIMS, p)
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(self._reconcile_needed, self._reconcile, "transaction partition")
@@ -216,17 +215,18 @@ class TransactionCoordinator:
         mine = self.owned | self.loading
         for p in sorted(mine - want):
             self._unload(p)
-            await etcd.txn([value_is(self._claim_key(p), str(gc.id).encode())], [Delete(self._claim_key(p))])
+            await etcd.txn([value_is(self._claim_key(p), CoordinatorsZNode.encode_claim(gc.id))],
+                           [Delete(self._claim_key(p))])
         for p in sorted(want - mine):
             holder = self.claims.get(p)
             if holder is not None and holder != gc.id:
                 continue
             if holder is None:
-                if not await etcd.create_if_absent(self._claim_key(p), str(gc.id).encode(), lease_id):
+                if not await etcd.create_if_absent(self._claim_key(p), CoordinatorsZNode.encode_claim(gc.id), lease_id):
                     continue
                 self.claims[p] = gc.id
             claim = await etcd.get(self._claim_key(p))
-            if claim is None or claim.value != str(gc.id).encode():
+            if claim is None or claim.value != CoordinatorsZNode.encode_claim(gc.id):
                 continue
             self.epochs[p] = claim.create_revision & 0x7FFFFFFF
             self.loading.add(p)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import grpc
 
 from gregor.common import errors
@@ -11,7 +13,7 @@ from gregor.coordinator.txn_coordinator import TransactionCoordinator
 from gregor.coordinator.txn_metadata import TxnMetadata
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = grpc.aio.ServicerContext
 
 
 def description(c: TransactionCoordinator, md: TxnMetadata) -> pb.TransactionDescription:
@@ -97,4 +99,5 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
                         raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE,
                                                f"coordinator {cid} did not list its transactions: {err.message}")
                 out.extend(resp.transactions)
-        return pb.ListTransactionsResponse(transactions=sorted(out, key=lambda d: d.transactional_id))
+        out.sort(key=lambda d: d.transactional_id)
+        return pb.ListTransactionsResponse(transactions=out)

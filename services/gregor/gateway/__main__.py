@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from gregor.client.metrics_reporter import MetricsTopicConfig
+from gregor.common.metrics_reporter import MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties
 
@@ -77,7 +77,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 
 async def run(args: GatewayArgs) -> int:
-    from gregor.client.metrics_reporter import MetricsReporter
+    from gregor.common.metrics_reporter import MetricsReporter
     from gregor.common.memory import tune_allocator
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown

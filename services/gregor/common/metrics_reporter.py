@@ -1,5 +1,9 @@
 """Publish a process's own metric samples to the `__gregor_metrics` topic (off by default).
 
+Shared by every role (broker, controller, coordinator, gateway), hence in common/. The reporter
+itself is a client of the brokers: it produces through the client SDK's Producer and AdminClient,
+imported when it starts (the one use of gregor.client from common/, see docs/architecture.md).
+
 Kafka's metric reporters feed Cruise Control the same way: every `metrics.topic.interval.ms` the
 process collects its Prometheus registry and produces ONE record (a sample batch) keyed by
 `<role>-<id>`, so analytics (the Spark job) can read metrics history without Prometheus. The
@@ -22,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from gregor.common import errors
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.properties import parse_bool
 
 log = logging.getLogger(__name__)
@@ -81,8 +86,9 @@ async def etcd_bootstrap(etcd: Any, poll_s: float = 0.2) -> str:
     through it.
     """
     while True:
-        res = await etcd.get_prefix(etcd.key("brokers", "ids") + b"/")
-        addrs = [f"{info['host']}:{info['grpc_port']}" for info in (json.loads(kv.value) for kv in res.kvs)]
+        res = await etcd.get_prefix(BrokerIdsZNode.prefix(etcd))
+        endpoints = (BrokerIdsZNode.grpc_endpoint(BrokerIdsZNode.decode(kv.value)) for kv in res.kvs)
+        addrs = [e for e in endpoints if e]
         if addrs:
             return ",".join(addrs)
         await asyncio.sleep(poll_s)

@@ -7,7 +7,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gregor.client.metrics_reporter import SCHEMA_VERSION, decode, encode, sample_batch
+from gregor.common.metrics_reporter import SCHEMA_VERSION, decode, encode, sample_batch
 from gregor.common.config import BrokerConfig
 
 

@@ -1,0 +1,440 @@
+"""Every etcd key Gregor uses and the codec of every value stored there (Kafka's ZkData).
+
+One section per record kind; nothing else in services/ builds a key or parses a stored value
+(tests/unit/common/test_etcd_layout.py scans for it). Keys live under the cluster prefix
+`/gregor/<cluster>/` that `EtcdClient.key` adds; the paths below are relative to it:
+
+- `controller`: the active controller (lease-bound), Kafka's /controller JSON
+- `controller_epoch`: the controller epoch as a decimal; its mod_revision fences older controllers
+- `brokers/ids/<id>`: a broker registration (lease-bound); its create_revision is the broker epoch
+- `brokers/topics/<topic>`: a topic's replica assignment
+- `brokers/topics/<topic>/partitions/<p>/state`: a partition's leader, epochs and ISR
+- `config/topics/<topic>`: a topic's config overrides
+- `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
+- `isr_change_notification/isr_change_<ns>_<broker>_<seq>`: ISR changes a leader made
+- `latest_producer_id_block`: the last producer id block handed out
+- `coordinators/ids/<id>`: a live coordinator (lease-bound)
+- `coordinators/partitions/<p>`, `coordinators/txn-partitions/<p>`: the coordinator serving that
+  __consumer_offsets / __transaction_state partition (lease-bound; the value is its id)
+
+Versioning rules: every JSON value carries Kafka's `"version"` field, readers accept what older
+writers stored (a missing optional field reads as unknown) and ignore fields they do not know.
+A partition state's etcd `version` (1 on create, +1 per put) is ZooKeeper's zkVersion:
+partition_epoch = version - 1 (`PartitionStateZNode.partition_epoch`), and a writer expecting
+partition epoch E compares the key's version against E + 1 (absent key: 0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+
+class KeySpace(Protocol):
+    """What the layout needs of an etcd client: the cluster prefix (gregor.common.etcd.EtcdClient)."""
+
+    def key(self, *parts: str | int) -> bytes: ...
+
+    def relative(self, key: bytes) -> str: ...
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _object(value: bytes) -> dict[str, Any]:
+    """A JSON object value; ValueError for anything else (a clear error, never a crash later)."""
+    raw = json.loads(value)
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _prefix(etcd: KeySpace, *parts: str | int) -> bytes:
+    return etcd.key(*parts) + b"/"
+
+
+def _child(etcd: KeySpace, key: bytes, *parts: str) -> str | None:
+    """The one path segment below `parts` in key, None when key is not exactly one level below."""
+    rel = etcd.relative(key).split("/")
+    if len(rel) != len(parts) + 1 or tuple(rel[:len(parts)]) != parts or not rel[-1]:
+        return None
+    return rel[-1]
+
+
+# -- controller election -------------------------------------------------------
+
+@dataclass(frozen=True)
+class ControllerRegistration:
+    """The value of the `controller` key: who is active and since when (ZooKeeper's /controller JSON)."""
+
+    controller_id: int
+    timestamp_ms: int
+    # host:port of the controller's gRPC server, so brokers can forward AdminService calls.
+    endpoint: str = ""
+
+    def encode(self) -> bytes:
+        # "brokerid" keeps Kafka's field name for tools that read /controller; "controller_id" is ours.
+        return _json({"version": 1, "brokerid": self.controller_id, "controller_id": self.controller_id,
+                      "timestamp": str(self.timestamp_ms), "endpoint": self.endpoint})
+
+    @classmethod
+    def decode(cls, value: bytes) -> "ControllerRegistration":
+        raw = _object(value)
+        return cls(int(raw.get("controller_id", raw.get("brokerid", -1))), int(raw.get("timestamp", 0)),
+                   str(raw.get("endpoint", "")))
+
+
+class ControllerZNode:
+    """`controller`: lease-bound, created by the election transaction (Kafka's ControllerZNode)."""
+
+    PATH = "controller"
+
+    @staticmethod
+    def key(etcd: KeySpace) -> bytes:
+        return etcd.key(ControllerZNode.PATH)
+
+    @staticmethod
+    def encode(registration: ControllerRegistration) -> bytes:
+        return registration.encode()
+
+    @staticmethod
+    def decode(value: bytes) -> ControllerRegistration:
+        return ControllerRegistration.decode(value)
+
+
+class ControllerEpochZNode:
+    """`controller_epoch`: the epoch as a decimal string (Kafka's ControllerEpochZNode)."""
+
+    PATH = "controller_epoch"
+
+    @staticmethod
+    def key(etcd: KeySpace) -> bytes:
+        return etcd.key(ControllerEpochZNode.PATH)
+
+    @staticmethod
+    def encode(epoch: int) -> bytes:
+        return str(epoch).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> int:
+        return int(value)
+
+
+# -- broker registrations ------------------------------------------------------
+
+class BrokerIdsZNode:
+    """`brokers/ids/<id>`: a broker's registration (Kafka's BrokerIdZNode, JSON version 5).
+
+    The value is the broker's info (host, grpc_port, data_port, rack, ...) plus "version" and
+    "timestamp"; the key's create_revision is the broker epoch.
+    """
+
+    PATH = "brokers/ids"
+    VERSION = 5
+
+    @staticmethod
+    def key(etcd: KeySpace, broker_id: int) -> bytes:
+        return etcd.key("brokers", "ids", broker_id)
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "brokers", "ids")
+
+    @staticmethod
+    def broker_id(etcd: KeySpace, key: bytes) -> int | None:
+        """The id in a `brokers/ids/<id>` key, None for any other key."""
+        child = _child(etcd, key, "brokers", "ids")
+        return int(child) if child is not None and child.isdigit() else None
+
+    @staticmethod
+    def encode(info: Mapping[str, Any], timestamp_ms: int) -> bytes:
+        return _json({"version": BrokerIdsZNode.VERSION, **info, "timestamp": str(timestamp_ms)})
+
+    @staticmethod
+    def decode(value: bytes) -> dict[str, Any]:
+        """The registration's fields; an empty or malformed value reads as no fields (never raises)."""
+        try:
+            raw = json.loads(value) if value else {}
+        except ValueError:
+            return {}
+        return raw if isinstance(raw, dict) else {}
+
+    @staticmethod
+    def grpc_endpoint(info: Mapping[str, Any]) -> str:
+        """host:grpc_port of a decoded registration ("" when it names none)."""
+        host, port = info.get("host"), info.get("grpc_port")
+        return f"{host}:{port}" if host and port else ""
+
+
+# -- topics --------------------------------------------------------------------
+
+class TopicZNode:
+    """`brokers/topics/<topic>`: the replica assignment (Kafka's TopicZNode, JSON version 2)."""
+
+    PATH = "brokers/topics"
+
+    @staticmethod
+    def key(etcd: KeySpace, topic: str) -> bytes:
+        return etcd.key("brokers", "topics", topic)
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        """Every topic key and every partition state key lies under it."""
+        return _prefix(etcd, "brokers", "topics")
+
+    @staticmethod
+    def children_prefix(etcd: KeySpace, topic: str) -> bytes:
+        """The topic's partition state keys (not the topic key itself)."""
+        return _prefix(etcd, "brokers", "topics", topic)
+
+    @staticmethod
+    def topic(etcd: KeySpace, key: bytes) -> str | None:
+        """The topic of a `brokers/topics/<topic>` key, None for partition state and other keys."""
+        return _child(etcd, key, "brokers", "topics")
+
+    @staticmethod
+    def encode(assignment: Mapping[int, Sequence[int]]) -> bytes:
+        partitions = {str(p): list(replicas) for p, replicas in sorted(assignment.items())}
+        return _json({"version": 2, "partitions": partitions, "adding_replicas": {}, "removing_replicas": {}})
+
+    @staticmethod
+    def decode(value: bytes) -> dict[int, tuple[int, ...]]:
+        raw = _object(value)
+        return {int(p): tuple(int(r) for r in replicas) for p, replicas in raw.get("partitions", {}).items()}
+
+    @staticmethod
+    def partition_count(value: bytes) -> int:
+        return len(TopicZNode.decode(value))
+
+
+UNKNOWN_BROKER_EPOCH = -1
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """A decoded `.../partitions/<p>/state`; partition_epoch comes from the key's etcd version."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+    partition_epoch: int = 0
+    leader_broker_epoch: int = UNKNOWN_BROKER_EPOCH
+
+    def with_isr(self, isr: Iterable[int]) -> "PartitionState":
+        """The same state with another ISR (a leader's AlterIsr keeps everything else)."""
+        return replace(self, isr=tuple(isr))
+
+
+class PartitionStateZNode:
+    """`brokers/topics/<topic>/partitions/<p>/state` (Kafka's TopicPartitionStateZNode, JSON version 1).
+
+    `{"controller_epoch":E,"leader":L,"version":1,"leader_epoch":N,"isr":[...],"leader_broker_epoch":B}`;
+    `leader_broker_epoch` is written only when known and reads back as UNKNOWN_BROKER_EPOCH when absent.
+    """
+
+    @staticmethod
+    def key(etcd: KeySpace, topic: str, partition: int) -> bytes:
+        return etcd.key("brokers", "topics", topic, "partitions", partition, "state")
+
+    @staticmethod
+    def topic_partition(etcd: KeySpace, key: bytes) -> tuple[str, int] | None:
+        """(topic, partition) of a partition state key, None for any other key."""
+        rel = etcd.relative(key).split("/")
+        if (len(rel) == 6 and rel[:2] == ["brokers", "topics"] and rel[2] and rel[3] == "partitions"
+                and rel[4].isdigit() and rel[5] == "state"):
+            return rel[2], int(rel[4])
+        return None
+
+    @staticmethod
+    def encode(state: PartitionState) -> bytes:
+        raw: dict[str, Any] = {"controller_epoch": state.controller_epoch, "leader": state.leader, "version": 1,
+                               "leader_epoch": state.leader_epoch, "isr": list(state.isr)}
+        if state.leader_broker_epoch != UNKNOWN_BROKER_EPOCH:
+            raw["leader_broker_epoch"] = state.leader_broker_epoch
+        return _json(raw)
+
+    @staticmethod
+    def decode(value: bytes, etcd_version: int) -> PartitionState:
+        """The stored state; etcd_version is the key's KeyValue.version (the zkVersion)."""
+        raw = _object(value)
+        return PartitionState(leader=int(raw["leader"]), leader_epoch=int(raw["leader_epoch"]),
+                              isr=tuple(int(r) for r in raw["isr"]), controller_epoch=int(raw["controller_epoch"]),
+                              partition_epoch=PartitionStateZNode.partition_epoch(etcd_version),
+                              leader_broker_epoch=int(raw.get("leader_broker_epoch", UNKNOWN_BROKER_EPOCH)))
+
+    @staticmethod
+    def partition_epoch(etcd_version: int) -> int:
+        """The partition epoch of a state whose key has this etcd version (zkVersion = version - 1)."""
+        return etcd_version - 1
+
+    @staticmethod
+    def expected_version(partition_epoch: int | None) -> int:
+        """The etcd version a writer compares against when it expects partition_epoch (None: key absent)."""
+        return 0 if partition_epoch is None else partition_epoch + 1
+
+
+class TopicConfigZNode:
+    """`config/topics/<topic>`: the topic's config overrides (Kafka's ConfigEntityZNode, JSON version 1)."""
+
+    @staticmethod
+    def key(etcd: KeySpace, topic: str) -> bytes:
+        return etcd.key("config", "topics", topic)
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "config", "topics")
+
+    @staticmethod
+    def topic(etcd: KeySpace, key: bytes) -> str | None:
+        return _child(etcd, key, "config", "topics")
+
+    @staticmethod
+    def encode(configs: Mapping[str, str]) -> bytes:
+        return _json({"version": 1, "config": {k: str(v) for k, v in sorted(configs.items())}})
+
+    @staticmethod
+    def decode(value: bytes) -> dict[str, str]:
+        return {str(k): str(v) for k, v in _object(value).get("config", {}).items()}
+
+
+class DeleteTopicsZNode:
+    """`admin/delete_topics/<topic>`: empty; the topic is queued for deletion (Kafka's DeleteTopicsTopicZNode)."""
+
+    VALUE = b""
+
+    @staticmethod
+    def key(etcd: KeySpace, topic: str) -> bytes:
+        return etcd.key("admin", "delete_topics", topic)
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "admin", "delete_topics")
+
+    @staticmethod
+    def topic(etcd: KeySpace, key: bytes) -> str | None:
+        return _child(etcd, key, "admin", "delete_topics")
+
+
+# -- ISR change notifications --------------------------------------------------
+
+class IsrChangeNotificationZNode:
+    """`isr_change_notification/isr_change_<ns>_<broker>_<seq>` (Kafka's IsrChangeNotificationSequenceZNode).
+
+    etcd has no sequential nodes: the time in ns, the broker id and a per-broker counter keep the
+    names unique and in order. Value: `{"version":1,"partitions":[{"topic":T,"partition":P},...]}`.
+    """
+
+    PATH = "isr_change_notification"
+
+    @staticmethod
+    def key(etcd: KeySpace, time_ns: int, broker_id: int, seq: int) -> bytes:
+        return etcd.key(IsrChangeNotificationZNode.PATH, f"isr_change_{time_ns:020d}_{broker_id}_{seq}")
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, IsrChangeNotificationZNode.PATH)
+
+    @staticmethod
+    def encode(partitions: Iterable[tuple[str, int]]) -> bytes:
+        return _json({"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in partitions]})
+
+    @staticmethod
+    def decode(value: bytes) -> list[tuple[str, int]]:
+        """The changed partitions; ValueError (or KeyError/TypeError) for a malformed value."""
+        return [(str(e["topic"]), int(e["partition"])) for e in _object(value).get("partitions", [])]
+
+
+# -- producer ids --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProducerIdBlock:
+    broker_id: int
+    block_start: int
+    block_end: int  # inclusive
+
+
+class ProducerIdBlockZNode:
+    """`latest_producer_id_block`: the last block handed out (Kafka's ProducerIdBlockZNode, version 1)."""
+
+    PATH = "latest_producer_id_block"
+
+    @staticmethod
+    def key(etcd: KeySpace) -> bytes:
+        return etcd.key(ProducerIdBlockZNode.PATH)
+
+    @staticmethod
+    def encode(block: ProducerIdBlock) -> bytes:
+        return _json({"version": 1, "broker": block.broker_id, "block_start": block.block_start,
+                      "block_end": block.block_end})
+
+    @staticmethod
+    def decode(value: bytes) -> ProducerIdBlock:
+        raw = _object(value)
+        return ProducerIdBlock(int(raw["broker"]), int(raw["block_start"]), int(raw["block_end"]))
+
+
+# -- group and transaction coordinators ----------------------------------------
+
+@dataclass(frozen=True)
+class CoordinatorKey:
+    """A parsed `coordinators/<kind>/<n>` key: kind is IDS, OFFSETS_CLAIMS or TXN_CLAIMS."""
+
+    kind: str
+    n: int
+
+
+class CoordinatorsZNode:
+    """`coordinators/...`: live coordinators and their partition claims (lease-bound; ours, not Kafka's).
+
+    `coordinators/ids/<id>` = `{"coordinator_id":I,"host":H,"port":P}`;
+    `coordinators/partitions/<p>` and `coordinators/txn-partitions/<p>` = the owner's id as a decimal.
+    """
+
+    IDS = "ids"
+    OFFSETS_CLAIMS = "partitions"
+    TXN_CLAIMS = "txn-partitions"
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        """Every coordinator key (ids and both kinds of claims)."""
+        return _prefix(etcd, "coordinators")
+
+    @staticmethod
+    def id_key(etcd: KeySpace, coordinator_id: int) -> bytes:
+        return etcd.key("coordinators", CoordinatorsZNode.IDS, coordinator_id)
+
+    @staticmethod
+    def claim_key(etcd: KeySpace, kind: str, partition: int) -> bytes:
+        if kind not in (CoordinatorsZNode.OFFSETS_CLAIMS, CoordinatorsZNode.TXN_CLAIMS):
+            raise ValueError(f"unknown coordinator claim kind {kind!r}")
+        return etcd.key("coordinators", kind, partition)
+
+    @staticmethod
+    def parse(etcd: KeySpace, key: bytes) -> CoordinatorKey | None:
+        """The kind and number of a coordinator key, None for any other key."""
+        rel = etcd.relative(key).split("/")
+        if len(rel) != 3 or rel[0] != "coordinators" or not rel[2].isdigit():
+            return None
+        if rel[1] not in (CoordinatorsZNode.IDS, CoordinatorsZNode.OFFSETS_CLAIMS, CoordinatorsZNode.TXN_CLAIMS):
+            return None
+        return CoordinatorKey(rel[1], int(rel[2]))
+
+    @staticmethod
+    def encode_info(coordinator_id: int, host: str, port: int) -> bytes:
+        return _json({"coordinator_id": coordinator_id, "host": host, "port": port})
+
+    @staticmethod
+    def decode_info(value: bytes) -> dict[str, Any]:
+        return _object(value)
+
+    @staticmethod
+    def encode_claim(coordinator_id: int) -> bytes:
+        return str(coordinator_id).encode()
+
+    @staticmethod
+    def decode_claim(value: bytes) -> int:
+        return int(value)

@@ -35,7 +35,7 @@ from gregor.common.isr import (
     maybe_shrink_isr,
 )
 
-NO_LEADER = -1
+from gregor.common.etcd_layout import NO_LEADER  # noqa: E402  (one definition for every role)
 
 
 class Role(enum.Enum):

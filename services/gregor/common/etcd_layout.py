@@ -210,6 +210,9 @@ class TopicZNode:
         return len(TopicZNode.decode(value))
 
 
+# Kafka's sentinels in these records: LeaderAndIsr.NoLeader (a partition state's "leader") and
+# AbstractControlRequest.UNKNOWN_BROKER_EPOCH (no registration known). Every role takes them from here.
+NO_LEADER = -1
 UNKNOWN_BROKER_EPOCH = -1
 
 

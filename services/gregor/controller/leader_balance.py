@@ -25,7 +25,7 @@ from gregor.controller.election import (LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_D
 from gregor.controller.requests import ControllerActions
 from gregor.controller.state import NO_LEADER, ControllerContext, PartitionReplica, PartitionState, ReplicaState, TopicPartition
 
-UNKNOWN_BROKER_EPOCH = -1  # AbstractControlRequest.UNKNOWN_BROKER_EPOCH: the epoch is not checked
+from gregor.common.etcd_layout import UNKNOWN_BROKER_EPOCH  # noqa: E402  (the epoch is not checked)
 
 
 class ElectionType(enum.IntEnum):

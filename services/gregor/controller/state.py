@@ -6,14 +6,13 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple
 
-# Kafka's sentinels (LeaderAndIsr.NoLeader, InitialLeaderEpoch, InitialPartitionEpoch).
-NO_LEADER = -1
+from gregor.common.etcd_layout import NO_LEADER, UNKNOWN_BROKER_EPOCH
+
+# Kafka's sentinels (InitialLeaderEpoch, InitialPartitionEpoch); NoLeader comes with the partition-state layout.
 INITIAL_LEADER_EPOCH = 0
 INITIAL_PARTITION_EPOCH = 0
 INITIAL_CONTROLLER_EPOCH = 0
 INITIAL_CONTROLLER_EPOCH_VERSION = 0
-# Kafka's AbstractControlRequest.UNKNOWN_BROKER_EPOCH: no registration known.
-UNKNOWN_BROKER_EPOCH = -1
 
 
 class ControllerState(enum.Enum):

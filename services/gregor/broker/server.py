@@ -105,7 +105,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
         session = ReplicaFetchSession()
         async for request in request_iterator:
-            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
+                                      q.topic_id)
                      for q in request.partitions]
             try:
                 answered = await handle_replica_fetch(

@@ -2,7 +2,9 @@
 
 Keys (under /gregor/<cluster>/, shared/DESIGN.md):
 
-- `brokers/topics/<topic>`: `{"version":2,"partitions":{"0":[1,2,3],...},"adding_replicas":{},"removing_replicas":{}}`
+- `brokers/topics/<topic>`: `{"version":3,"topic_id":"<22 base64url chars>","partitions":{"0":[1,2,3],...},
+  "adding_replicas":{},"removing_replicas":{}}` (Kafka's TopicZNode v3, KIP-516). A key written before topic
+  ids (version 2, no `topic_id`) gets one from the next active controller (`topic_id_backfill_ops`)
 - `brokers/topics/<topic>/partitions/<p>/state`:
   `{"controller_epoch":E,"leader":L,"version":1,"leader_epoch":N,"isr":[...],"leader_broker_epoch":B}`;
   the key's etcd `version` (1 on create, +1 per put) is ZooKeeper's zkVersion: partition_epoch =
@@ -18,7 +20,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, version_is
+from gregor.common import uuid
+from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, mod_revision_is, version_is
 from gregor.controller.requests import PartitionStateWrite
 from gregor.controller.state import UNKNOWN_BROKER_EPOCH, LeaderAndIsr, TopicPartition
 
@@ -45,14 +48,25 @@ def delete_topic_key(etcd: EtcdClient, topic: str) -> bytes:
 
 # -- Kafka's JSON formats -------------------------------------------------------
 
-def encode_assignment(assignment: Mapping[int, Sequence[int]]) -> bytes:
+def encode_assignment(assignment: Mapping[int, Sequence[int]], topic_id: bytes) -> bytes:
+    """Kafka's TopicZNode v3: the assignment and the topic id (KIP-516)."""
     partitions = {str(p): list(replicas) for p, replicas in sorted(assignment.items())}
-    return json.dumps({"version": 2, "partitions": partitions, "adding_replicas": {}, "removing_replicas": {}}).encode()
+    return json.dumps({"version": 3, "topic_id": uuid.to_string(topic_id), "partitions": partitions,
+                       "adding_replicas": {}, "removing_replicas": {}}).encode()
 
 
 def decode_assignment(value: bytes) -> dict[int, tuple[int, ...]]:
     raw = json.loads(value)
     return {int(p): tuple(int(r) for r in replicas) for p, replicas in raw.get("partitions", {}).items()}
+
+
+def decode_topic_id(value: bytes) -> bytes:
+    """The topic id of a `brokers/topics/<topic>` value; b"" for a key written before topic ids."""
+    text = json.loads(value).get("topic_id")
+    if not text:
+        return b""
+    topic_id = uuid.from_string(str(text))
+    return topic_id if uuid.is_assigned(topic_id) else b""
 
 
 def encode_partition_state(lai: LeaderAndIsr) -> bytes:
@@ -89,6 +103,10 @@ class TopicsSnapshot:
 
     revision: int = 0
     assignments: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    # Topic ids (KIP-516); a topic written before ids is absent here until backfilled.
+    topic_ids: dict[str, bytes] = field(default_factory=dict)
+    # mod_revision of each `brokers/topics/<topic>` key (the backfill's compare).
+    topic_revisions: dict[str, int] = field(default_factory=dict)
     states: dict[TopicPartition, LeaderAndIsr] = field(default_factory=dict)
     configs: dict[str, dict[str, str]] = field(default_factory=dict)
     topics_to_delete: set[str] = field(default_factory=set)
@@ -99,6 +117,10 @@ def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSna
         parts = etcd.relative(kv.key)[len(BROKER_TOPICS):].split("/")
         if len(parts) == 1 and parts[0]:
             snap.assignments[parts[0]] = decode_assignment(kv.value)
+            snap.topic_revisions[parts[0]] = kv.mod_revision
+            topic_id = decode_topic_id(kv.value)
+            if topic_id:
+                snap.topic_ids[parts[0]] = topic_id
         elif len(parts) == 4 and parts[1] == "partitions" and parts[3] == "state" and parts[2].isdigit():
             snap.states[TopicPartition(parts[0], int(parts[2]))] = decode_partition_state(kv)
 
@@ -120,9 +142,15 @@ async def load_topics(etcd: EtcdClient) -> TopicsSnapshot:
 
 async def load_assignments(etcd: EtcdClient) -> dict[str, dict[int, tuple[int, ...]]]:
     """Only the `brokers/topics/<topic>` keys (TopicChange)."""
+    return (await load_topic_keys(etcd)).assignments
+
+
+async def load_topic_keys(etcd: EtcdClient) -> TopicsSnapshot:
+    """The `brokers/topics/<topic>` keys: assignments, topic ids and revisions (TopicChange)."""
     snap = TopicsSnapshot()
     _parse_topic_keys(etcd, (await etcd.get_prefix(etcd.key(BROKER_TOPICS))).kvs, snap)
-    return snap.assignments
+    snap.states = {}
+    return snap
 
 
 async def load_partition_states(etcd: EtcdClient) -> dict[TopicPartition, LeaderAndIsr]:
@@ -158,11 +186,20 @@ def partition_state_write(etcd: EtcdClient, write: PartitionStateWrite) -> tuple
 
 
 def create_topic_ops(etcd: EtcdClient, topic: str, assignment: Mapping[int, Sequence[int]],
-                     configs: Mapping[str, str]) -> tuple[list[Compare], list[Put | Delete]]:
-    """Create `brokers/topics/<topic>` and `config/topics/<topic>` together, only if the topic is new."""
+                     configs: Mapping[str, str], topic_id: bytes) -> tuple[list[Compare], list[Put | Delete]]:
+    """Create `brokers/topics/<topic>` (with its new topic id) and `config/topics/<topic>` together,
+    only if the topic is new."""
     key = topic_key(etcd, topic)
     return ([version_is(key, 0), version_is(delete_topic_key(etcd, topic), 0)],
-            [Put(config_key(etcd, topic), encode_config(configs)), Put(key, encode_assignment(assignment))])
+            [Put(config_key(etcd, topic), encode_config(configs)), Put(key, encode_assignment(assignment, topic_id))])
+
+
+def topic_id_backfill_ops(etcd: EtcdClient, topic: str, assignment: Mapping[int, Sequence[int]],
+                          topic_id: bytes, mod_revision: int) -> tuple[list[Compare], list[Put | Delete]]:
+    """Give a topic written before topic ids its id (Kafka's controller does so on upgrade), only if
+    its key is still the one read (a concurrent change wins; the next load retries)."""
+    key = topic_key(etcd, topic)
+    return [mod_revision_is(key, mod_revision)], [Put(key, encode_assignment(assignment, topic_id))]
 
 
 def delete_topic_ops(etcd: EtcdClient, topic: str) -> list[Put | Delete]:

@@ -195,7 +195,7 @@ async def test_a_consumer_of_a_deleted_and_recreated_topic_gets_unknown_topic_id
     async with Consumer({"bootstrap.servers": boot, "fetch.max.wait.ms": 100}) as c:
         c.assign([("ids-recreated", 0)])
         c.seek(("ids-recreated", 0), 0)
-        got: list[bytes] = []
+        got: list[bytes | None] = []
         while len(got) < 5:
             got += [r.value for r in await c.poll(timeout_ms=1000)]
         assert got == [f"old-{i}".encode() for i in range(5)]
@@ -217,7 +217,7 @@ async def test_a_consumer_of_a_deleted_and_recreated_topic_gets_unknown_topic_id
         assert uuid.to_string(old_id) in str(info.value) and uuid.to_string(new_id) in str(info.value)
         # A seek starts over, on the new topic.
         c.seek(("ids-recreated", 0), 0)
-        fresh: list[bytes] = []
+        fresh: list[bytes | None] = []
         while len(fresh) < 10:
             fresh += [r.value for r in await c.poll(timeout_ms=1000)]
         assert fresh == [f"new-{i}".encode() for i in range(10)]
@@ -267,7 +267,7 @@ async def test_a_broker_that_missed_the_delete_quarantines_the_old_log(cluster: 
     async with Consumer({"bootstrap.servers": boot, "fetch.max.wait.ms": 100}) as c:
         c.assign([(topic, 0)])
         c.seek((topic, 0), 0)
-        got: list[bytes] = []
+        got: list[bytes | None] = []
         while len(got) < len(new_values):
             got += [r.value for r in await c.poll(timeout_ms=1000)]
         assert got == new_values

@@ -82,3 +82,20 @@ def test_a_range_planned_before_a_recreate_fails_its_task(gregor: Any) -> None:
     run(produce(gregor.bootstrap, topic, [{"value": f"b{i}".encode(), "partition": 0} for i in range(9)]))
     with pytest.raises(ranges.TopicIdChangedError, match="UNKNOWN_TOPIC_ID: topic 'ids-batch' was deleted"):
         list(ranges.read_range(planned))
+
+
+def test_offsets_json_carries_topic_ids_and_reads_old_checkpoints() -> None:
+    from gregor.common import uuid
+    from gregor_spark.source import check_topic_ids, from_json, to_json, topic_ids_of
+
+    a, b = uuid.random_topic_id(), uuid.random_topic_id()
+    offsets = to_json({("t", 0): 5, ("t", 1): 7}, {"t": a, "other": b})
+    assert offsets == {"t": {"0": 5, "1": 7}, "@topicIds": {"t": uuid.to_string(a)}}  # only topics read
+    assert from_json(offsets) == {("t", 0): 5, ("t", 1): 7} and topic_ids_of(offsets) == {"t": a}
+    old_checkpoint = {"t": {"0": 5}}  # written before topic ids: no ids, nothing to compare
+    assert topic_ids_of(old_checkpoint) == {} and from_json(old_checkpoint) == {("t", 0): 5}
+    check_topic_ids(topic_ids_of(old_checkpoint), {"t": b})
+    check_topic_ids({"t": a}, {"t": a, "u": b})
+    check_topic_ids({"t": a}, {})  # deleted and not re-created: data loss, decided elsewhere
+    with pytest.raises(ranges.TopicIdChangedError, match="INCONSISTENT_TOPIC_ID: topic 't' was deleted"):
+        check_topic_ids({"t": a}, {"t": b})

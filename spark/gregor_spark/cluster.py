@@ -57,10 +57,18 @@ class GregorCluster:
     # ------------------------------------------------------------ topics and partitions
     def all_topics(self) -> dict[str, list[int]]:
         """Every topic (internal ones too) with its partition numbers, from one Metadata round trip."""
+        return {name: parts for name, (parts, _id) in self._describe().items()}
+
+    def topic_ids(self) -> dict[str, bytes]:
+        """Every topic's id (KIP-516; b"" when the cluster sends none), from one Metadata round trip."""
+        return {name: topic_id for name, (_parts, topic_id) in self._describe().items()}
+
+    def _describe(self) -> dict[str, tuple[list[int], bytes]]:
         md = ClusterMetadata(self.metadata.bootstrap, request_timeout_ms=self.timeout_ms)
         try:
             self.run(md.refresh())
-            return {name: [p.partition for p in t.partitions] for name, t in md.topics.items() if not t.error}
+            return {name: ([p.partition for p in t.partitions], t.topic_id)
+                    for name, t in md.topics.items() if not t.error}
         finally:
             self.run(md.close())
 
@@ -111,16 +119,23 @@ class GregorCluster:
         return offset if offset >= 0 else None
 
     # ------------------------------------------------------------ fetch
-    def fetch(self, tp: TopicPartition, offset: int) -> FetchResult:
-        """One fetch of whole batches from `offset`; retriable errors (leader moved) are retried."""
-        return self.run(self._fetch(tp, offset))
+    def fetch(self, tp: TopicPartition, offset: int, topic_id: bytes = b"") -> FetchResult:
+        """One fetch of whole batches from `offset`; retriable errors (leader moved) are retried. With
+        topic_id (KIP-516) a topic deleted and re-created under the name is UNKNOWN_TOPIC_ID, raised as
+        soon as the cluster's metadata shows the new id."""
+        return self.run(self._fetch(tp, offset, topic_id))
 
-    async def _fetch(self, tp: TopicPartition, offset: int) -> FetchResult:
+    async def _fetch(self, tp: TopicPartition, offset: int, topic_id: bytes = b"") -> FetchResult:
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             try:
-                return await self.fetcher.fetch(tp, offset, self.isolation)
+                return await self.fetcher.fetch(tp, offset, self.isolation, topic_id)
             except errors.GregorError as err:
+                if err.code == errors.Code.UNKNOWN_TOPIC_ID:
+                    await self.metadata.refresh([tp[0]])
+                    current = self.metadata.topic_id(tp[0])
+                    if current and current != topic_id:
+                        raise
                 if not err.retriable or time.monotonic() >= deadline:
                     raise
                 self.metadata.request_update(err)

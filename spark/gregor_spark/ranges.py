@@ -15,7 +15,7 @@ from typing import Iterator, Mapping, Optional
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor_spark import arrow
 from gregor_spark.cluster import GregorCluster
 from gregor_spark.options import OffsetSpec, SourceOptions, TopicPartition
@@ -34,6 +34,11 @@ DATA_LOSS_HINT_WARN = ('Some data may have been lost because they are not availa
 
 class DataLossError(RuntimeError):
     """failOnDataLoss=true and records that were asked for are gone (OFFSET_OUT_OF_RANGE)."""
+
+
+class TopicIdChangedError(RuntimeError):
+    """A topic the query read was deleted and re-created under the same name (KIP-516 topic ids): its
+    offsets are not the new topic's, so the query fails instead of reading the new topic as the old."""
 
 
 def report_data_loss(fail: bool, message: str) -> None:
@@ -56,6 +61,9 @@ class RangePartition(InputPartition):
     read_committed: bool = False
     include_headers: bool = False
     fail_on_data_loss: bool = True
+    # The topic id (KIP-516) the offsets were planned on; every fetch carries it, so a topic deleted
+    # and re-created meanwhile fails the task (UNKNOWN_TOPIC_ID) instead of reading the new one.
+    topic_id: bytes = b""
 
     @property
     def size(self) -> int:
@@ -138,7 +146,12 @@ def read_range(r: RangePartition, cluster: Optional[GregorCluster] = None) -> It
         pos = r.start
         while pos < r.end:
             try:
-                res = c.fetch(tp, pos)
+                res = c.fetch(tp, pos, r.topic_id)
+            except errors.UnknownTopicIdError as err:  # type: ignore[attr-defined]
+                raise TopicIdChangedError(
+                    f"UNKNOWN_TOPIC_ID: topic '{r.topic}' was deleted and re-created while offsets "
+                    f"[{r.start}, {r.end}) of partition {r.partition} were being read (planned on topic id "
+                    f"{uuid.to_string(r.topic_id)}): {err}") from err
             except errors.OffsetOutOfRangeError:  # type: ignore[attr-defined]
                 earliest = c.list_offset(tp, -2)[0]
                 if pos >= earliest:
@@ -168,6 +181,7 @@ def read_range(r: RangePartition, cluster: Optional[GregorCluster] = None) -> It
 def plan(cluster: GregorCluster, opts: SourceOptions) -> list[RangePartition]:
     """The batch query's ranges: starting/ending offsets per partition, checked, capped at the HW."""
     tps = cluster.partitions(opts)
+    ids = cluster.topic_ids()
     earliest = cluster.earliest(tps)
     latest = cluster.latest(tps)
     starts = resolve(cluster, opts.starting, tps, default="earliest", ts_latest=opts.timestamp_strategy_latest,
@@ -180,10 +194,11 @@ def plan(cluster: GregorCluster, opts: SourceOptions) -> list[RangePartition]:
         if end < start:
             raise ValueError(f"Starting offset for {tp[0]}-{tp[1]} ({start}) is after its ending offset ({end}): "
                              "check options 'startingOffsets' and 'endingOffsets'")
-        out.append(partition_of(opts, tp, start, end))
+        out.append(partition_of(opts, tp, start, end, ids.get(tp[0], b"")))
     return split(out, opts.min_partitions)
 
 
-def partition_of(opts: SourceOptions, tp: TopicPartition, start: int, end: int) -> RangePartition:
+def partition_of(opts: SourceOptions, tp: TopicPartition, start: int, end: int,
+                 topic_id: bytes = b"") -> RangePartition:
     return RangePartition(tp[0], tp[1], start, end, opts.bootstrap, opts.fetch_transport,
-                          opts.isolation_read_committed, opts.include_headers, opts.fail_on_data_loss)
+                          opts.isolation_read_committed, opts.include_headers, opts.fail_on_data_loss, topic_id)

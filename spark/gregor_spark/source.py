@@ -5,18 +5,22 @@
     spark.read.format("gregor").option("subscribe", "orders").load()
 
 Batch reads plan one task per topic-partition range (ranges.py); streaming reads
-keep Spark's JSON offsets `{"topic":{"partition":offset}}` in the checkpoint;
+keep Spark's JSON offsets `{"topic":{"partition":offset}}` in the checkpoint, with the topic ids
+(KIP-516) they belong to under the key `@topicIds` (`{"topic": "<id>"}`; "@" is never in a topic
+name): a topic deleted and re-created under its name mid-stream fails the query
+(TopicIdChangedError) instead of being read at the old topic's offsets;
 writes go through the idempotent producer (writer.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from gregor.common import uuid
 from gregor_spark import arrow, ranges
 from gregor_spark.cluster import GregorCluster
 from gregor_spark.options import SourceOptions, TopicPartition, parse_source
@@ -29,18 +33,41 @@ except ImportError:  # pragma: no cover - older Spark: latestOffset() caps itsel
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Spark < 4.2 never calls prepareForTriggerAvailableNow."""
 
-Offsets = dict[str, dict[str, int]]  # Spark's Kafka offsets JSON: {"topic": {"partition": offset}}
+# Spark's Kafka offsets JSON {"topic": {"partition": offset}}, plus {"@topicIds": {"topic": "<id>"}}.
+Offsets = dict[str, dict[str, Any]]
+TOPIC_IDS_KEY = "@topicIds"
 
 
-def to_json(offsets: dict[TopicPartition, int]) -> Offsets:
+def to_json(offsets: dict[TopicPartition, int], topic_ids: Optional[Mapping[str, bytes]] = None) -> Offsets:
     out: Offsets = {}
     for (t, p), o in sorted(offsets.items()):
         out.setdefault(t, {})[str(p)] = int(o)
+    ids = {t: uuid.to_string(i) for t, i in sorted((topic_ids or {}).items()) if t in out and i}
+    if ids:
+        out[TOPIC_IDS_KEY] = ids
     return out
 
 
 def from_json(offsets: Offsets) -> dict[TopicPartition, int]:
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+    return {(t, int(p)): int(o) for t, parts in offsets.items() if not t.startswith("@") for p, o in parts.items()}
+
+
+def topic_ids_of(offsets: Optional[Offsets]) -> dict[str, bytes]:
+    """The topic ids recorded with offsets ({} for offsets checkpointed before topic ids)."""
+    return {t: uuid.from_string(str(i)) for t, i in ((offsets or {}).get(TOPIC_IDS_KEY) or {}).items()}
+
+
+def check_topic_ids(recorded: Mapping[str, bytes], current: Mapping[str, bytes]) -> None:
+    """Fail the query when a topic it read was deleted and re-created under the same name (another id):
+    its checkpointed offsets belong to the deleted topic (KIP-516)."""
+    for topic, old in sorted(recorded.items()):
+        new = current.get(topic)
+        if new and old and new != old:
+            raise ranges.TopicIdChangedError(
+                f"INCONSISTENT_TOPIC_ID: topic '{topic}' was deleted and re-created since the query's offsets "
+                f"were recorded (topic id {uuid.to_string(old)}, now {uuid.to_string(new)}); its checkpointed "
+                "offsets belong to the deleted topic. Start the query with a new checkpoint location to read "
+                "the new topic.")
 
 
 class GregorDataSource(DataSource):
@@ -126,9 +153,10 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader, SupportsTriggerA
     # -- offsets
     def initialOffset(self) -> Offsets:
         tps = self.cluster.partitions(self.opts)
+        ids = self.cluster.topic_ids()
         starts = ranges.resolve(self.cluster, self.opts.starting, tps, default="latest",
                                 ts_latest=self.opts.timestamp_strategy_latest, option="startingOffsets")
-        return to_json(starts)
+        return to_json(starts, ids)
 
     def getDefaultReadLimit(self) -> Any:
         if self.opts.max_offsets_per_trigger and ReadMaxRows is not None:
@@ -137,6 +165,8 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader, SupportsTriggerA
 
     def latestOffset(self, start: Optional[Offsets] = None, limit: Any = None) -> Offsets:
         """Every partition's high watermark now (new partitions included, from earliest), capped by the limit."""
+        ids = self.cluster.topic_ids()
+        check_topic_ids(topic_ids_of(start), ids)
         tps = self.cluster.partitions(self.opts, allow_missing=True)
         latest = self.cluster.latest(tps)
         begin = from_json(start) if start else {}
@@ -150,15 +180,17 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader, SupportsTriggerA
         elif limit is None and self.opts.max_offsets_per_trigger:  # Spark < 4.2: no ReadLimit passed
             cap = self.opts.max_offsets_per_trigger
         end = ranges.rate_limit(begin, latest, cap) if cap else latest
-        return to_json(end)
+        return to_json(end, {**ids, **topic_ids_of(start)})
 
     def reportLatestOffset(self) -> Optional[Offsets]:
         tps = self.cluster.partitions(self.opts, allow_missing=True)
-        return to_json(self.cluster.latest(tps))
+        return to_json(self.cluster.latest(tps), self.cluster.topic_ids())
 
     # -- planning and reading
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         begin, until = from_json(start), from_json(end)
+        ids = {**topic_ids_of(end), **topic_ids_of(start)}
+        check_topic_ids(topic_ids_of(start), topic_ids_of(end))
         new = [tp for tp in until if tp not in begin]
         begin.update(self.cluster.earliest(new))  # Spark: partitions added since the last batch start at earliest
         out = []
@@ -168,7 +200,7 @@ class GregorStreamReader(_ClusterOwner, DataSourceStreamReader, SupportsTriggerA
                 ranges.report_data_loss(self.opts.fail_on_data_loss,
                                         f"Partition {tp[0]}-{tp[1]}'s offset was changed from {s} to {e}")
                 continue
-            out.append(ranges.partition_of(self.opts, tp, s, e))
+            out.append(ranges.partition_of(self.opts, tp, s, e, ids.get(tp[0], b"")))
         for tp in begin:
             if tp not in until:
                 ranges.report_data_loss(self.opts.fail_on_data_loss, f"{tp[0]}-{tp[1]} is gone")

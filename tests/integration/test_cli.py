@@ -50,12 +50,14 @@ def test_topics_lifecycle_text_and_json(broker) -> None:
     assert json_lines(ok(gregor("--output", "json", "topics", "list", bootstrap=b))) == [["orders"]]
 
     lines = ok(gregor("topics", "describe", "orders", bootstrap=b)).splitlines()
-    assert re.fullmatch(r"Topic: orders\tTopicId: \S+\tPartitionCount: 3\tReplicationFactor: 1\t"
+    assert re.fullmatch(r"Topic: orders\tTopicId: [A-Za-z0-9_-]{22}\tPartitionCount: 3\tReplicationFactor: 1\t"
                         r"Configs: retention.ms=60000", lines[0]), lines[0]
+    topic_id = lines[0].split("\t")[1].removeprefix("TopicId: ")
+    assert topic_id != "AAAAAAAAAAAAAAAAAAAAAA" and not topic_id.startswith("-")  # a real id (KIP-516)
     assert lines[1:] == [f"\tTopic: orders\tPartition: {p}\tLeader: 0\tReplicas: 0\tIsr: 0\tLeaderEpoch: 0"
                          for p in range(3)]
     (desc,) = json_lines(ok(gregor("-o", "json", "topics", "describe", "orders", bootstrap=b)))
-    assert desc[0]["topic"] == "orders" and desc[0]["partition_count"] == 3
+    assert desc[0]["topic"] == "orders" and desc[0]["partition_count"] == 3 and desc[0]["topic_id"] == topic_id
     assert desc[0]["configs"] == {"retention.ms": "60000"}
     assert desc[0]["partitions"][2] == {"partition": 2, "leader": 0, "leader_epoch": 0, "replicas": [0],
                                         "isr": [0], "offline_replicas": []}
@@ -74,6 +76,11 @@ def test_topics_lifecycle_text_and_json(broker) -> None:
     assert ok(gregor("topics", "delete", "orders", bootstrap=b)) == "Deleted topic orders.\n"
     failed(gregor("topics", "describe", "orders", bootstrap=b), "UNKNOWN_TOPIC_OR_PARTITION")
     failed(gregor("topics", "delete", "orders", bootstrap=b), "UNKNOWN_TOPIC_OR_PARTITION")
+    # Re-created under the same name: another topic, another id.
+    ok(gregor("topics", "create", "orders", "--partitions", "1", bootstrap=b))
+    (desc,) = json_lines(ok(gregor("-o", "json", "topics", "describe", "orders", bootstrap=b)))
+    assert desc[0]["topic_id"] not in (topic_id, "AAAAAAAAAAAAAAAAAAAAAA")
+    ok(gregor("topics", "delete", "orders", bootstrap=b))
 
 
 def test_topics_create_and_delete_print_one_json_document(broker) -> None:

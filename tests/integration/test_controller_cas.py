@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gregor.common.uuid import random_topic_id
 from gregor.common.etcd import Compare, Delete, EtcdClient, Put, TxnResult, version_is
 from gregor.controller import metadata_store
 from gregor.controller.controller import Controller, LeaderBalanceConfig
@@ -53,7 +54,7 @@ class RacingEtcd(EtcdClient):
 
 async def test_controlled_shutdown_election_is_rerun_on_the_isr_the_leader_just_wrote(client: EtcdClient) -> None:
     epochs = {b: await register_broker(client, b) for b in (1, 2, 3)}
-    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}))
+    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}, random_topic_id()))
     state_key = metadata_store.partition_state_key(client, TP)
     await client.put(state_key, metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 2, 3))))
     registry = CollectorRegistry()
@@ -101,7 +102,7 @@ async def test_failover_elects_again_when_the_leader_registered_anew(client: Etc
     epoch (docs/controller.md, tests/sim/test_bounced_leader.py).
     """
     epochs = {b: await register_broker(client, b) for b in (1, 2, 3)}
-    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}))
+    await client.put(metadata_store.topic_key(client, "t"), metadata_store.encode_assignment({0: [1, 2, 3]}, random_topic_id()))
     state_key = metadata_store.partition_state_key(client, TP)
     await client.put(state_key, metadata_store.encode_partition_state(
         LeaderAndIsr(1, 3, (1, 2, 3), leader_broker_epoch=epochs[1])))

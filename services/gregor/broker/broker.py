@@ -18,7 +18,7 @@ from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.produce_api import ProduceStreamHandler
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
@@ -59,7 +59,8 @@ class Broker:
     def open_topic(self, name: str, entry: dict[str, Any]) -> None:
         """Open (or create) every partition log of a topic and lead it (standalone mode)."""
         for partition in range(entry["partitions"]):
-            p = self.replica_manager.create_partition(name, partition, entry["configs"])
+            p = self.replica_manager.create_partition(name, partition, entry["configs"],
+                                                      uuid.from_string(entry["topic_id"]))
             p.make_standalone_leader()
 
     def endpoint(self) -> common_pb2.BrokerEndpoint:
@@ -95,7 +96,8 @@ class Broker:
                 parts.append(broker_pb2.PartitionMetadata(
                     partition=i, leader=p.leader_id, leader_epoch=p.leader_epoch, replicas=p.replicas,
                     isr=sorted(p.isr)))
-            out.append(broker_pb2.TopicMetadata(name=name, partitions=parts, is_internal=name.startswith("__")))
+            out.append(broker_pb2.TopicMetadata(name=name, partitions=parts, is_internal=name.startswith("__"),
+                                                topic_id=self.topic_store.topic_id(name)))
         return broker_pb2.MetadataResponse(brokers=[self.endpoint()], cluster_id=self.config.cluster_id,
                                            controller_id=-1, topics=out)
 

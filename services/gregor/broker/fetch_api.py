@@ -22,7 +22,7 @@ async def handle_fetch_request(replicas: "ReplicaManager", request: broker_pb2.F
         request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
         # A broker epoch is an etcd creation revision (>= 1); 0 means the follower sent none.
         replica_broker_epoch=request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,
-        isolation_level=int(request.isolation_level))
+        isolation_level=int(request.isolation_level), topic_id=request.topic_id)
 
 
 def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.FetchResponse:

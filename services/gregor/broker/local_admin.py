@@ -1,7 +1,8 @@
 """Topic administration for a standalone broker, until the controller owns topics.
 
 Topic definitions persist in `<first log.dir>/__gregor_topics.json` (written
-atomically). With a controller, the same AdminService is served by the
+atomically), each with its topic id (KIP-516, `topic_id`, Kafka's text form); a
+file written before topic ids gets them when it is loaded. With a controller, the same AdminService is served by the
 controller and this module is not used.
 """
 
@@ -11,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.config import validate_topic_configs
 from gregor.common.topics import LEGAL_TOPIC, TOPIC_NAME_MAX, validate_topic_name  # noqa: F401 (re-exported)
 
@@ -25,6 +26,11 @@ class LocalTopicStore:
         if os.path.exists(self.path):
             with open(self.path) as f:
                 self.topics = json.load(f)
+            missing = [entry for entry in self.topics.values() if not entry.get("topic_id")]
+            for entry in missing:
+                entry["topic_id"] = uuid.to_string(uuid.random_topic_id())
+            if missing:
+                self._save()
 
     def _save(self) -> None:
         tmp = self.path + ".tmp"
@@ -47,7 +53,8 @@ class LocalTopicStore:
                 errors.Code.INVALID_REPLICATION_FACTOR,
                 f"Replication factor: {replication_factor} larger than available brokers: 1.", topic=name)
         validate_topic_configs(configs)
-        entry = {"partitions": partitions, "replication_factor": 1, "configs": dict(configs)}
+        entry = {"partitions": partitions, "replication_factor": 1, "configs": dict(configs),
+                 "topic_id": uuid.to_string(uuid.random_topic_id())}
         if not validate_only:
             self.topics[name] = entry
             self._save()
@@ -58,6 +65,11 @@ class LocalTopicStore:
         del self.topics[name]
         self._save()
         return entry
+
+    def topic_id(self, name: str) -> bytes:
+        """The topic's id (KIP-516); b"" for an unknown topic."""
+        entry = self.topics.get(name)
+        return uuid.from_string(entry["topic_id"]) if entry is not None and entry.get("topic_id") else b""
 
     def get(self, name: str) -> dict[str, Any]:
         entry = self.topics.get(name)

@@ -1,6 +1,10 @@
 """LogManager: opens, owns and maintains every partition log under log.dirs.
 
-Directories are `<log.dir>/<topic>-<partition>` as in Kafka. Retention and
+Directories are `<log.dir>/<topic>-<partition>` as in Kafka, each with a `partition.metadata`
+file naming the topic id (KIP-516) once a controller has sent one. A directory whose id is not
+the topic's (the log of a deleted topic re-created under the same name, on a broker that
+missed the deletion) is renamed `<topic>-<partition>.<old id hex>-stray` and a new log starts.
+Retention and
 flush run as periodic tasks on the event loop; log compaction (LogCleaner, below) runs on
 its own threads; the native calls release the
 GIL and run in worker threads so produce and fetch keep flowing.
@@ -22,9 +26,13 @@ import gregor_native as native
 from prometheus_client import Counter, Gauge
 
 from gregor.common.config import BrokerConfig, is_compacted, log_config_kwargs
+from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
 
 log = logging.getLogger(__name__)
+
+PARTITION_METADATA = "partition.metadata"
+STRAY_SUFFIX = "-stray"
 
 FLUSH_NEVER_MS = 2**63 - 1  # flush.ms default (Long.MAX_VALUE): leave flushing to the OS
 
@@ -44,6 +52,43 @@ CLEANER_MAX_CLEAN_TIME = Gauge("gregor_log_cleaner_max_clean_time_secs", "Longes
 CLEANER_TIME_SINCE_LAST_RUN = Gauge("gregor_log_cleaner_time_since_last_run_seconds",
                                     "Seconds since a cleaner thread last finished a pass over the logs")
 
+STRAY_LOGS = Counter("gregor_broker_stray_logs_total",
+                     "Partition directories of another topic id than the topic's (a deleted topic's log), "
+                     "renamed -stray instead of served (KIP-516)")
+
+
+class InconsistentTopicIdError(Exception):
+    """A partition.metadata that cannot be read as Kafka's format."""
+
+
+def read_partition_metadata(log_dir: str) -> bytes:
+    """The topic id in `<dir>/partition.metadata` (Kafka's `version: 0` / `topic_id: <id>` lines);
+    b"" when the file is absent (a log written before topic ids)."""
+    try:
+        with open(os.path.join(log_dir, PARTITION_METADATA), encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return b""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if fields.get("version", "").strip() != "0" or "topic_id" not in fields:
+        raise InconsistentTopicIdError(f"{log_dir}/{PARTITION_METADATA} is not version 0 with a topic_id: {text!r}")
+    try:
+        return uuid.from_string(fields["topic_id"].strip())
+    except errors.GregorError as exc:
+        raise InconsistentTopicIdError(f"{log_dir}/{PARTITION_METADATA}: {exc}") from exc
+
+
+def write_partition_metadata(log_dir: str, topic_id: bytes) -> None:
+    """Write `<dir>/partition.metadata` durably (temp file, fsync, rename), as Kafka's PartitionMetadataFile."""
+    path = os.path.join(log_dir, PARTITION_METADATA)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"version: 0\ntopic_id: {uuid.to_string(topic_id)}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
 
@@ -56,6 +101,8 @@ class LogManager:
         # Retention never deletes at or above a partition's high watermark (Kafka's
         # upperBoundOffset); the ReplicaManager, which owns the HW, installs this.
         self.retention_upper_bound: Callable[[tuple[str, int]], int | None] = lambda _key: None
+        # Told when a partition's directory was quarantined (the ReplicaManager forgets its checkpointed HW).
+        self.on_quarantine: Callable[[tuple[str, int]], None] = lambda _key: None
         self.topic_configs: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(self)
@@ -69,13 +116,26 @@ class LogManager:
         counts = {d: sum(1 for _ in os.scandir(d)) for d in self.log_dirs}
         return os.path.join(min(self.log_dirs, key=lambda d: counts[d]), f"{topic}-{partition}")
 
-    def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any]) -> native.Log:
+    def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any],
+                          topic_id: bytes = b"") -> native.Log:
+        """The partition's log, opened or created; with a topic id, a directory holding another topic
+        id is quarantined first (renamed -stray) and a new log started, and the id is recorded in
+        partition.metadata (a log from before topic ids adopts it)."""
         key = (topic, partition)
         self.topic_configs[topic] = dict(topic_configs)
         existing = self.logs.get(key)
         if existing is not None:
             return existing
         path = self._dir_for(topic, partition)
+        if topic_id and os.path.isdir(path):
+            try:
+                stored = read_partition_metadata(path)
+            except InconsistentTopicIdError as exc:
+                log.warning("%s; quarantining the directory", exc)
+                stored = b"?"
+            if stored and stored != topic_id:
+                self.quarantine(topic, partition, path, stored)
+                path = self._dir_for(topic, partition)
         started = time.perf_counter()
         opened = native.Log(path, native.LogConfig(**log_config_kwargs(topic_configs)), now_ms())
         LOG_RECOVERY_SECONDS.inc(time.perf_counter() - started)
@@ -83,8 +143,39 @@ class LogManager:
         if opened.recovered_bytes_truncated:
             log.warning("recovered %s-%d: cut %d bytes of torn or corrupt tail",
                         topic, partition, opened.recovered_bytes_truncated)
+        if topic_id and read_partition_metadata(path) != topic_id:
+            write_partition_metadata(path, topic_id)
         self.logs[key] = opened
         return opened
+
+    def log_topic_id(self, topic: str, partition: int) -> bytes:
+        """The topic id recorded in the open log's partition.metadata (b"" when none)."""
+        lg = self.logs.get((topic, partition))
+        if lg is None:
+            return b""
+        try:
+            return read_partition_metadata(lg.dir)
+        except InconsistentTopicIdError:
+            return b""
+
+    def quarantine(self, topic: str, partition: int, path: str, stored: bytes) -> str:
+        """Close the log (if open) and rename its directory `<topic>-<p>.<id hex>-stray` (Kafka's stray
+        log), so nothing serves or extends it as the new topic's; returns the new path."""
+        lg = self.logs.pop((topic, partition), None)
+        if lg is not None:
+            lg.close()
+        tag = stored.hex() if len(stored) == uuid.UUID_BYTES else "unknown"
+        stray = f"{path}.{tag}{STRAY_SUFFIX}"
+        n = 0
+        while os.path.exists(stray):
+            n += 1
+            stray = f"{path}.{tag}.{n}{STRAY_SUFFIX}"
+        os.rename(path, stray)
+        self.on_quarantine((topic, partition))
+        STRAY_LOGS.inc()
+        log.warning("%s-%d: the log in %s belongs to topic id %s, not the current topic; renamed to %s",
+                    topic, partition, path, uuid.to_string(stored) if tag != "unknown" else "?", stray)
+        return stray
 
     def update_config(self, topic: str, topic_configs: dict[str, Any]) -> None:
         cfg = native.LogConfig(**log_config_kwargs(topic_configs))

@@ -29,6 +29,8 @@ class MetadataCache:
         self.controller_id = -1
         self.live_brokers: dict[int, common_pb2.BrokerEndpoint] = {}
         self.partitions: dict[str, dict[int, CachedPartition]] = {}
+        # Topic ids (KIP-516) as the controller sent them; a topic sent before ids has none.
+        self.topic_ids: dict[str, bytes] = {}
 
     def update_metadata(self, controller_id: int, live_brokers: Iterable[common_pb2.BrokerEndpoint],
                         states: Iterable[broker_pb2.LeaderAndIsrPartitionState],
@@ -37,10 +39,17 @@ class MetadataCache:
         self.controller_id = controller_id
         self.live_brokers = {b.broker_id: b for b in live_brokers}
         for s in states:
+            topic_id = bytes(s.topic_id)
+            if topic_id and self.topic_ids.get(s.topic, topic_id) != topic_id:
+                # Another topic under the same name: the old one's partitions are gone with it.
+                self.partitions.pop(s.topic, None)
+            if topic_id:
+                self.topic_ids[s.topic] = topic_id
             self.partitions.setdefault(s.topic, {})[s.partition] = CachedPartition(
                 s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
         for topic in deleted_topics:
             self.partitions.pop(topic, None)
+            self.topic_ids.pop(topic, None)
 
     def contains(self, topic: str) -> bool:
         return topic in self.partitions
@@ -54,7 +63,7 @@ class MetadataCache:
                 out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
             out.append(broker_pb2.TopicMetadata(
-                name=name, is_internal=name.startswith("__"),
+                name=name, is_internal=name.startswith("__"), topic_id=self.topic_ids.get(name, b""),
                 partitions=[self._partition(p, parts[p]) for p in sorted(parts)]))
         return broker_pb2.MetadataResponse(
             brokers=[self.live_brokers[b] for b in sorted(self.live_brokers)], cluster_id=self.cluster_id,

@@ -28,7 +28,7 @@ from gregor.broker.replica_state import (
     TruncateLog,
 )
 from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
 from gregor.common.isr import NO_BROKER_EPOCH, REPLICA_LAG_TIME_MAX_MS_DEFAULT, FollowerFetchState
@@ -86,6 +86,9 @@ class Partition:
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT
     producer_state: ProducerStateManager | None = None
     _segments_seen: tuple[int, int] = (-1, -1)  # (num_segments, active base offset) at the last append
+    # The topic id (KIP-516) of this replica's log, as its partition.metadata says; b"" when unknown
+    # (standalone, or a log from before topic ids that no LeaderAndIsr has named yet).
+    topic_id: bytes = b""
     state: ReplicaState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +206,17 @@ class Partition:
         """Seed 000's maybeIncrementLeaderHW (decided by the ReplicaState); True if the HW moved."""
         return bool(self.state.on_local_append(self.log.log_end_offset, now_ms() if now is None else now,
                                                self._live()))
+
+    def check_topic_id(self, topic_id: bytes) -> None:
+        """UNKNOWN_TOPIC_ID when a request names another topic id than this replica's (KIP-516): the
+        client's topic was deleted and this one is a new topic under the same name (or the reverse).
+        An empty id on either side skips the check (older clients; standalone)."""
+        if topic_id and self.topic_id and topic_id != self.topic_id:
+            raise errors.error_for(
+                errors.Code.UNKNOWN_TOPIC_ID,
+                f"Topic id {uuid.to_string(topic_id)} is not the id of {self.topic} "
+                f"({uuid.to_string(self.topic_id)}): the topic was deleted and re-created",
+                topic=self.topic, partition=self.partition)
 
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""

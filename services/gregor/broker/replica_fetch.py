@@ -36,6 +36,7 @@ class ReplicaFetchPart:
     fetch_offset: int
     current_leader_epoch: int
     max_bytes: int
+    topic_id: bytes = b""  # the follower's replica's topic id (KIP-516); b"" skips the check
 
 
 @dataclass
@@ -195,6 +196,7 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
                 raise errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, f"negative fetch offset {part.fetch_offset}",
                                        **where)
             p = rm.get_partition(part.topic, part.partition)
+            p.check_topic_id(part.topic_id)
             p.check_follower_broker_epoch(replica_id, broker_epoch, live_epoch)
             max_bytes = min(part.max_bytes, rm.config.fetch_max_bytes)
 

@@ -177,7 +177,7 @@ class ReplicaFetcher:
                 min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, incremental=incremental,
                 partitions=[broker_pb2.ReplicaFetchPartition(
                     topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
-                    max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset)
+                    max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset, topic_id=p.topic_id)
                     for _key, st, p, offset in listed])
             try:
                 resp = await stream.exchange(request, self._wake)

@@ -21,7 +21,7 @@ from prometheus_client import Counter, Gauge
 
 from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS
 from gregor.broker import checkpoint
-from gregor.broker.log_manager import LogManager
+from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
 from gregor.broker.replica_state import (
     CompleteDelayed,
@@ -34,7 +34,7 @@ from gregor.broker.replica_state import (
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
 from gregor.common.config import BrokerConfig, effective_topic_configs
 
@@ -194,6 +194,7 @@ class ReplicaManager:
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
         log_manager.retention_upper_bound = self._retention_upper_bound
+        log_manager.on_quarantine = self._forget_checkpointed_hw
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
         UNDER_REPLICATED.set_function(
@@ -277,15 +278,37 @@ class ReplicaManager:
         return self.broker_endpoints.get(broker_id)
 
     # ------------------------------------------------------------------ partitions
-    def create_partition(self, topic: str, partition: int, overrides: dict[str, Any]) -> Partition:
+    def _forget_checkpointed_hw(self, key: tuple[str, int]) -> None:
+        """A quarantined log's HW is not the new topic's (its log starts empty)."""
+        self._checkpointed_hws.pop(key, None)
+
+    def create_partition(self, topic: str, partition: int, overrides: dict[str, Any],
+                         topic_id: bytes = b"") -> Partition:
+        """The partition, opened or created. With a topic id (KIP-516), a hosted partition or a log of
+        another topic id (a deleted topic's, the deletion missed) is stopped and its directory
+        quarantined, and the new topic's replica starts from an empty log."""
         configs = effective_topic_configs(overrides, self.config.topic_defaults)
         existing = self.partitions.get((topic, partition))
         if existing is not None:
-            return existing
-        lg = self.log_manager.get_or_create_log(topic, partition, configs)
+            if not topic_id or existing.topic_id == topic_id:
+                return existing
+            if not existing.topic_id:  # a log from before topic ids adopts the controller's id
+                write_partition_metadata(existing.log.dir, topic_id)
+                existing.topic_id = topic_id
+                return existing
+            log.warning("%s-%d: hosted as topic id %s, the controller says %s: the topic was deleted and "
+                        "re-created; dropping the old replica", topic, partition,
+                        uuid.to_string(existing.topic_id), uuid.to_string(topic_id))
+            if self.fetchers is not None:
+                self.fetchers.remove_partitions([existing.key])
+            self.run_effects(existing, existing.stop())
+            del self.partitions[existing.key]
+            self.log_manager.quarantine(topic, partition, existing.log.dir, existing.topic_id)
+        lg = self.log_manager.get_or_create_log(topic, partition, configs, topic_id)
         p = Partition(topic, partition, lg, self.config.broker_id, configs,
                       replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
-                      live_broker_epochs=self.live_broker_epochs)
+                      live_broker_epochs=self.live_broker_epochs,
+                      topic_id=topic_id or self.log_manager.log_topic_id(topic, partition))
         self._load_high_watermark(p)
         p.producer_id_expiration_ms = self.config.producer_id_expiration_ms
         self.partitions[p.key] = p
@@ -319,7 +342,8 @@ class ReplicaManager:
                 self.update_topic_configs(topic, overrides)
         for s in states:
             try:
-                p = self.create_partition(s.topic, s.partition, topic_configs.get(s.topic, {}))
+                p = self.create_partition(s.topic, s.partition, topic_configs.get(s.topic, {}),
+                                          bytes(getattr(s, "topic_id", b"")))
             except Exception as exc:  # a log that cannot open fails this partition only
                 failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
                 continue
@@ -470,7 +494,7 @@ class ReplicaManager:
     async def handle_fetch(self, topic: str, partition: int, fetch_offset: int, max_bytes: int,
                            min_bytes: int, max_wait_ms: int, replica_id: int = -1,
                            current_leader_epoch: int = -1, replica_broker_epoch: int = -1,
-                           isolation_level: int = 0) -> FetchResult:
+                           isolation_level: int = 0, topic_id: bytes = b"") -> FetchResult:
         try:
             if max_bytes <= 0 or min_bytes < 0 or max_wait_ms < 0:
                 raise errors.error_for(
@@ -482,6 +506,7 @@ class ReplicaManager:
                                        topic=topic, partition=partition)
             max_bytes = min(max_bytes, self.config.fetch_max_bytes)
             p = self.get_partition(topic, partition)
+            p.check_topic_id(topic_id)
             is_follower = replica_id >= 0
             if is_follower:
                 p.check_follower_broker_epoch(replica_id, replica_broker_epoch, self.live_broker_epoch(replica_id))

@@ -13,7 +13,7 @@ from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProduce
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -106,7 +106,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
         session = ReplicaFetchSession()
         async for request in request_iterator:
-            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes)
+            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
+                                      q.topic_id)
                      for q in request.partitions]
             try:
                 answered = await handle_replica_fetch(
@@ -199,7 +200,9 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
                 entry = self.store.create(t.name, n, rf, dict(t.configs), request.validate_only)
                 if not request.validate_only:
                     self.broker.open_topic(t.name, entry)
-                results.append(controller_pb2.TopicResult(name=t.name, num_partitions=n, replication_factor=rf))
+                results.append(controller_pb2.TopicResult(
+                    name=t.name, num_partitions=n, replication_factor=rf,
+                    topic_id=uuid.from_string(entry["topic_id"]) if not request.validate_only else b""))
             except errors.GregorError as err:
                 results.append(_topic_error(t.name, err))
         return controller_pb2.CreateTopicsResponse(results=results)

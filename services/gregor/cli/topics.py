@@ -9,10 +9,7 @@ import click
 from gregor.cli.common import emit_json, obj, parse_kv, run
 from gregor.client.admin import AdminClient
 from gregor.client.metadata import TopicInfo
-from gregor.common import errors
-
-# Kafka prints Uuid.ZERO_UUID this way for topics without an id; ours have none yet.
-ZERO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+from gregor.common import errors, uuid
 
 
 def admin(ctx: click.Context) -> AdminClient:
@@ -114,7 +111,7 @@ def describe(ctx: click.Context, name: Optional[str], under_replicated: bool, un
                           "offline_replicas": list(p.offline_replicas)})
         if filtered and not parts:
             continue
-        out.append({"topic": topic, "topic_id": ZERO_TOPIC_ID, "partition_count": len(info.partitions),
+        out.append({"topic": topic, "topic_id": uuid.to_string(info.topic_id), "partition_count": len(info.partitions),
                     "replication_factor": len(info.partitions[0].replicas) if info.partitions else 0,
                     "configs": {e.name: e.value for e in entries if not e.is_default},
                     "partitions": parts})

@@ -30,7 +30,7 @@ from gregor.client.loop_thread import LoopThread
 from gregor.client.txn_filter import committed_rows
 from gregor.client.metadata import ClusterMetadata, call_error, list_offset
 from gregor.client.subscription_state import PartitionState, SubscriptionState
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.records import batch_headers, fetched_rows
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
@@ -334,6 +334,7 @@ class Consumer:
                  reset: Optional[int] = None) -> None:
         self._stop(state)
         state.error = None
+        state.topic_id = None  # a seek starts over: the position is taken on the topic as it is now
         state.position = state.fetch_offset = position
         state.reset = reset
         self._start(tp)
@@ -367,6 +368,11 @@ class Consumer:
         fetcher = make_fetcher(self.config["fetch.transport"], self.metadata, self.config)
         try:
             while state.generation == gen:
+                if state.topic_id is None:
+                    # Pin the topic id before the position is taken (KIP-516): every fetch carries it,
+                    # so a topic deleted and re-created under the name is refused, not read at our offsets.
+                    await self._with_retry(state, gen, self._pin_topic_id(tp, state))
+                    continue
                 if state.position is None:
                     await self._with_retry(state, gen, self._initial_position(tp, state))
                     continue
@@ -375,7 +381,7 @@ class Consumer:
                     await self._space_freed.wait()
                 assert state.fetch_offset is not None
                 try:
-                    result = await fetcher.fetch(tp, state.fetch_offset, self.isolation)
+                    result = await fetcher.fetch(tp, state.fetch_offset, self.isolation, state.topic_id or b"")
                 except errors.GregorError as err:
                     if state.generation != gen:
                         return
@@ -409,7 +415,32 @@ class Consumer:
             self.metadata.request_update(err)
             await asyncio.sleep(self.backoff_s)
 
+    async def _pin_topic_id(self, tp: TopicPartition, state: PartitionState) -> None:
+        await self.metadata.wait_for_topic(tp[0], int(self.config["request.timeout.ms"]), tp[1])
+        state.topic_id = self.metadata.topic_id(tp[0])
+
     async def _on_fetch_error(self, tp: TopicPartition, state: PartitionState, err: errors.GregorError) -> None:
+        if err.code == errors.Code.UNKNOWN_TOPIC_ID:
+            # The leader's topic under this name is not the one our position belongs to. If the
+            # cluster's metadata agrees, the topic was deleted and re-created: the offsets are not
+            # this topic's, so raise (a seek starts over on the new topic). Else the leader is
+            # behind the controller: retry.
+            try:
+                await self.metadata.refresh([tp[0]])
+            except errors.GregorError:
+                await asyncio.sleep(self.backoff_s)
+                return
+            current = self.metadata.topic_id(tp[0])
+            if current and state.topic_id and current != state.topic_id:
+                state.error = errors.error_for(
+                    errors.Code.UNKNOWN_TOPIC_ID,
+                    f"topic {tp[0]} was deleted and re-created (topic id {uuid.to_string(state.topic_id)} is now "
+                    f"{uuid.to_string(current)}): position {state.fetch_offset} of {tp[0]}-{tp[1]} belongs to the "
+                    "deleted topic; seek to start over on the new one", topic=tp[0], partition=tp[1])
+                self._data_ready.set()
+                return
+            await asyncio.sleep(self.backoff_s)
+            return
         if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
             if self.config["auto.offset.reset"] == "none":
                 state.error = err

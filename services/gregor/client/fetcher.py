@@ -40,7 +40,8 @@ def aborted_of(resp: broker_pb2.FetchResponse) -> tuple[tuple[int, int], ...]:
 
 
 class Fetcher(Protocol):
-    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult: ...
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int,
+                    topic_id: bytes = b"") -> FetchResult: ...
 
     async def close(self) -> None: ...
 
@@ -55,7 +56,8 @@ class GrpcFetcher:
         self.max_wait_ms = int(cfg["fetch.max.wait.ms"])
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
 
-    def request(self, tp: TopicPartition, offset: int, isolation: int, leader: int) -> broker_pb2.FetchRequest:
+    def request(self, tp: TopicPartition, offset: int, isolation: int, leader: int,
+                topic_id: bytes = b"") -> broker_pb2.FetchRequest:
         """A consumer fetch carrying the leader epoch our metadata knows for `leader` (KIP-320).
 
         The leader answers FENCED_LEADER_EPOCH if our epoch is older than its own (our
@@ -66,7 +68,7 @@ class GrpcFetcher:
         """
         req = broker_pb2.FetchRequest(topic=tp[0], partition=tp[1], fetch_offset=offset, max_bytes=self.max_bytes,
                                       min_bytes=self.min_bytes, max_wait_ms=self.max_wait_ms,
-                                      isolation_level=isolation)  # type: ignore[arg-type]
+                                      isolation_level=isolation, topic_id=topic_id)  # type: ignore[arg-type]
         epoch = self.current_leader_epoch(tp, leader)
         if epoch is not None:
             req.current_leader_epoch = epoch
@@ -84,10 +86,11 @@ class GrpcFetcher:
         # The broker may legitimately hold the request for max_wait_ms.
         return (self.max_wait_ms + self.request_timeout_ms) / 1000
 
-    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int, topic_id: bytes = b"") -> FetchResult:
+        """One fetch; with topic_id (KIP-516) the leader refuses another topic under the same name."""
         leader, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
         try:
-            resp = await stub.Fetch(self.request(tp, offset, isolation, leader), timeout=self.timeout_s)
+            resp = await stub.Fetch(self.request(tp, offset, isolation, leader, topic_id), timeout=self.timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             raise call_error(exc) from None
         return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch,
@@ -122,9 +125,9 @@ class DataPortFetcher(GrpcFetcher):
             self._conn = (address, reader, writer)
         return leader, self._conn[1], self._conn[2]
 
-    async def fetch(self, tp: TopicPartition, offset: int, isolation: int) -> FetchResult:
+    async def fetch(self, tp: TopicPartition, offset: int, isolation: int, topic_id: bytes = b"") -> FetchResult:
         leader, reader, writer = await self._connect(tp)
-        body = self.request(tp, offset, isolation, leader).SerializeToString()
+        body = self.request(tp, offset, isolation, leader, topic_id).SerializeToString()
         try:
             writer.write(FRAME.pack(len(body)) + body)
             await writer.drain()

@@ -67,6 +67,7 @@ class TopicInfo:
     partitions: list[PartitionInfo] = field(default_factory=list)
     error: int = 0
     is_internal: bool = False
+    topic_id: bytes = b""  # KIP-516; b"" when the topic is unknown or the cluster sends no ids
 
 
 def call_error(exc: BaseException) -> errors.GregorError:
@@ -142,6 +143,11 @@ class ClusterMetadata:
             if p.partition == partition:
                 return p
         return None
+
+    def topic_id(self, topic: str) -> bytes:
+        """The topic's id (KIP-516) as the last metadata answer said; b"" when unknown."""
+        info = self.topics.get(topic)
+        return info.topic_id if info is not None else b""
 
     def leader_for(self, topic: str, partition: int) -> int:
         """Leader broker id, -1 when unknown or offline."""
@@ -241,6 +247,11 @@ class ClusterMetadata:
                 # Without topic ids a hint only overrules answers for request.timeout.ms (a recreated
                 # topic starts its epochs again).
                 now = time.monotonic()
+                previous = self.topics.get(t.name)
+                if previous is not None and previous.topic_id and t.topic_id and previous.topic_id != t.topic_id:
+                    # Another topic under the same name: its epochs start again, old hints mean nothing.
+                    for p in parts:
+                        self._hinted.pop((t.name, p.partition), None)
                 for i, p in enumerate(parts):
                     hinted, until = self._hinted.pop((t.name, p.partition), (-1, 0.0))
                     old = self.partition(t.name, p.partition)
@@ -248,7 +259,7 @@ class ClusterMetadata:
                         parts[i] = dataclasses.replace(p, leader=old.leader, leader_epoch=hinted)
                         self._hinted[(t.name, p.partition)] = (hinted, until)
                         lagging = True
-            self.topics[t.name] = TopicInfo(t.name, parts, t.error, t.is_internal)
+            self.topics[t.name] = TopicInfo(t.name, parts, t.error, t.is_internal, bytes(t.topic_id))
         # Behind a leader hint: ask again after retry.backoff.ms rather than trust this answer for long.
         self.updated_at = time.monotonic() - (self.max_age_s if lagging else 0.0)
 

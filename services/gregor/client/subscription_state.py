@@ -24,7 +24,7 @@ class PartitionState:
     """Position and prefetched records of one assigned partition."""
 
     __slots__ = ("position", "fetch_offset", "buffer", "buffered_bytes", "task", "error", "high_watermark",
-                 "log_start_offset", "generation", "reset", "committed_checked")
+                 "log_start_offset", "generation", "reset", "committed_checked", "topic_id")
 
     def __init__(self) -> None:
         self.position: Optional[int] = None  # next offset poll() returns
@@ -38,6 +38,9 @@ class PartitionState:
         self.generation = 0  # bumped by seek: results of older fetches are dropped
         self.reset: Optional[int] = None  # EARLIEST/LATEST requested by seek_to_*
         self.committed_checked = False  # with a group.id, the committed offset is the first choice of position
+        # The topic id (KIP-516) the position belongs to, pinned when fetching starts (None: not yet;
+        # b"": the cluster sends no ids); a seek starts over.
+        self.topic_id: Optional[bytes] = None
 
 
 class SubscriptionState:

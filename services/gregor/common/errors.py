@@ -88,6 +88,9 @@ _TABLE: dict[int, tuple[grpc.StatusCode, bool]] = {
     Code.TRANSACTION_COORDINATOR_FENCED: (S.FAILED_PRECONDITION, False),
     Code.PRODUCER_FENCED: (S.FAILED_PRECONDITION, False),
     Code.TRANSACTIONAL_ID_NOT_FOUND: (S.NOT_FOUND, False),
+    # KIP-516: retriable in Kafka (InvalidMetadataException) after a metadata refresh.
+    Code.UNKNOWN_TOPIC_ID: (S.FAILED_PRECONDITION, True),
+    Code.INCONSISTENT_TOPIC_ID: (S.FAILED_PRECONDITION, True),
 }
 
 # What a transport-level failure (no ErrorDetail) means in Kafka's terms.

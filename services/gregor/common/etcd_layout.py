@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from gregor.common import uuid
+
 
 class KeySpace(Protocol):
     """What the layout needs of an etcd client: the cluster prefix (gregor.common.etcd.EtcdClient)."""
@@ -172,7 +174,8 @@ class BrokerIdsZNode:
 # -- topics --------------------------------------------------------------------
 
 class TopicZNode:
-    """`brokers/topics/<topic>`: the replica assignment (Kafka's TopicZNode, JSON version 2)."""
+    """`brokers/topics/<topic>`: the replica assignment and the topic id (Kafka's TopicZNode, JSON version 3,
+    KIP-516; a key written before topic ids is version 2, without `topic_id`)."""
 
     PATH = "brokers/topics"
 
@@ -196,9 +199,22 @@ class TopicZNode:
         return _child(etcd, key, "brokers", "topics")
 
     @staticmethod
-    def encode(assignment: Mapping[int, Sequence[int]]) -> bytes:
+    def encode(assignment: Mapping[int, Sequence[int]], topic_id: bytes = b"") -> bytes:
+        """Version 3 with the topic id; without one (only to write what a pre-id release wrote) version 2."""
         partitions = {str(p): list(replicas) for p, replicas in sorted(assignment.items())}
-        return _json({"version": 2, "partitions": partitions, "adding_replicas": {}, "removing_replicas": {}})
+        if not topic_id:
+            return _json({"version": 2, "partitions": partitions, "adding_replicas": {}, "removing_replicas": {}})
+        return _json({"version": 3, "topic_id": uuid.to_string(topic_id), "partitions": partitions,
+                      "adding_replicas": {}, "removing_replicas": {}})
+
+    @staticmethod
+    def topic_id(value: bytes) -> bytes:
+        """The topic id of a topic value; b"" for a key written before topic ids."""
+        text = _object(value).get("topic_id")
+        if not text:
+            return b""
+        topic_id = uuid.from_string(str(text))
+        return topic_id if uuid.is_assigned(topic_id) else b""
 
     @staticmethod
     def decode(value: bytes) -> dict[int, tuple[int, ...]]:

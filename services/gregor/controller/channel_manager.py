@@ -154,6 +154,7 @@ class ControllerChannelManager:
         self.metrics = ChannelMetrics(registry)
         self.endpoints: dict[int, common_pb2.BrokerEndpoint] = {}
         self._senders: dict[int, RequestSender] = {}
+        self._topic_ids: dict[str, bytes] = {}
 
     @property
     def broker_ids(self) -> set[int]:
@@ -183,9 +184,13 @@ class ControllerChannelManager:
         return sender.queue_size() if sender is not None else 0
 
     def send(self, requests: Mapping[int, Iterable[ControlRequest]], topic_configs: Mapping[str, Mapping[str, str]],
-             deleted_topics: Iterable[str] = ()) -> None:
-        """Enqueue each broker's requests in order; brokers without a sender are skipped (Kafka does too)."""
+             deleted_topics: Iterable[str] = (), topic_ids: Mapping[str, bytes] | None = None) -> None:
+        """Enqueue each broker's requests in order; brokers without a sender are skipped (Kafka does too).
+
+        Every partition state carries its topic's id (KIP-516) from `topic_ids`.
+        """
         deleted = sorted(deleted_topics)
+        self._topic_ids = dict(topic_ids or {})
         for broker_id, reqs in requests.items():
             sender = self._senders.get(broker_id)
             if sender is None:
@@ -201,13 +206,13 @@ class ControllerChannelManager:
             topics = {s.topic_partition.topic for s in req.partition_states}
             return [("LeaderAndIsr", broker_pb2.LeaderAndIsrRequest(
                 controller_id=req.controller_id, controller_epoch=req.controller_epoch, broker_epoch=req.broker_epoch,
-                partition_states=[partition_state_pb(s) for s in req.partition_states],
+                partition_states=[partition_state_pb(s, self._topic_ids) for s in req.partition_states],
                 live_leaders=self._endpoints(req.live_leaders),
                 topic_configs={t: broker_pb2.TopicConfig(entries=dict(topic_configs.get(t, {}))) for t in topics}))]
         if isinstance(req, UpdateMetadataRequest):
             return [("UpdateMetadata", broker_pb2.UpdateMetadataRequest(
                 controller_id=req.controller_id, controller_epoch=req.controller_epoch, broker_epoch=req.broker_epoch,
-                partition_states=[partition_state_pb(s) for s in req.partition_states],
+                partition_states=[partition_state_pb(s, self._topic_ids) for s in req.partition_states],
                 live_brokers=self._endpoints(req.live_brokers), deleted_topics=deleted))]
         assert isinstance(req, StopReplicaRequest)
         # The proto has one delete flag per request: one request per flag value.
@@ -225,9 +230,11 @@ class ControllerChannelManager:
         return [self.endpoints[b] for b in sorted(broker_ids) if b in self.endpoints]
 
 
-def partition_state_pb(info: PartitionStateInfo) -> broker_pb2.LeaderAndIsrPartitionState:
+def partition_state_pb(info: PartitionStateInfo,
+                       topic_ids: Mapping[str, bytes] | None = None) -> broker_pb2.LeaderAndIsrPartitionState:
     lai = info.leader_and_isr
     return broker_pb2.LeaderAndIsrPartitionState(
         topic=info.topic_partition.topic, partition=info.topic_partition.partition,
         controller_epoch=lai.controller_epoch, leader=lai.leader, leader_epoch=lai.leader_epoch, isr=list(lai.isr),
-        partition_epoch=lai.partition_epoch, replicas=list(info.replicas), is_new=info.is_new)
+        partition_epoch=lai.partition_epoch, replicas=list(info.replicas), is_new=info.is_new,
+        topic_id=(topic_ids or {}).get(info.topic_partition.topic, b""))

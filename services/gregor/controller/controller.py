@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, Lease, LeaseLost, Put,
                                 WatchCompacted, lease_ttl_s, mod_revision_is)
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
@@ -380,6 +380,7 @@ class Controller:
         await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
         snapshot = await metadata_store.load_topics(self.etcd)
         self._load_topics(snapshot)
+        await self._backfill_topic_ids(snapshot)
         for registration in registered:
             self.channels.add_broker(registration.endpoint())
         self._active_watches = [
@@ -419,6 +420,23 @@ class Controller:
         for tp, state in snapshot.states.items():
             self.ctx.put_partition_leadership_info(tp, state)
         self.ctx.topics_to_be_deleted = snapshot.topics_to_delete & self.ctx.all_topics
+        self.ctx.topic_ids = {t: i for t, i in snapshot.topic_ids.items() if t in self.ctx.all_topics}
+
+    async def _backfill_topic_ids(self, snapshot: metadata_store.TopicsSnapshot) -> None:
+        """Topics created before topic ids (KIP-516) get one now, written to their key, as Kafka's
+        controller does on upgrade (setTopicIds). A key changed meanwhile keeps its own (a newer
+        write, itself with an id); the topic watch brings that in."""
+        for topic in sorted(self.ctx.all_topics - set(self.ctx.topic_ids)):
+            topic_id = uuid.random_topic_id()
+            compares, ops = metadata_store.topic_id_backfill_ops(
+                self.etcd, topic, snapshot.assignments[topic], topic_id, snapshot.topic_revisions[topic])
+            try:
+                await self.guarded_write(compares, ops)
+            except CompareFailed:
+                log.info("topic %s changed while its id was assigned; the topic watch will read it", topic)
+                continue
+            self.ctx.topic_ids[topic] = topic_id
+            log.info("topic %s had no topic id; assigned %s", topic, uuid.to_string(topic_id))
 
     def on_controller_resignation(self) -> None:
         """Stop what the active controller owns and forget its context (seed 001's onControllerResignation)."""
@@ -509,7 +527,8 @@ class Controller:
             self.metrics.leader_elections.labels(kind=kind).inc(elected)
         for tp, reason in sorted(actions.failed.items()):
             log.warning("%s: %s", tp, reason)
-        self.channels.send(actions.batch.build(self.ctx, self.controller_id), self.ctx.topic_configs, deleted_topics)
+        self.channels.send(actions.batch.build(self.ctx, self.controller_id), self.ctx.topic_configs, deleted_topics,
+                           self.ctx.topic_ids)
         self.metrics.update_partition_gauges(self.ctx)
 
     # -- cluster events (event task only) ------------------------------------------
@@ -590,7 +609,11 @@ class Controller:
         """TopicChange / PartitionModifications: new topics and added partitions go New -> Online."""
         if not self.is_active:
             return
-        assignments = await metadata_store.load_assignments(self.etcd)
+        topic_keys = await metadata_store.load_topic_keys(self.etcd)
+        assignments = topic_keys.assignments
+        for topic, topic_id in topic_keys.topic_ids.items():
+            if topic not in self.ctx.all_topics or topic not in self.ctx.topic_ids:
+                self.ctx.topic_ids[topic] = topic_id
         for topic in set(assignments) - self.ctx.all_topics:
             kv = await self.etcd.get(metadata_store.config_key(self.etcd, topic))
             self.ctx.topic_configs[topic] = metadata_store.decode_config(kv.value) if kv is not None else {}
@@ -640,7 +663,7 @@ class Controller:
         # takes it back into the ISR when its last fetches arrive after the LeaderAndIsr below.
         announce = ControlRequestBatch()
         announce.add_update_metadata(self.ctx.live_or_shutting_down_broker_ids, [])
-        self.channels.send(announce.build(self.ctx, self.controller_id), self.ctx.topic_configs, ())
+        self.channels.send(announce.build(self.ctx, self.controller_id), self.ctx.topic_configs, (), self.ctx.topic_ids)
         await self.apply_actions(actions)
         # After the writes: a transition that could not be re-run left etcd's leader in the context.
         remaining = partitions_still_led(self.ctx, broker_id)

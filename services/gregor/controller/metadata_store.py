@@ -2,7 +2,9 @@
 
 Keys and value formats are gregor.common.etcd_layout's (TopicZNode, PartitionStateZNode,
 TopicConfigZNode, DeleteTopicsZNode); this module converts between them and the controller's
-LeaderAndIsr, loads snapshots, and builds the conditional writes.
+LeaderAndIsr, loads snapshots, and builds the conditional writes. A topic key carries the topic id
+(KIP-516, TopicZNode v3); a key written before ids (v2) gets one from the next active controller
+(`topic_id_backfill_ops`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, version_is
+from gregor.common.etcd import Compare, Delete, EtcdClient, KeyValue, Put, mod_revision_is, version_is
 from gregor.common.etcd_layout import (DeleteTopicsZNode, PartitionState, PartitionStateZNode, TopicConfigZNode,
                                        TopicZNode)
 from gregor.controller.requests import PartitionStateWrite
@@ -37,6 +39,7 @@ def delete_topic_key(etcd: EtcdClient, topic: str) -> bytes:
 
 encode_assignment = TopicZNode.encode
 decode_assignment = TopicZNode.decode
+decode_topic_id = TopicZNode.topic_id
 encode_config = TopicConfigZNode.encode
 decode_config = TopicConfigZNode.decode
 
@@ -61,6 +64,10 @@ class TopicsSnapshot:
 
     revision: int = 0
     assignments: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    # Topic ids (KIP-516); a topic written before ids is absent here until backfilled.
+    topic_ids: dict[str, bytes] = field(default_factory=dict)
+    # mod_revision of each `brokers/topics/<topic>` key (the backfill's compare).
+    topic_revisions: dict[str, int] = field(default_factory=dict)
     states: dict[TopicPartition, LeaderAndIsr] = field(default_factory=dict)
     configs: dict[str, dict[str, str]] = field(default_factory=dict)
     topics_to_delete: set[str] = field(default_factory=set)
@@ -71,6 +78,10 @@ def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSna
         topic = TopicZNode.topic(etcd, kv.key)
         if topic is not None:
             snap.assignments[topic] = decode_assignment(kv.value)
+            snap.topic_revisions[topic] = kv.mod_revision
+            topic_id = decode_topic_id(kv.value)
+            if topic_id:
+                snap.topic_ids[topic] = topic_id
         elif (tp := PartitionStateZNode.topic_partition(etcd, kv.key)) is not None:
             snap.states[TopicPartition(*tp)] = decode_partition_state(kv)
 
@@ -92,9 +103,15 @@ async def load_topics(etcd: EtcdClient) -> TopicsSnapshot:
 
 async def load_assignments(etcd: EtcdClient) -> dict[str, dict[int, tuple[int, ...]]]:
     """Only the `brokers/topics/<topic>` keys (TopicChange)."""
+    return (await load_topic_keys(etcd)).assignments
+
+
+async def load_topic_keys(etcd: EtcdClient) -> TopicsSnapshot:
+    """The `brokers/topics/<topic>` keys: assignments, topic ids and revisions (TopicChange)."""
     snap = TopicsSnapshot()
     _parse_topic_keys(etcd, (await etcd.get_prefix(TopicZNode.prefix(etcd))).kvs, snap)
-    return snap.assignments
+    snap.states = {}
+    return snap
 
 
 async def load_partition_states(etcd: EtcdClient) -> dict[TopicPartition, LeaderAndIsr]:
@@ -132,11 +149,20 @@ def partition_state_write(etcd: EtcdClient, write: PartitionStateWrite) -> tuple
 
 
 def create_topic_ops(etcd: EtcdClient, topic: str, assignment: Mapping[int, Sequence[int]],
-                     configs: Mapping[str, str]) -> tuple[list[Compare], list[Put | Delete]]:
-    """Create `brokers/topics/<topic>` and `config/topics/<topic>` together, only if the topic is new."""
+                     configs: Mapping[str, str], topic_id: bytes) -> tuple[list[Compare], list[Put | Delete]]:
+    """Create `brokers/topics/<topic>` (with its new topic id) and `config/topics/<topic>` together,
+    only if the topic is new."""
     key = topic_key(etcd, topic)
     return ([version_is(key, 0), version_is(delete_topic_key(etcd, topic), 0)],
-            [Put(config_key(etcd, topic), encode_config(configs)), Put(key, encode_assignment(assignment))])
+            [Put(config_key(etcd, topic), encode_config(configs)), Put(key, encode_assignment(assignment, topic_id))])
+
+
+def topic_id_backfill_ops(etcd: EtcdClient, topic: str, assignment: Mapping[int, Sequence[int]],
+                          topic_id: bytes, mod_revision: int) -> tuple[list[Compare], list[Put | Delete]]:
+    """Give a topic written before topic ids its id (Kafka's controller does so on upgrade), only if
+    its key is still the one read (a concurrent change wins; the next load retries)."""
+    key = topic_key(etcd, topic)
+    return [mod_revision_is(key, mod_revision)], [Put(key, encode_assignment(assignment, topic_id))]
 
 
 def delete_topic_ops(etcd: EtcdClient, topic: str) -> list[Put | Delete]:

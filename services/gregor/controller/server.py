@@ -70,7 +70,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 def _result(outcome: TopicOutcome) -> controller_pb2.TopicResult:
     return controller_pb2.TopicResult(
         name=outcome.name, num_partitions=outcome.num_partitions, replication_factor=outcome.replication_factor,
-        error=outcome.error.to_detail() if outcome.error is not None else None)
+        topic_id=outcome.topic_id, error=outcome.error.to_detail() if outcome.error is not None else None)
 
 
 def _config_str(value: object) -> str:

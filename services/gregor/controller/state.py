@@ -181,6 +181,8 @@ class ControllerContext:
     replica_states: dict[PartitionReplica, ReplicaState] = field(default_factory=dict)
     replicas_on_offline_dirs: dict[int, set[TopicPartition]] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Each topic's id (KIP-516), as stored in its `brokers/topics/<topic>` key.
+    topic_ids: dict[str, bytes] = field(default_factory=dict)
     topics_to_be_deleted: set[str] = field(default_factory=set)
     topics_with_deletion_started: set[str] = field(default_factory=set)
     topics_ineligible_for_deletion: set[str] = field(default_factory=set)
@@ -261,6 +263,7 @@ class ControllerContext:
         self.replica_states = {k: v for k, v in self.replica_states.items() if k.topic_partition.topic != topic}
         self.partition_assignments.pop(topic, None)
         self.topic_configs.pop(topic, None)
+        self.topic_ids.pop(topic, None)
         self.all_topics.discard(topic)
 
     def is_topic_queued_up_for_deletion(self, topic: str) -> bool:

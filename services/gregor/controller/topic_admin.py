@@ -10,10 +10,11 @@ its LeaderAndIsr / UpdateMetadata queued (the watch's own event is then a no-op)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gregor.common import errors
+from gregor.common import errors, uuid
 from gregor.common.config import effective_topic_configs, validate_topic_configs
 from gregor.common.etcd import CompareFailed, Put, mod_revision_is
 from gregor.common.topics import validate_topic_name
@@ -48,6 +49,7 @@ class TopicOutcome:
     num_partitions: int = 0
     replication_factor: int = 0
     error: errors.GregorError | None = None
+    topic_id: bytes = b""  # CreateTopics: the new topic's id (KIP-516)
 
 
 def _exists(name: str) -> errors.GregorError:
@@ -110,14 +112,16 @@ class TopicAdmin:
         outcome = TopicOutcome(t.name, len(assignment), len(next(iter(assignment.values()))))
         if validate_only:
             return outcome
+        # A new topic is a new id (KIP-516), even under the name of a deleted one.
+        topic_id = uuid.random_topic_id()
         compares, ops = metadata_store.create_topic_ops(self.controller.etcd, t.name, assignment,
-                                                        {k: str(v) for k, v in t.configs.items()})
+                                                        {k: str(v) for k, v in t.configs.items()}, topic_id)
         try:
             await self.controller.guarded_write(compares, ops)
         except CompareFailed:
             return TopicOutcome(t.name, error=_exists(t.name))
         await self.controller.on_topic_change()
-        return outcome
+        return dataclasses.replace(outcome, topic_id=topic_id)
 
     async def delete_topic(self, name: str) -> TopicOutcome:
         """Mark the topic under admin/delete_topics (delete.topic.enable), then run TopicDeletion."""
@@ -145,8 +149,12 @@ class TopicAdmin:
             key = metadata_store.topic_key(etcd, name)
             kv = await etcd.get(key)
             expected = kv.mod_revision if kv is not None else 0
+            # The topic keeps its id; one written before ids gets it now (the controller's backfill).
+            topic_id = (metadata_store.decode_topic_id(kv.value) if kv is not None else b"") \
+                or self._ctx.topic_ids.get(name) or uuid.random_topic_id()
             await self.controller.guarded_write(
-                [mod_revision_is(key, expected)], [Put(key, metadata_store.encode_assignment({**current, **added}))])
+                [mod_revision_is(key, expected)],
+                [Put(key, metadata_store.encode_assignment({**current, **added}, topic_id))])
             await self.controller.on_topic_change()
         return TopicOutcome(name, count, rf)
 

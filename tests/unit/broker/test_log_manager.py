@@ -53,3 +53,42 @@ async def test_flush_scheduler_fsyncs_only_due_logs_with_unflushed_data(tmp_path
     await manager.flush_dirty_logs()
     assert len(hops) == 1 and eager.recovery_point == 3
     manager.close()
+
+
+def test_partition_metadata_records_the_topic_id_and_another_id_is_quarantined(tmp_path) -> None:
+    """KIP-516: a log dir carries its topic id; a log of another id (a deleted topic's) is renamed -stray,
+    kept with its records, and a new empty log starts; a log from before ids adopts the id."""
+    from gregor.broker.log_manager import PARTITION_METADATA, read_partition_metadata
+    from gregor.common import uuid
+
+    old, new = uuid.random_topic_id(), uuid.random_topic_id()
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    configs = effective_topic_configs({})
+    lg = manager.get_or_create_log("t", 0, configs, old)
+    lg.append_as_leader(make_batch([b"old"]), 0)
+    with open(tmp_path / "t-0" / PARTITION_METADATA) as f:
+        assert f.read() == f"version: 0\ntopic_id: {uuid.to_string(old)}\n"  # Kafka's format
+    manager.close()
+
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    assert manager.get_or_create_log("t", 0, configs, old).log_end_offset == 1  # same id: same log
+    manager.close()
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    quarantined: list[tuple[str, int]] = []
+    manager.on_quarantine = quarantined.append
+    fresh = manager.get_or_create_log("t", 0, configs, new)
+    assert fresh.log_end_offset == 0 and read_partition_metadata(str(tmp_path / "t-0")) == new
+    stray = tmp_path / f"t-0.{old.hex()}-stray"
+    assert stray.is_dir() and read_partition_metadata(str(stray)) == old and quarantined == [("t", 0)]
+    manager.close()
+
+    # A log written before topic ids (no partition.metadata) keeps its records and adopts the id.
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    legacy = manager.get_or_create_log("legacy", 0, configs)
+    legacy.append_as_leader(make_batch([b"x"]), 0)
+    assert read_partition_metadata(str(tmp_path / "legacy-0")) == b""
+    manager.close()
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    assert manager.get_or_create_log("legacy", 0, configs, new).log_end_offset == 1
+    assert read_partition_metadata(str(tmp_path / "legacy-0")) == new
+    manager.close()

@@ -26,3 +26,22 @@ def test_update_metadata_then_answer_metadata() -> None:
     assert cache.metadata_response(["nope"]).topics[0].error == errors.Code.UNKNOWN_TOPIC_OR_PARTITION
     cache.update_metadata(5, live, [], ["t"])
     assert not cache.contains("t")
+
+
+def test_topic_ids_are_answered_and_a_new_id_replaces_the_old_topic() -> None:
+    cache = MetadataCache("c")
+    live = [common_pb2.BrokerEndpoint(broker_id=b, host="h", grpc_port=b) for b in (1, 2, 3)]
+    old, new = b"\x01" * 16, b"\x02" * 16
+    states = [_state(0, 1), _state(1, 2)]
+    for s in states:
+        s.topic_id = old
+    cache.update_metadata(5, live, states, [])
+    assert cache.metadata_response(["t"]).topics[0].topic_id == old
+    # The same name with another id is another topic: the old one's partitions do not linger.
+    fresh = _state(0, 3)
+    fresh.topic_id = new
+    cache.update_metadata(5, live, [fresh], [])
+    [topic] = cache.metadata_response(["t"]).topics
+    assert topic.topic_id == new and [p.partition for p in topic.partitions] == [0]
+    cache.update_metadata(5, live, [], ["t"])
+    assert cache.metadata_response(["t"]).topics[0].topic_id == b""

@@ -23,7 +23,7 @@ class FakeFetcher:
     def __init__(self, script: dict[int, Any]) -> None:
         self.script = script
 
-    async def fetch(self, tp: tuple[str, int], offset: int, isolation: int) -> FetchResult:
+    async def fetch(self, tp: tuple[str, int], offset: int, isolation: int, topic_id: bytes = b"") -> FetchResult:
         n = FakeFetcher.calls[tp] = FakeFetcher.calls.get(tp, 0) + 1
         await asyncio.sleep(0.001)
         answer = self.script[tp[1]](n)
@@ -38,6 +38,11 @@ class FakeFetcher:
 def consumer(monkeypatch: pytest.MonkeyPatch, script: dict[int, Any], **config: Any) -> Consumer:
     FakeFetcher.calls = {}
     monkeypatch.setattr(consumer_mod, "make_fetcher", lambda *_: FakeFetcher(script))
+
+    async def no_topic_id(self: Consumer, tp: tuple[str, int], state: Any) -> None:
+        state.topic_id = b""  # no cluster behind the fake fetcher: no topic id to pin (KIP-516)
+
+    monkeypatch.setattr(Consumer, "_pin_topic_id", no_topic_id)
     return Consumer({"bootstrap.servers": "127.0.0.1:1", **config})
 
 

@@ -21,10 +21,17 @@ TP = TopicPartition("t", 0)
 
 
 def test_kafka_json_formats_round_trip() -> None:
-    raw = store.encode_assignment({1: [2, 3], 0: [1, 2]})
-    assert raw == (b'{"version": 2, "partitions": {"0": [1, 2], "1": [2, 3]}, '
-                   b'"adding_replicas": {}, "removing_replicas": {}}')
+    topic_id = bytes(range(16))
+    raw = store.encode_assignment({1: [2, 3], 0: [1, 2]}, topic_id)
+    # Kafka's TopicZNode v3 (KIP-516): the topic id in base64url without padding.
+    assert raw == (b'{"version": 3, "topic_id": "AAECAwQFBgcICQoLDA0ODw", "partitions": {"0": [1, 2], '
+                   b'"1": [2, 3]}, "adding_replicas": {}, "removing_replicas": {}}')
     assert store.decode_assignment(raw) == {0: (1, 2), 1: (2, 3)}
+    assert store.decode_topic_id(raw) == topic_id
+    # A key written before topic ids (version 2) has none: the controller assigns one on load.
+    legacy = b'{"version": 2, "partitions": {"0": [1, 2]}, "adding_replicas": {}, "removing_replicas": {}}'
+    assert store.decode_assignment(legacy) == {0: (1, 2)}
+    assert store.decode_topic_id(legacy) == b""
     lai = LeaderAndIsr(2, leader_epoch=4, isr=(2, 3), controller_epoch=7)
     kv = KeyValue(store.partition_state_key(ETCD, TP), store.encode_partition_state(lai), version=3)
     # The key's etcd version plays ZooKeeper's zkVersion: partition_epoch = version - 1.

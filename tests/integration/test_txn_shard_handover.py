@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from typing import Awaitable, Iterator
 
 import grpc
 import pytest
 
-from gregor.cli.local_cluster import start_coordinator
+from gregor.cli.local_cluster import _process_dir, _spawn, _wait_ready
 from gregor.client import AdminClient, Consumer, Producer
 from gregor.client.admin import NewTopic
 from gregor.common.coordinator_ownership import desired_owner, partition_for
@@ -74,6 +75,22 @@ async def describe(address: str, tid: str) -> transaction_pb2.TransactionDescrip
     return None if d.error.code else d
 
 
+def start_coordinator_with(cluster: LocalCluster, coordinator_id: int, bootstrap: str) -> Process:
+    """A coordinator process as `cluster up` starts one, with an explicit --bootstrap."""
+    data_dir = cluster.data_dir
+    coordinator_dir, ready = _process_dir(data_dir, f"coordinator-{coordinator_id}")
+    log_path = os.path.join(data_dir, "logs", f"coordinator-{coordinator_id}.log")
+    etcd = ",".join(f"http://{e}" for e in etcd_endpoints(cluster).split(","))
+    cmd = [sys.executable, "-m", "gregor.coordinator", "--coordinator-id", str(coordinator_id), "--etcd", etcd,
+           "--bootstrap", bootstrap, "--port", "0", "--metrics-port", "-1", "--ready-file", ready,
+           "--lease-ttl-ms", str(LEASE_TTL_MS)]
+    for k, v in COORDINATOR_OVERRIDES.items():
+        cmd += ["--override", f"{k}={v}"]
+    info = _wait_ready(_spawn(cmd, log_path), ready, log_path)
+    return Process("coordinator", coordinator_id, info["pid"], info["grpc"], info["metrics"], log_path,
+                   coordinator_dir)
+
+
 def logged_states(leader: Process, tid: str, p: int) -> list[tm.TxnMetadata]:
     return [tm.decode_value(tid, v) for v in replica_values(leader, TXN_TOPIC, p)]
 
@@ -89,6 +106,7 @@ async def test_shard_handed_over_mid_commit_loses_no_state_write(cluster: LocalC
     async with AdminClient({"bootstrap.servers": boot}) as admin:
         await admin.create_topics([NewTopic("ho-out", 2, 1)])
     producer = Producer({"bootstrap.servers": boot, "transactional.id": tid, "linger.ms": 0})
+    watcher: asyncio.Task[None] | None = None
     try:
         await producer.init_transactions()  # creates __transaction_state; A loads p
         await producer.metadata.wait_for_topic(TXN_TOPIC, 10000)
@@ -107,37 +125,43 @@ async def test_shard_handed_over_mid_commit_loses_no_state_write(cluster: LocalC
             await until(lambda: len(replica_values(leader, TXN_TOPIC, p)) > before, 30,
                         "A's PrepareCommit is appended on the leader")
             assert logged_states(leader, tid, p)[-1].state is tm.TxnState.PREPARE_COMMIT
-            c = await asyncio.to_thread(start_coordinator, cluster.data_dir, 1, etcd_endpoints(cluster),
-                                        lease_ttl_ms=LEASE_TTL_MS, overrides=COORDINATOR_OVERRIDES)
+            # C bootstraps from the leader only: the frozen follower would hold up its start-up calls.
+            c = await asyncio.to_thread(start_coordinator_with, cluster, 1, leader.grpc)
             cluster.processes.append(c)
             cluster.save()
             # A gives p up (it answers NOT_COORDINATOR for the id once it has unloaded it) ...
             await until(lambda: _none(describe(a.grpc, tid)), 30, "A releases p")
-            # ... and C must not serve p before A's write has ended: record what C serves meanwhile.
-            first: list[transaction_pb2.TransactionDescription] = []
+            # ... and C must not serve p before A's write has ended: record every state C serves, from now on.
+            served: list[str] = []
 
-            async def c_serves() -> bool:
-                d = await describe(c.grpc, tid)
-                if d is not None:
-                    first.append(d)
-                return d is not None
+            async def watch_c() -> None:
+                while not served or served[-1] != "CompleteCommit":
+                    d = await describe(c.grpc, tid)
+                    if d is not None and (not served or served[-1] != d.state):
+                        served.append(d.state)
+                    await asyncio.sleep(0.02)
 
+            watcher = asyncio.create_task(watch_c())
             try:
-                await until(c_serves, SUCCESSOR_WINDOW_S, "C serves p")
+                await until(lambda: served, SUCCESSOR_WINDOW_S, "C serves p")
             except AssertionError:
-                pass  # expected under the drain: C waits for A's claim
+                pass  # expected under the drain: C waits for A's claim, which A holds until its write ends
             assert not commit.done()
         finally:
             os.kill(follower.pid, signal.SIGCONT)
         await asyncio.wait_for(commit, 60)  # acknowledged: the transaction is committed
+        await asyncio.wait_for(watcher, 60)  # C reaches CompleteCommit
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await producer.close()
 
-    # Whatever C served first includes A's PrepareCommit: it never served a state the log had moved past.
-    if first:
-        assert first[0].state in ("PrepareCommit", "CompleteCommit"), (
-            f"the new owner served {first[0].state} while the old owner's PrepareCommit was in flight: "
-            f"a __transaction_state write was lost to it")
+    # The first state C served already includes A's PrepareCommit (the last write A made before the handover):
+    # it never served a state the log had moved past, and never went back.
+    assert served[0] in ("PrepareCommit", "CompleteCommit"), (
+        f"the new owner served {served} while the old owner's PrepareCommit was in flight: "
+        f"a __transaction_state write was lost to it")
+    assert "Ongoing" not in served, served
     assert await committed_values(boot, "ho-out", out) == [b"v0", b"v1", b"v2"]
     final: list[transaction_pb2.TransactionDescription] = []
 

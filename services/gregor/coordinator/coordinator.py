@@ -89,7 +89,7 @@ class GroupCoordinator:
                                 max(50, self.config.lease_ttl_ms // 10))
         self.loader = OffsetsLoader(self.manager)
         self.offsets = ShardOwnership(etcd, coordinator_id, CoordinatorsZNode.OFFSETS_CLAIMS, ol.OFFSETS_TOPIC,
-                                      self.fence, self.loader.load, self._unload, self._on_task_done,
+                                      self.fence, self.loader.load, self._unload, self.on_task_done,
                                       on_change=self._update_partition_gauges)
         self.offsets.num_partitions = self.num_partitions
 
@@ -163,7 +163,7 @@ class GroupCoordinator:
     def spawn(self, coro: Any, name: str) -> None:
         """Run a background task whose death stops the process."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(self._on_task_done)
+        task.add_done_callback(self.on_task_done)
         self._tasks.append(task)
 
     async def stop(self) -> None:
@@ -187,7 +187,9 @@ class GroupCoordinator:
         if not self.stopped.done():
             self.stopped.set_exception(exc)
 
-    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
+    def on_task_done(self, task: asyncio.Task[Any]) -> None:
+        """Done-callback of every background task of the process (the transaction coordinator's too):
+        a task that died stops the process."""
         if task.cancelled():
             return
         exc = task.exception()

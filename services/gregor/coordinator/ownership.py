@@ -19,9 +19,10 @@ coordinators are separate processes, so leadership of a shard is an etcd claim i
 - fence: a write is admitted only while p is owned and the lease is certainly alive for
   longer than the write can take (LeaseFence.check).
 
-The etcd keys built here (the only ones): `CoordinatorsZNode.prefix` (watched),
-`CoordinatorsZNode.claim_key(kind, p)` (claimed / deleted), `CoordinatorsZNode.id_key`
-(registered by LeaseFence.register).
+The etcd keys this module uses, all built by common/etcd_layout.py: `CoordinatorsZNode.prefix`
+(watched: registrations and both kinds of claims) and `CoordinatorsZNode.claim_key(kind, p)`
+(created, read for its create revision, deleted); the registration `CoordinatorsZNode.id_key`
+is written by the group coordinator's start-up on the same lease.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kafka's TransactionCoordinator, hosted in the group-coordinator process (seed 003 §6.8, KIP-98).
+"""Event-loop owned, one asyncio.Lock per transactional id: Kafka's TransactionCoordinator (seed 003 §6.8, KIP-98), in the group-coordinator process.
 
 Why here: the group coordinator already owns shards of a compacted internal
 topic through etcd leases, runs one process per instance with a fenced,
@@ -10,16 +10,16 @@ Transactional ids are sharded by `partition_for(id)` over `__transaction_state`
 (compacted, RF 3, 50 partitions as Kafka's `transaction.state.log.*`). This
 instance claims partition p with `coordinators/txn-partitions/<p>` (bound to the
 group coordinator's lease, so a dead instance's claims vanish with it) when the
-same `desired_owner` rule as the offsets partitions names it, loads p's state by
-replaying it, and then finishes every transaction found in PrepareCommit or
-PrepareAbort (its decision is durable, its markers may not be). Each state change
+same `desired_owner` rule as the offsets partitions names it, through the same
+`ShardOwnership` (ownership.py: claim, load, drained release, fence), loads p's
+state by replaying it, and then finishes every transaction found in PrepareCommit
+or PrepareAbort (its decision is durable, its markers may not be). Each state change
 is written with acks=all before it is acted on or answered (the same lease-based
 write fence as the group coordinator's), then markers go to the partition leaders
 (WriteTxnMarkers, retried until each lands, on a new leader if it moved), then
 CompleteCommit / CompleteAbort is written. Ongoing transactions older than their
 timeout are aborted with the epoch bumped every
 `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
-Concurrency: event-loop owned; one asyncio.Lock per transactional id orders its calls.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class TransactionCoordinator:
         self.txns: dict[str, TxnMetadata] = {}
         # Claims, loads, releases (draining in-flight writes first) and fences: ownership.py, as for groups.
         self.shards = ShardOwnership(gc.etcd, gc.id, CLAIMS, TXN_TOPIC, gc.fence, self._load, self._unload,
-                                     gc._on_task_done, on_change=self._update_partition_gauge)
+                                     gc.on_task_done, on_change=self._update_partition_gauge)
         self._load_lock = asyncio.Lock()
         self._creating: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
@@ -105,7 +105,7 @@ class TransactionCoordinator:
         for coro, name in (*self.shards.tasks(), (self._abort_timed_out_loop(), "timeouts"),
                            (self._wait_for_topic(), "topic")):
             task = asyncio.get_running_loop().create_task(coro, name=f"txn-coordinator-{name}")
-            task.add_done_callback(gc._on_task_done)
+            task.add_done_callback(gc.on_task_done)
             self._tasks.append(task)
 
     async def stop(self) -> None:

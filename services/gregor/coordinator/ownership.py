@@ -207,16 +207,20 @@ class ShardOwnership:
         holder = self.claims.get(p)
         if holder is not None and holder != self.id:
             return  # the old owner releases it (or its lease expires); the watch brings us back
+        # Kafka's coordinator epoch is the internal partition's leader epoch; ours is the claim's create revision.
         if holder is None:
-            if not await self.etcd.create_if_absent(self.claim_key(p), CoordinatorsZNode.encode_claim(self.id),
-                                                    self.fence.lease_id):
+            created = await self.etcd.create_if_absent(self.claim_key(p), CoordinatorsZNode.encode_claim(self.id),
+                                                       self.fence.lease_id)
+            if not created:
                 return
             self.claims[p] = self.id
-        claim = await self.etcd.get(self.claim_key(p))
-        if claim is None or claim.value != CoordinatorsZNode.encode_claim(self.id):
-            return
-        # Kafka's coordinator epoch is the internal partition's leader epoch; ours is the claim's create revision.
-        self.epochs[p] = claim.create_revision & 0x7FFFFFFF
+            revision = created.revision  # the revision of the txn that created the claim
+        else:  # our claim from before (e.g. the watch was re-listed): read its create revision
+            claim = await self.etcd.get(self.claim_key(p))
+            if claim is None or claim.value != CoordinatorsZNode.encode_claim(self.id):
+                return
+            revision = claim.create_revision
+        self.epochs[p] = revision & 0x7FFFFFFF
         self.loading.add(p)
         task = asyncio.get_running_loop().create_task(self._run_load(p), name=f"load-{self.topic}-{p}")
         task.add_done_callback(self._on_task_done)

@@ -1,4 +1,4 @@
-"""Kafka's TransactionCoordinator, hosted in the group-coordinator process (seed 003 §6.8, KIP-98).
+"""Event-loop owned, one asyncio.Lock per transactional id: Kafka's TransactionCoordinator (seed 003 §6.8, KIP-98), in the group-coordinator process.
 
 Why here: the group coordinator already owns shards of a compacted internal
 topic through etcd leases, runs one process per instance with a fenced,
@@ -10,16 +10,16 @@ Transactional ids are sharded by `partition_for(id)` over `__transaction_state`
 (compacted, RF 3, 50 partitions as Kafka's `transaction.state.log.*`). This
 instance claims partition p with `coordinators/txn-partitions/<p>` (bound to the
 group coordinator's lease, so a dead instance's claims vanish with it) when the
-same `desired_owner` rule as the offsets partitions names it, loads p's state by
-replaying it, and then finishes every transaction found in PrepareCommit or
-PrepareAbort (its decision is durable, its markers may not be). Each state change
+same `desired_owner` rule as the offsets partitions names it, through the same
+`ShardOwnership` (ownership.py: claim, load, drained release, fence), loads p's
+state by replaying it, and then finishes every transaction found in PrepareCommit
+or PrepareAbort (its decision is durable, its markers may not be). Each state change
 is written with acks=all before it is acted on or answered (the same lease-based
 write fence as the group coordinator's), then markers go to the partition leaders
 (WriteTxnMarkers, retried until each lands, on a new leader if it moved), then
 CompleteCommit / CompleteAbort is written. Ongoing transactions older than their
 timeout are aborted with the epoch bumped every
 `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
-Concurrency: event-loop owned; one asyncio.Lock per transactional id orders its calls.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram
@@ -38,12 +38,13 @@ from gregor.client.consumer import Consumer
 from gregor.client.producer import Producer
 from gregor.common import errors
 from gregor.common.clock import now_ms
-from gregor.common.coordinator_ownership import desired_partitions, partition_for
-from gregor.common.etcd import Delete, EtcdError, WatchCompacted, value_is
-from gregor.common.etcd_layout import BrokerIdsZNode, CoordinatorKey, CoordinatorsZNode, TopicZNode
+from gregor.common.coordinator_ownership import partition_for
+from gregor.common.etcd import EtcdError
+from gregor.common.etcd_layout import BrokerIdsZNode, CoordinatorsZNode, TopicZNode
 from gregor.common.rpc import channel
 from gregor.coordinator import txn_metadata as tm
-from gregor.coordinator.coordinator import reconcile_forever, replay_partition
+from gregor.coordinator.loading import partition_bounds, replay_partition
+from gregor.coordinator.ownership import ShardOwnership
 from gregor.coordinator.txn_metadata import TxnMetadata, TxnState
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -84,19 +85,14 @@ class TransactionCoordinator:
         self.config = config or TxnConfig()
         self.num_partitions = 0  # of __transaction_state; 0 until it exists
         self.txns: dict[str, TxnMetadata] = {}
-        self.owned: set[int] = set()
-        self.loading: set[int] = set()
-        self.claims: dict[int, int] = {}
-        self.live: set[int] = set()
-        # Our coordinator epoch per owned partition: the etcd create revision of our claim, which grows with
-        # every new claim of the partition, so a stale owner's markers are older than its successor's.
-        self.epochs: dict[int, int] = {}
+        # Claims, loads, releases (draining in-flight writes first) and fences: ownership.py, as for groups.
+        self.shards = ShardOwnership(gc.etcd, gc.id, CLAIMS, TXN_TOPIC, gc.fence, self._load, self._unload,
+                                     gc.on_task_done, on_change=self._update_partition_gauge)
         self._load_lock = asyncio.Lock()
         self._creating: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._completing: dict[str, asyncio.Task[None]] = {}
-        self._reconcile_needed = asyncio.Event()
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
 
@@ -106,16 +102,20 @@ class TransactionCoordinator:
         creates it on the first FindCoordinator for a transaction), so clusters without transactions never
         carry its 50 partitions."""
         gc = self.gc
-        for coro, name in ((self._watch(), "watch"), (self._reconcile_loop(), "reconcile"),
-                           (self._abort_timed_out_loop(), "timeouts"), (self._wait_for_topic(), "topic")):
+        for coro, name in (*self.shards.tasks(), (self._abort_timed_out_loop(), "timeouts"),
+                           (self._wait_for_topic(), "topic")):
             task = asyncio.get_running_loop().create_task(coro, name=f"txn-coordinator-{name}")
-            task.add_done_callback(gc._on_task_done)
+            task.add_done_callback(gc.on_task_done)
             self._tasks.append(task)
 
     async def stop(self) -> None:
+        """Stop admitting writes, cancel the background work, drain the writes in flight to every
+        shard (the group coordinator's stop revokes the lease next: the claims go with it)."""
+        self.shards.closing = True
         for t in [*self._tasks, *self._completing.values()]:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._completing.values(), return_exceptions=True)
+        await self.shards.release_all()
         for client in (self._producer, self._consumer):
             if client is not None:
                 try:
@@ -137,7 +137,7 @@ class TransactionCoordinator:
                                    "auto.offset.reset": "earliest", "client.id": f"txn-coordinator-{gc.id}-loader"})
         await self._producer.metadata.wait_for_topic(TXN_TOPIC, 30000)
         self.num_partitions = TopicZNode.partition_count(kv.value)
-        self._reconcile_needed.set()
+        self.shards.set_num_partitions(self.num_partitions)
 
     def _maybe_create_topic(self) -> None:
         if self._creating is None or (self._creating.done() and self.num_partitions == 0):
@@ -171,115 +171,69 @@ class TransactionCoordinator:
             if kv is None:
                 log.warning("%s did not appear in etcd", TXN_TOPIC)
 
-    # ------------------------------------------------------------------ ownership (as the offsets partitions)
-    async def _watch(self) -> None:
-        etcd = self.gc.etcd
-        prefix = CoordinatorsZNode.prefix(etcd)
-        while True:
-            res = await etcd.get_prefix(prefix)
-            self.live, self.claims = set(), {}
-            for kv in res.kvs:
-                self._apply(CoordinatorsZNode.parse(etcd, kv.key), kv.value)
-            self._reconcile_needed.set()
-            try:
-                async for ev in etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(CoordinatorsZNode.parse(etcd, ev.key), ev.value if ev.type == "put" else None)
-                    self._reconcile_needed.set()
-            except WatchCompacted:
-                continue
+    # ------------------------------------------------------------------ ownership (ownership.py, as the offsets)
+    @property
+    def owned(self) -> set[int]:
+        return self.shards.owned
 
-    def _apply(self, key: CoordinatorKey | None, value: bytes | None) -> None:
-        if key is None:
-            return
-        n = key.n
-        if key.kind == CoordinatorsZNode.IDS:
-            (self.live.discard(n) if value is None else self.live.add(n))
-        elif key.kind == CLAIMS:
-            if value is None:
-                self.claims.pop(n, None)
-            else:
-                self.claims[n] = CoordinatorsZNode.decode_claim(value)
+    @property
+    def loading(self) -> set[int]:
+        return self.shards.loading
 
-    def _claim_key(self, p: int) -> bytes:
-        return CoordinatorsZNode.claim_key(self.gc.etcd, CLAIMS, p)
+    @property
+    def claims(self) -> dict[int, int]:
+        return self.shards.claims
 
-    async def _reconcile_loop(self) -> None:
-        await reconcile_forever(self._reconcile_needed, self._reconcile, "transaction partition")
+    @property
+    def epochs(self) -> dict[int, int]:
+        """Our coordinator epoch per owned partition: the etcd create revision of our claim, which grows with
+        every new claim of the partition, so a stale owner's markers are older than its successor's."""
+        return self.shards.epochs
 
-    async def _reconcile(self) -> None:
-        gc, etcd = self.gc, self.gc.etcd
-        if self.num_partitions == 0:
-            return
-        lease_id = gc.lease_id
-        want = desired_partitions(gc.id, sorted(self.live), self.num_partitions) if gc.id in self.live else set()
-        mine = self.owned | self.loading
-        for p in sorted(mine - want):
-            self._unload(p)
-            await etcd.txn([value_is(self._claim_key(p), CoordinatorsZNode.encode_claim(gc.id))],
-                           [Delete(self._claim_key(p))])
-        for p in sorted(want - mine):
-            holder = self.claims.get(p)
-            if holder is not None and holder != gc.id:
-                continue
-            if holder is None:
-                if not await etcd.create_if_absent(self._claim_key(p), CoordinatorsZNode.encode_claim(gc.id), lease_id):
-                    continue
-                self.claims[p] = gc.id
-            claim = await etcd.get(self._claim_key(p))
-            if claim is None or claim.value != CoordinatorsZNode.encode_claim(gc.id):
-                continue
-            self.epochs[p] = claim.create_revision & 0x7FFFFFFF
-            self.loading.add(p)
-            task = asyncio.get_running_loop().create_task(self._load(p), name=f"load-txn-{p}")
-            task.add_done_callback(gc._on_task_done)
+    def _update_partition_gauge(self) -> None:
         TXN_PARTITIONS_OWNED.set(len(self.owned))
 
     def _unload(self, p: int) -> None:
-        self.owned.discard(p)
-        self.loading.discard(p)
+        """Forget the transactional ids of partition p and stop completing their transactions (the new
+        owner finds Prepare* in the log and completes them)."""
         for tid in [t for t in self.txns if self.partition_of(t) == p]:
             del self.txns[tid]
             task = self._completing.pop(tid, None)
             if task is not None:
                 task.cancel()
-        TXN_PARTITIONS_OWNED.set(len(self.owned))
+        self._update_partition_gauge()
 
-    async def _load(self, p: int) -> None:
+    async def _load(self, p: int, loading: Callable[[], bool]) -> bool:
         """Replay partition p to its high watermark, then finish the transactions left in Prepare*."""
         assert self._consumer is not None
         tp = (TXN_TOPIC, p)
-        while True:
-            try:
-                end, begin = await self._consumer.list_offset(tp, -1), await self._consumer.list_offset(tp, -2)
-                break
-            except errors.GregorError as exc:
-                log.info("load of %s-%d waits: %s", TXN_TOPIC, p, exc)
-                await asyncio.sleep(0.5)
-                if p not in self.loading:
-                    return
+        bounds = await partition_bounds(self._consumer, tp, loading)
+        if bounds is None:
+            return False
+        begin, end = bounds
         found: dict[str, TxnMetadata | None] = {}
         if end > begin:
             async with self._load_lock:  # one loader consumer: partitions load one at a time
-                async for rec in replay_partition(self._consumer, tp, begin, end, lambda: p in self.loading):
+                async for rec in replay_partition(self._consumer, tp, begin, end, loading):
                     try:
                         tid = tm.decode_key(rec.key)
                         found[tid] = tm.decode_value(tid, rec.value) if rec.value is not None else None
                     except (ValueError, KeyError) as exc:
                         log.warning("skipping undecodable %s record at %d: %s", TXN_TOPIC, rec.offset, exc)
-        if p not in self.loading:
-            return
+        if not loading():
+            return False
         for tid, md in found.items():
             if md is not None:
                 self.txns[tid] = md
-        self.loading.discard(p)
-        self.owned.add(p)
-        TXN_PARTITIONS_OWNED.set(len(self.owned))
         left = [md for md in self.txns.values() if self.partition_of(md.transactional_id) == p
                 and md.state in tm.PREPARING]
         log.info("loaded %s-%d (%d transactional ids, %d to complete)", TXN_TOPIC, p, len(found), len(left))
+        # Served from now on (ShardOwnership marks p owned when this returns, before the loop runs again).
+        loop = asyncio.get_running_loop()
         for md in left:
-            self._complete_in_background(md)
+            loop.call_soon(self._complete_in_background, md)
         self._update_gauges()
+        return True
 
     # ------------------------------------------------------------------ routing and writes
     def partition_of(self, transactional_id: str) -> int:
@@ -316,20 +270,13 @@ class TransactionCoordinator:
         """Write md to its __transaction_state partition (acks=all, fenced by our lease), then cache it."""
         assert self._producer is not None
         p = self.partition_of(md.transactional_id)
-        if p not in self.owned:
-            raise errors.error_for(Code.NOT_COORDINATOR, f"{TXN_TOPIC}-{p} moved away")
-        remaining = self.gc.lease_remaining_ms()
-        if remaining < self.gc.write_timeout_ms + self.gc.fence_margin_ms:
-            raise errors.error_for(Code.NOT_COORDINATOR, f"coordinator {self.gc.id} is fenced from {TXN_TOPIC}-{p}: "
-                                                         f"its lease is only certain for {remaining} ms")
-        try:
-            await (await self._producer.send(TXN_TOPIC, tm.encode_value(md), tm.encode_key(md.transactional_id),
-                                             partition=p))
-        except errors.GregorError as exc:
-            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
-                                   f"writing to {TXN_TOPIC}-{p} failed: {exc.name}: {exc.message}") from exc
-        if p not in self.owned:
-            raise errors.error_for(Code.NOT_COORDINATOR, f"{TXN_TOPIC}-{p} moved away during the write")
+        async with self.shards.writing(p):  # fenced by the lease; a release waits for it
+            try:
+                await (await self._producer.send(TXN_TOPIC, tm.encode_value(md), tm.encode_key(md.transactional_id),
+                                                 partition=p))
+            except errors.GregorError as exc:
+                raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                       f"writing to {TXN_TOPIC}-{p} failed: {exc.name}: {exc.message}") from exc
         self.txns[md.transactional_id] = md
         self._update_gauges()
         return md

@@ -16,7 +16,7 @@ Code = errors.Code
 
 def coordinator(lease_ttl_ms: int = 2000, **kw: Any) -> GroupCoordinator:
     c = GroupCoordinator(0, None, "127.0.0.1", 0, CoordinatorConfig(lease_ttl_ms=lease_ttl_ms, **kw))  # type: ignore[arg-type]
-    c.owned = {1}
+    c.offsets.owned = {1}
     return c
 
 
@@ -36,17 +36,17 @@ async def test_write_timeout_and_margin_follow_the_lease() -> None:
 
 async def test_write_admitted_only_while_the_lease_outlives_it() -> None:
     c = coordinator(2000)
-    c._lease_valid_until_ms = monotonic_ms() + 1500
+    c.fence._valid_until_ms = monotonic_ms() + 1500
     c.check_fence(1)  # 1500 ms left >= 800 write timeout + 200 margin
-    c._lease_valid_until_ms = monotonic_ms() + 900
+    c.fence._valid_until_ms = monotonic_ms() + 900
     with pytest.raises(errors.GregorError) as ei:
         c.check_fence(1)
     assert ei.value.code == Code.NOT_COORDINATOR and "fenced" in ei.value.message
-    c._lease_valid_until_ms = monotonic_ms() + 1500
+    c.fence._valid_until_ms = monotonic_ms() + 1500
     with pytest.raises(errors.GregorError) as ei:
         c.check_fence(2)  # not ours
     assert ei.value.code == Code.NOT_COORDINATOR
-    c._closing = True
+    c.offsets.closing = True
     with pytest.raises(errors.GregorError) as ei:
         c.check_fence(1)
     assert ei.value.code == Code.NOT_COORDINATOR
@@ -55,18 +55,18 @@ async def test_write_admitted_only_while_the_lease_outlives_it() -> None:
 async def test_fenced_append_never_reaches_the_producer() -> None:
     c = coordinator(2000)
     c._producer = NoSend()  # type: ignore[assignment]
-    c._lease_valid_until_ms = monotonic_ms() + 500
+    c.fence._valid_until_ms = monotonic_ms() + 500
     with pytest.raises(errors.GregorError) as ei:
         await c.append(1, [(b"k", b"v")])
-    assert ei.value.code == Code.NOT_COORDINATOR and not c._inflight
+    assert ei.value.code == Code.NOT_COORDINATOR and not c.offsets.inflight(1)
 
 
 async def test_requests_refused_once_the_lease_may_have_expired() -> None:
     c = coordinator(2000)
     group = next(f"g{i}" for i in range(1000) if c.partition_of(f"g{i}") == 1)
-    c._lease_valid_until_ms = monotonic_ms() + 1000
+    c.fence._valid_until_ms = monotonic_ms() + 1000
     assert c.check_owner(group) == 1  # serving (reads, joins) while the lease certainly lives
-    c._lease_valid_until_ms = monotonic_ms() - 1  # e.g. resumed after SIGSTOP past the TTL
+    c.fence._valid_until_ms = monotonic_ms() - 1  # e.g. resumed after SIGSTOP past the TTL
     with pytest.raises(errors.GregorError) as ei:
         c.check_owner(group)
     assert ei.value.code == Code.NOT_COORDINATOR

@@ -5,20 +5,26 @@ coordinator). Every test talks to the brokers' Kafka listeners, so each fails wi
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.types import BrokerId
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from gregor.cli.local_cluster import LocalCluster
 
@@ -153,6 +159,11 @@ def test_librdkafka_group_rebalances_and_commits_offsets_seen_by_gregor_groups(c
         assert desc.returncode == 0, desc.stderr
         rows = json.loads(desc.stdout)["partitions"]
         assert sorted((r["partition"], r["current_offset"]) for r in rows) == [(i, 10) for i in range(4)]
+        admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+        listed = admin.list_consumer_groups().result(timeout=WAIT_S)
+        assert group in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups([group])[group].result(timeout=WAIT_S)
+        assert len(described.members) == 2 and str(described.state).endswith("STABLE")
     finally:
         a.close()
         b.close()
@@ -169,18 +180,178 @@ def test_admin_create_and_delete_topics(cluster: LocalCluster) -> None:
     assert listed.returncode == 0 and topic not in listed.stdout
 
 
-def test_kafka_python_produces_and_consumes(cluster: LocalCluster) -> None:
+def incremental_fetches(c: LocalCluster) -> float:
+    """gregor_kafka_incremental_fetches_total summed over the brokers' /metrics."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_kafka_incremental_fetches_total "):
+                    total += float(line.split()[1])
+    return total
+
+
+def test_kafka_python_produces_and_consumes_with_incremental_fetch_sessions(cluster: LocalCluster) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
+    before = incremental_fetches(cluster)
     topic = create_topic(cluster, partitions=2)
     prod = KafkaProducer(bootstrap_servers=bootstrap(cluster).split(","), acks="all")
     for i in range(10):
         prod.send(topic, key=b"k", value=f"py{i}".encode()).get(timeout=WAIT_S)
-    prod.close()
     cons = KafkaConsumer(topic, bootstrap_servers=bootstrap(cluster).split(","), group_id=f"py-{topic}",
                          auto_offset_reset="earliest", consumer_timeout_ms=15000)
     try:
         values = [m.value for _, m in zip(range(10), cons)]
+        for i in range(10, 20):  # more while the consumer's fetch sessions are open
+            prod.send(topic, key=b"k", value=f"py{i}".encode()).get(timeout=WAIT_S)
+        values += [m.value for _, m in zip(range(10), cons)]
     finally:
         cons.close()
-    assert values == [f"py{i}".encode() for i in range(10)]  # one key: one partition, in order
+        prod.close()
+    assert values == [f"py{i}".encode() for i in range(20)]  # one key: one partition, in order
+    assert incremental_fetches(cluster) > before  # kafka-python's FetchSessionHandler used KIP-227 sessions
+
+
+# ---- raw protocol through kio's writers: fetch sessions, OffsetForLeaderEpoch -------------------------
+
+class RawClient:
+    """One connection speaking flexible (header v2) requests built with kio, for what clients hide."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=20)
+        self.corr = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            assert chunk, "connection closed"
+            data += chunk
+        return data
+
+    def call(self, request: Any) -> Any:
+        from kio.index import load_response_from_request
+        from kio.serial import entity_reader, entity_writer
+
+        self.corr += 1
+        out = io.BytesIO()
+        out.write(struct.pack(">hhih", request.__api_key__, request.__version__, self.corr, 3) + b"raw" + b"\0")
+        entity_writer(type(request))(out, request)
+        frame = out.getvalue()
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", self._recv(4))[0]
+        data = self._recv(size)
+        assert struct.unpack_from(">i", data, 0)[0] == self.corr
+        value, _ = entity_reader(load_response_from_request(request))(memoryview(data), 5)  # corr id, no tags
+        return value
+
+
+def leader_address(c: LocalCluster, topic: str) -> tuple[str, int]:
+    md = AdminClient({"bootstrap.servers": bootstrap(c)}).list_topics(topic, timeout=10)
+    b = md.brokers[md.topics[topic].partitions[0].leader]
+    return f"{b.host}:{b.port}", md.topics[topic].partitions[0].leader
+
+
+def produce_values(c: LocalCluster, topic: str, values: list[str]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap(c), "enable.idempotence": True})
+    for v in values:
+        p.produce(topic, value=v, partition=0)
+    assert p.flush(WAIT_S) == 0
+
+
+def test_fetch_sessions_answer_only_what_changed(cluster: LocalCluster) -> None:
+    from kio.schema.fetch.v12 import request as fr
+    from kio.schema.types import TopicName
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    produce_values(cluster, topic, ["a", "b", "c"])
+    address, _ = leader_address(cluster, topic)
+    raw = RawClient(address)
+
+    def fetch(session_id: int, epoch: int, offset: int | None) -> Any:
+        parts = () if offset is None else (fr.FetchTopic(topic=TopicName(topic), partitions=(fr.FetchPartition(
+            partition=i32(0), current_leader_epoch=i32(-1), fetch_offset=i64(offset), last_fetched_epoch=i32(-1),
+            log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20)),)),)
+        return raw.call(fr.FetchRequest(
+            replica_id=BrokerId(-1), max_wait=i32Timedelta.parse(timedelta(milliseconds=50)), min_bytes=i32(1),
+            max_bytes=i32(1 << 20), isolation_level=i8(0), session_id=i32(session_id), session_epoch=i32(epoch),
+            topics=parts, forgotten_topics_data=(), rack_id=""))
+
+    try:
+        full = fetch(0, 0, 0)  # a full fetch at epoch 0 opens a session
+        assert full.error_code.value == 0 and full.session_id > 0
+        [[part]] = [t.partitions for t in full.responses]
+        assert part.high_watermark == 3 and part.records
+        quiet = fetch(full.session_id, 1, 3)  # caught up, nothing new: the partition is left out
+        assert quiet.error_code.value == 0 and quiet.session_id == full.session_id and quiet.responses == ()
+        produce_values(cluster, topic, ["d"])
+        more = fetch(full.session_id, 2, None)  # named in no request, the session's partition has news
+        [[part]] = [t.partitions for t in more.responses]
+        assert part.high_watermark == 4 and part.records
+        assert fetch(full.session_id, 2, None).error_code.value == 71  # INVALID_FETCH_SESSION_EPOCH
+        assert fetch(987654, 1, None).error_code.value == 70  # FETCH_SESSION_ID_NOT_FOUND
+        sessionless = fetch(0, -1, 0)  # FINAL epoch without a session: a plain full fetch
+        assert sessionless.session_id == 0 and sessionless.responses[0].partitions[0].high_watermark == 4
+    finally:
+        raw.close()
+
+
+def test_offset_for_leader_epoch_answers_the_leaders_end_offset(cluster: LocalCluster) -> None:
+    from kio.schema.offset_for_leader_epoch.v4 import request as oe
+    from kio.schema.types import TopicName
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    produce_values(cluster, topic, ["x", "y"])
+    address, _ = leader_address(cluster, topic)
+    raw = RawClient(address)
+    try:
+        resp = raw.call(oe.OffsetForLeaderEpochRequest(replica_id=BrokerId(-1), topics=(oe.OffsetForLeaderTopic(
+            topic=TopicName(topic), partitions=(oe.OffsetForLeaderPartition(
+                partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)),)),)))
+        [[p]] = [t.partitions for t in resp.topics]
+        assert (p.error_code.value, p.leader_epoch, p.end_offset) == (0, 0, 2)
+        resp = raw.call(oe.OffsetForLeaderEpochRequest(replica_id=BrokerId(-1), topics=(oe.OffsetForLeaderTopic(
+            topic=TopicName("no-such-topic"), partitions=(oe.OffsetForLeaderPartition(
+                partition=i32(0), current_leader_epoch=i32(-1), leader_epoch=i32(0)),)),)))
+        assert resp.topics[0].partitions[0].error_code.value == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    finally:
+        raw.close()
+
+
+def test_admin_describes_configs_and_cluster(cluster: LocalCluster) -> None:
+    from confluent_kafka.admin import ConfigResource
+
+    topic = create_topic(cluster, partitions=1, rf=1)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([res])[res].result(timeout=WAIT_S)
+    assert configs["retention.ms"].value == "604800000" and configs["cleanup.policy"].value == "delete"
+    desc = admin.describe_cluster().result(timeout=WAIT_S)
+    assert sorted(n.id for n in desc.nodes) == [0, 1]
+    assert sorted(f"{n.host}:{n.port}" for n in desc.nodes) == sorted(bootstrap(cluster).split(","))
+
+
+def test_kcat_produces_lists_and_consumes(cluster: LocalCluster) -> None:
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat from Debian (apt-get install kcat; .ci/run installs it)"
+    topic = create_topic(cluster, partitions=1, rf=2)
+    bs = bootstrap(cluster)
+    put = subprocess.run([kcat, "-b", bs, "-t", topic, "-P", "-K", ":", "-X", "enable.idempotence=true"],
+                         input="a:1\nb:2\nc:3\n", capture_output=True, text=True, timeout=WAIT_S)
+    assert put.returncode == 0, put.stderr
+    meta = subprocess.run([kcat, "-b", bs, "-L", "-J", "-t", topic], capture_output=True, text=True, timeout=WAIT_S)
+    assert meta.returncode == 0, meta.stderr
+    md = json.loads(meta.stdout)
+    assert len(md["brokers"]) == 2 and md["topics"][0]["partitions"][0]["partition"] == 0
+    got = subprocess.run([kcat, "-b", bs, "-t", topic, "-C", "-o", "beginning", "-e", "-f", "%k=%s@%o\n"],
+                         capture_output=True, text=True, timeout=WAIT_S)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["a=1@0", "b=2@1", "c=3@2"]
+    out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "3", "--timeout-ms", "20000",
+              "--output", "json")
+    assert [json.loads(line)["key"] for line in out.stdout.splitlines()] == ["a", "b", "c"]

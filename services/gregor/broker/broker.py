@@ -143,9 +143,9 @@ class Broker:
         info = {"host": self.config.host, "grpc_port": self.grpc_port,
                 "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
                 "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
-        if self.kafka is not None:
+        if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
             info["kafka"] = self.kafka.advertised
-            info["endpoints"].append(f"PLAINTEXT://{self.kafka.advertised}")
+            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"PLAINTEXT://{self.kafka.advertised}"]
         self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
                                             self.config.broker_session_timeout_ms)
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.

@@ -9,6 +9,7 @@ for Produce acks=0). Per-partition failures are Kafka error codes in the respons
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -17,11 +18,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
 from gregor.common import errors
 from gregor.common.rpc import channel
 from gregor.kafka import codec
+from gregor.kafka.fetch_session import (
+    FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
+)
 from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -33,7 +38,6 @@ log = logging.getLogger(__name__)
 Code = errors.Code
 NONE = 0
 UNSUPPORTED_VERSION = 35
-FETCH_SESSION_ID_NOT_FOUND = 70
 ZERO_UUID = uuid.UUID(int=0)
 
 # api key -> (min, max) version implemented and tested through real clients (docs/kafka-protocol.md).
@@ -53,9 +57,20 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     19: (2, 7),   # CreateTopics
     20: (1, 6),   # DeleteTopics
     22: (0, 4),   # InitProducerId
+    15: (0, 5),   # DescribeGroups
+    16: (0, 4),   # ListGroups
+    23: (2, 4),   # OffsetForLeaderEpoch
+    32: (1, 4),   # DescribeConfigs
+    60: (0, 1),   # DescribeCluster
 }
+RESOURCE_TOPIC = 2  # DescribeConfigs resource types
+RESOURCE_BROKER = 4
 
 BROKERS_REFRESH_S = 1.0
+
+FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions", "Open incremental fetch sessions (KIP-227)")
+INCREMENTAL_FETCHES = Counter("gregor_kafka_incremental_fetches_total",
+                              "Fetch requests served from an incremental fetch session (KIP-227)")
 
 
 def _code(exc: BaseException) -> int:
@@ -73,11 +88,13 @@ class KafkaHandlers:
         self._kafka_brokers: dict[int, tuple[str, int, str | None]] = {}
         self._brokers_read = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.sessions = FetchSessionCache()  # KIP-227, per listener (Kafka: per broker)
         self._table: dict[int, Callable[[codec.RequestHeader, Any, Any], Awaitable[Any]]] = {
             0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata, 8: self.offset_commit,
             9: self.offset_fetch, 10: self.find_coordinator, 11: self.join_group, 12: self.heartbeat,
             13: self.leave_group, 14: self.sync_group, 18: self.api_versions, 19: self.create_topics,
-            20: self.delete_topics, 22: self.init_producer_id,
+            20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
+            23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
         }
 
     async def close(self) -> None:
@@ -176,54 +193,71 @@ class KafkaHandlers:
         return codec.build(mod.ProduceResponse, responses=[
             codec.build(mod.TopicProduceResponse, name=t, partition_responses=ps) for t, ps in by_topic.items()])
 
-    async def _fetch_one(self, topic: str, p: Any, max_wait_ms: int, min_bytes: int, isolation: int) -> Any:
-        epoch = int(getattr(p, "current_leader_epoch", -1))
+    async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
+                         isolation: int) -> Any:
         return await self.broker.replica_manager.handle_fetch(
-            topic, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes), min_bytes, max_wait_ms,
-            -1, epoch, isolation_level=isolation)
+            tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
+            isolation_level=isolation)
 
     async def fetch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
-        session_id = int(getattr(req, "session_id", 0))
-        if session_id != 0:
-            # Fetch sessions (KIP-227) are declined: we never hand one out (session_id 0 in every
-            # response), so a client never has one to name.
-            return codec.build(mod.FetchResponse, error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
+        """Fetch, with fetch sessions (KIP-227) from v7, leader epochs (KIP-320) from v9 and DelayedFetch."""
+        wanted = [((str(t.topic), int(p.partition)),
+                   CachedPartition(int(p.fetch_offset), int(p.partition_max_bytes),
+                                   int(getattr(p, "current_leader_epoch", -1))))
+                  for t in req.topics for p in t.partitions]
+        forgotten = [(str(t.topic), int(i)) for t in getattr(req, "forgotten_topics_data", ()) or ()
+                     for i in t.partitions]
+        try:
+            ctx = self.sessions.resolve(int(getattr(req, "session_id", 0)),
+                                        int(getattr(req, "session_epoch", FINAL_EPOCH)), wanted, forgotten)
+        except FetchSessionError as exc:
+            return codec.build(mod.FetchResponse, error_code=exc.code, session_id=0, responses=[])
+        FETCH_SESSIONS.set(len(self.sessions.sessions))
+        if ctx.incremental:
+            INCREMENTAL_FETCHES.inc()
         isolation = int(getattr(req, "isolation_level", 0))
-        wanted = [(str(t.topic), p) for t in req.topics for p in t.partitions]
+        parts = ctx.partitions
         max_wait = codec.to_ms(req.max_wait)
         outcomes: list[Any] = await asyncio.gather(
-            *(self._fetch_one(t, p, 0, 0, isolation) for t, p in wanted), return_exceptions=True)
+            *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
         have = sum(len(o.slice) for o in outcomes if not isinstance(o, BaseException))
         errored = any(isinstance(o, BaseException) for o in outcomes)
-        if have < max(1, int(req.min_bytes)) and max_wait > 0 and not errored and wanted:
+        if have < max(1, int(req.min_bytes)) and max_wait > 0 and not errored and parts:
             # DelayedFetch: wait on every partition, answer as soon as one has data (or max_wait passes).
-            tasks = [asyncio.ensure_future(self._fetch_one(t, p, max_wait, 1, isolation)) for t, p in wanted]
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            tasks = [asyncio.ensure_future(self._fetch_one(tp, p, max_wait, 1, isolation)) for tp, p in parts]
+            _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             outcomes = await asyncio.gather(
-                *(self._fetch_one(t, p, 0, 0, isolation) for t, p in wanted), return_exceptions=True)
+                *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
         by_topic: dict[str, list[Any]] = {}
-        for (topic, p), o in zip(wanted, outcomes):
+        for (tp, p), o in zip(parts, outcomes):
             if isinstance(o, BaseException):
                 if not isinstance(o, (errors.GregorError, grpc.RpcError)):
-                    log.exception("kafka fetch %s-%d failed", topic, p.partition, exc_info=o)
-                pd = codec.build(mod.PartitionData, partition_index=int(p.partition), error_code=_code(o),
+                    log.error("kafka fetch %s-%d failed: %r", tp[0], tp[1], o)
+                p.changed(-1, -1, -1)
+                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=_code(o),
                                  high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
                                  aborted_transactions=None, preferred_read_replica=-1, records=None)
             else:
-                pd = codec.build(mod.PartitionData, partition_index=int(p.partition), error_code=NONE,
+                moved = p.changed(o.high_watermark, o.last_stable_offset, o.log_start_offset)
+                records = o.slice.read()
+                if ctx.incremental and not records and not moved:
+                    continue  # nothing new for the client: an incremental response leaves it out
+                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=NONE,
                                  high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
                                  log_start_offset=o.log_start_offset,
                                  aborted_transactions=[codec.build(mod.AbortedTransaction, producer_id=pid,
                                                                    first_offset=first)
                                                        for pid, first in o.aborted_transactions]
                                  if isolation else None,
-                                 preferred_read_replica=-1, records=o.slice.read())
-            by_topic.setdefault(topic, []).append(pd)
-        return codec.build(mod.FetchResponse, error_code=NONE, session_id=0, responses=[
-            codec.build(mod.FetchableTopicResponse, topic=t, partitions=ps) for t, ps in by_topic.items()])
+                                 preferred_read_replica=-1, records=records)
+            by_topic.setdefault(tp[0], []).append(pd)
+        return codec.build(mod.FetchResponse, error_code=NONE,
+                           session_id=ctx.session.session_id if ctx.session else 0, responses=[
+                               codec.build(mod.FetchableTopicResponse, topic=t, partitions=ps)
+                               for t, ps in by_topic.items()])
 
     async def list_offsets(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         isolation = int(getattr(req, "isolation_level", 0))
@@ -457,3 +491,112 @@ class KafkaHandlers:
                 metadata=(p.metadata if p is not None else ""), error_code=NONE))
         return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
             codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
+
+    async def list_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """Every coordinator process's groups (groups are sharded across them), merged."""
+        lookup = self.broker.coordinator_lookup
+        if lookup is None:
+            return codec.build(mod.ListGroupsResponse, error_code=int(Code.COORDINATOR_NOT_AVAILABLE), groups=[])
+        states = {str(s).lower() for s in getattr(req, "states_filter", ()) or ()}
+        listed: dict[str, Any] = {}
+        code = NONE
+        for info in list(lookup.live.values()):
+            addr = f"{info['host']}:{info['port']}"
+            ch = self._channels.get(addr)
+            if ch is None:
+                ch = self._channels[addr] = channel(addr)
+            try:
+                resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ListGroups(
+                    coordinator_pb2.ListGroupsRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                code = _code(exc)
+                continue
+            for g in resp.groups:
+                if not states or g.state.lower() in states:
+                    listed[g.group_id] = codec.build(mod.ListedGroup, group_id=g.group_id,
+                                                     protocol_type=g.protocol_type, group_state=g.state)
+        return codec.build(mod.ListGroupsResponse, error_code=code, groups=[listed[k] for k in sorted(listed)])
+
+    async def describe_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        out = []
+        for gid in req.groups:
+            try:
+                resp = await self._group_call(str(gid), "DescribeGroups",
+                                              coordinator_pb2.DescribeGroupsRequest(group_ids=[str(gid)]))
+                g = resp.groups[0]
+                code = int(g.error.code) if g.HasField("error") else NONE
+                out.append(codec.build(
+                    mod.DescribedGroup, error_code=code, group_id=str(gid), group_state=g.state,
+                    protocol_type=g.protocol_type, protocol_data=g.protocol, authorized_operations=-2147483648,
+                    members=[codec.build(mod.DescribedGroupMember, member_id=m.member_id,
+                                         group_instance_id=m.group_instance_id or None, client_id=m.client_id,
+                                         client_host=m.client_host, member_metadata=m.metadata,
+                                         member_assignment=m.assignment) for m in g.members]))
+            except (errors.GregorError, IndexError) as err:
+                out.append(codec.build(mod.DescribedGroup, error_code=_code(err), group_id=str(gid),
+                                       group_state="", protocol_type="", protocol_data="", members=[],
+                                       authorized_operations=-2147483648))
+        return codec.build(mod.DescribeGroupsResponse, groups=out)
+
+    # ---- Partition and cluster metadata -------------------------------------------------------------
+
+    async def offset_for_leader_epoch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                current = int(getattr(p, "current_leader_epoch", -1))
+                try:
+                    epoch, end = self.broker.replica_manager.offset_for_leader_epoch(
+                        str(t.topic), int(p.partition), int(p.leader_epoch), current if current >= 0 else None)
+                    parts.append(codec.build(mod.EpochEndOffset, error_code=NONE, partition=p.partition,
+                                             leader_epoch=epoch, end_offset=end))
+                except errors.GregorError as err:
+                    parts.append(codec.build(mod.EpochEndOffset, error_code=int(err.code), partition=p.partition,
+                                             leader_epoch=-1, end_offset=-1))
+            topics.append(codec.build(mod.OffsetForLeaderTopicResult, topic=t.topic, partitions=parts))
+        return codec.build(mod.OffsetForLeaderEpochResponse, topics=topics)
+
+    async def describe_cluster(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        nodes = await self.kafka_brokers()
+        md = self.broker.metadata_response([])
+        return codec.build(mod.DescribeClusterResponse, error_code=NONE, error_message=None, endpoint_type=1,
+                           cluster_id=md.cluster_id,
+                           controller_id=md.controller_id if md.controller_id >= 0 else self.broker.config.broker_id,
+                           cluster_authorized_operations=-2147483648,
+                           brokers=[codec.build(mod.DescribeClusterBroker, broker_id=i, host=h, port=p, rack=r)
+                                    for i, (h, p, r) in sorted(nodes.items())])
+
+    async def describe_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """TOPIC resources from the controller (overrides and defaults); BROKER resources from this broker."""
+        results = []
+        for res in req.resources:
+            rtype, name = int(res.resource_type), str(res.resource_name)
+            keys = set(res.configuration_keys) if res.configuration_keys else None
+            entries: list[tuple[str, str, bool, str]] = []  # name, value, is default, documentation
+            code, message = NONE, None
+            if rtype == RESOURCE_TOPIC:
+                try:
+                    resp = await self._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
+                    tc = resp.results[0]
+                    if tc.HasField("error"):
+                        code, message = int(tc.error.code), tc.error.message
+                    entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
+                for f in dataclasses.fields(self.broker.config):
+                    value = getattr(self.broker.config, f.name)
+                    if isinstance(value, (int, str, bool)) and f.name != "topic_defaults":
+                        entries.append((f.name.replace("_", "."), str(value).lower() if isinstance(value, bool)
+                                        else str(value), value == f.default, ""))
+            else:
+                code, message = int(Code.INVALID_REQUEST), f"resource type {rtype} {name!r} is not described here"
+            configs = [codec.build(mod.DescribeConfigsResourceResult, name=n, value=v, read_only=rtype != RESOURCE_TOPIC,
+                                   config_source=(5 if d else (1 if rtype == RESOURCE_TOPIC else 4)),
+                                   is_sensitive=False, synonyms=[], config_type=0,
+                                   documentation=doc or None, is_default=d)
+                       for n, v, d, doc in entries if keys is None or n in keys]
+            results.append(codec.build(mod.DescribeConfigsResult, error_code=code, error_message=message,
+                                       resource_type=rtype, resource_name=name, configs=configs))
+        return codec.build(mod.DescribeConfigsResponse, results=results)

@@ -13,6 +13,8 @@ import logging
 import struct
 from typing import TYPE_CHECKING
 
+from prometheus_client import Counter, Histogram
+
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 
@@ -22,6 +24,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I32 = struct.Struct(">i")
+
+API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
+             10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
+             15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
+             22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 60: "DescribeCluster"}
+REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
+REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
+                            "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])
+UNSUPPORTED = Counter("gregor_kafka_unsupported_requests_total",
+                      "Kafka-protocol requests of an API or version not served (connection closed)")
 
 
 def parse_listener(value: str) -> tuple[str, str, int] | None:
@@ -103,10 +115,14 @@ class KafkaListener:
             # KIP-511: an ApiVersions version we do not know gets v0's body with UNSUPPORTED_VERSION.
             return codec.encode_response(header, self.handlers.api_versions_unsupported())
         if supported is None or not supported[0] <= header.api_version <= supported[1]:
+            UNSUPPORTED.inc()
             raise codec.ProtocolError(f"api {header.api_key} v{header.api_version} is not supported "
                                       f"(client {header.client_id!r})")
         request = codec.parse_body(frame, pos, header)
-        body = await self.handlers.handle(header, request)
+        api = API_NAMES.get(header.api_key, str(header.api_key))
+        REQUESTS.labels(api).inc()
+        with REQUEST_SECONDS.labels(api).time():
+            body = await self.handlers.handle(header, request)
         if body is None:
             return None  # Produce acks=0
         return codec.encode_response(header, body)

@@ -103,6 +103,8 @@ class KafkaListener:
             return
         except codec.ProtocolError as exc:
             log.warning("kafka: closing %s: %s", peer, exc)
+        except Exception:  # a handler bug: the client sees a closed connection and retries; we keep serving
+            log.exception("kafka: closing %s after an unexpected error", peer)
         finally:
             self._conns.discard(task)
             writer.close()

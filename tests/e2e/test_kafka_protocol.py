@@ -56,6 +56,18 @@ def create_topic(c: LocalCluster, partitions: int = 2, rf: int = 2) -> str:
     admin = AdminClient({"bootstrap.servers": bootstrap(c)})
     for f in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=rf)]).values():
         assert f.result(timeout=WAIT_S) is None
+    # Metadata reaches the brokers asynchronously (UpdateMetadata), as in Kafka: wait until every
+    # broker's Kafka listener shows every partition with a leader.
+    deadline = time.monotonic() + WAIT_S
+    for address in bootstrap(c).split(","):
+        one = AdminClient({"bootstrap.servers": address})
+        while True:
+            t = one.list_topics(name, timeout=10).topics.get(name)
+            if t is not None and t.error is None and len(t.partitions) == partitions and \
+                    all(p.leader >= 0 for p in t.partitions.values()):
+                break
+            assert time.monotonic() < deadline, f"{name} not in {address}'s metadata"
+            time.sleep(0.1)
     return name
 
 
@@ -192,7 +204,7 @@ def incremental_fetches(c: LocalCluster) -> float:
 
 
 def test_kafka_python_produces_and_consumes_with_incremental_fetch_sessions(cluster: LocalCluster) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaConsumer, KafkaProducer  # type: ignore[import-untyped]
 
     before = incremental_fetches(cluster)
     topic = create_topic(cluster, partitions=2)
@@ -234,9 +246,8 @@ class RawClient:
             data += chunk
         return data
 
-    def call(self, request: Any) -> Any:
-        from kio.index import load_response_from_request
-        from kio.serial import entity_reader, entity_writer
+    def send(self, request: Any) -> None:
+        from kio.serial import entity_writer
 
         self.corr += 1
         out = io.BytesIO()
@@ -244,10 +255,18 @@ class RawClient:
         entity_writer(type(request))(out, request)
         frame = out.getvalue()
         self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+    def call(self, request: Any) -> Any:
+        from kio.index import load_response_from_request
+        from kio.serial import entity_reader
+
+        self.send(request)
         size = struct.unpack(">i", self._recv(4))[0]
         data = self._recv(size)
         assert struct.unpack_from(">i", data, 0)[0] == self.corr
-        value, _ = entity_reader(load_response_from_request(request))(memoryview(data), 5)  # corr id, no tags
+        # Response header v1 (a tagged-fields byte) except for ApiVersions, whose header is always v0.
+        start = 4 if request.__api_key__ == 18 else 5
+        value, _ = entity_reader(load_response_from_request(request))(memoryview(data), start)
         return value
 
 
@@ -355,3 +374,29 @@ def test_kcat_produces_lists_and_consumes(cluster: LocalCluster) -> None:
     out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "3", "--timeout-ms", "20000",
               "--output", "json")
     assert [json.loads(line)["key"] for line in out.stdout.splitlines()] == ["a", "b", "c"]
+
+
+def test_produce_acks_0_gets_no_response_and_the_next_answer_is_in_order(cluster: LocalCluster) -> None:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.produce.v9 import request as pr
+    from kio.schema.types import TopicName
+    from kio.static.primitive import Records, i16
+
+    from gregor.common.records import build_batch
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    address, _ = leader_address(cluster, topic)
+    raw = RawClient(address)
+    try:
+        batch = build_batch([(b"k", b"fire-and-forget", [], int(time.time() * 1000))])
+        produce = pr.ProduceRequest(transactional_id=None, acks=i16(0), timeout=i32Timedelta.parse(
+            timedelta(seconds=5)), topic_data=(pr.TopicProduceData(name=TopicName(topic), partition_data=(
+                pr.PartitionProduceData(index=i32(0), records=Records(batch)),)),))
+        raw.send(produce)  # acks=0: nothing comes back for it
+        versions = raw.call(ApiVersionsRequest(client_software_name="raw", client_software_version="1"))
+        assert versions.error_code.value == 0 and raw.corr == 2  # call() checked the correlation id is 2's
+    finally:
+        raw.close()
+    out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "1", "--timeout-ms", "20000",
+              "--output", "json")
+    assert [json.loads(line)["value"] for line in out.stdout.splitlines()] == ["fire-and-forget"]

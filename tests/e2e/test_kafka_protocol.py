@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
@@ -179,12 +179,24 @@ def test_librdkafka_group_rebalances_and_commits_offsets_seen_by_gregor_groups(c
     finally:
         a.close()
         b.close()
+    # Both left (LeaveGroup): the empty group can be deleted over Kafka, and gRPC sees it gone.
+    deleted = admin.delete_consumer_groups([group])[group]
+    assert deleted.result(timeout=WAIT_S) is None
+    listed_after = cli(cluster, "groups", "list", "--output", "json")
+    assert listed_after.returncode == 0 and group not in listed_after.stdout
 
 
-def test_admin_create_and_delete_topics(cluster: LocalCluster) -> None:
+def test_admin_create_grow_and_delete_topics(cluster: LocalCluster) -> None:
     topic = create_topic(cluster, partitions=3, rf=1)
     admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
     assert admin.list_topics(topic, timeout=10).topics[topic].partitions.keys() == {0, 1, 2}
+    assert admin.create_partitions([NewPartitions(topic, 5)])[topic].result(timeout=WAIT_S) is None
+    deadline = time.monotonic() + WAIT_S
+    while len(admin.list_topics(topic, timeout=10).topics[topic].partitions) != 5:
+        assert time.monotonic() < deadline, "the new partitions never showed in Metadata"
+        time.sleep(0.1)
+    fewer = admin.create_partitions([NewPartitions(topic, 2)])[topic].exception(timeout=WAIT_S)
+    assert fewer is not None and fewer.args[0].name() == "INVALID_PARTITIONS"
     err = admin.create_topics([NewTopic(topic, 1, 1)])[topic].exception(timeout=WAIT_S)
     assert err is not None and err.args[0].name() == "TOPIC_ALREADY_EXISTS"
     assert admin.delete_topics([topic])[topic].result(timeout=WAIT_S) is None

@@ -62,6 +62,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     23: (2, 4),   # OffsetForLeaderEpoch
     32: (1, 4),   # DescribeConfigs
     60: (0, 1),   # DescribeCluster
+    37: (0, 3),   # CreatePartitions
+    42: (0, 2),   # DeleteGroups
 }
 RESOURCE_TOPIC = 2  # DescribeConfigs resource types
 RESOURCE_BROKER = 4
@@ -95,6 +97,7 @@ class KafkaHandlers:
             13: self.leave_group, 14: self.sync_group, 18: self.api_versions, 19: self.create_topics,
             20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
+            37: self.create_partitions, 42: self.delete_groups,
         }
 
     async def close(self) -> None:
@@ -600,3 +603,33 @@ class KafkaHandlers:
             results.append(codec.build(mod.DescribeConfigsResult, error_code=code, error_message=message,
                                        resource_type=rtype, resource_name=name, configs=configs))
         return codec.build(mod.DescribeConfigsResponse, results=results)
+
+    async def create_partitions(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """One controller CreatePartitions per topic (explicit assignments are not taken: INVALID_REQUEST)."""
+        results = []
+        for t in req.topics:
+            code, message = NONE, None
+            if t.assignments:
+                code, message = int(Code.INVALID_REPLICA_ASSIGNMENT), "explicit assignments are not supported here"
+            else:
+                try:
+                    await self._admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                        topic=str(t.name), count=int(t.count), validate_only=bool(req.validate_only)))
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            results.append(codec.build(mod.CreatePartitionsTopicResult, name=t.name, error_code=code,
+                                       error_message=message))
+        return codec.build(mod.CreatePartitionsResponse, results=results)
+
+    async def delete_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        results = []
+        for gid in req.groups_names:
+            try:
+                resp = await self._group_call(str(gid), "DeleteGroups",
+                                              coordinator_pb2.DeleteGroupsRequest(group_ids=[str(gid)]))
+                detail = resp.errors.get(str(gid))
+                code = int(detail.code) if detail is not None else NONE
+            except errors.GregorError as err:
+                code = int(err.code)
+            results.append(codec.build(mod.DeletableGroupResult, group_id=gid, error_code=code))
+        return codec.build(mod.DeleteGroupsResponse, results=results)

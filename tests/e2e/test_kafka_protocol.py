@@ -412,3 +412,23 @@ def test_produce_acks_0_gets_no_response_and_the_next_answer_is_in_order(cluster
     out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "1", "--timeout-ms", "20000",
               "--output", "json")
     assert [json.loads(line)["value"] for line in out.stdout.splitlines()] == ["fire-and-forget"]
+
+
+def test_standalone_broker_serves_kafka_clients(tmp_path: Any) -> None:
+    """No etcd, no controller: the one broker is every Kafka node (Metadata from its own listener)."""
+    c = LocalCluster.up(str(tmp_path), brokers=1)
+    try:
+        assert cli(c, "topics", "create", "solo", "--partitions", "1", "--replication-factor", "1").returncode == 0
+        bs = bootstrap(c)
+        p = Producer({"bootstrap.servers": bs, "enable.idempotence": True})
+        for i in range(3):
+            p.produce("solo", value=f"s{i}")
+        assert p.flush(WAIT_S) == 0
+        cons = Consumer({"bootstrap.servers": bs, "group.id": "solo", "enable.auto.commit": False})
+        cons.assign([TopicPartition("solo", 0, 0)])
+        try:
+            assert [m.value() for m in drain(cons, 3)] == [b"s0", b"s1", b"s2"]
+        finally:
+            cons.close()
+    finally:
+        c.down()

@@ -102,6 +102,8 @@ class KafkaListener:
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:  # the listener is stopping: end quietly (streams would log it)
+            return
         except codec.ProtocolError as exc:
             log.warning("kafka: closing %s: %s", peer, exc)
         except Exception:  # a handler bug: the client sees a closed connection and retries; we keep serving

@@ -52,6 +52,7 @@ class Broker:
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
+        self.kafka: Any = None  # gregor.kafka.server.KafkaListener when `listeners` names one
         self.metrics_reporter: Any = None  # cluster mode with metrics.topic.enable=true
         self._server = make_server()
         self._stopped = asyncio.Event()
@@ -124,6 +125,10 @@ class Broker:
                                             threads=self.config.num_network_threads,
                                             send_timeout_ms=self.config.data_port_send_timeout_ms)
             await self.data_port.start()
+        if self.config.listeners:
+            from gregor.kafka.server import start_listener
+
+            self.kafka = await start_listener(self)
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
         if self.cluster_mode:
@@ -140,6 +145,9 @@ class Broker:
         info = {"host": self.config.host, "grpc_port": self.grpc_port,
                 "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
                 "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
+        if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
+            info["kafka"] = self.kafka.advertised
+            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"PLAINTEXT://{self.kafka.advertised}"]
         self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
                                             self.config.broker_session_timeout_ms)
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.
@@ -175,6 +183,7 @@ class Broker:
             "data": f"{self.config.host}:{self.data_port.port}" if self.data_port else "",
             "metrics": f"http://{self.config.host}:{self.metrics_port}/metrics" if self.metrics_port >= 0 else "",
             "pid": os.getpid(),
+            "kafka": self.kafka.advertised if self.kafka is not None else "",
             "broker_epoch": self.membership.broker_epoch if self.membership else -1,
         }
 
@@ -207,6 +216,8 @@ class Broker:
         unwatch_broker(self.replica_manager)
         if self.data_port is not None:
             await self.data_port.stop()
+        if self.kafka is not None:
+            await self.kafka.stop()
         await self._server.stop(grace_s)
         self.log_manager.close()
         self._stopped.set()

@@ -55,6 +55,7 @@ class Process:
     data_dir: str
     data: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    kafka: str = ""  # the Kafka-protocol listener (brokers), host:port
 
     def alive(self) -> bool:
         try:
@@ -208,6 +209,8 @@ def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
     log_path = os.path.join(data_dir, "logs", f"broker-{broker_id}.log")
     cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", str(broker_id), "--log-dirs", broker_dir,
            "--host", host, "--port", str(port), "--data-port", "0", "--metrics-port", "0", "--ready-file", ready]
+    overrides = dict(overrides or {})
+    overrides.setdefault("listeners", f"PLAINTEXT://{host}:0")  # the Kafka listener, on by default
     if etcd_endpoint:
         endpoint = etcd_endpoint if "://" in etcd_endpoint else f"http://{etcd_endpoint}"
         cmd += ["--etcd", endpoint, "--cluster", cluster]
@@ -217,7 +220,7 @@ def start_broker(data_dir: str, broker_id: int, host: str = "127.0.0.1",
     info = _wait_ready(proc, ready, log_path)
     extra = {"broker_epoch": info["broker_epoch"]} if etcd_endpoint else {}
     return Process("broker", broker_id, proc.pid, info["grpc"], info["metrics"], log_path, broker_dir,
-                   data=info["data"], extra=extra)
+                   data=info["data"], extra=extra, kafka=info.get("kafka", ""))
 
 
 def stop_process(p: Process, sig: int = signal.SIGTERM) -> None:
@@ -236,6 +239,14 @@ def stop_process(p: Process, sig: int = signal.SIGTERM) -> None:
     os.kill(p.pid, signal.SIGKILL)
     while p.alive():
         time.sleep(0.05)
+
+
+def _process_json(p: Process) -> dict[str, Any]:
+    """A process's cluster.json entry; "kafka" only on processes that serve the Kafka protocol."""
+    out = asdict(p)
+    if not out["kafka"]:
+        del out["kafka"]
+    return out
 
 
 @dataclass
@@ -263,7 +274,8 @@ class LocalCluster:
                 "gateways": ",".join(p.grpc for p in self.by_role("gateway")),
                 "coordinators": ",".join(p.grpc for p in self.by_role("coordinator")),
                 "prometheus": ",".join(str(p.extra.get("url", "")) for p in self.by_role("prometheus")),
-                "processes": [asdict(p) for p in self.processes]}
+                "kafka_bootstrap": ",".join(p.kafka for p in self.by_role("broker") if p.kafka),
+                "processes": [_process_json(p) for p in self.processes]}
 
     def save(self) -> None:
         """Write cluster.json and, with a Prometheus in the cluster, its file_sd targets (processes added

@@ -180,6 +180,10 @@ class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 9092
     data_port: int = 0  # raw zero-copy fetch port; 0 picks a free one, -1 disables
+    # listeners / advertised.listeners: the Kafka-protocol listener, PLAINTEXT://host:port (port 0 picks a
+    # free one); empty: no Kafka listener. `gregor cluster up` turns it on (docs/kafka-protocol.md).
+    listeners: str = ""
+    advertised_listeners: str = ""
     metrics_port: int = 0  # Prometheus /metrics; 0 picks a free one, -1 disables
     cluster_id: str = "gregor"  # with etcd: the cluster name, keys live under /gregor/<cluster_id>/
     etcd_endpoints: str = ""  # zookeeper.connect's counterpart; empty runs the broker standalone

@@ -1,0 +1,635 @@
+"""Kafka APIs mapped onto Gregor: partition APIs on the broker's own ReplicaManager and metadata,
+admin APIs through the broker's controller link, group APIs relayed to the group coordinator
+process that owns the group (over its gRPC GroupCoordinatorService).
+
+Every handler takes the kio request and returns the kio response of the same version (or None
+for Produce acks=0). Per-partition failures are Kafka error codes in the response, as Kafka does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from prometheus_client import Counter, Gauge
+from kio.static.constants import EntityType
+
+from gregor.common import errors
+from gregor.common.rpc import channel
+from gregor.kafka import codec
+from gregor.kafka.fetch_session import (
+    FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
+)
+from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+if TYPE_CHECKING:
+    from gregor.broker.broker import Broker
+    from gregor.kafka.server import KafkaListener
+
+log = logging.getLogger(__name__)
+
+Code = errors.Code
+NONE = 0
+UNSUPPORTED_VERSION = 35
+ZERO_UUID = uuid.UUID(int=0)
+
+# api key -> (min, max) version implemented and tested through real clients (docs/kafka-protocol.md).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    0: (3, 9),    # Produce
+    1: (4, 12),   # Fetch
+    2: (1, 7),    # ListOffsets
+    3: (0, 12),   # Metadata
+    8: (2, 8),    # OffsetCommit
+    9: (1, 7),    # OffsetFetch
+    10: (0, 4),   # FindCoordinator
+    11: (0, 7),   # JoinGroup
+    12: (0, 4),   # Heartbeat
+    13: (0, 4),   # LeaveGroup
+    14: (0, 5),   # SyncGroup
+    18: (0, 4),   # ApiVersions
+    19: (2, 7),   # CreateTopics
+    20: (1, 6),   # DeleteTopics
+    22: (0, 4),   # InitProducerId
+    15: (0, 5),   # DescribeGroups
+    16: (0, 4),   # ListGroups
+    23: (2, 4),   # OffsetForLeaderEpoch
+    32: (1, 4),   # DescribeConfigs
+    60: (0, 1),   # DescribeCluster
+    37: (0, 3),   # CreatePartitions
+    42: (0, 2),   # DeleteGroups
+}
+RESOURCE_TOPIC = 2  # DescribeConfigs resource types
+RESOURCE_BROKER = 4
+
+BROKERS_REFRESH_S = 1.0
+
+FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions", "Open incremental fetch sessions (KIP-227)")
+INCREMENTAL_FETCHES = Counter("gregor_kafka_incremental_fetches_total",
+                              "Fetch requests served from an incremental fetch session (KIP-227)")
+
+
+def _code(exc: BaseException) -> int:
+    if isinstance(exc, errors.GregorError):
+        return int(exc.code)
+    if isinstance(exc, grpc.RpcError):
+        return int(errors.from_rpc_error(exc).code)
+    return int(Code.UNKNOWN_SERVER_ERROR)
+
+
+class KafkaHandlers:
+    def __init__(self, broker: "Broker", listener: "KafkaListener") -> None:
+        self.broker = broker
+        self.listener = listener
+        self._kafka_brokers: dict[int, tuple[str, int, str | None]] = {}
+        self._brokers_read = 0.0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.sessions = FetchSessionCache()  # KIP-227, per listener (Kafka: per broker)
+        self._table: dict[int, Callable[[codec.RequestHeader, Any, Any], Awaitable[Any]]] = {
+            0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata, 8: self.offset_commit,
+            9: self.offset_fetch, 10: self.find_coordinator, 11: self.join_group, 12: self.heartbeat,
+            13: self.leave_group, 14: self.sync_group, 18: self.api_versions, 19: self.create_topics,
+            20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
+            23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
+            37: self.create_partitions, 42: self.delete_groups,
+        }
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+
+    async def handle(self, header: codec.RequestHeader, request: Any) -> Any:
+        mod = codec.module(header.api_key, header.api_version, EntityType.response)
+        return await self._table[header.api_key](header, request, mod)
+
+    # ---- ApiVersions ---------------------------------------------------------------------------
+
+    def _api_keys(self, mod: Any) -> list[Any]:
+        return [codec.build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
+                for k, (lo, hi) in sorted(SUPPORTED.items())]
+
+    def api_versions_unsupported(self) -> Any:
+        mod = codec.module(18, 0, EntityType.response)
+        return codec.build(mod.ApiVersionsResponse, error_code=UNSUPPORTED_VERSION, api_keys=self._api_keys(mod))
+
+    async def api_versions(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        return codec.build(mod.ApiVersionsResponse, error_code=NONE, api_keys=self._api_keys(mod))
+
+    # ---- Metadata --------------------------------------------------------------------------------
+
+    async def kafka_brokers(self) -> dict[int, tuple[str, int, str | None]]:
+        """broker id -> (host, Kafka port, rack), from the registrations in etcd (cluster mode)."""
+        b = self.broker
+        if not b.cluster_mode or b._etcd is None:
+            return {b.config.broker_id: (self.listener.advertised_host, self.listener.advertised_port,
+                                         b.config.broker_rack or None)}
+        now = time.monotonic()
+        if now - self._brokers_read > BROKERS_REFRESH_S:
+            res = await b._etcd.get_prefix(b._etcd.key("brokers", "ids") + b"/")
+            out: dict[int, tuple[str, int, str | None]] = {}
+            for kv in res.kvs:
+                try:
+                    info = json.loads(kv.value)
+                    host, _, port = str(info["kafka"]).rpartition(":")
+                    out[int(b._etcd.relative(kv.key).rsplit("/", 1)[1])] = (host, int(port), info.get("rack"))
+                except (KeyError, ValueError):
+                    continue  # a broker without a Kafka listener is not a Kafka node
+            self._kafka_brokers, self._brokers_read = out, now
+        return self._kafka_brokers
+
+    async def metadata(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        if req.topics is None or (header.api_version == 0 and not req.topics):
+            names: list[str] = []  # all topics
+        elif not req.topics:
+            names = []
+        else:
+            names = [str(t.name) for t in req.topics if t.name is not None]
+        want_none = req.topics is not None and not req.topics and header.api_version > 0
+        md = self.broker.metadata_response(names)
+        nodes = await self.kafka_brokers()
+        brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
+                   for i, (h, p, r) in sorted(nodes.items())]
+        topics = []
+        if not want_none:
+            for t in md.topics:
+                parts = [codec.build(mod.MetadataResponsePartition, error_code=int(pm.error), partition_index=pm.partition,
+                                     leader_id=pm.leader, leader_epoch=pm.leader_epoch,
+                                     replica_nodes=list(pm.replicas), isr_nodes=list(pm.isr),
+                                     offline_replicas=list(pm.offline_replicas))
+                         for pm in t.partitions]
+                topics.append(codec.build(mod.MetadataResponseTopic, error_code=int(t.error), name=t.name,
+                                          topic_id=ZERO_UUID, is_internal=t.is_internal, partitions=parts,
+                                          topic_authorized_operations=-2147483648))
+        return codec.build(mod.MetadataResponse, brokers=brokers, cluster_id=md.cluster_id,
+                           controller_id=md.controller_id if md.controller_id >= 0 else self.broker.config.broker_id,
+                           topics=topics, cluster_authorized_operations=-2147483648)
+
+    # ---- Produce / Fetch / ListOffsets / InitProducerId ---------------------------------------
+
+    async def produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        parts = [(str(t.name), int(p.index), bytes(p.records or b"")) for t in req.topic_data
+                 for p in t.partition_data]
+        acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
+        results: list[Any]
+        try:
+            results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+        except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
+            results = [err] * len(parts)
+        if acks == 0:
+            return None
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, index, _), r in zip(parts, results):
+            if isinstance(r, BaseException):
+                pr = codec.build(mod.PartitionProduceResponse, index=index, error_code=_code(r), base_offset=-1,
+                                 log_append_time=-1, log_start_offset=-1, error_message=str(r))
+            else:
+                pr = codec.build(mod.PartitionProduceResponse, index=index, error_code=NONE,
+                                 base_offset=r.base_offset, log_append_time=-1, log_start_offset=r.log_start_offset,
+                                 error_message=None)
+            by_topic.setdefault(topic, []).append(pr)
+        return codec.build(mod.ProduceResponse, responses=[
+            codec.build(mod.TopicProduceResponse, name=t, partition_responses=ps) for t, ps in by_topic.items()])
+
+    async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
+                         isolation: int) -> Any:
+        return await self.broker.replica_manager.handle_fetch(
+            tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
+            isolation_level=isolation)
+
+    async def fetch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """Fetch, with fetch sessions (KIP-227) from v7, leader epochs (KIP-320) from v9 and DelayedFetch."""
+        wanted = [((str(t.topic), int(p.partition)),
+                   CachedPartition(int(p.fetch_offset), int(p.partition_max_bytes),
+                                   int(getattr(p, "current_leader_epoch", -1))))
+                  for t in req.topics for p in t.partitions]
+        forgotten = [(str(t.topic), int(i)) for t in getattr(req, "forgotten_topics_data", ()) or ()
+                     for i in t.partitions]
+        try:
+            ctx = self.sessions.resolve(int(getattr(req, "session_id", 0)),
+                                        int(getattr(req, "session_epoch", FINAL_EPOCH)), wanted, forgotten)
+        except FetchSessionError as exc:
+            return codec.build(mod.FetchResponse, error_code=exc.code, session_id=0, responses=[])
+        FETCH_SESSIONS.set(len(self.sessions.sessions))
+        if ctx.incremental:
+            INCREMENTAL_FETCHES.inc()
+        isolation = int(getattr(req, "isolation_level", 0))
+        parts = ctx.partitions
+        max_wait = codec.to_ms(req.max_wait)
+        outcomes: list[Any] = await asyncio.gather(
+            *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
+        have = sum(len(o.slice) for o in outcomes if not isinstance(o, BaseException))
+        errored = any(isinstance(o, BaseException) for o in outcomes)
+        if have < max(1, int(req.min_bytes)) and max_wait > 0 and not errored and parts:
+            # DelayedFetch: wait on every partition, answer as soon as one has data (or max_wait passes).
+            tasks = [asyncio.ensure_future(self._fetch_one(tp, p, max_wait, 1, isolation)) for tp, p in parts]
+            _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            outcomes = await asyncio.gather(
+                *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
+        by_topic: dict[str, list[Any]] = {}
+        for (tp, p), o in zip(parts, outcomes):
+            if isinstance(o, BaseException):
+                if not isinstance(o, (errors.GregorError, grpc.RpcError)):
+                    log.error("kafka fetch %s-%d failed: %r", tp[0], tp[1], o)
+                p.changed(-1, -1, -1)
+                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=_code(o),
+                                 high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
+                                 aborted_transactions=None, preferred_read_replica=-1, records=None)
+            else:
+                moved = p.changed(o.high_watermark, o.last_stable_offset, o.log_start_offset)
+                records = o.slice.read()
+                if ctx.incremental and not records and not moved:
+                    continue  # nothing new for the client: an incremental response leaves it out
+                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=NONE,
+                                 high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
+                                 log_start_offset=o.log_start_offset,
+                                 aborted_transactions=[codec.build(mod.AbortedTransaction, producer_id=pid,
+                                                                   first_offset=first)
+                                                       for pid, first in o.aborted_transactions]
+                                 if isolation else None,
+                                 preferred_read_replica=-1, records=records)
+            by_topic.setdefault(tp[0], []).append(pd)
+        return codec.build(mod.FetchResponse, error_code=NONE,
+                           session_id=ctx.session.session_id if ctx.session else 0, responses=[
+                               codec.build(mod.FetchableTopicResponse, topic=t, partitions=ps)
+                               for t, ps in by_topic.items()])
+
+    async def list_offsets(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        isolation = int(getattr(req, "isolation_level", 0))
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                try:
+                    offset, ts, epoch = self.broker.replica_manager.list_offsets(
+                        str(t.name), int(p.partition_index), codec.to_ms(p.timestamp),
+                        int(getattr(p, "current_leader_epoch", -1)), isolation)
+                    parts.append(codec.build(mod.ListOffsetsPartitionResponse, partition_index=p.partition_index,
+                                             error_code=NONE, timestamp=ts, offset=offset, leader_epoch=epoch))
+                except errors.GregorError as err:
+                    parts.append(codec.build(mod.ListOffsetsPartitionResponse, partition_index=p.partition_index,
+                                             error_code=int(err.code), timestamp=-1, offset=-1, leader_epoch=-1))
+            topics.append(codec.build(mod.ListOffsetsTopicResponse, name=t.name, partitions=parts))
+        return codec.build(mod.ListOffsetsResponse, topics=topics)
+
+    async def init_producer_id(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        if req.transactional_id:
+            return codec.build(mod.InitProducerIdResponse, error_code=int(Code.INVALID_REQUEST), producer_id=-1,
+                               producer_epoch=-1)
+        try:
+            pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
+        except errors.GregorError as err:
+            return codec.build(mod.InitProducerIdResponse, error_code=int(err.code), producer_id=-1,
+                               producer_epoch=-1)
+        return codec.build(mod.InitProducerIdResponse, error_code=NONE, producer_id=pid, producer_epoch=0)
+
+    _servicer: Any = None
+
+    def broker_servicer(self) -> Any:
+        if self._servicer is None:
+            from gregor.broker.server import BrokerServicer
+
+            self._servicer = BrokerServicer(self.broker)
+        return self._servicer
+
+    # ---- Admin -------------------------------------------------------------------------------
+
+    async def _admin(self, api: str, request: Any) -> Any:
+        from gregor.broker.controller_link import forward_to_controller
+
+        if not self.broker.cluster_mode:
+            raise errors.error_for(Code.INVALID_REQUEST, "admin APIs over Kafka need a cluster (controller)")
+        return await forward_to_controller(self.broker, api, request, None)
+
+    async def create_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        topics = [controller_pb2.CreatableTopic(
+            name=str(t.name), num_partitions=int(t.num_partitions), replication_factor=int(t.replication_factor),
+            assignments={int(a.partition_index): controller_pb2.ReplicaList(broker_ids=list(a.broker_ids))
+                         for a in t.assignments},
+            configs={str(c.name): str(c.value) for c in t.configs if c.value is not None}) for t in req.topics]
+        results: dict[str, tuple[int, str | None, int, int]] = {}
+        try:
+            resp = await self._admin("CreateTopics", controller_pb2.CreateTopicsRequest(
+                topics=topics, validate_only=bool(getattr(req, "validate_only", False))))
+            for r in resp.results:
+                code = int(r.error.code) if r.HasField("error") else NONE
+                results[r.name] = (code, r.error.message if code else None, r.num_partitions, r.replication_factor)
+        except errors.GregorError as err:
+            for t in topics:
+                results[t.name] = (int(err.code), err.message, -1, -1)
+        return codec.build(mod.CreateTopicsResponse, topics=[
+            codec.build(mod.CreatableTopicResult, name=t.name, topic_id=ZERO_UUID, error_code=results[t.name][0],
+                        error_message=results[t.name][1], num_partitions=results[t.name][2] or -1,
+                        replication_factor=results[t.name][3] or -1, configs=None)
+            for t in topics])
+
+    async def delete_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        names = ([str(t.name) for t in req.topics] if header.api_version >= 6 else [str(n) for n in req.topic_names])
+        results: dict[str, tuple[int, str | None]] = {}
+        try:
+            resp = await self._admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
+            for r in resp.results:
+                code = int(r.error.code) if r.HasField("error") else NONE
+                results[r.name] = (code, r.error.message if code else None)
+        except errors.GregorError as err:
+            results = {n: (int(err.code), err.message) for n in names}
+        return codec.build(mod.DeleteTopicsResponse, responses=[
+            codec.build(mod.DeletableTopicResult, name=n, topic_id=ZERO_UUID,
+                        error_code=results.get(n, (NONE, None))[0], error_message=results.get(n, (NONE, None))[1])
+            for n in names])
+
+    # ---- Groups: relayed to the owning coordinator process --------------------------------------
+
+    async def find_coordinator(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """This broker is every group's Kafka-side coordinator: it relays to the owning process."""
+        key_type = int(getattr(req, "key_type", 0))
+        keys = list(req.coordinator_keys) if header.api_version >= 4 else [req.key]
+        host, port, me = self.listener.advertised_host, self.listener.advertised_port, self.broker.config.broker_id
+        code = NONE if key_type == 0 else int(Code.INVALID_REQUEST)
+        if header.api_version >= 4:
+            return codec.build(mod.FindCoordinatorResponse, coordinators=[
+                codec.build(mod.Coordinator, key=k, node_id=me, host=host, port=port, error_code=code,
+                            error_message=None) for k in keys])
+        return codec.build(mod.FindCoordinatorResponse, error_code=code, error_message=None, node_id=me,
+                           host=host, port=port)
+
+    async def _group_stub(self, group_id: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
+        lookup = self.broker.coordinator_lookup
+        if lookup is None:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, "no group coordinators (standalone broker)")
+        _, host, port, _ = await lookup.find(group_id)
+        addr = f"{host}:{port}"
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = channel(addr)
+        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
+
+    async def _group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
+        stub = await self._group_stub(group_id)
+        try:
+            return await getattr(stub, method)(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise errors.from_rpc_error(exc) from None
+
+    async def join_group(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        session_ms = codec.to_ms(req.session_timeout)
+        rebalance_ms = codec.to_ms(getattr(req, "rebalance_timeout", req.session_timeout))
+        member_id = str(req.member_id)
+        for _ in range(2):
+            grpc_req = coordinator_pb2.JoinGroupRequest(
+                group_id=str(req.group_id), session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
+                member_id=member_id, group_instance_id=str(getattr(req, "group_instance_id", None) or ""),
+                protocol_type=str(req.protocol_type), client_id=header.client_id or "",
+                protocols=[coordinator_pb2.GroupProtocol(name=str(p.name), metadata=bytes(p.metadata))
+                           for p in req.protocols])
+            try:
+                resp = await self._group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
+            except errors.GregorError as err:
+                return codec.build(mod.JoinGroupResponse, error_code=int(err.code), generation_id=-1,
+                                   protocol_name=None, leader="", member_id=member_id, members=[])
+            code = int(resp.error.code) if resp.HasField("error") else NONE
+            if code == Code.MEMBER_ID_REQUIRED and header.api_version < 4:
+                member_id = resp.member_id  # KIP-394 is v4+: older clients join in one round trip
+                continue
+            break
+        members = [codec.build(mod.JoinGroupResponseMember, member_id=m.member_id,
+                               group_instance_id=m.group_instance_id or None, metadata=m.metadata)
+                   for m in resp.members]
+        return codec.build(mod.JoinGroupResponse, error_code=code, generation_id=resp.generation_id if not code else -1,
+                           protocol_type=str(req.protocol_type), protocol_name=resp.protocol_name or None,
+                           leader=resp.leader, member_id=resp.member_id or member_id, members=members)
+
+    async def sync_group(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        grpc_req = coordinator_pb2.SyncGroupRequest(
+            group_id=str(req.group_id), generation_id=int(req.generation_id), member_id=str(req.member_id),
+            group_instance_id=str(getattr(req, "group_instance_id", None) or ""),
+            assignments=[coordinator_pb2.SyncGroupAssignment(member_id=str(a.member_id),
+                                                             assignment=bytes(a.assignment))
+                         for a in req.assignments])
+        try:
+            resp = await self._group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
+        except errors.GregorError as err:
+            return codec.build(mod.SyncGroupResponse, error_code=int(err.code), assignment=b"")
+        return codec.build(mod.SyncGroupResponse, error_code=NONE, assignment=resp.assignment,
+                           protocol_type=getattr(req, "protocol_type", None),
+                           protocol_name=getattr(req, "protocol_name", None))
+
+    async def heartbeat(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        try:
+            await self._group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
+                group_id=str(req.group_id), generation_id=int(req.generation_id), member_id=str(req.member_id),
+                group_instance_id=str(getattr(req, "group_instance_id", None) or "")))
+        except errors.GregorError as err:
+            return codec.build(mod.HeartbeatResponse, error_code=int(err.code))
+        return codec.build(mod.HeartbeatResponse, error_code=NONE)
+
+    async def leave_group(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        if header.api_version >= 3:
+            ids = [(str(m.member_id), str(m.group_instance_id or "")) for m in req.members]
+        else:
+            ids = [(str(req.member_id), "")]
+        try:
+            resp = await self._group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
+                group_id=str(req.group_id), member_ids=[m for m, _ in ids],
+                group_instance_ids=[g for _, g in ids if g]))
+        except errors.GregorError as err:
+            return codec.build(mod.LeaveGroupResponse, error_code=int(err.code), members=[])
+        members = [codec.build(mod.MemberResponse, member_id=m.member_id, group_instance_id=m.group_instance_id or None,
+                               error_code=int(m.error.code) if m.HasField("error") else NONE)
+                   for m in resp.members] if header.api_version >= 3 else []
+        top = NONE
+        if header.api_version < 3 and resp.members and resp.members[0].HasField("error"):
+            top = int(resp.members[0].error.code)
+        return codec.build(mod.LeaveGroupResponse, error_code=top, members=members)
+
+    async def offset_commit(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        generation = int(getattr(req, "generation_id_or_member_epoch", getattr(req, "generation_id", -1)))
+        parts = [coordinator_pb2.OffsetCommitPartition(
+            topic=str(t.name), partition=int(p.partition_index), offset=int(p.committed_offset),
+            leader_epoch=int(getattr(p, "committed_leader_epoch", -1)), metadata=p.committed_metadata or "")
+            for t in req.topics for p in t.partitions]
+        codes: dict[tuple[str, int], int] = {}
+        try:
+            resp = await self._group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
+                group_id=str(req.group_id), generation_id=generation, member_id=str(req.member_id),
+                group_instance_id=str(getattr(req, "group_instance_id", None) or ""), partitions=parts))
+            for r in resp.results:
+                codes[(r.topic, r.partition)] = int(r.error.code) if r.HasField("error") else NONE
+        except errors.GregorError as err:
+            codes = {(p.topic, p.partition): int(err.code) for p in parts}
+        return codec.build(mod.OffsetCommitResponse, topics=[
+            codec.build(mod.OffsetCommitResponseTopic, name=t.name, partitions=[
+                codec.build(mod.OffsetCommitResponsePartition, partition_index=p.partition_index,
+                            error_code=codes.get((str(t.name), int(p.partition_index)), NONE))
+                for p in t.partitions]) for t in req.topics])
+
+    async def offset_fetch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        from gregor.rpc.v1 import common_pb2
+
+        asked = None if req.topics is None else [(str(t.name), int(i)) for t in req.topics
+                                                 for i in t.partition_indexes]
+        try:
+            resp = await self._group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+                group_id=str(req.group_id),
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []]))
+        except errors.GregorError as err:
+            return codec.build(mod.OffsetFetchResponse, topics=[], error_code=int(err.code))
+        got = {(p.topic, p.partition): p for p in resp.partitions}
+        keys = asked if asked is not None else sorted(got)
+        by_topic: dict[str, list[Any]] = {}
+        for t, i in keys:
+            p = got.get((t, i))
+            by_topic.setdefault(t, []).append(codec.build(
+                mod.OffsetFetchResponsePartition, partition_index=i,
+                committed_offset=p.offset if p is not None else -1,
+                committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
+                metadata=(p.metadata if p is not None else ""), error_code=NONE))
+        return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
+            codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
+
+    async def list_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """Every coordinator process's groups (groups are sharded across them), merged."""
+        lookup = self.broker.coordinator_lookup
+        if lookup is None:
+            return codec.build(mod.ListGroupsResponse, error_code=int(Code.COORDINATOR_NOT_AVAILABLE), groups=[])
+        states = {str(s).lower() for s in getattr(req, "states_filter", ()) or ()}
+        listed: dict[str, Any] = {}
+        code = NONE
+        for info in list(lookup.live.values()):
+            addr = f"{info['host']}:{info['port']}"
+            ch = self._channels.get(addr)
+            if ch is None:
+                ch = self._channels[addr] = channel(addr)
+            try:
+                resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ListGroups(
+                    coordinator_pb2.ListGroupsRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                code = _code(exc)
+                continue
+            for g in resp.groups:
+                if not states or g.state.lower() in states:
+                    listed[g.group_id] = codec.build(mod.ListedGroup, group_id=g.group_id,
+                                                     protocol_type=g.protocol_type, group_state=g.state)
+        return codec.build(mod.ListGroupsResponse, error_code=code, groups=[listed[k] for k in sorted(listed)])
+
+    async def describe_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        out = []
+        for gid in req.groups:
+            try:
+                resp = await self._group_call(str(gid), "DescribeGroups",
+                                              coordinator_pb2.DescribeGroupsRequest(group_ids=[str(gid)]))
+                g = resp.groups[0]
+                code = int(g.error.code) if g.HasField("error") else NONE
+                out.append(codec.build(
+                    mod.DescribedGroup, error_code=code, group_id=str(gid), group_state=g.state,
+                    protocol_type=g.protocol_type, protocol_data=g.protocol, authorized_operations=-2147483648,
+                    members=[codec.build(mod.DescribedGroupMember, member_id=m.member_id,
+                                         group_instance_id=m.group_instance_id or None, client_id=m.client_id,
+                                         client_host=m.client_host, member_metadata=m.metadata,
+                                         member_assignment=m.assignment) for m in g.members]))
+            except (errors.GregorError, IndexError) as err:
+                out.append(codec.build(mod.DescribedGroup, error_code=_code(err), group_id=str(gid),
+                                       group_state="", protocol_type="", protocol_data="", members=[],
+                                       authorized_operations=-2147483648))
+        return codec.build(mod.DescribeGroupsResponse, groups=out)
+
+    # ---- Partition and cluster metadata -------------------------------------------------------------
+
+    async def offset_for_leader_epoch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                current = int(getattr(p, "current_leader_epoch", -1))
+                try:
+                    epoch, end = self.broker.replica_manager.offset_for_leader_epoch(
+                        str(t.topic), int(p.partition), int(p.leader_epoch), current if current >= 0 else None)
+                    parts.append(codec.build(mod.EpochEndOffset, error_code=NONE, partition=p.partition,
+                                             leader_epoch=epoch, end_offset=end))
+                except errors.GregorError as err:
+                    parts.append(codec.build(mod.EpochEndOffset, error_code=int(err.code), partition=p.partition,
+                                             leader_epoch=-1, end_offset=-1))
+            topics.append(codec.build(mod.OffsetForLeaderTopicResult, topic=t.topic, partitions=parts))
+        return codec.build(mod.OffsetForLeaderEpochResponse, topics=topics)
+
+    async def describe_cluster(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        nodes = await self.kafka_brokers()
+        md = self.broker.metadata_response([])
+        return codec.build(mod.DescribeClusterResponse, error_code=NONE, error_message=None, endpoint_type=1,
+                           cluster_id=md.cluster_id,
+                           controller_id=md.controller_id if md.controller_id >= 0 else self.broker.config.broker_id,
+                           cluster_authorized_operations=-2147483648,
+                           brokers=[codec.build(mod.DescribeClusterBroker, broker_id=i, host=h, port=p, rack=r)
+                                    for i, (h, p, r) in sorted(nodes.items())])
+
+    async def describe_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """TOPIC resources from the controller (overrides and defaults); BROKER resources from this broker."""
+        results = []
+        for res in req.resources:
+            rtype, name = int(res.resource_type), str(res.resource_name)
+            keys = set(res.configuration_keys) if res.configuration_keys else None
+            entries: list[tuple[str, str, bool, str]] = []  # name, value, is default, documentation
+            code, message = NONE, None
+            if rtype == RESOURCE_TOPIC:
+                try:
+                    resp = await self._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
+                    tc = resp.results[0]
+                    if tc.HasField("error"):
+                        code, message = int(tc.error.code), tc.error.message
+                    entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
+                for f in dataclasses.fields(self.broker.config):
+                    value = getattr(self.broker.config, f.name)
+                    if isinstance(value, (int, str, bool)) and f.name != "topic_defaults":
+                        entries.append((f.name.replace("_", "."), str(value).lower() if isinstance(value, bool)
+                                        else str(value), value == f.default, ""))
+            else:
+                code, message = int(Code.INVALID_REQUEST), f"resource type {rtype} {name!r} is not described here"
+            configs = [codec.build(mod.DescribeConfigsResourceResult, name=n, value=v, read_only=rtype != RESOURCE_TOPIC,
+                                   config_source=(5 if d else (1 if rtype == RESOURCE_TOPIC else 4)),
+                                   is_sensitive=False, synonyms=[], config_type=0,
+                                   documentation=doc or None, is_default=d)
+                       for n, v, d, doc in entries if keys is None or n in keys]
+            results.append(codec.build(mod.DescribeConfigsResult, error_code=code, error_message=message,
+                                       resource_type=rtype, resource_name=name, configs=configs))
+        return codec.build(mod.DescribeConfigsResponse, results=results)
+
+    async def create_partitions(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """One controller CreatePartitions per topic (explicit assignments are not taken: INVALID_REQUEST)."""
+        results = []
+        for t in req.topics:
+            code, message = NONE, None
+            if t.assignments:
+                code, message = int(Code.INVALID_REPLICA_ASSIGNMENT), "explicit assignments are not supported here"
+            else:
+                try:
+                    await self._admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                        topic=str(t.name), count=int(t.count), validate_only=bool(req.validate_only)))
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            results.append(codec.build(mod.CreatePartitionsTopicResult, name=t.name, error_code=code,
+                                       error_message=message))
+        return codec.build(mod.CreatePartitionsResponse, results=results)
+
+    async def delete_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        results = []
+        for gid in req.groups_names:
+            try:
+                resp = await self._group_call(str(gid), "DeleteGroups",
+                                              coordinator_pb2.DeleteGroupsRequest(group_ids=[str(gid)]))
+                detail = resp.errors.get(str(gid))
+                code = int(detail.code) if detail is not None else NONE
+            except errors.GregorError as err:
+                code = int(err.code)
+            results.append(codec.build(mod.DeletableGroupResult, group_id=gid, error_code=code))
+        return codec.build(mod.DeleteGroupsResponse, results=results)

@@ -1,0 +1,157 @@
+"""The broker's Kafka-protocol listener: one asyncio server, requests on a connection handled one at a time.
+
+Kafka's network layer mutes a connection while one of its requests is in flight and answers
+in order; so does this listener. That keeps an idempotent producer's pipelined Produce
+requests (max.in.flight 5) appending in the order they were sent. Produce with acks=0 gets
+no response at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Histogram
+
+from gregor.kafka import codec
+from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
+
+if TYPE_CHECKING:
+    from gregor.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+_I32 = struct.Struct(">i")
+
+API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
+             10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
+             15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
+             22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
+             42: "DeleteGroups", 60: "DescribeCluster"}
+REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
+REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
+                            "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])
+UNSUPPORTED = Counter("gregor_kafka_unsupported_requests_total",
+                      "Kafka-protocol requests of an API or version not served (connection closed)")
+
+
+def parse_listener(value: str) -> tuple[str, str, int] | None:
+    """The Kafka listener of a `listeners` value (`PLAINTEXT://host:port[,...]`): (name, host, port)."""
+    for item in filter(None, (s.strip() for s in value.split(","))):
+        name, sep, rest = item.partition("://")
+        if not sep:
+            raise ValueError(f"listener {item!r} is not NAME://host:port")
+        host, _, port = rest.rpartition(":")
+        if name.upper() in ("PLAINTEXT", "KAFKA"):
+            return name.upper(), host or "0.0.0.0", int(port)
+    return None
+
+
+class KafkaListener:
+    def __init__(self, broker: "Broker", host: str, port: int, advertised_host: str,
+                 max_request_bytes: int) -> None:
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.advertised_host = advertised_host
+        self.max_request_bytes = max_request_bytes
+        self.handlers = KafkaHandlers(broker, self)
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        self.advertised_port = port
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.advertised_port = self.port
+        return self.port
+
+    @property
+    def advertised(self) -> str:
+        """host:port a Kafka client is told to connect to (Metadata, FindCoordinator, cluster.json)."""
+        return f"{self.advertised_host}:{self.advertised_port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+        await self.handlers.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    (size,) = _I32.unpack(await reader.readexactly(4))
+                except asyncio.IncompleteReadError:
+                    return
+                if size < 0 or size > self.max_request_bytes:
+                    log.warning("kafka: closing %s: request of %d bytes exceeds socket.request.max.bytes", peer, size)
+                    return
+                frame = await reader.readexactly(size)
+                out = await self._handle(frame, peer)
+                if out is not None:
+                    writer.write(out)
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        except asyncio.CancelledError:  # the listener is stopping: end quietly (streams would log it)
+            return
+        except codec.ProtocolError as exc:
+            log.warning("kafka: closing %s: %s", peer, exc)
+        except Exception:  # a handler bug: the client sees a closed connection and retries; we keep serving
+            log.exception("kafka: closing %s after an unexpected error", peer)
+        finally:
+            self._conns.discard(task)
+            writer.close()
+
+    async def _handle(self, frame: bytes, peer: object) -> bytes | None:
+        header, pos = codec.read_header(frame)
+        supported = SUPPORTED.get(header.api_key)
+        if header.api_key == codec.API_VERSIONS and (supported is None or
+                                                     not supported[0] <= header.api_version <= supported[1]):
+            # KIP-511: an ApiVersions version we do not know gets v0's body with UNSUPPORTED_VERSION.
+            return codec.encode_response(header, self.handlers.api_versions_unsupported())
+        if supported is None or not supported[0] <= header.api_version <= supported[1]:
+            UNSUPPORTED.inc()
+            raise codec.ProtocolError(f"api {header.api_key} v{header.api_version} is not supported "
+                                      f"(client {header.client_id!r})")
+        request = codec.parse_body(frame, pos, header)
+        api = API_NAMES.get(header.api_key, str(header.api_key))
+        REQUESTS.labels(api).inc()
+        with REQUEST_SECONDS.labels(api).time():
+            body = await self.handlers.handle(header, request)
+        if body is None:
+            return None  # Produce acks=0
+        return codec.encode_response(header, body)
+
+
+async def start_listener(broker: "Broker") -> KafkaListener:
+    """Start the Kafka listener named by the broker's `listeners` (and `advertised.listeners`) config."""
+    cfg = broker.config
+    try:
+        bind = parse_listener(cfg.listeners)
+        adv = parse_listener(cfg.advertised_listeners) if cfg.advertised_listeners else None
+    except ValueError as exc:
+        from gregor.common import errors
+
+        raise errors.error_for(errors.Code.INVALID_CONFIG, f"listeners: {exc}") from None
+    if bind is None:
+        from gregor.common import errors
+
+        raise errors.error_for(errors.Code.INVALID_CONFIG,
+                               f"listeners={cfg.listeners!r} names no PLAINTEXT:// (Kafka) listener")
+    _, host, port = bind
+    adv_host = adv[1] if adv and adv[1] not in ("", "0.0.0.0") else (host if host not in ("", "0.0.0.0") else cfg.host)
+    listener = KafkaListener(broker, host, port, adv_host, cfg.socket_request_max_bytes)
+    await listener.start()
+    if adv and adv[2]:
+        listener.advertised_port = adv[2]
+    return listener

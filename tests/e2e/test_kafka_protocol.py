@@ -432,3 +432,17 @@ def test_standalone_broker_serves_kafka_clients(tmp_path: Any) -> None:
             cons.close()
     finally:
         c.down()
+
+
+
+def test_metadata_carries_the_topic_id_gregor_shows(cluster: LocalCluster) -> None:
+    """KIP-516 through the Kafka listener: librdkafka's describe_topics sees the id `gregor topics describe` prints."""
+    from confluent_kafka import TopicCollection
+
+    name = create_topic(cluster, partitions=1, rf=1)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    topic_id = str(admin.describe_topics(TopicCollection([name]))[name].result(30).topic_id)
+    assert topic_id and topic_id != "AAAAAAAAAAAAAAAAAAAAAA"
+    shown = cli(cluster, "topics", "describe", name)
+    assert shown.returncode == 0, shown.stderr
+    assert f"TopicId: {topic_id}" in shown.stdout.replace("\t", " "), (topic_id, shown.stdout)

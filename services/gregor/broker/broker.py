@@ -102,6 +102,11 @@ class Broker:
         return broker_pb2.MetadataResponse(brokers=[self.endpoint()], cluster_id=self.config.cluster_id,
                                            controller_id=-1, topics=out)
 
+    @property
+    def etcd(self) -> Any:
+        """The broker's etcd client in cluster mode (None standalone or before start)."""
+        return self._etcd
+
     async def start(self) -> None:
         if not self.cluster_mode:
             for name, entry in sorted(self.topic_store.topics.items()):

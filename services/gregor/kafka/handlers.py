@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -22,6 +21,7 @@ from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
 from gregor.common import errors
+from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
 from gregor.kafka import codec
 from gregor.kafka.fetch_session import (
@@ -39,6 +39,11 @@ Code = errors.Code
 NONE = 0
 UNSUPPORTED_VERSION = 35
 ZERO_UUID = uuid.UUID(int=0)
+
+
+def kafka_uuid(topic_id: bytes) -> uuid.UUID:
+    """A Gregor topic id (16 bytes, KIP-516) as the protocol's uuid; the zero uuid when there is none."""
+    return uuid.UUID(bytes=topic_id) if len(topic_id) == 16 else ZERO_UUID
 
 # api key -> (min, max) version implemented and tested through real clients (docs/kafka-protocol.md).
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -126,18 +131,22 @@ class KafkaHandlers:
     async def kafka_brokers(self) -> dict[int, tuple[str, int, str | None]]:
         """broker id -> (host, Kafka port, rack), from the registrations in etcd (cluster mode)."""
         b = self.broker
-        if not b.cluster_mode or b._etcd is None:
+        etcd = b.etcd
+        if not b.cluster_mode or etcd is None:
             return {b.config.broker_id: (self.listener.advertised_host, self.listener.advertised_port,
                                          b.config.broker_rack or None)}
         now = time.monotonic()
         if now - self._brokers_read > BROKERS_REFRESH_S:
-            res = await b._etcd.get_prefix(b._etcd.key("brokers", "ids") + b"/")
+            res = await etcd.get_prefix(BrokerIdsZNode.prefix(etcd))
             out: dict[int, tuple[str, int, str | None]] = {}
             for kv in res.kvs:
+                broker_id = BrokerIdsZNode.broker_id(etcd, kv.key)
                 try:
-                    info = json.loads(kv.value)
+                    if broker_id is None:
+                        continue
+                    info = BrokerIdsZNode.decode(kv.value)
                     host, _, port = str(info["kafka"]).rpartition(":")
-                    out[int(b._etcd.relative(kv.key).rsplit("/", 1)[1])] = (host, int(port), info.get("rack"))
+                    out[broker_id] = (host, int(port), info.get("rack"))
                 except (KeyError, ValueError):
                     continue  # a broker without a Kafka listener is not a Kafka node
             self._kafka_brokers, self._brokers_read = out, now
@@ -164,7 +173,8 @@ class KafkaHandlers:
                                      offline_replicas=list(pm.offline_replicas))
                          for pm in t.partitions]
                 topics.append(codec.build(mod.MetadataResponseTopic, error_code=int(t.error), name=t.name,
-                                          topic_id=ZERO_UUID, is_internal=t.is_internal, partitions=parts,
+                                          topic_id=kafka_uuid(t.topic_id), is_internal=t.is_internal,
+                                          partitions=parts,
                                           topic_authorized_operations=-2147483648))
         return codec.build(mod.MetadataResponse, brokers=brokers, cluster_id=md.cluster_id,
                            controller_id=md.controller_id if md.controller_id >= 0 else self.broker.config.broker_id,

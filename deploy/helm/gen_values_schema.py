@@ -121,8 +121,9 @@ def schema() -> dict[str, Any]:
             "controllers": gregor_role({"grpc": PORT}, leaseTtlMs=POSITIVE, config=kafka_config(
                 ["delete.topic.enable", "auto.leader.rebalance.enable", "leader.imbalance.per.broker.percentage",
                  "leader.imbalance.check.interval.seconds"])),
-            "brokers": gregor_role({"grpc": PORT, "data": PORT}, min_replicas=1,
+            "brokers": gregor_role({"grpc": PORT, "data": PORT, "kafka": PORT}, min_replicas=1,
                                    rack=closed({"enabled": BOOL, "topologyLabel": STR}),
+                                   kafkaListener=closed({"enabled": BOOL}),
                                    config=kafka_config(owned=ETCD_OWNED),
                                    persistence=persistence(default_path=True),
                                    service=closed({"type": {"type": "string",

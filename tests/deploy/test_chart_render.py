@@ -139,7 +139,8 @@ def test_broker_ids_from_ordinals_and_rack_from_the_topology_label() -> None:
     c = containers(broker)[0]
     assert arg(c, "--broker-id") == "$(BROKER_ID)"
     assert field_ref(c, "BROKER_ID") == "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert arg(c, "--override") == "broker.rack=$(BROKER_RACK)"
+    overrides = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--override=")]
+    assert "broker.rack=$(BROKER_RACK)" in overrides
     assert field_ref(c, "BROKER_RACK") == "metadata.labels['topology.kubernetes.io/zone']"
     assert arg(c, "--host") == "$(POD_IP)"
     # Per-broker stable names: a headless Service that publishes pods before they are ready.
@@ -151,6 +152,21 @@ def test_broker_ids_from_ordinals_and_rack_from_the_topology_label() -> None:
         env = flag.lstrip("-").replace("-", "_").upper()
         assert arg(ctr, flag) == f"$({env})"
         assert field_ref(ctr, env) == "metadata.labels['apps.kubernetes.io/pod-index']"
+
+
+def test_brokers_serve_the_kafka_protocol_on_their_own_port() -> None:
+    """Kafka clients bootstrap from the broker Service's `kafka` port and reach each broker at its advertised
+    pod address; kafkaListener.enabled=false leaves no trace of it."""
+    c = containers(one(render(), "StatefulSet", name("broker")))[0]
+    overrides = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--override=")]
+    assert "listeners=PLAINTEXT://$(POD_IP):9096" in overrides
+    assert "advertised.listeners=PLAINTEXT://$(POD_IP):9096" in overrides
+    assert {"name": "kafka", "containerPort": 9096} in c["ports"]
+    for svc in (f"{RELEASE}-broker", f"{RELEASE}-broker-headless"):
+        ports = one(render(), "Service", svc)["spec"]["ports"]
+        assert {"name": "kafka", "port": 9096, "targetPort": "kafka"} in ports, svc
+    off = containers(one(render(None, "brokers.kafkaListener.enabled=false"), "StatefulSet", name("broker")))[0]
+    assert not [a for a in off["args"] if "listeners" in a] and "kafka" not in {p["name"] for p in off["ports"]}
 
 
 def test_no_rack_env_when_rack_is_off() -> None:
@@ -255,7 +271,7 @@ def test_network_policies_open_only_the_ports_each_role_needs() -> None:
         frozenset({2381}): {"any"}}
     assert policy_rules(manifests, "controller") == {frozenset({9091}): {"broker"}, frozenset({9404}): {"any"}}
     assert policy_rules(manifests, "broker") == {
-        frozenset({9092, 9093}): {"controller", "broker", "coordinator", "gateway", "client"},
+        frozenset({9092, 9093, 9096}): {"controller", "broker", "coordinator", "gateway", "client"},
         frozenset({9404}): {"any"}}
     assert policy_rules(manifests, "coordinator") == {frozenset({9094}): {"client"}, frozenset({9404}): {"any"}}
     assert policy_rules(manifests, "gateway") == {frozenset({9095}): {"client"}, frozenset({9404}): {"any"}}

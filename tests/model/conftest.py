@@ -21,7 +21,8 @@ CI_EXAMPLES = 4
 CI_STEPS = 12
 settings.register_profile("ci", max_examples=CI_EXAMPLES, stateful_step_count=CI_STEPS, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                 HealthCheck.filter_too_much], print_blob=True)
+                                                 HealthCheck.filter_too_much], print_blob=True,
+                          report_multiple_bugs=False)
 settings.register_profile("long", parent=settings.get_profile("ci"), max_examples=20 * CI_EXAMPLES)
 PROFILE = os.environ.get("GREGOR_MODEL_PROFILE", "ci")
 MODEL_SETTINGS = settings.get_profile(PROFILE)

@@ -52,10 +52,10 @@ class Facade:
             return exc
         if not self.send_errors_on_future:
             raise AssertionError(f"{self.name}: send() returned where Kafka's send() raises")
-        exc = fut.exception(timeout=30)
-        if exc is None:
+        failure = fut.exception(timeout=30)
+        if failure is None:
             raise AssertionError(f"{self.name}: the send succeeded where it must fail")
-        return exc
+        return failure
 
 
 def _offset_future(md_future: "concurrent.futures.Future[Any]") -> "concurrent.futures.Future[Offset]":
@@ -218,8 +218,11 @@ class GatewayFacade(Facade):
              partition: Optional[int] = None) -> "concurrent.futures.Future[Offset]":
         if value is not None and not isinstance(value, bytes):
             raise TypeError(f"record value must be bytes or None, not {type(value).__name__}")
-        rec = common_pb2.Record(**({"value": value} if value is not None else {}),
-                                **({"key": key} if key is not None else {}))
+        rec = common_pb2.Record()
+        if value is not None:
+            rec.value = value
+        if key is not None:
+            rec.key = key
         return self._post(lambda cid: gateway_pb2.GatewayTxnRequest(record=gateway_pb2.GatewayRecord(
             topic=topic, record=rec, correlation_id=cid, **({"partition": partition} if partition is not None
                                                             else {}))))

@@ -46,7 +46,7 @@ async def _read(bootstrap: str, topic: str, isolation: str, partitions: int, tim
                 assert r.offset > last.get(r.partition, -1), (
                     f"{isolation} consumer returned {topic}-{r.partition}@{r.offset} after @{last[r.partition]}")
                 last[r.partition] = r.offset
-                out[r.partition].append(r.value)
+                out[r.partition].append(r.value or b"")
             if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
                 return out
             assert time.monotonic() < deadline, f"{isolation} read of {topic} did not reach {ends}"

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-fast typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
@@ -26,6 +26,7 @@ help:
 	@echo "make test-fast  the edit-test loop: unit + simulation + native tests, no clusters"
 	@echo "make typecheck  mypy over services/ and spark/ (settings in pyproject.toml)"
 	@echo "make bench   run the benchmarks in bench/ (prints ratios, writes bench/results/)"
+	@echo "make test-model-long  the producer model tests (tests/model) with 20x the examples of make test"
 	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
 	@echo "make kind-up image-load helm-install chaos-kind kind-down   the kind pipeline (needs Docker)"
@@ -156,6 +157,10 @@ profile-acks-all: setup
 SCHEDULES ?= 5000
 sim: setup
 	GREGOR_SIM_SCHEDULES=$(SCHEDULES) $(PY) -m pytest -q -p no:cacheprovider --timeout=0 tests/sim
+
+# The producer model tests (tests/model) with the `long` Hypothesis profile: 20x the examples `make test` runs.
+test-model-long: setup
+	GREGOR_MODEL_PROFILE=long $(PY) -m pytest -q -p no:cacheprovider --timeout=0 tests/model
 
 clean:
 	-$(GREGOR) cluster down --data-dir $(DATA_DIR) 2>/dev/null

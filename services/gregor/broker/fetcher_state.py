@@ -54,8 +54,9 @@ class ErrorOutcome:
 class FollowerFetchState(Generic[K]):
     """Every partition a follower copies from one leader, and its fetch session with that leader."""
 
-    refresh_s: float  # a full request at least this often: replica.lag.time.max.ms / REFRESH_PARTS
-    backoff_s: float = REPLICA_FETCH_BACKOFF_S
+    # Times are in the driver's clock unit (seconds on a broker, simulated milliseconds in tests/sim).
+    refresh_after: float  # a full request at least this often: replica.lag.time.max.ms / REFRESH_PARTS
+    backoff: float = REPLICA_FETCH_BACKOFF_S  # replica.fetch.backoff.ms
     partitions: dict[K, PartitionFetchState] = field(default_factory=dict)
     # The session (KIP-227): (fetch offset, leader epoch, state identity) last named per partition.
     _sent: dict[K, tuple[int, int, int]] = field(default_factory=dict)
@@ -64,8 +65,9 @@ class FollowerFetchState(Generic[K]):
     @classmethod
     def for_lag_time(cls, replica_lag_time_max_ms: int, backoff_s: float = REPLICA_FETCH_BACKOFF_S
                      ) -> "FollowerFetchState[K]":
-        return cls(refresh_s=replica_lag_time_max_ms / 1000 / REPLICA_FETCH_SESSION_REFRESH_PARTS,
-                   backoff_s=backoff_s)
+        """The broker's form: times in seconds."""
+        return cls(refresh_after=replica_lag_time_max_ms / 1000 / REPLICA_FETCH_SESSION_REFRESH_PARTS,
+                   backoff=backoff_s)
 
     # -- partitions ------------------------------------------------------------------------
     def add(self, key: K, leader_epoch: int) -> PartitionFetchState:
@@ -84,10 +86,10 @@ class FollowerFetchState(Generic[K]):
         """The partitions not backing off, in insertion order."""
         return [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]
 
-    def wait_s(self, now: float) -> float:
+    def wait_time(self, now: float) -> float:
         """How long to sleep when nothing is ready: until the first backoff ends (the backoff if none)."""
         waits = [st.backoff_until - now for st in self.partitions.values()]
-        return max(0.0, min(waits, default=self.backoff_s)) or self.backoff_s
+        return max(0.0, min(waits, default=self.backoff)) or self.backoff
 
     # -- the session -----------------------------------------------------------------------
     def session_request(self, batch: Sequence[tuple[K, PartitionFetchState, int]], new_stream: bool,
@@ -95,10 +97,10 @@ class FollowerFetchState(Generic[K]):
         """Indexes into batch (key, state, fetch offset) to name in the next request, and whether it is incremental.
 
         Full on a new stream (a new session on the leader), when the set of partitions changed, and every
-        refresh_s (so the leader records a fetch of every idle partition well within the lag limit);
+        refresh_after (so the leader records a fetch of every idle partition well within the lag limit);
         otherwise only partitions whose fetch offset or epoch moved."""
         full = new_stream or len(batch) != len(self._sent) or any(k not in self._sent for k, _st, _o in batch) \
-            or now - self._full_at >= self.refresh_s
+            or now - self._full_at >= self.refresh_after
         if full:
             self._sent, self._full_at = {}, now
             listed = list(range(len(batch)))
@@ -122,17 +124,17 @@ class FollowerFetchState(Generic[K]):
         if code == errors.Code.OFFSET_OUT_OF_RANGE:
             st.out_of_range = True
             return ErrorOutcome(restart_truncation=True, unexpected=False)
-        st.backoff_until = now + self.backoff_s
+        st.backoff_until = now + self.backoff
         return ErrorOutcome(restart_truncation=False, unexpected=code not in BACKOFF_CODES)
 
     def on_apply_failed(self, key: K, st: PartitionFetchState, now: float) -> None:
         """Appending the fetched records failed (a bad batch, storage): back off, then truncate and refetch."""
         self.forget(key)
-        st.backoff_until = now + self.backoff_s
+        st.backoff_until = now + self.backoff
 
     def on_truncation_failed(self, st: PartitionFetchState, now: float) -> None:
         st.truncation_rounds = 0
-        st.backoff_until = now + self.backoff_s
+        st.backoff_until = now + self.backoff
 
     # -- truncation by leader epoch (seed 002) -----------------------------------------------
     @staticmethod

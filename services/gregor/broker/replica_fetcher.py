@@ -155,7 +155,7 @@ class ReplicaFetcher:
             batch = await self._ready_partitions(rm, stub, loop)
             if not batch:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=state.wait_s(loop.time()))
+                    await asyncio.wait_for(self._wake.wait(), timeout=state.wait_time(loop.time()))
                 except asyncio.TimeoutError:
                     pass
                 continue

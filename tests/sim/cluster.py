@@ -320,7 +320,9 @@ class Simulation:
         # The fake store's injected compare failures draw from their own stream, so the schedule's draws stay put.
         self.conflict_rng = random.Random(seed * 7919 + 17)
         self.injected_conflicts = 0
+        self.isr_races = 0  # controller writes that lost their compare to a leader's ISR write
         self.write_retries = 0
+        self.fetches = {"full": 0, "incremental": 0}
         self.leader_by_epoch: dict[int, int] = {}
         self.max_hw: dict[int, int] = {}
         self.steps = 0
@@ -643,6 +645,7 @@ class Simulation:
         if not batch:
             return
         listed, incremental = fetcher.session_request(batch, not b.stream_open, now)
+        self.fetches["incremental" if incremental else "full"] += 1
         if not b.stream_open:
             b.stream_id += 1
             b.stream_open = True
@@ -804,6 +807,7 @@ class Simulation:
         heapq.heapify(net.in_flight)
         for item in due:
             self.handle_isr_write(item[2], item[4])
+        self.isr_races += 1
         return True
 
     def handle_isr_write_result(self, b: Broker, r: IsrWriteResult) -> None:

@@ -708,6 +708,7 @@ class Simulation:
         session = b.sessions[key]
         for part in f.parts:
             session[part.tp] = part
+        self.check_session_covers_fetch(follower, f, session)
         answers = []
         for tp, part in list(session.items()):
             answer = self.read_for_follower(b, follower, f.broker_epoch, part)
@@ -718,6 +719,20 @@ class Simulation:
                 session[tp] = replace(part, offset=part.offset + len(answer.records))
             answers.append(answer)
         return ReplicaFetchAnswer(f.req_id, tuple(answers))
+
+    def check_session_covers_fetch(self, follower: int, f: ReplicaFetch, session: dict[TopicPartition, FetchPart]
+                                   ) -> None:
+        """Invariant fetch_session_covers_fetch: the follower's current request leaves every partition it is
+        fetching in the leader's session (else that partition silently stops replicating until the next full
+        request: the leader answers an errored part once and forgets it until it is named again)."""
+        fb = self.brokers[follower]
+        if f.req_id != fb.inflight_id or f.stream_id != fb.stream_id:
+            return  # a late request of an earlier exchange or stream
+        missing = sorted(str(tp) for tp in fb.inflight_parts if tp not in session)
+        if missing:
+            self.violate("fetch_session_covers_fetch",
+                         f"broker {follower} fetches {missing} but its {'incremental' if f.incremental else 'full'} "
+                         f"request left them out of leader {self.brokers[follower].fetcher_leader}'s session")
 
     def read_for_follower(self, b: Broker, follower: int, broker_epoch: int, part: FetchPart) -> PartAnswer:
         """ReplicaManager.handle_fetch for a follower: broker epoch, leader epoch, range; then the state machine."""

@@ -1,21 +1,32 @@
-"""A seeded, in-memory cluster of one partition's replicas and two controllers, built from production code.
+"""A seeded, in-memory cluster of one partition's replicas and two controllers, driving production code.
 
-Each broker is the production ReplicaState (gregor.broker.replica_state) driven by
-this module the way Partition/ReplicaManager/IsrManager/ReplicaFetcher drive it on a
-real broker: the in-memory log stands in for the native log, messages with random
-delays for gRPC, a dict with compare-and-swap for etcd, and an integer for the clock.
-The controllers are the production controller logic (election, state machines,
-request batches). Nothing here decides a broker's leadership, ISR, HW or truncation;
-the one exception is the `truncation="hw"` mutant, the pre-0.11 rule kept to show
-that the invariants bite.
+What is production code here: each broker's ReplicaState (gregor.broker.replica_state); each follower's
+FollowerFetchState (gregor.broker.fetcher_state, the fetch session, backoff, error handling and the
+truncation rounds ReplicaFetcher uses), speaking the multi-partition ReplicaFetch session protocol
+(full and incremental requests on a stream, a new session per stream); the ISR write rule
+(isr_manager.isr_after_proposal); the controllers' election, state machines and request batches, with
+their etcd writes through controller.requests.perform_partition_state_writes and apply_writes_outcome
+(the fake store loses compares on purpose, so the re-run path runs under faults).
+
+What is a fake: the in-memory log (for the native log), messages with random delays (for gRPC), a dict
+with compare-and-swap (for etcd), an integer clock, and the IO glue that moves messages between those
+and the production objects (the leader's side of a session is a dict per stream here, not
+replica_fetch.ReplicaFetchSession, and ReplicaManager.run_effects' dispatch is mirrored in run_effects).
+Nothing here decides a broker's leadership, ISR, HW, truncation or what a fetch names; the one
+exception is the `truncation="hw"` mutant, the pre-0.11 rule kept to show that the invariants bite.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
+from gregor.broker.fetcher_state import FollowerFetchState, PartitionFetchState
+from gregor.broker.isr_manager import isr_after_proposal
+from gregor.broker.limits import REPLICA_FETCH_SESSION_REFRESH_PARTS
 from gregor.broker.replica_state import (
     CompleteDelayed,
     ControlRequestFence,
@@ -39,9 +50,13 @@ from gregor.controller.replica_assignment import assign_replicas_to_brokers
 from gregor.controller.requests import (
     ControllerActions,
     LeaderAndIsrRequest,
+    PartitionStateConflict,
     PartitionStateInfo,
+    PartitionStateWrite,
     StopReplicaRequest,
     UpdateMetadataRequest,
+    apply_writes_outcome,
+    perform_partition_state_writes,
 )
 from gregor.controller.state import NO_LEADER, ControllerContext, LeaderAndIsr, PartitionState, TopicPartition
 from gregor.controller.topics import on_new_partition_creation
@@ -50,16 +65,19 @@ from tests.sim.fakes import (
     EpochAnswer,
     EpochQuery,
     FakeClock,
-    Fetch,
-    FetchResponse,
+    FetchPart,
     IsrWrite,
     IsrWriteResult,
     Network,
+    PartAnswer,
+    ReplicaFetch,
+    ReplicaFetchAnswer,
     SimConfig,
     Store,
 )
 
 TP = TopicPartition("sim", 0)
+T = TypeVar("T")
 HISTORY_LEN = 25  # events kept for a failure message
 
 
@@ -88,11 +106,18 @@ class Broker:
     fence: ControlRequestFence = field(default_factory=ControlRequestFence)
     heard_from: set[int] = field(default_factory=set)  # followers that fetched in this term (observation only)
     pending_acks: dict[int, int] = field(default_factory=dict)  # the DelayedProduce purgatory: offset -> value
-    fetching: bool = False  # a fetcher runs (StartFetcher .. StopFetcher)
+    # The production follower fetch state for the leader we copy from (StartFetcher .. StopFetcher), or None.
+    fetcher: FollowerFetchState[TopicPartition] | None = None
+    fetcher_leader: int = -1
+    stream_id: int = 0  # the ReplicaFetch stream to the leader; a new one opens a new session there
+    stream_open: bool = False
     inflight_id: int = 0
     inflight_since_ms: int = -1
-    truncation_rounds: int = 0
-    out_of_range_hw: int | None = None
+    inflight_parts: dict[TopicPartition, tuple[PartitionFetchState, int]] = field(default_factory=dict)
+    inflight_truncation: tuple[PartitionFetchState, int] | None = None  # (state, asked epoch)
+    out_of_range_hw: int | None = None  # the leader's HW from its OFFSET_OUT_OF_RANGE (ListOffsets latest)
+    # The leader side of the fetch sessions (replica_fetch.ReplicaFetchSession): (follower, stream) -> parts.
+    sessions: dict[tuple[int, int], dict[TopicPartition, FetchPart]] = field(default_factory=dict)
     last_shrink_check_ms: int = 0
 
     def __post_init__(self) -> None:
@@ -103,8 +128,13 @@ class Broker:
         self.rs = ReplicaState(self.id, self.cfg.replica_lag_time_max_ms, TP.topic, TP.partition)
         self.rs.load_high_watermark(self.hw_checkpoint, 0, self.leo)
         self.fence = ControlRequestFence()
-        self.heard_from, self.pending_acks, self.fetching = set(), {}, False
-        self.inflight_since_ms, self.truncation_rounds, self.out_of_range_hw = -1, 0, None
+        self.heard_from, self.pending_acks, self.sessions = set(), {}, {}
+        self.stop_fetcher()
+
+    def stop_fetcher(self) -> None:
+        self.fetcher, self.fetcher_leader, self.stream_open = None, -1, False
+        self.inflight_since_ms, self.inflight_parts, self.inflight_truncation = -1, {}, None
+        self.out_of_range_hw = None
 
     # -- views for the invariants and the scripted tests ------------------------------------
     @property
@@ -215,19 +245,34 @@ class SimController:
         self.apply(actions)
 
     def apply(self, actions: ControllerActions) -> None:
+        """Controller.apply_actions: the production write driver (compare-and-swap, re-run on a lost compare)
+        against the fake store, which loses some compares on purpose (SimConfig.controller_write_conflict_probability)."""
         sim = self.sim
-        for write in actions.writes:
-            if not sim.store.cas_state(write.expected_partition_epoch, write.new_state, self.ctx.epoch):
+
+        async def write(w: PartitionStateWrite) -> None:
+            # A create compares the key's absence, which no concurrent writer fakes: only updates lose compares.
+            if (w.expected_partition_epoch is not None
+                    and sim.conflict_rng.random() < sim.cfg.controller_write_conflict_probability):
+                # A leader's ISR write lands between the controller's read and its write (seed 000); with
+                # none on its way, the compare fails anyway (another revision of the key).
+                if not sim.flush_isr_writes():
+                    sim.injected_conflicts += 1
+                    raise PartitionStateConflict("injected by the fake store")
+            if not sim.store.cas_state(w.expected_partition_epoch, w.new_state, self.ctx.epoch):
                 if self.ctx.epoch != sim.store.controller_epoch:
-                    self.active = False  # ControllerMovedException: resign.
-                    return
-                # Stale view: reload, drop the requests for it, retry on the next tick.
-                actions.batch.discard_partitions([write.topic_partition])
-                if sim.store.state is not None:
-                    self.ctx.put_partition_leadership_info(TP, sim.store.state)
-                    if not self.ctx.is_replica_online(sim.store.state.leader, TP):
-                        self.ctx.put_partition_state(TP, PartitionState.OFFLINE)
-                break
+                    raise _ControllerMoved()
+                raise PartitionStateConflict(f"partition epoch is not {w.expected_partition_epoch}")
+
+        async def load(tp: TopicPartition) -> LeaderAndIsr | None:
+            return sim.store.state
+
+        try:
+            outcome = run_sync(perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load))
+        except _ControllerMoved:
+            self.active = False  # ControllerMovedException: resign.
+            return
+        sim.write_retries += outcome.retries
+        apply_writes_outcome(self.ctx, actions, outcome)
         if actions.unclean_elections:
             sim.unclean_elections += actions.unclean_elections
             if not sim.cfg.unclean_leader_election:
@@ -235,6 +280,20 @@ class SimController:
         for broker_id, requests in actions.batch.build(self.ctx, self.id).items():
             for request in requests:
                 sim.network.send(sim.clock.now_ms, self.id, broker_id, request, reliable=True, control=True)
+
+
+class _ControllerMoved(Exception):
+    """The fake store's controller epoch moved on (Kafka's ControllerMovedException)."""
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the fakes answer at once) without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("a simulated store call suspended")
 
 
 class Simulation:
@@ -258,6 +317,12 @@ class Simulation:
         self.consumed: dict[int, int] = {}  # offset -> value a consumer read
         self.next_value = 0
         self.unclean_elections = 0
+        # The fake store's injected compare failures draw from their own stream, so the schedule's draws stay put.
+        self.conflict_rng = random.Random(seed * 7919 + 17)
+        self.injected_conflicts = 0
+        self.isr_races = 0  # controller writes that lost their compare to a leader's ISR write
+        self.write_retries = 0
+        self.fetches = {"full": 0, "incremental": 0}
         self.leader_by_epoch: dict[int, int] = {}
         self.max_hw: dict[int, int] = {}
         self.steps = 0
@@ -401,12 +466,12 @@ class Simulation:
                 return
             if isinstance(msg, (LeaderAndIsrRequest, StopReplicaRequest, UpdateMetadataRequest)):
                 self.handle_control(b, msg)
-            elif isinstance(msg, Fetch):
-                self.network.send(self.clock.now_ms, b.id, src, self.handle_fetch(b, src, msg))
+            elif isinstance(msg, ReplicaFetch):
+                self.network.send(self.clock.now_ms, b.id, src, self.handle_replica_fetch(b, src, msg))
             elif isinstance(msg, EpochQuery):
                 self.network.send(self.clock.now_ms, b.id, src, self.handle_epoch_query(b, msg))
-            elif isinstance(msg, FetchResponse):
-                self.handle_fetch_response(b, src, msg)
+            elif isinstance(msg, ReplicaFetchAnswer):
+                self.handle_fetch_answer(b, src, msg)
             elif isinstance(msg, EpochAnswer):
                 self.handle_epoch_answer(b, src, msg)
             elif isinstance(msg, IsrWriteResult):
@@ -458,12 +523,21 @@ class Simulation:
         """ReplicaManager.run_effects: carry out what the ReplicaState decided."""
         for e in b.apply_log_effects(effects):
             if isinstance(e, StartFetcher):
-                b.fetching, b.inflight_since_ms, b.truncation_rounds, b.out_of_range_hw = True, -1, 0, None
+                # ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader.
+                if b.fetcher is None or b.fetcher_leader != e.leader_id:
+                    b.stop_fetcher()
+                    b.fetcher = FollowerFetchState(
+                        refresh_after=self.cfg.replica_lag_time_max_ms / REPLICA_FETCH_SESSION_REFRESH_PARTS,
+                        backoff=self.cfg.replica_fetch_backoff_ms)
+                    b.fetcher_leader = e.leader_id
+                b.fetcher.add(TP, e.leader_epoch)
+                b.out_of_range_hw = None
                 if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
                     b.truncate_to(b.hw)
                     b.rs.finish_truncation(b.leo)
             elif isinstance(e, StopFetcher):
-                b.fetching = False
+                if b.fetcher is not None:
+                    b.fetcher.drop(TP)
             elif isinstance(e, ProposeIsr):
                 self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
             elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
@@ -516,31 +590,82 @@ class Simulation:
             # Session expired while paused or isolated: register again, as a broker does on a new session.
             b.broker_epoch = self.store.register(b.id, now, self.cfg.session_timeout_ms)
             self.record(f"broker {b.id}: registered again at broker epoch {b.broker_epoch}")
+        if b.fetcher is not None and b.fetcher.partitions:
+            self.fetcher_tick(b, now)
         rs = b.rs
-        if rs.role is Role.FOLLOWER and b.fetching:
-            if b.inflight_since_ms < 0 or now - b.inflight_since_ms > self.cfg.request_timeout_ms:
-                self.send_fetch(b, now)
         if rs.is_leader and now - b.last_shrink_check_ms >= isr_logic.isr_expiration_interval_ms(
             self.cfg.replica_lag_time_max_ms
         ):
             b.last_shrink_check_ms = now
             self.run_effects(b, rs.on_tick(b.leo, now))  # IsrManager.maybe_shrink_isr
 
-    def send_fetch(self, b: Broker, now: int) -> None:
-        """ReplicaFetcher: truncate by leader epoch first (OffsetForLeaderEpoch), then fetch."""
-        rs = b.rs
-        msg: Any
-        if rs.fetch_mode is FetchMode.TRUNCATING:
-            query = rs.truncation_query(b.latest_epoch(), b.leo)
-            if isinstance(query, TruncateLog):
-                b.apply_log_effects([query])
+    # -- the follower: ReplicaFetcher's IO over FollowerFetchState --------------------------------------------
+
+    def current(self, b: Broker, st: PartitionFetchState) -> bool:
+        """ReplicaFetcher._current: still a follower of this leader at this epoch (else the partition leaves)."""
+        rs, fetcher = b.rs, b.fetcher
+        assert fetcher is not None
+        if (rs.role is not Role.FOLLOWER or rs.leader_id != b.fetcher_leader or rs.leader_epoch != st.leader_epoch
+                or not fetcher.current(TP, st)):
+            fetcher.drop(TP, st)
+            return False
+        return True
+
+    def fetcher_tick(self, b: Broker, now: int) -> None:
+        """One fetcher step: a timed-out exchange fails its partitions (REQUEST_TIMED_OUT, the stream resets);
+        with none out, truncate what needs it (OffsetForLeaderEpoch) or send the session's next ReplicaFetch."""
+        fetcher = b.fetcher
+        assert fetcher is not None
+        if b.inflight_since_ms >= 0:
+            if now - b.inflight_since_ms <= self.cfg.request_timeout_ms:
                 return
-            msg = EpochQuery(b.inflight_id + 1, query, rs.leader_epoch)
-        else:
-            msg = Fetch(b.inflight_id + 1, b.leo, rs.leader_epoch, b.broker_epoch)
+            b.inflight_since_ms, b.stream_open = -1, False
+            if b.inflight_truncation is not None:
+                st = b.inflight_truncation[0]
+                b.inflight_truncation = None
+                fetcher.on_error(TP, st, errors.Code.REQUEST_TIMED_OUT, now)
+            for tp, (st, _offset) in b.inflight_parts.items():
+                fetcher.on_error(tp, st, errors.Code.REQUEST_TIMED_OUT, now)
+            b.inflight_parts = {}
+        batch: list[tuple[TopicPartition, PartitionFetchState, int]] = []
+        for tp, st in fetcher.ready(now):
+            if not self.current(b, st):
+                continue
+            if b.rs.fetch_mode is FetchMode.TRUNCATING:
+                query = b.rs.truncation_query(b.latest_epoch(), b.leo)  # Partition.truncation_query
+                if isinstance(query, TruncateLog):
+                    b.apply_log_effects([query])
+                    self.finish_truncation(b, st)
+                    continue
+                b.inflight_id += 1
+                b.inflight_since_ms, b.inflight_truncation = now, (st, query)
+                self.network.send(now, b.id, b.fetcher_leader, EpochQuery(b.inflight_id, query, st.leader_epoch))
+                return  # the simulated fetcher has one exchange out at a time
+            batch.append((tp, st, b.leo))
+        if not batch:
+            return
+        listed, incremental = fetcher.session_request(batch, not b.stream_open, now)
+        self.fetches["incremental" if incremental else "full"] += 1
+        if not b.stream_open:
+            b.stream_id += 1
+            b.stream_open = True
         b.inflight_id += 1
         b.inflight_since_ms = now
-        self.network.send(now, b.id, rs.leader_id, msg)
+        b.inflight_parts = {tp: (st, offset) for tp, st, offset in batch}
+        parts = tuple(FetchPart(batch[i][0], batch[i][2], batch[i][1].leader_epoch) for i in listed)
+        self.network.send(now, b.id, b.fetcher_leader,
+                          ReplicaFetch(b.inflight_id, b.stream_id, b.broker_epoch, incremental, parts))
+
+    def finish_truncation(self, b: Broker, st: PartitionFetchState) -> None:
+        """ReplicaFetcher._truncate's end: the out-of-range reset (ListOffsets), then fetching again."""
+        assert b.fetcher is not None
+        if st.out_of_range and b.out_of_range_hw is not None:
+            extra = b.rs.on_leader_log_range(0, b.out_of_range_hw, b.leo)
+            if extra is not None:
+                b.apply_log_effects([extra])
+        b.rs.finish_truncation(b.leo)
+        b.fetcher.truncation_finished(st)
+        b.out_of_range_hw = None
 
     def handle_epoch_query(self, b: Broker, q: EpochQuery) -> EpochAnswer:
         """The leader's OffsetForLeaderEpoch (BrokerServicer): fenced by the current leader epoch."""
@@ -552,82 +677,153 @@ class Simulation:
         return EpochAnswer(q.req_id, epoch, end)
 
     def handle_epoch_answer(self, b: Broker, src: int, a: EpochAnswer) -> None:
-        rs = b.rs
-        if (rs.role is not Role.FOLLOWER or rs.leader_id != src or rs.fetch_mode is not FetchMode.TRUNCATING
-                or not b.fetching or a.req_id != b.inflight_id):
+        if (b.fetcher is None or src != b.fetcher_leader or a.req_id != b.inflight_id
+                or b.inflight_truncation is None):
             return
-        b.inflight_since_ms = -1
+        st, asked = b.inflight_truncation
+        b.inflight_since_ms, b.inflight_truncation = -1, None
+        if not self.current(b, st) or b.rs.fetch_mode is not FetchMode.TRUNCATING:
+            return
         if a.error:
+            # An RPC error from OffsetForLeaderEpoch (ReplicaFetcher._truncate_guarded): truncate again, back off.
+            b.rs.restart_truncation()
+            b.fetcher.on_error(TP, st, errors.Code.Value(a.error), self.clock.now_ms)
             return
-        latest = b.latest_epoch()
-        effect, completed = rs.on_truncation_point(a.epoch, a.end_offset, b.epochs, b.leo)
+        effect, completed = b.rs.on_truncation_point(a.epoch, a.end_offset, b.epochs, b.leo)
         b.apply_log_effects([effect])
-        b.truncation_rounds += 1
-        if completed or b.latest_epoch() == latest or b.truncation_rounds >= 8:  # ReplicaFetcher._truncate
-            if b.out_of_range_hw is not None:
-                extra = rs.on_leader_log_range(0, b.out_of_range_hw, b.leo)
-                if extra is not None:
-                    b.apply_log_effects([extra])
-            rs.finish_truncation(b.leo)
-            b.truncation_rounds, b.out_of_range_hw = 0, None
+        if b.fetcher.truncation_round_done(st, completed, asked, b.latest_epoch()):
+            self.finish_truncation(b, st)
 
-    def handle_fetch(self, b: Broker, follower: int, f: Fetch) -> FetchResponse:
+    def handle_replica_fetch(self, b: Broker, follower: int, f: ReplicaFetch) -> ReplicaFetchAnswer:
+        """The leader's ReplicaFetch (replica_fetch.replica_fetch with its session): a full request replaces the
+        stream's session, an incremental one updates the parts it names; each session part is read like
+        ReplicaManager.handle_fetch for a follower. A part answered with an error leaves the session until named."""
+        key = (follower, f.stream_id)
+        if f.incremental and key not in b.sessions:
+            return ReplicaFetchAnswer(f.req_id, (), "NETWORK_EXCEPTION")  # no such stream here: it ended
+        if not f.incremental:
+            for old in [k for k in b.sessions if k[0] == follower]:
+                del b.sessions[old]
+            b.sessions[key] = {}
+        session = b.sessions[key]
+        for part in f.parts:
+            session[part.tp] = part
+        self.check_session_covers_fetch(follower, f, session)
+        answers = []
+        for tp, part in list(session.items()):
+            answer = self.read_for_follower(b, follower, f.broker_epoch, part)
+            if answer.error:
+                del session[tp]
+            else:
+                # The session remembers where the follower is: the next incremental fetch continues from there.
+                session[tp] = replace(part, offset=part.offset + len(answer.records))
+            answers.append(answer)
+        return ReplicaFetchAnswer(f.req_id, tuple(answers))
+
+    def check_session_covers_fetch(self, follower: int, f: ReplicaFetch, session: dict[TopicPartition, FetchPart]
+                                   ) -> None:
+        """Invariant fetch_session_covers_fetch: the follower's current request leaves every partition it is
+        fetching in the leader's session (else that partition silently stops replicating until the next full
+        request: the leader answers an errored part once and forgets it until it is named again)."""
+        fb = self.brokers[follower]
+        if f.req_id != fb.inflight_id or f.stream_id != fb.stream_id:
+            return  # a late request of an earlier exchange or stream
+        missing = sorted(str(tp) for tp in fb.inflight_parts if tp not in session)
+        if missing:
+            self.violate("fetch_session_covers_fetch",
+                         f"broker {follower} fetches {missing} but its {'incremental' if f.incremental else 'full'} "
+                         f"request left them out of leader {self.brokers[follower].fetcher_leader}'s session")
+
+    def read_for_follower(self, b: Broker, follower: int, broker_epoch: int, part: FetchPart) -> PartAnswer:
         """ReplicaManager.handle_fetch for a follower: broker epoch, leader epoch, range; then the state machine."""
         rs = b.rs
         try:
-            rs.check_follower_fetch(follower, f.broker_epoch, self.live_epoch(follower))
-            rs.check_leader(f.current_leader_epoch)
+            rs.check_follower_fetch(follower, broker_epoch, self.live_epoch(follower))
+            rs.check_leader(part.current_leader_epoch)
         except errors.GregorError as err:
-            return FetchResponse(f.req_id, f.offset, (), 0, 0, err.name)
-        if f.offset > b.leo:
-            return FetchResponse(f.req_id, f.offset, (), b.hw, b.leo, "OFFSET_OUT_OF_RANGE")
-        records = tuple(b.log[f.offset : f.offset + self.cfg.fetch_records_max])
+            return PartAnswer(part.tp, part.offset, (), 0, 0, err.name)
+        if part.offset > b.leo:
+            return PartAnswer(part.tp, part.offset, (), b.hw, b.leo, "OFFSET_OUT_OF_RANGE")
+        records = tuple(b.log[part.offset : part.offset + self.cfg.fetch_records_max])
         b.heard_from.add(follower)
-        self.run_effects(b, rs.on_follower_fetch(follower, f.offset, f.broker_epoch, b.leo, self.clock.now_ms))
-        return FetchResponse(f.req_id, f.offset, records, b.hw, b.leo)
+        self.run_effects(b, rs.on_follower_fetch(follower, part.offset, broker_epoch, b.leo, self.clock.now_ms))
+        return PartAnswer(part.tp, part.offset, records, b.hw, b.leo)
 
     def live_epoch(self, broker_id: int) -> int | None:
         """The broker epoch the controller last saw registered (the metadata cache's live brokers)."""
         active = next((c for c in self.controllers if c.active and c.zombie_until_ms < 0), None)
         return active.ctx.live_broker_epochs.get(broker_id) if active is not None else None
 
-    def handle_fetch_response(self, b: Broker, src: int, r: FetchResponse) -> None:
-        rs = b.rs
-        if (rs.role is not Role.FOLLOWER or rs.leader_id != src or rs.fetch_mode is not FetchMode.FETCHING
-                or not b.fetching or r.req_id != b.inflight_id):
+    def handle_fetch_answer(self, b: Broker, src: int, r: ReplicaFetchAnswer) -> None:
+        """ReplicaFetcher._fetch_loop's answer handling: per partition, an error or records to append."""
+        fetcher = b.fetcher
+        if fetcher is None or src != b.fetcher_leader or r.req_id != b.inflight_id or not b.inflight_parts:
             return
-        b.inflight_since_ms = -1
-        if r.error == "OFFSET_OUT_OF_RANGE":
-            if self.cfg.truncation == "hw":
-                b.truncate_to(r.leader_leo)
-            else:
-                b.out_of_range_hw = r.hw
-                rs.restart_truncation()
+        inflight, now = b.inflight_parts, self.clock.now_ms
+        b.inflight_since_ms, b.inflight_parts = -1, {}
+        if r.error:
+            b.stream_open = False  # the stream ended: the next request opens a new session
+            for tp, (st, _offset) in inflight.items():
+                fetcher.on_error(tp, st, errors.Code.Value(r.error), now)
             return
-        if r.error or r.offset != b.leo:
-            return
-        for epoch, value in r.records:
-            b.append(epoch, value)
-        self.run_effects(b, rs.on_follower_fetched(r.hw, b.leo))
+        for part in r.parts:
+            item = inflight.get(part.tp)
+            if item is None:
+                continue
+            st, fetch_offset = item
+            if part.error:
+                if not self.current(b, st):
+                    continue
+                outcome = fetcher.on_error(part.tp, st, errors.Code.Value(part.error), now)
+                if outcome.restart_truncation:
+                    if self.cfg.truncation == "hw":
+                        b.truncate_to(part.leader_leo)
+                        fetcher.truncation_finished(st)
+                    else:
+                        b.out_of_range_hw = part.hw
+                        b.rs.restart_truncation()
+                continue
+            if not self.current(b, st) or b.leo != fetch_offset or b.rs.fetch_mode is not FetchMode.FETCHING:
+                continue
+            for epoch, value in part.records:
+                b.append(epoch, value)
+            self.run_effects(b, b.rs.on_follower_fetched(part.hw, b.leo))
+
+    # -- the fake etcd -------------------------------------------------------------------------------------
 
     def handle_isr_write(self, src: int, w: IsrWrite) -> None:
-        """The fake etcd's side of IsrManager._write_isr: CAS while the leader epoch is unchanged."""
+        """IsrManager._write_isr against the fake etcd: the production rule (isr_after_proposal), then CAS."""
         p = w.proposal
         b = self.brokers[src]
         current = self.store.state
         result = IsrWriteResult(p.leader_epoch, None, -1)
-        if not b.isolated and current is not None and current.leader == src and current.leader_epoch == p.leader_epoch:
-            new = tuple(r for r in current.isr if r not in p.remove) + tuple(
-                sorted(r for r in p.add if r not in current.isr))
+        new = None
+        if not b.isolated and current is not None:
+            new = isr_after_proposal(current.leader, current.leader_epoch, list(current.isr), src, p)
+        if current is not None and new is not None:
             # Like IsrManager, which rewrites only the state's "isr": every other field stays.
-            state = replace(current, isr=new, partition_epoch=current.partition_epoch + 1)
-            if new == current.isr:
-                result = IsrWriteResult(p.leader_epoch, new, current.partition_epoch)
+            state = replace(current, isr=tuple(new), partition_epoch=current.partition_epoch + 1)
+            if tuple(new) == current.isr:
+                result = IsrWriteResult(p.leader_epoch, current.isr, current.partition_epoch)
             elif self.store.cas_state(current.partition_epoch, state):
                 self.store.isr_change_notifications.append(TP)
-                self.record(f"broker {src}: ISR {current.isr} -> {new} (epoch {p.leader_epoch})")
-                result = IsrWriteResult(p.leader_epoch, new, state.partition_epoch)
+                self.record(f"broker {src}: ISR {current.isr} -> {state.isr} (epoch {p.leader_epoch})")
+                result = IsrWriteResult(p.leader_epoch, state.isr, state.partition_epoch)
         self.network.send(self.clock.now_ms, STORE, src, result, reliable=True)
+
+    def flush_isr_writes(self) -> bool:
+        """Deliver the ISR writes on their way to the store now (they win the race with a controller write)."""
+        net = self.network
+        due = [item for item in net.in_flight if item[3] == STORE and isinstance(item[4], IsrWrite)
+               and frozenset((item[2], STORE)) not in net.cut]
+        if not due:
+            return False
+        net.in_flight = [item for item in net.in_flight if not any(item is d for d in due)]
+        heapq.heapify(net.in_flight)
+        for item in due:
+            self.handle_isr_write(item[2], item[4])
+        self.isr_races += 1
+        return True
 
     def handle_isr_write_result(self, b: Broker, r: IsrWriteResult) -> None:
         self.run_effects(b, b.rs.on_isr_write_result(r.leader_epoch, r.isr, r.partition_epoch, b.leo,

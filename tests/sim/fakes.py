@@ -36,6 +36,11 @@ class SimConfig:
     # Control requests (LeaderAndIsr, StopReplica, UpdateMetadata) lost or delivered twice; random delays reorder them.
     control_drop_probability: float = 0.0
     control_duplicate_probability: float = 0.0
+    # Controller partition-state writes whose compare the fake store fails (a leader's ISR write landing first,
+    # else a spurious one): the production re-run path (perform_partition_state_writes) under faults.
+    controller_write_conflict_probability: float = 0.15
+    # replica.fetch.backoff.ms, scaled like the rest
+    replica_fetch_backoff_ms: int = 50
     # Session/fetch timeouts in ticks of tick_ms are derived from the above.
 
 
@@ -147,20 +152,42 @@ class Store:
 
 
 @dataclass(frozen=True)
-class Fetch:
-    req_id: int
+class FetchPart:
+    """One partition of a ReplicaFetch, as the follower names it (broker_pb2.ReplicaFetchPartition)."""
+
+    tp: TopicPartition
     offset: int
     current_leader_epoch: int
-    broker_epoch: int
 
 
 @dataclass(frozen=True)
-class FetchResponse:
+class ReplicaFetch:
+    """A multi-partition replica fetch on one stream (broker_pb2.ReplicaFetchRequest); a full request
+    (incremental=False) opens the leader's session for the stream, an incremental one names only moved parts."""
+
     req_id: int
+    stream_id: int
+    broker_epoch: int
+    incremental: bool
+    parts: tuple[FetchPart, ...]
+
+
+@dataclass(frozen=True)
+class PartAnswer:
+    tp: TopicPartition
     offset: int
     records: tuple[tuple[int, int], ...]
     hw: int
     leader_leo: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaFetchAnswer:
+    """The answer to one ReplicaFetch; `error` ends the stream (the leader has no session for it)."""
+
+    req_id: int
+    parts: tuple[PartAnswer, ...]
     error: str | None = None
 
 

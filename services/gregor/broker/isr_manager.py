@@ -37,6 +37,19 @@ FAILED_ISR_UPDATES = Counter("gregor_broker_failed_isr_updates_total",
                              "ISR writes given up (leader epoch moved or etcd unavailable)")
 
 
+def isr_after_proposal(stored_leader: int, stored_leader_epoch: int, stored_isr: list[int], broker_id: int,
+                       proposal: "ProposeIsr") -> list[int] | None:
+    """The ISR to compare-and-swap into the stored partition state for a leader's proposal (AlterIsr's rule).
+
+    None when the stored state says broker_id no longer leads at the proposal's leader epoch (give up);
+    otherwise the stored ISR without `remove`, then `add` in order. IsrManager and the simulation (tests/sim)
+    both decide the write with this.
+    """
+    if stored_leader != broker_id or stored_leader_epoch != proposal.leader_epoch:
+        return None
+    return [r for r in stored_isr if r not in proposal.remove] + sorted(r for r in proposal.add if r not in stored_isr)
+
+
 class IsrManager:
     """ISR shrink/expand writes and their propagation. Concurrency: event loop; one write per partition at a time."""
 
@@ -94,7 +107,7 @@ class IsrManager:
 
     async def _write_isr(self, p: "Partition", proposal: "ProposeIsr") -> None:
         """CAS the change into the partition state; give up once the leader epoch moved; report the result."""
-        leader_epoch, add, remove = proposal.leader_epoch, proposal.add, proposal.remove
+        leader_epoch = proposal.leader_epoch
         result: tuple[list[int], int] | None = None
         unknown = False  # etcd failed: the compare-and-swap may have landed
         try:
@@ -104,11 +117,12 @@ class IsrManager:
                 if kv is None:
                     break
                 state = PartitionStateZNode.decode(kv.value, kv.version)
-                if (state.leader != self.broker_id or state.leader_epoch != leader_epoch
-                        or not p.is_leader or p.leader_epoch != leader_epoch):
+                if not p.is_leader or p.leader_epoch != leader_epoch:
                     break
                 old = list(state.isr)
-                new = [r for r in old if r not in remove] + sorted(r for r in add if r not in old)
+                new = isr_after_proposal(state.leader, state.leader_epoch, old, self.broker_id, proposal)
+                if new is None:
+                    break
                 if new == old:
                     result = (new, state.partition_epoch)
                     break

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 from prometheus_client import Gauge
 
 from gregor.common import errors
+from gregor.broker.fetcher_state import BACKOFF_CODES, FollowerFetchState, PartitionFetchState
 from gregor.broker.limits import (
     REPLICA_FETCH_MAX_BYTES,
     REPLICA_FETCH_WAIT_MAX_MS,
     REPLICA_FETCH_MIN_BYTES,
     REPLICA_FETCH_BACKOFF_S,
-    REPLICA_FETCH_SESSION_REFRESH_PARTS,
     FETCH_RPC_TIMEOUT_S,
-    MAX_TRUNCATION_ROUNDS,
 )
 from gregor.broker.replica_state import FetchMode
 from gregor.common.rpc import channel
@@ -43,21 +41,6 @@ log = logging.getLogger(__name__)
 
 FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
                     "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
-
-BACKOFF_CODES = frozenset({errors.Code.FENCED_LEADER_EPOCH, errors.Code.NOT_LEADER_OR_FOLLOWER,
-                           errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
-                           errors.Code.NETWORK_EXCEPTION, errors.Code.REQUEST_TIMED_OUT,
-                           errors.Code.KAFKA_STORAGE_ERROR,
-                           # The leader knows a newer incarnation of us: our re-registration is under way.
-                           errors.Code.STALE_BROKER_EPOCH})
-
-
-@dataclass
-class PartitionFetchState:
-    leader_epoch: int
-    out_of_range: bool = False
-    backoff_until: float = 0.0
-
 
 class _FetchStream:
     """The ReplicaFetch stream to one leader: each request written is answered by one response."""
@@ -105,26 +88,32 @@ class _FetchStream:
 
 
 class ReplicaFetcher:
-    """Fetches the partitions led by one leader. Concurrency: one task; partitions change only on the loop."""
+    """Fetches the partitions led by one leader. Concurrency: one task; partitions change only on the loop.
+
+    The decisions (which partitions to name, incremental or full, backoff, truncation rounds) are the
+    IO-free FollowerFetchState's (fetcher_state.py, driven by tests/sim too); this class does the IO.
+    """
 
     def __init__(self, manager: "ReplicaFetcherManager", leader_id: int) -> None:
         self.manager = manager
         self.leader_id = leader_id
-        self.partitions: dict[tuple[str, int], PartitionFetchState] = {}
+        self.state: FollowerFetchState[tuple[str, int]] = FollowerFetchState.for_lag_time(
+            manager.replicas.config.replica_lag_time_max_ms)
         self._wake = asyncio.Event()
         self._lag_gauge = FETCHER_LAG.labels(leader=str(leader_id))  # labels() per fetch costs ~2 µs
-        # The fetch session (KIP-227): (fetch offset, leader epoch) last named per partition on the stream.
-        self._sent: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self._full_at = 0.0
         self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
         self.task.add_done_callback(self._on_done)
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], PartitionFetchState]:
+        return self.state.partitions
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("replica fetcher for leader %d died", self.leader_id, exc_info=task.exception())
 
     def add(self, key: tuple[str, int], leader_epoch: int) -> None:
-        self.partitions[key] = PartitionFetchState(leader_epoch)
+        self.state.add(key, leader_epoch)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -160,25 +149,26 @@ class ReplicaFetcher:
 
     async def _fetch_loop(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, target: str,
                           stream: "_FetchStream", loop: asyncio.AbstractEventLoop) -> None:
+        state = self.state
         while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
             self._wake.clear()
             batch = await self._ready_partitions(rm, stub, loop)
             if not batch:
-                waits = [st.backoff_until - loop.time() for st in self.partitions.values()]
-                delay = max(0.0, min(waits, default=REPLICA_FETCH_BACKOFF_S))
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay or REPLICA_FETCH_BACKOFF_S)
+                    await asyncio.wait_for(self._wake.wait(), timeout=state.wait_time(loop.time()))
                 except asyncio.TimeoutError:
                     pass
                 continue
-            listed, incremental = self._session_request(batch, stream, loop.time())
+            listed, incremental = state.session_request(
+                [(key, st, offset) for key, st, _p, offset in batch],
+                stream.call is None or stream.call.done(), loop.time())
             request = broker_pb2.ReplicaFetchRequest(
                 replica_id=rm.config.broker_id, replica_broker_epoch=self.manager.broker_epoch(),
                 min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, incremental=incremental,
                 partitions=[broker_pb2.ReplicaFetchPartition(
                     topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
                     max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset, topic_id=p.topic_id)
-                    for _key, st, p, offset in listed])
+                    for _key, st, p, offset in (batch[i] for i in listed)])
             try:
                 resp = await stream.exchange(request, self._wake)
             except grpc.aio.AioRpcError as exc:
@@ -201,37 +191,12 @@ class ReplicaFetcher:
                         lag = max(lag, self._apply(rm, item[0], item[1], item[3], part, loop))
                 self._lag_gauge.set(lag)
 
-    def _session_request(self, batch: list[tuple[tuple[str, int], PartitionFetchState, "Partition", int]],
-                         stream: "_FetchStream", now: float) -> tuple[list[tuple[tuple[str, int],
-                                                                      PartitionFetchState, "Partition", int]], bool]:
-        """The partitions to name in the next request, and whether it is incremental (KIP-227).
-
-        Full on a new stream (a new session on the leader), when the set of partitions changed, and
-        every third of replica.lag.time.max.ms (so the leader records a fetch of every idle partition
-        well within the lag limit); otherwise only partitions whose fetch offset or epoch moved."""
-        keys = {item[0] for item in batch}
-        refresh_s = self.manager.replicas.config.replica_lag_time_max_ms / 1000 / REPLICA_FETCH_SESSION_REFRESH_PARTS
-        full = (stream.call is None or stream.call.done() or keys != self._sent.keys()
-                or now - self._full_at >= refresh_s)
-        if full:
-            self._sent, self._full_at = {}, now
-            listed = batch
-        else:
-            sent = self._sent
-            # The state object counts too: a partition removed and added again (a topic deleted and created
-            # anew under the same name) is a new partition for the leader even at the same offset and epoch.
-            listed = [item for item in batch if sent.get(item[0]) != (item[3], item[1].leader_epoch, id(item[1]))]
-        for key, st, _p, offset in listed:
-            self._sent[key] = (offset, st.leader_epoch, id(st))
-        return listed, not full
-
     async def _ready_partitions(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                 loop: asyncio.AbstractEventLoop) -> list[tuple[tuple[str, int], PartitionFetchState,
                                                                               "Partition", int]]:
         """(key, state, partition, fetch offset) of every partition to fetch now: not backing off,
         still followed from this leader, truncated first where needed (concurrently)."""
-        now = loop.time()
-        todo = [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]
+        todo = self.state.ready(loop.time())
         batch, truncating = [], []
         for key, st in todo:  # one pass when nothing truncates: this runs once per fetch
             if (p := self._current(rm, key, st)) is not None:
@@ -263,7 +228,7 @@ class ReplicaFetcher:
                 self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
                 return
             log.warning("%s-%d: truncation against leader %d failed: %s", key[0], key[1], self.leader_id, exc)
-            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
+            self.state.on_truncation_failed(st, loop.time())
 
     def _apply(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState, fetch_offset: int,
                part: broker_pb2.ReplicaFetchPartitionResponse, loop: asyncio.AbstractEventLoop) -> int:
@@ -279,43 +244,36 @@ class ReplicaFetcher:
             rm.run_effects(p, p.append_fetched(part.records, part.high_watermark))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
-            self._sent.pop(key, None)
+            self.state.on_apply_failed(key, st, loop.time())
             p.state.restart_truncation()
-            st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
             return 0
         return max(0, part.high_watermark - p.log_end_offset)
 
     def _on_error(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState,
                   err: errors.GregorError,
                   loop: asyncio.AbstractEventLoop) -> None:
-        # The leader's session told this error once and will not read the partition again until it is
-        # named: forget what it was last named at, so the next request names it (a full one).
-        self._sent.pop(key, None)
-        if err.code == errors.Code.OFFSET_OUT_OF_RANGE:
+        outcome = self.state.on_error(key, st, err.code, loop.time())
+        if outcome.restart_truncation:
             log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
-            st.out_of_range = True
             p = self._current(rm, key, st)
             if p is not None:
                 p.state.restart_truncation()
-            return
-        if err.code not in BACKOFF_CODES:
+        elif outcome.unexpected:
             log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
-        st.backoff_until = loop.time() + REPLICA_FETCH_BACKOFF_S
 
     def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
         """The partition if we still follow this leader at this epoch, else None (and drop it)."""
         p = rm.partitions.get(key)
         if (p is None or p.is_leader or p.leader_id != self.leader_id or p.leader_epoch != st.leader_epoch
-                or self.partitions.get(key) is not st):
-            if self.partitions.get(key) is st:
-                del self.partitions[key]
+                or not self.state.current(key, st)):
+            self.state.drop(key, st)
             return None
         return p
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:
         """Ask OffsetForLeaderEpoch until the ReplicaState's truncation converges (seed 002)."""
-        for _ in range(MAX_TRUNCATION_ROUNDS):
+        while True:
             latest = p.truncation_query()
             if latest is None:
                 break  # no epochs at all: truncated to the HW
@@ -324,12 +282,13 @@ class ReplicaFetcher:
                 replica_id=rm.config.broker_id), timeout=FETCH_RPC_TIMEOUT_S)
             if self._current(rm, p.key, st) is None:
                 return
-            if p.on_truncation_point(latest, resp.leader_epoch, resp.end_offset) or p.log.latest_epoch() == latest:
+            completed = p.on_truncation_point(latest, resp.leader_epoch, resp.end_offset)
+            if self.state.truncation_round_done(st, completed, latest, p.log.latest_epoch()):
                 break
         if st.out_of_range and not await self._reset_out_of_range(rm, stub, p, st):
             return
         p.state.finish_truncation(p.log_end_offset)
-        st.out_of_range = False
+        self.state.truncation_finished(st)
 
     async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
                                   p: "Partition", st: PartitionFetchState) -> bool:
@@ -381,7 +340,7 @@ class ReplicaFetcherManager:
     def remove_partitions(self, keys: list[tuple[str, int]]) -> None:
         for fetcher in self.fetchers.values():
             for key in keys:
-                fetcher.partitions.pop(key, None)
+                fetcher.state.drop(key)
 
     async def shutdown(self) -> None:
         self.stopped = True

@@ -26,7 +26,8 @@ from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, 
                                               partitions_still_led, process_replica_leader_election)
 from gregor.controller.membership import compute_broker_changes, on_controller_failover, process_broker_change
 from gregor.controller.requests import (ControllerActions, ControlRequestBatch, PartitionStateConflict,
-                                        PartitionStateWrite, perform_partition_state_writes)
+                                        PartitionStateWrite, apply_writes_outcome,
+                                        perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
 from gregor.controller.topics import on_topic_deletion, process_partition_modifications, process_topic_change
 
@@ -510,17 +511,7 @@ class Controller:
 
         outcome = await perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load)
         self.metrics.partition_state_write_retries.inc(outcome.retries)
-        for tp, state in outcome.changed.items():
-            log.info("partition state of %s changed under us; the transition was re-run: %s", tp, state)
-            self.ctx.put_partition_leadership_info(tp, state)
-            actions.batch.replace_leader_and_isr(tp, state)
-        for tp, current in outcome.failed.items():
-            log.warning("partition state of %s changed under us and the transition could not be re-run; now %s",
-                        tp, current)
-            if current is not None:
-                self.ctx.put_partition_leadership_info(tp, current)
-            actions.failed.setdefault(tp, f"partition state of {tp} changed concurrently")
-        actions.batch.discard_partitions(outcome.failed)
+        apply_writes_outcome(self.ctx, actions, outcome)
         if actions.unclean_elections:
             self.metrics.unclean_elections.inc(actions.unclean_elections)
         for kind, elected in actions.elections.items():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from gregor.controller.state import NO_LEADER, ControllerContext, LeaderAndIsr, TopicPartition
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,26 @@ async def perform_partition_state_writes(
                 out.changed[tp] = attempt.new_state
             break
     return out
+
+
+def apply_writes_outcome(ctx: ControllerContext, actions: ControllerActions, outcome: WritesOutcome) -> None:
+    """Bring the context and the event's requests in line with what the writes stored.
+
+    A re-run partition's context and LeaderAndIsr carry the state finally written; a failed one keeps
+    the state etcd holds (when there is one) and its requests are dropped. The controller and the
+    simulation (tests/sim) both call this after `perform_partition_state_writes`.
+    """
+    for tp, state in outcome.changed.items():
+        log.info("partition state of %s changed under us; the transition was re-run: %s", tp, state)
+        ctx.put_partition_leadership_info(tp, state)
+        actions.batch.replace_leader_and_isr(tp, state)
+    for tp, current in outcome.failed.items():
+        log.warning("partition state of %s changed under us and the transition could not be re-run; now %s",
+                    tp, current)
+        if current is not None:
+            ctx.put_partition_leadership_info(tp, current)
+        actions.failed.setdefault(tp, f"partition state of {tp} changed concurrently")
+    actions.batch.discard_partitions(outcome.failed)
 
 
 @dataclass

@@ -1,81 +1,100 @@
-"""The follower's side of the replica fetch session (KIP-227): which partitions a request names (pure)."""
+"""The follower's side of the replica fetch session (KIP-227): which partitions a request names (pure).
+
+FollowerFetchState is the IO-free state both ReplicaFetcher and the simulation (tests/sim) drive.
+"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
+from gregor.broker.fetcher_state import FollowerFetchState, PartitionFetchState
+from gregor.common import errors
 
-from gregor.broker.replica_fetcher import PartitionFetchState, ReplicaFetcher
+Item = tuple[tuple[str, int], PartitionFetchState, int]
 
 
-def fetcher(lag_ms: int = 30_000) -> ReplicaFetcher:
-    f = object.__new__(ReplicaFetcher)  # no task: only the session bookkeeping
-    f.manager = SimpleNamespace(replicas=SimpleNamespace(config=SimpleNamespace(replica_lag_time_max_ms=lag_ms)))
-    f._sent, f._full_at = {}, 0.0
-    return f
+def fetcher(lag_ms: int = 30_000) -> FollowerFetchState[tuple[str, int]]:
+    return FollowerFetchState.for_lag_time(lag_ms)
 
 
 STATES: dict[tuple[int, int], PartitionFetchState] = {}
 
 
-def item(partition: int, offset: int, epoch: int = 1) -> tuple[Any, ...]:
+def item(partition: int, offset: int, epoch: int = 1) -> Item:
     """A partition the fetcher follows (the same state object for the same partition and epoch)."""
     st = STATES.setdefault((partition, epoch), PartitionFetchState(leader_epoch=epoch))
-    return (("t", partition), st, None, offset)
+    return (("t", partition), st, offset)
 
 
-OPEN = SimpleNamespace(call=SimpleNamespace(done=lambda: False))  # a stream whose session is running
-NEW = SimpleNamespace(call=None)  # a new stream: a new session on the leader
+OPEN, NEW = False, True  # a stream whose session is running; a new stream (a new session on the leader)
 
 
-def names(listed: list[tuple[Any, ...]]) -> list[tuple[int, int]]:
-    return [(i[0][1], i[3]) for i in listed]
+def request(f: FollowerFetchState[tuple[str, int]], batch: list[Item], new_stream: bool,
+            now: float) -> tuple[list[tuple[int, int]], bool]:
+    listed, incremental = f.session_request(batch, new_stream, now)
+    return [(batch[i][0][1], batch[i][2]) for i in listed], incremental
 
 
 def test_full_on_a_new_stream_then_only_moved_partitions() -> None:
     f = fetcher()
-    listed, incremental = f._session_request([item(0, 5), item(1, 7)], NEW, now=100.0)  # type: ignore[arg-type]
-    assert not incremental and names(listed) == [(0, 5), (1, 7)]
-    listed, incremental = f._session_request([item(0, 5), item(1, 7)], OPEN, now=100.1)  # type: ignore[arg-type]
+    listed, incremental = request(f, [item(0, 5), item(1, 7)], NEW, now=100.0)
+    assert not incremental and listed == [(0, 5), (1, 7)]
+    listed, incremental = request(f, [item(0, 5), item(1, 7)], OPEN, now=100.1)
     assert incremental and listed == []  # nothing moved: a bare long poll on the session
-    listed, incremental = f._session_request([item(0, 6), item(1, 7)], OPEN, now=100.2)  # type: ignore[arg-type]
-    assert incremental and names(listed) == [(0, 6)]
-    listed, incremental = f._session_request([item(0, 6), item(1, 7, epoch=2)], OPEN, now=100.3)  # type: ignore[arg-type]
-    assert incremental and names(listed) == [(1, 7)]  # a new leader epoch is news too
+    listed, incremental = request(f, [item(0, 6), item(1, 7)], OPEN, now=100.2)
+    assert incremental and listed == [(0, 6)]
+    listed, incremental = request(f, [item(0, 6), item(1, 7, epoch=2)], OPEN, now=100.3)
+    assert incremental and listed == [(1, 7)]  # a new leader epoch is news too
 
 
 def test_full_again_when_the_partition_set_changes_or_the_refresh_is_due() -> None:
     f = fetcher(lag_ms=3_000)  # a full request at least every second
-    f._session_request([item(0, 5), item(1, 7)], NEW, now=100.0)  # type: ignore[arg-type]
-    listed, incremental = f._session_request([item(0, 5)], OPEN, now=100.1)  # type: ignore[arg-type]
-    assert not incremental and names(listed) == [(0, 5)]  # partition 1 left (backing off, moved away)
-    listed, incremental = f._session_request([item(0, 5)], OPEN, now=100.5)  # type: ignore[arg-type]
+    request(f, [item(0, 5), item(1, 7)], NEW, now=100.0)
+    listed, incremental = request(f, [item(0, 5)], OPEN, now=100.1)
+    assert not incremental and listed == [(0, 5)]  # partition 1 left (backing off, moved away)
+    listed, incremental = request(f, [item(0, 5)], OPEN, now=100.5)
     assert incremental and listed == []
-    listed, incremental = f._session_request([item(0, 5)], OPEN, now=101.2)  # type: ignore[arg-type]
-    assert not incremental and names(listed) == [(0, 5)]  # the leader records a fresh fetch of idle ones
+    listed, incremental = request(f, [item(0, 5)], OPEN, now=101.2)
+    assert not incremental and listed == [(0, 5)]  # the leader records a fresh fetch of idle ones
 
 
 def test_a_partition_added_anew_is_named_even_at_the_same_offset_and_epoch() -> None:
     """A topic deleted and created again under its name: the leader's session still holds the old
     partition, so the follower names the new one although its offset and epoch look the same."""
     f = fetcher()
-    f._session_request([item(5, 0), item(6, 0)], NEW, now=100.0)  # type: ignore[arg-type]
-    again = (("t", 5), PartitionFetchState(leader_epoch=1), None, 0)  # removed, then added back
-    listed, incremental = f._session_request([again, item(6, 0)], OPEN, now=100.1)  # type: ignore[arg-type]
-    assert incremental and names(listed) == [(5, 0)]
+    request(f, [item(5, 0), item(6, 0)], NEW, now=100.0)
+    again = (("t", 5), PartitionFetchState(leader_epoch=1), 0)  # removed, then added back
+    listed, incremental = request(f, [again, item(6, 0)], OPEN, now=100.1)
+    assert incremental and listed == [(5, 0)]
 
 
 def test_a_partition_answered_with_an_error_is_named_again() -> None:
     """The leader's session reports a partition's error once and then leaves it alone until the
     follower names it again; a follower whose only partition failed must not go on with bare
     incremental polls (it did: the partition never replicated after its first fetch came too early)."""
-    from gregor.common import errors
-
     f = fetcher()
-    f.leader_id = 0
     only = item(9, 0)
-    f._session_request([only], NEW, now=100.0)  # type: ignore[arg-type]
-    err = errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "not yet", topic="t", partition=9)
-    f._on_error(None, ("t", 9), only[1], err, SimpleNamespace(time=lambda: 100.0))  # type: ignore[arg-type]
-    listed, incremental = f._session_request([only], OPEN, now=100.3)  # type: ignore[arg-type]
-    assert not incremental and names(listed) == [(9, 0)]
+    request(f, [only], NEW, now=100.0)
+    outcome = f.on_error(("t", 9), only[1], errors.Code.NOT_LEADER_OR_FOLLOWER, now=100.0)
+    assert not outcome.restart_truncation and not outcome.unexpected
+    assert only[1].backoff_until > 100.0
+    listed, incremental = request(f, [only], OPEN, now=100.3)
+    assert not incremental and listed == [(9, 0)]
+
+
+def test_out_of_range_truncates_again_instead_of_backing_off() -> None:
+    f = fetcher()
+    st = f.add(("t", 1), leader_epoch=3)
+    outcome = f.on_error(("t", 1), st, errors.Code.OFFSET_OUT_OF_RANGE, now=5.0)
+    assert outcome.restart_truncation and st.out_of_range and st.backoff_until == 0.0
+    f.truncation_finished(st)
+    assert not st.out_of_range
+
+
+def test_truncation_stops_when_converged_when_the_epoch_stays_or_after_max_rounds() -> None:
+    from gregor.broker.limits import MAX_TRUNCATION_ROUNDS
+
+    st = PartitionFetchState(leader_epoch=7)
+    assert FollowerFetchState.truncation_round_done(st, True, 4, 3)  # the ReplicaState says done
+    assert FollowerFetchState.truncation_round_done(st, False, 4, 4)  # asking again gets the same answer
+    rounds = [FollowerFetchState.truncation_round_done(st, False, 10 - n, 9 - n)
+              for n in range(MAX_TRUNCATION_ROUNDS)]
+    assert rounds == [False] * (MAX_TRUNCATION_ROUNDS - 1) + [True]

@@ -11,7 +11,7 @@ from gregor.broker.replica_fetcher import ReplicaFetcherManager
 
 def test_no_fetcher_after_shutdown() -> None:
     async def scenario() -> tuple[int, int]:
-        manager = ReplicaFetcherManager(cast(Any, None), lambda _id: None, lambda: 1)
+        manager = ReplicaFetcherManager(cast(Any, SimpleNamespace(config=SimpleNamespace(replica_lag_time_max_ms=30_000))), lambda _id: None, lambda: 1)
         partition = cast(Any, SimpleNamespace(key=("t", 0), leader_id=7, leader_epoch=3))
         manager.add_partition(partition)
         before = len(manager.fetchers)

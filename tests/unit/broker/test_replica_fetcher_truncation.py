@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from gregor.broker.replica_fetcher import PartitionFetchState, ReplicaFetcher
+from gregor.broker.fetcher_state import FollowerFetchState
+from gregor.broker.replica_fetcher import ReplicaFetcher
 from gregor.broker.replica_state import FetchMode, ReplicaState
 
 
@@ -42,8 +43,8 @@ def test_a_failed_log_cut_leaves_the_partition_truncating_not_fetching_from_the_
         rm = SimpleNamespace(partitions={p.key: p}, config=SimpleNamespace(broker_id=2))
         fetcher = object.__new__(ReplicaFetcher)  # no task: drive one truncation by hand
         fetcher.leader_id = 1
-        st = PartitionFetchState(leader_epoch=5)
-        fetcher.partitions = {p.key: st}
+        fetcher.state = FollowerFetchState.for_lag_time(30_000)
+        st = fetcher.state.add(p.key, leader_epoch=5)
         loop = asyncio.get_running_loop()
         await fetcher._truncate_guarded(rm, Leader(), p.key, st, p, loop)  # type: ignore[arg-type]
         return p.state.fetch_mode, st.backoff_until, loop.time()

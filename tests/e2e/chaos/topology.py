@@ -73,6 +73,7 @@ class Proc:
     ready: str = ""
     popen: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the running instance
 
     @property
     def addr(self) -> str:
@@ -197,9 +198,12 @@ class ChaosCluster:
             os.kill(p.popen.pid, signal.SIGCONT)  # type: ignore[union-attr]
         p.paused = False
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        """Start (again) with the same command line; SIGKILL first if it still runs (after a SIGTERM sent
+        by the caller, kill() waits for the controlled shutdown to finish)."""
         p = self.procs[name]
         self.kill(name, signal.SIGKILL)
+        p.env = dict(env or {})
         if p.role == "etcd":
             self._spawn(p)
             self._wait_etcd(p)
@@ -234,7 +238,8 @@ class ChaosCluster:
             os.remove(p.ready)
         with open(p.log, "ab") as out:
             p.popen = subprocess.Popen(["ip", "netns", "exec", ns_name(p.node), *p.cmd], stdout=out,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env={**os.environ, **p.env})
         p.paused = False
 
     def _start_new(self, p: Proc) -> None:

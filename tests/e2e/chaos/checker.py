@@ -39,6 +39,7 @@ an unknown transaction may be visible or not, but never in part. Failed polls re
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from collections import defaultdict
@@ -84,8 +85,9 @@ class Model:
     read_at: dict[str, set[tuple[str, int]]] = field(default_factory=lambda: defaultdict(set))
     # values some read_committed poll returned.
     read_committed_values: set[str] = field(default_factory=set)
-    # tp -> the final read of it (the last one when there are several).
+    # tp -> the final read of it (the last one when there are several), and its values.
     final: dict[str, Op] = field(default_factory=dict)
+    final_values: dict[str, set[str]] = field(default_factory=dict)
     txns: dict[str, Op] = field(default_factory=dict)
 
 
@@ -128,6 +130,7 @@ def build_model(ops: list[Op]) -> Model:
                     m.read_committed_values.add(value)
             if op.get("final"):
                 m.final[tp] = op
+                m.final_values[tp] = {v for _, v in op.get("records")}
     return m
 
 
@@ -160,7 +163,7 @@ def check_lost_writes(m: Model, out: Anomalies) -> None:
         final = m.final.get(w.tp)
         seen = m.read_at.get(w.value)
         if final is not None:
-            if not any(v == w.value for _, v in final.get("records")):
+            if w.value not in m.final_values[w.tp]:
                 reason = "read earlier, absent from the final read" if seen else "never read; a final read covered it"
                 out.add("lost_write", value=w.value, partition=w.tp, offset=w.offset, process=w.process,
                         send_index=w.index, final_read_index=final.index, reason=reason)
@@ -220,9 +223,9 @@ def check_nonmonotonic_send(ops: list[Op], out: Anomalies) -> None:
 def check_polls(ops: list[Op], m: Model, out: Anomalies) -> None:
     """nonmonotonic_poll and poll_skip: each consumer's reads of each partition, in its own order."""
     # Which offsets hold a value a reader of each isolation level must not jump over.
-    holds_any: dict[str, set[int]] = {tp: set(by) for tp, by in m.reads.items()}
-    holds_committed: dict[str, set[int]] = {
-        tp: {o for o, values in by.items() if any(_visible_committed(m, v) for v in values)}
+    holds_any: dict[str, list[int]] = {tp: sorted(by) for tp, by in m.reads.items()}
+    holds_committed: dict[str, list[int]] = {
+        tp: sorted(o for o, values in by.items() if any(_visible_committed(m, v) for v in values))
         for tp, by in m.reads.items()
     }
     position: dict[tuple[str, str], tuple[int, int]] = {}  # (process, tp) -> (last offset, poll index)
@@ -241,7 +244,8 @@ def check_polls(ops: list[Op], m: Model, out: Anomalies) -> None:
                     out.add("nonmonotonic_poll", process=op.process, partition=op.tp, previous_offset=prev[0],
                             offset=offset, value=value, previous_index=prev[1], index=op.index)
                 else:
-                    skipped = sorted(o for o in holds.get(op.tp, ()) if prev[0] < o < offset)
+                    held = holds.get(op.tp, [])
+                    skipped = held[bisect.bisect_right(held, prev[0]):bisect.bisect_left(held, offset)]
                     if skipped:
                         out.add("poll_skip", process=op.process, partition=op.tp, previous_offset=prev[0],
                                 offset=offset, skipped=skipped[:10], skipped_count=len(skipped),
@@ -311,7 +315,7 @@ def check_transactions(ops: list[Op], m: Model, out: Anomalies) -> None:
         covered = [w for w in writes if w.tp in m.final and m.final[w.tp].get("isolation") == READ_COMMITTED]
         if len(covered) < 2 or covered[0].outcome == FAIL:
             continue
-        in_final = [w for w in covered if any(v == w.value for _, v in m.final[w.tp].get("records"))]
+        in_final = [w for w in covered if w.value in m.final_values[w.tp]]
         if in_final and len(in_final) < len(covered):
             tps = {w.tp for w in in_final}
             absent = [w for w in covered if w not in in_final]

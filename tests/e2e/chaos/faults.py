@@ -36,10 +36,9 @@ KINDS = (
     "etcd-isolate",         # cut an etcd member (the leader half the time) off from every node
     "clock-skew",           # restart a broker or coordinator under libfaketime (wall clock shifted)
     "rolling-restart",      # SIGTERM (controlled shutdown) and restart every process, one at a time
+    "disk-full",            # fill broker-0's small log filesystem to ENOSPC, free it after the duration
 )
-MISSING = {
-    "disk-full": "ENOSPC on a small log filesystem is not implemented yet",
-}
+MISSING: dict[str, str] = {}  # fault kinds the issue names that are not implemented (none now)
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 
@@ -204,6 +203,11 @@ class Nemesis:
             detail["targets"] = [target]
             detail["skew"] = skew
             heal = lambda: self.c.restart(target)  # noqa: E731
+        elif kind == "disk-full":
+            filler = os.path.join(self.c.small_dir, "chaos-filler")
+            detail["targets"] = ["broker-0"]
+            detail["filled_bytes"] = _fill(filler)
+            heal = lambda: os.remove(filler)  # noqa: E731
         elif kind == "rolling-restart":
             order = [p.name for role in ("controller", "coordinator", "gateway", "broker")
                      for p in self.c.by_role(role)]
@@ -240,6 +244,9 @@ class Nemesis:
     def heal_everything(self) -> None:
         """Every process running and not paused, every filter and qdisc gone."""
         self.c.net.heal_all()
+        filler = os.path.join(self.c.small_dir, "chaos-filler")
+        if os.path.exists(filler):
+            os.remove(filler)
         for p in list(self.c.procs.values()):
             if p.paused:
                 self.c.resume(p.name)
@@ -247,6 +254,24 @@ class Nemesis:
                 self.c.restart(p.name)
             elif p.env:
                 self.c.restart(p.name)  # still under faketime
+
+
+def _fill(path: str) -> int:
+    """Write zeros to path until the filesystem says ENOSPC; returns how much was written."""
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        while True:
+            try:
+                written += f.write(chunk)
+            except OSError:
+                break
+        # The last partial megabyte: 4 KiB writes until nothing fits.
+        while True:
+            try:
+                written += f.write(b"\0" * 4096)
+            except OSError:
+                return written
 
 
 def describe(faults: list[Fault]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 PREFIX = "gch"
 BRIDGE = f"{PREFIX}br0"
+SMALL_FS_MARK = f"{PREFIX}small"  # in the path of the small log filesystem (the disk-full fault)
 
 
 class CapabilityError(RuntimeError):
@@ -139,8 +140,17 @@ def our_namespaces() -> list[str]:
 
 
 def cleanup() -> list[str]:
-    """Remove every namespace, process in one and link named with PREFIX; returns what it removed."""
+    """Remove every namespace, process in one, link and small-filesystem mount named with PREFIX; returns
+    what it removed. Mounts are unmounted lazily (-l), so a file a process still holds cannot stop it."""
     removed = []
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1] for line in f if SMALL_FS_MARK in line.split()[1]]
+    except OSError:
+        mounts = []
+    for m in mounts:
+        run("umount", "-l", m, check=False)
+        removed.append(m)
     for ns in our_namespaces():
         pids = run("ip", "netns", "pids", ns, check=False).stdout.split()
         for pid in pids:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.chaos.faults import KINDS, schedule
-from tests.e2e.chaos.netns import our_namespaces
+from tests.e2e.chaos.netns import SMALL_FS_MARK, our_namespaces
 
 SEED = int(os.environ.get("GREGOR_CHAOS_SEED", "7"))
 DURATION_S = 150  # every kind once fits in it (asserted below)
@@ -74,6 +74,7 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
     assert our_namespaces() == []
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert " gch" not in links
+    assert SMALL_FS_MARK not in Path("/proc/mounts").read_text()
 
 
 def _keep(out: Path) -> None:

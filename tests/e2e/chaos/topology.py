@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gregor.cli.local_cluster import etcd_binary
-from tests.e2e.chaos.netns import Network, ns_name
+from tests.e2e.chaos.netns import SMALL_FS_MARK, Network, ns_name
 
 READY_TIMEOUT_S = 90.0  # twelve cold Python processes on two shared cores
 LEASE_TTL_MS = 3000
@@ -107,12 +107,16 @@ class ChaosCluster:
     clients: list[str] = field(default_factory=list)
     coordinator_overrides: dict[str, str] = field(default_factory=dict)
     broker_overrides: dict[str, str] = field(default_factory=dict)
+    # broker-0 gets a second log dir on a tmpfs this small (the disk-full fault fills it); 0: none.
+    small_dir_mb: int = 48
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
     def up(self) -> None:
         os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
         self.net.up()
+        if self.small_dir_mb:
+            self._mount_small_dir()
         c = self.counts
         for role, n in (("etcd", c.etcd), ("controller", c.controllers), ("broker", c.brokers),
                         ("coordinator", c.coordinators), ("gateway", c.gateways), ("client", c.clients)):
@@ -139,7 +143,20 @@ class ChaosCluster:
         order = {"gateway": 0, "coordinator": 1, "broker": 2, "controller": 3, "etcd": 4}
         for p in sorted(self.procs.values(), key=lambda p: order.get(p.role, 9)):
             self.kill(p.name, signal.SIGKILL)
-        self.net.down()
+        self.net.down()  # also unmounts the small log dir
+
+    @property
+    def small_dir(self) -> str:
+        """broker-0's second log dir, a tmpfs of small_dir_mb (SMALL_FS_MARK in its path for cleanup)."""
+        return os.path.join(self.data_dir, f"broker-0-{SMALL_FS_MARK}")
+
+    def _mount_small_dir(self) -> None:
+        os.makedirs(self.small_dir, exist_ok=True)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.small_dir_mb}m", "gregor-chaos",
+                              self.small_dir], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"cannot mount a {self.small_dir_mb} MiB tmpfs for the disk-full fault: "
+                               f"{res.stderr.strip()}")
 
     def save(self) -> None:
         with open(os.path.join(self.data_dir, "topology.json"), "w") as f:
@@ -305,6 +322,8 @@ class ChaosCluster:
 
     def _broker_proc(self, i: int) -> Proc:
         d = os.path.join(self.data_dir, f"broker-{i}")
+        if i == 0 and self.small_dir_mb:
+            d += "," + self.small_dir
         overrides = {"broker.session.timeout.ms": str(LEASE_TTL_MS), **self.broker_overrides}
         args = ["--broker-id", str(i), "--log-dirs", d, "--data-port", str(BROKER_DATA), "--etcd",
                 self.etcd_endpoints, "--cluster", "gregor"]

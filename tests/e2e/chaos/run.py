@@ -44,15 +44,18 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def replica_digests(cluster: ChaosCluster, partitions: int, h: HistoryWriter) -> None:
     """Each replica of the workload's topics read through the native engine (a copy of its directory,
-    so recovery on open changes nothing): its log end offset and the sha256 of every batch's bytes."""
+    so recovery on open changes nothing): its log end offset and the sha256 of every batch's bytes.
+    broker-0's replicas may live in either of its log dirs."""
     from gregor_native import Log, LogConfig
 
     for b in cluster.by_role("broker"):
         for topic in (TOPIC, TXN_TOPIC):
             for p in range(partitions):
-                src = os.path.join(b.data_dir, f"{topic}-{p}")
-                if not os.path.isdir(src):
+                dirs = [b.data_dir] + ([cluster.small_dir] if b.id == 0 and cluster.small_dir_mb else [])
+                found = [os.path.join(d, f"{topic}-{p}") for d in dirs if os.path.isdir(os.path.join(d, f"{topic}-{p}"))]
+                if not found:
                     continue
+                src = found[0]
                 t0 = time.time()
                 with tempfile.TemporaryDirectory() as tmp:
                     copy = os.path.join(tmp, "log")

@@ -17,6 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
+.PHONY: chaos chaos-clean
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
@@ -29,6 +30,7 @@ help:
 	@echo "make test-model-long  the producer model tests (tests/model) with 20x the examples of make test"
 	@echo "make sim     the seeded replication simulation with more schedules (SCHEDULES=N, default 5000)"
 	@echo "make chart-check  helm lint/template, schemas, checkov and hadolint over deploy/helm/gregor (tests/deploy)"
+	@echo "make chaos [DURATION=600 SEED=n COUNTS=full|ci]  Jepsen-style faults across network namespaces (root)"
 	@echo "make kind-up image-load helm-install chaos-kind kind-down   the kind pipeline (needs Docker)"
 	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
 
@@ -152,6 +154,17 @@ bench-scaling: setup
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
 	$(PY) bench/profile_acks_all.py $(if $(TAG),--tag $(TAG))
+
+# The chaos suite (tests/e2e/chaos, docs/chaos.md), as root: without DURATION the CI schedule (every fault
+# kind once, 150 s, the CI topology); with DURATION a random schedule that long on the issue's full
+# topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). Output in $(CHAOS_OUT).
+CHAOS_OUT ?= chaos-out
+chaos: setup
+	$(PY) -m tests.e2e.chaos.run --duration $(or $(DURATION),150) $(if $(DURATION),,--every-kind-once) \
+	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) --out $(CHAOS_OUT)
+# Namespaces, links and processes a killed chaos run left behind (all named gch*).
+chaos-clean:
+	$(PY) -m tests.e2e.chaos.netns
 
 # The CI form of tests/sim explores 500 schedules; this explores SCHEDULES clean-election ones (seeds by Hypothesis).
 SCHEDULES ?= 5000

@@ -19,7 +19,7 @@ from gregor.common import errors
 from gregor.common.etcd import CompareFailed, EtcdClient, Put
 from gregor.common.etcd_layout import ProducerIdBlockZNode
 from gregor.controller import elector
-from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, Controller
+from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, Controller, ControllerState, _Event
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
 from tests.helpers.wait import until
@@ -268,6 +268,30 @@ async def test_guarded_write_of_a_deposed_controller_fails(client: EtcdClient) -
             with pytest.raises(CompareFailed):
                 await client.guarded_txn([elector.epoch_guard(client, won.epoch_version - 1)],
                                          [Put(client.key("x"), b"y")])
+        finally:
+            await ctl.stop()
+
+
+async def test_a_stale_report_of_a_replaced_lease_does_not_resign_the_new_term(client: EtcdClient) -> None:
+    """Found by the chaos suite (seed 42): a lease loss reported twice re-elected the controller on a new
+    lease, then the second report resigned it while its registration stayed: no active controller."""
+    async with EtcdClient(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(1, own, lease_ttl_ms=LEASE_TTL_MS, registry=CollectorRegistry())
+        await ctl.start()
+        try:
+            await until(lambda: _true(ctl.is_active), 3, "controller 1 active")
+            old = ctl._lease
+            assert old is not None and ctl.ctx.epoch == 1
+            await client.revoke(old.id)  # the lease ends: Expire, resign, re-elect on a new lease
+            await until(lambda: _true(ctl.is_active and ctl._lease is not old and ctl.ctx.epoch == 2), 10,
+                        "controller 1 re-elected on a new lease")
+            # The second report of the old lease's end, queued behind the Expire that re-elected it.
+            ctl.events.put_nowait(_Event(ControllerState.CONTROLLER_CHANGE, "Expire",
+                                         lambda: ctl._process_expire(old)))
+            await asyncio.sleep(1.0)
+            assert ctl.is_active and ctl.ctx.epoch == 2
+            assert ctl.metrics.active_controller_count._value.get() == 1.0
+            assert (await elector.read_controller_epoch(client))[0] == 2
         finally:
             await ctl.stop()
 

@@ -563,6 +563,7 @@ class ReplicaManager:
         upper = p.fetch_upper_bound(False, isolation_level)
         if timestamp_ms == -2:
             return p.log.log_start_offset, -1, p.leader_epoch
+        p.state.check_offsets_available()
         if timestamp_ms == -1:
             return upper, -1, p.leader_epoch
         if timestamp_ms < 0:

@@ -255,6 +255,16 @@ class ReplicaState:
         self.high_watermark = max(log_start_offset, min(checkpointed, log_end_offset))
 
     # -- leader side (seeds 000, 004) -----------------------------------------------------
+    def check_offsets_available(self) -> None:
+        """Raise OFFSET_NOT_AVAILABLE (retriable) while a new leader's HW is below the start offset of its
+        term (Kafka's KIP-207): the previous leader may have acknowledged records up to there, so a
+        ListOffsets answered from the lagging HW would make the high watermark appear to go backwards."""
+        start = self.leader_epoch_start_offset
+        if self.role is Role.LEADER and start is not None and start > self.high_watermark:
+            raise errors.error_for(errors.Code.OFFSET_NOT_AVAILABLE,
+                                   f"high watermark {self.high_watermark} has not reached {start}, where leader "
+                                   f"epoch {self.leader_epoch} started", **self._where())
+
     def check_leader(self, current_leader_epoch: int = -1) -> None:
         """Raise FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH / NOT_LEADER_OR_FOLLOWER unless we lead at that epoch."""
         if self.role is Role.LEADER and (current_leader_epoch < 0 or current_leader_epoch == self.leader_epoch):

@@ -266,7 +266,8 @@ class Controller:
         if lease is not self._lease or self._closing:
             return
         try:
-            self.events.clear_and_put(_Event(ControllerState.CONTROLLER_CHANGE, "Expire", self._process_expire))
+            self.events.clear_and_put(_Event(ControllerState.CONTROLLER_CHANGE, "Expire",
+                                             lambda: self._process_expire(lease)))
         except Exception:  # the event manager is stopping: nothing left to resign from
             log.exception("could not queue Expire after %s", reason)
 
@@ -282,7 +283,14 @@ class Controller:
         await self.maybe_resign()
         await self._guarded_event(self.elect)
 
-    async def _process_expire(self) -> None:
+    async def _process_expire(self, lease: Lease | None = None) -> None:
+        if lease is not None and lease is not self._lease:
+            # A second report of a loss already handled (the keepalive can report one lease's end twice,
+            # the second queued behind the Expire that re-elected us on a new lease): resigning now
+            # would drop the new term's context while its registration, on a live lease, stays in
+            # etcd, and no controller would act again (found by the chaos suite, seed 42).
+            log.info("controller %d: ignoring the loss of lease %x, already replaced", self.controller_id, lease.id)
+            return
         log.warning("controller %d lost its etcd lease", self.controller_id)
         was_active = self.is_active
         self.active_controller_id = NO_CONTROLLER

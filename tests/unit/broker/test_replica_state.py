@@ -121,6 +121,21 @@ def test_follower_is_not_leader() -> None:
     assert info.value.code == errors.Code.NOT_LEADER_OR_FOLLOWER
 
 
+def test_list_offsets_waits_until_the_hw_reaches_the_terms_start() -> None:
+    # Found by the chaos suite (seed 7): a re-elected leader answered ListOffsets with its follower-time HW,
+    # below an offset the previous leader had acknowledged with acks=all.
+    s = leader(leo=10)
+    assert s.high_watermark == 0
+    with pytest.raises(errors.GregorError) as info:
+        s.check_offsets_available()
+    assert info.value.code == errors.Code.OFFSET_NOT_AVAILABLE and info.value.retriable
+    s.on_follower_fetch(2, 10, -1, 10, 1)
+    s.on_follower_fetch(3, 10, -1, 10, 1)
+    assert s.high_watermark == 10
+    s.check_offsets_available()
+    follower().check_offsets_available()  # not the leader: check_leader answers that
+
+
 def test_acks_all_needs_min_insync_replicas() -> None:
     s = leader(isr=(1,))
     s.check_append(1, 2)

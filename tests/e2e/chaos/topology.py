@@ -1,0 +1,352 @@
+"""Gregor's processes, each in its own network namespace (netns.py), started with the same flags as
+`gregor cluster up` (gregor.cli.local_cluster) but bound to and advertising their namespace address.
+
+Roles and fixed ports (every node has its own address, so ports never clash): etcd 2379/2380,
+controller 9090, broker 9092 (data plane 9093), coordinator 9094, gateway 9095. Clients run in
+namespaces of their own (`client-<n>`). Every process can be SIGKILLed, paused and restarted with
+the same command line; a broker can be restarted with a torn log tail.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from gregor.cli.local_cluster import etcd_binary
+from tests.e2e.chaos.netns import SMALL_FS_MARK, Network, ns_name
+
+READY_TIMEOUT_S = 90.0  # twelve cold Python processes on two shared cores
+LEASE_TTL_MS = 3000
+ETCD_CLIENT, ETCD_PEER, CONTROLLER, BROKER, BROKER_DATA, COORDINATOR, GATEWAY = (
+    2379, 2380, 9090, 9092, 9093, 9094, 9095)
+
+
+@dataclass(frozen=True)
+class Counts:
+    etcd: int = 3
+    controllers: int = 2
+    brokers: int = 3
+    coordinators: int = 2
+    gateways: int = 2
+    clients: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> "Counts":
+        """`etcd=3,controllers=2,brokers=3,coordinators=2,gateways=2` (missing keys keep the default)."""
+        kw = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            k, _, v = part.partition("=")
+            if k not in cls.__dataclass_fields__:
+                raise ValueError(f"unknown role {k!r} in counts {text!r}")
+            kw[k] = int(v)
+        return cls(**kw)
+
+
+FULL = Counts()  # the issue's topology
+# The CI form: two cores shared with other work cannot start and run twelve Python processes quickly;
+# one coordinator and one gateway fewer keep every role (and every failover) while saving two.
+CI = Counts(etcd=3, controllers=2, brokers=3, coordinators=1, gateways=1)
+
+
+@dataclass
+class Proc:
+    """One Gregor (or etcd) process: its node, command line and the running Popen (None while down)."""
+
+    name: str
+    role: str
+    id: int
+    node: str
+    ip: str
+    port: int
+    cmd: list[str]
+    log: str
+    data_dir: str
+    ready: str = ""
+    popen: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the running instance
+
+    @property
+    def addr(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+def _http_ok(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=1) as r:
+            return bool(json.load(r).get("health") == "true")
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class ChaosCluster:
+    """The namespaced cluster of one run. Single owner: the orchestrator thread (the nemesis runs there)."""
+
+    data_dir: str
+    counts: Counts
+    net: Network = field(default_factory=Network)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    clients: list[str] = field(default_factory=list)
+    coordinator_overrides: dict[str, str] = field(default_factory=dict)
+    broker_overrides: dict[str, str] = field(default_factory=dict)
+    # broker-0 gets a second log dir on a tmpfs this small (the disk-full fault fills it); 0: none.
+    small_dir_mb: int = 48
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    def up(self) -> None:
+        os.makedirs(os.path.join(self.data_dir, "logs"), exist_ok=True)
+        self.net.up()
+        if self.small_dir_mb:
+            self._mount_small_dir()
+        c = self.counts
+        for role, n in (("etcd", c.etcd), ("controller", c.controllers), ("broker", c.brokers),
+                        ("coordinator", c.coordinators), ("gateway", c.gateways), ("client", c.clients)):
+            for i in range(n):
+                self.net.add(f"{role}-{i}")
+        for i in range(c.clients):
+            self.clients.append(f"client-{i}")
+        etcd = [self._etcd_proc(i) for i in range(c.etcd)]
+        for p in etcd:
+            self._spawn(p)
+        for p in etcd:
+            self._wait_etcd(p)
+        for i in range(c.controllers):
+            self._start_new(self._controller_proc(i))
+        for i in range(c.brokers):
+            self._start_new(self._broker_proc(i))
+        for i in range(c.coordinators):
+            self._start_new(self._coordinator_proc(i))
+        for i in range(c.gateways):
+            self._start_new(self._gateway_proc(i))
+        self.save()
+
+    def down(self) -> None:
+        order = {"gateway": 0, "coordinator": 1, "broker": 2, "controller": 3, "etcd": 4}
+        for p in sorted(self.procs.values(), key=lambda p: order.get(p.role, 9)):
+            self.kill(p.name, signal.SIGKILL)
+        self.net.down()  # also unmounts the small log dir
+
+    @property
+    def small_dir(self) -> str:
+        """broker-0's second log dir, a tmpfs of small_dir_mb (SMALL_FS_MARK in its path for cleanup)."""
+        return os.path.join(self.data_dir, f"broker-0-{SMALL_FS_MARK}")
+
+    def _mount_small_dir(self) -> None:
+        os.makedirs(self.small_dir, exist_ok=True)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.small_dir_mb}m", "gregor-chaos",
+                              self.small_dir], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"cannot mount a {self.small_dir_mb} MiB tmpfs for the disk-full fault: "
+                               f"{res.stderr.strip()}")
+
+    def save(self) -> None:
+        with open(os.path.join(self.data_dir, "topology.json"), "w") as f:
+            json.dump({"bootstrap": self.bootstrap, "etcd": self.etcd_endpoints, "gateways": self.gateways,
+                       "nodes": {n: node.ip for n, node in self.net.nodes.items()},
+                       "processes": {p.name: {"role": p.role, "addr": p.addr, "pid": p.pid, "log": p.log}
+                                     for p in self.procs.values()}}, f, indent=2)
+
+    # --- addresses -----------------------------------------------------------------------------------------
+
+    def by_role(self, role: str) -> list[Proc]:
+        return [p for p in self.procs.values() if p.role == role]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(p.addr for p in self.by_role("broker"))
+
+    @property
+    def etcd_endpoints(self) -> str:
+        return ",".join(f"http://{p.addr}" for p in self.by_role("etcd"))
+
+    @property
+    def gateways(self) -> str:
+        return ",".join(p.addr for p in self.by_role("gateway"))
+
+    # --- process control -----------------------------------------------------------------------------------
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs[name]
+        if p.popen is None:
+            return
+        if p.alive():
+            try:
+                if p.paused:
+                    os.kill(p.popen.pid, signal.SIGCONT)
+                os.kill(p.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                p.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+        p.popen = None
+        p.paused = False
+
+    def pause(self, name: str) -> None:
+        p = self.procs[name]
+        if p.alive():
+            os.kill(p.popen.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            p.paused = True
+
+    def resume(self, name: str) -> None:
+        p = self.procs[name]
+        if p.alive() and p.paused:
+            os.kill(p.popen.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        p.paused = False
+
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        """Start (again) with the same command line; SIGKILL first if it still runs (after a SIGTERM sent
+        by the caller, kill() waits for the controlled shutdown to finish)."""
+        p = self.procs[name]
+        self.kill(name, signal.SIGKILL)
+        p.env = dict(env or {})
+        if p.role == "etcd":
+            self._spawn(p)
+            self._wait_etcd(p)
+        else:
+            self._spawn(p)
+            self._wait_ready(p)
+        self.save()
+
+    def tear_log_tail(self, name: str, rng: random.Random) -> str:
+        """With the broker down: cut 1..64 bytes off the end of one partition's newest segment (a write the
+        crash interrupted). Returns what it did, for the history."""
+        p = self.procs[name]
+        assert p.role == "broker" and not p.alive(), "tear the tail of a stopped broker only"
+        segments = sorted(path for path in glob.glob(os.path.join(p.data_dir, "*-*", "*.log"))
+                          if os.path.getsize(path) > 0 and not os.path.basename(os.path.dirname(path)).startswith("__"))
+        if not segments:
+            return "no segment to tear"
+        # The newest segment of one partition directory, chosen by the seeded generator.
+        by_dir: dict[str, str] = {}
+        for s in segments:
+            by_dir[os.path.dirname(s)] = max(by_dir.get(os.path.dirname(s), s), s)
+        path = by_dir[rng.choice(sorted(by_dir))]
+        size = os.path.getsize(path)
+        cut = min(size, rng.randint(1, 64))
+        os.truncate(path, size - cut)
+        return f"{os.path.relpath(path, p.data_dir)}: {size} -> {size - cut} bytes"
+
+    # --- internals -----------------------------------------------------------------------------------------
+
+    def _spawn(self, p: Proc) -> None:
+        if p.ready and os.path.exists(p.ready):
+            os.remove(p.ready)
+        with open(p.log, "ab") as out:
+            p.popen = subprocess.Popen(["ip", "netns", "exec", ns_name(p.node), *p.cmd], stdout=out,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env={**os.environ, **p.env})
+        p.paused = False
+
+    def _start_new(self, p: Proc) -> None:
+        self.procs[p.name] = p
+        self._spawn(p)
+        self._wait_ready(p)
+
+    def _wait_ready(self, p: Proc) -> dict[str, Any]:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if os.path.exists(p.ready):
+                try:
+                    with open(p.ready) as f:
+                        return dict(json.load(f))
+                except ValueError:
+                    pass  # written but not yet complete
+            if p.popen is not None and p.popen.poll() is not None:
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}: {_tail(p.log)}")
+            time.sleep(0.1)
+        raise RuntimeError(f"{p.name} not ready within {READY_TIMEOUT_S:.0f} s; see {p.log}")
+
+    def _wait_etcd(self, p: Proc) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not _http_ok(f"http://{p.addr}/health"):
+            if p.popen is not None and p.popen.poll() is not None:
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}: {_tail(p.log)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{p.name} not healthy within {READY_TIMEOUT_S:.0f} s; see {p.log}")
+            time.sleep(0.2)
+
+    def _dirs(self, name: str) -> tuple[str, str, str]:
+        d = os.path.join(self.data_dir, name)
+        os.makedirs(d, exist_ok=True)
+        return d, os.path.join(d, "ready.json"), os.path.join(self.data_dir, "logs", f"{name}.log")
+
+    def _etcd_proc(self, i: int) -> Proc:
+        name = f"etcd-{i}"
+        ip = self.net.nodes[name].ip
+        d, _, log = self._dirs(name)
+        initial = ",".join(f"gregor-etcd-{j}=http://{self.net.nodes[f'etcd-{j}'].ip}:{ETCD_PEER}"
+                           for j in range(self.counts.etcd))
+        cmd = [etcd_binary(), "--name", f"gregor-etcd-{i}", "--data-dir", os.path.join(d, "data"),
+               "--listen-client-urls", f"http://{ip}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{ip}:{ETCD_CLIENT}",
+               "--listen-peer-urls", f"http://{ip}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{ip}:{ETCD_PEER}",
+               "--initial-cluster", initial, "--initial-cluster-state", "new",
+               "--initial-cluster-token", f"gregor-chaos-{os.getpid()}", "--log-level", "warn"]
+        p = Proc(name, "etcd", i, name, ip, ETCD_CLIENT, cmd, log, d)
+        self.procs[name] = p
+        return p
+
+    def _gregor(self, role: str, i: int, port: int, module: str, args: list[str]) -> Proc:
+        name = f"{role}-{i}"
+        ip = self.net.nodes[name].ip
+        d, ready, log = self._dirs(name)
+        cmd = [sys.executable, "-m", module, "--host", ip, "--port", str(port), "--metrics-port", "0",
+               "--ready-file", ready, *args]
+        return Proc(name, role, i, name, ip, port, cmd, log, d, ready)
+
+    def _controller_proc(self, i: int) -> Proc:
+        return self._gregor("controller", i, CONTROLLER, "gregor.controller",
+                            ["--controller-id", str(i), "--etcd", self.etcd_endpoints, "--cluster", "gregor",
+                             "--lease-ttl-ms", str(LEASE_TTL_MS)])
+
+    def _broker_proc(self, i: int) -> Proc:
+        d = os.path.join(self.data_dir, f"broker-{i}")
+        if i == 0 and self.small_dir_mb:
+            d += "," + self.small_dir
+        overrides = {"broker.session.timeout.ms": str(LEASE_TTL_MS), **self.broker_overrides}
+        args = ["--broker-id", str(i), "--log-dirs", d, "--data-port", str(BROKER_DATA), "--etcd",
+                self.etcd_endpoints, "--cluster", "gregor"]
+        for k, v in overrides.items():
+            args += ["--override", f"{k}={v}"]
+        return self._gregor("broker", i, BROKER, "gregor.broker", args)
+
+    def _coordinator_proc(self, i: int) -> Proc:
+        args = ["--coordinator-id", str(i), "--etcd", self.etcd_endpoints, "--cluster", "gregor",
+                "--lease-ttl-ms", str(LEASE_TTL_MS)]
+        for k, v in self.coordinator_overrides.items():
+            args += ["--override", f"{k}={v}"]
+        return self._gregor("coordinator", i, COORDINATOR, "gregor.coordinator", args)
+
+    def _gateway_proc(self, i: int) -> Proc:
+        return self._gregor("gateway", i, GATEWAY, "gregor.gateway",
+                            ["--gateway-id", str(i), "--bootstrap", self.bootstrap,
+                             "--producer-property", "enable.idempotence=true", "--producer-property", "acks=all"])
+
+
+def _tail(path: str, n: int = 2000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return "(no log)"

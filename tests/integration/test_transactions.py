@@ -406,3 +406,28 @@ async def test_gateway_stream_carries_a_transaction(cluster: LocalCluster, tmp_p
     assert [r.correlation_id for r in results].index(4) < [r.correlation_id for r in results].index(5), \
         "a record's result comes before its transaction's commit"
     assert await values(b, "tx-gw", "read_committed", partitions=1, want=2) == [b"c1", b"c2"]
+
+
+async def test_a_commit_that_timed_out_is_retried_and_lands(cluster: LocalCluster) -> None:
+    """Kafka's commitTransaction: when EndTxn does not answer within max.block.ms the call raises, and the
+    same call may be retried (an abort in between is refused); the retry commits the transaction."""
+    b = broker_of(cluster)
+    await create(b, "tx-retry")
+    coordinator = cluster.by_role("coordinator")[0]
+    async with txn_producer(b, "tx-retry", **{"max.block.ms": 2000, "request.timeout.ms": 1000}) as p:
+        await p.init_transactions()
+        await p.begin_transaction()
+        for i in range(4):
+            await p.send("tx-retry", b"r%d" % i)
+        await p.flush()
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(errors.GregorError) as info:
+                await p.commit_transaction()
+            assert info.value.retriable
+            with pytest.raises(errors.InvalidTxnStateError, match="commit_transaction"):  # type: ignore[attr-defined]
+                await p.abort_transaction()
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        await p.commit_transaction()
+    assert sorted(await values(b, "tx-retry", "read_committed", want=4)) == [b"r%d" % i for i in range(4)]

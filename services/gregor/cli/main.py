@@ -10,6 +10,7 @@ import click
 
 from gregor.cli.analytics import analytics
 from gregor.cli.certs import certs_group
+from gregor.cli.chaos import chaos_group
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
 from gregor.cli.controller_events import controller_group
@@ -57,6 +58,7 @@ cli.add_command(analytics)
 cli.add_command(controller_group)
 cli.add_command(dashboards_group)
 cli.add_command(certs_group)
+cli.add_command(chaos_group)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -218,6 +218,12 @@ class TransactionalState:
             await self.producer.flush()
 
     async def commit_transaction(self) -> None:
+        if self.state is S.COMMITTING:  # Kafka: a commit that timed out (EndTxn unanswered) is retried as is
+            await self._end(True)
+            return
+        if self.state is S.ABORTING:
+            raise errors.error_for(Code.INVALID_TXN_STATE, f"TransactionalId {self.transactional_id}: the previous "
+                                   f"abort_transaction() did not complete and must be retried")
         if self.state is S.ABORTABLE_ERROR and self.error is not None:
             raise TransactionAbortableError(f"cannot commit: an earlier operation of the transaction failed: "
                                             f"{self.error}") from self.error
@@ -232,6 +238,12 @@ class TransactionalState:
         await self._end(True)
 
     async def abort_transaction(self) -> None:
+        if self.state is S.ABORTING:  # a retried abort whose EndTxn did not answer
+            await self._end(False)
+            return
+        if self.state is S.COMMITTING:
+            raise errors.error_for(Code.INVALID_TXN_STATE, f"TransactionalId {self.transactional_id}: the previous "
+                                   f"commit_transaction() did not complete and must be retried")
         self._require(S.IN_TRANSACTION, S.ABORTABLE_ERROR, action="abort_transaction")
         failed = self.state is S.ABORTABLE_ERROR
         self.state = S.ABORTING

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tests.e2e.chaos.history import OK, HistoryWriter
+from gregor.chaos.history import OK, HistoryWriter
 from tests.e2e.chaos.topology import ChaosCluster
 
 KINDS = (

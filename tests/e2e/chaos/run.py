@@ -28,12 +28,12 @@ import tempfile
 import time
 from typing import Any
 
-from tests.e2e.chaos import checker
+from gregor.chaos import checker
 from tests.e2e.chaos.faults import KINDS, MISSING, Nemesis, describe, schedule
-from tests.e2e.chaos.history import OK, HistoryWriter
+from gregor.chaos.history import OK, HistoryWriter
 from tests.e2e.chaos.netns import CapabilityError, cleanup, ns_name, require_capabilities
 from tests.e2e.chaos.topology import CI, FULL, ChaosCluster, Counts
-from tests.e2e.chaos.workload import TOPIC, TXN_TOPIC
+from gregor.chaos.workload import TOPIC, TXN_TOPIC
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         wlog = os.path.join(out, "workload.log")
         with open(wlog, "ab") as wl:
             workload = subprocess.Popen(
-                ["ip", "netns", "exec", ns_name(cluster.clients[0]), sys.executable, "-m", "tests.e2e.chaos.workload",
+                ["ip", "netns", "exec", ns_name(cluster.clients[0]), sys.executable, "-m", "gregor.cli.main", "chaos", "workload",
                  "--bootstrap", cluster.bootstrap, "--gateway", cluster.gateways, "--seconds", str(a.duration),
                  "--history", hist_workload, "--healed-file", healed, "--partitions", str(a.partitions),
                  "--replication-factor", str(rf), "--seed", str(seed)],

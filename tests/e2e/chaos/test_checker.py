@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.chaos.checker import ANOMALIES, check, summary
-from tests.e2e.chaos.history import HistoryError, HistoryWriter, load_history, parse_ops
+from gregor.chaos.checker import ANOMALIES, check, summary
+from gregor.chaos.history import HistoryError, HistoryWriter, load_history, parse_ops
 
 
 class H:
@@ -346,7 +346,7 @@ def test_command_line_exit_codes_and_outputs(tmp_path: Path) -> None:
     with HistoryWriter(str(bad)) as w:
         for op in base().final([(0, "a"), (1, "b")]).ops:
             w.record(**op)
-    run = [sys.executable, "-m", "tests.e2e.chaos.checker"]
+    run = [sys.executable, "-m", "gregor.cli.main", "chaos", "check"]
     ok = subprocess.run([*run, str(good), "--out", str(tmp_path / "v.json")], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "v.json").read_text())["valid"] is True

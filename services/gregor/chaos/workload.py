@@ -1,7 +1,7 @@
 """The chaos workload: clients of every kind against a Gregor cluster, each operation recorded in a history
 (history.py), then a final read of everything once the faults have healed.
 
-    python -m tests.e2e.chaos.workload --bootstrap B [--gateway G] --seconds S --history H \
+    python -m gregor.chaos.workload --bootstrap B [--gateway G] --seconds S --history H \
         [--healed-file F] [--partitions 2]
 
 Clients (each a `process` in the history; a client that has to be rebuilt after an error takes a new name):
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from tests.e2e.chaos.history import FAIL, OK, UNKNOWN, HistoryWriter
+from gregor.chaos.history import FAIL, OK, UNKNOWN, HistoryWriter
 
 TOPIC, TXN_TOPIC, GROUP, TXN_GROUP = "chaos", "chaos-txn", "chaos-group", "chaos-txn-group"
 OP_TIMEOUT_S = 15.0
@@ -446,8 +446,8 @@ def GROUP_META(c: Any) -> Any:  # noqa: N802 - Kafka's consumer.groupMetadata(),
     return meta() if callable(meta) else TXN_GROUP
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gregor chaos workload", description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--gateway", default="")
     ap.add_argument("--seconds", type=float, default=60)
@@ -458,7 +458,7 @@ def main() -> int:
     ap.add_argument("--sdk-producers", type=int, default=2)
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     asyncio.run(Workload(a).run())
     return 0
 

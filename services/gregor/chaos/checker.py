@@ -3,7 +3,7 @@
 Pure logic, no Gregor imports: it reads JSON lines and prints a JSON verdict plus a short summary, and
 exits 1 when the history shows an anomaly (2 when the history itself is malformed).
 
-    python -m tests.e2e.chaos.checker history.jsonl [--out verdict.json] [--examples 5]
+    python -m gregor.chaos.checker history.jsonl [--out verdict.json] [--examples 5]
 
 The anomalies, each by name (every one has a unit test in test_checker.py that proves it is found):
 
@@ -46,7 +46,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from tests.e2e.chaos.history import (
+from gregor.chaos.history import (
     FAIL, OK, READ_COMMITTED, UNKNOWN, HistoryError, Op, load_history, tp_name,
 )
 
@@ -531,7 +531,8 @@ def summary(verdict: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check a chaos history (JSON lines) for Kafka anomalies.")
+    parser = argparse.ArgumentParser(prog="gregor chaos check",
+                                     description="Check a chaos history (JSON lines) for Kafka anomalies.")
     parser.add_argument("history")
     parser.add_argument("--out", help="write the JSON verdict here (default: stdout)")
     parser.add_argument("--examples", type=int, default=5, help="examples kept per anomaly")

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -44,7 +44,7 @@ from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_consumer_groups import bootstrap, config, create_topic
 from tests.integration.test_transactions import TXN_OVERRIDES
 
-CI_EXAMPLES, STEPS = 5, 12
+CI_EXAMPLES, STEPS = 4, 15
 settings.register_profile("ci", max_examples=CI_EXAMPLES, stateful_step_count=STEPS, deadline=None,
                           suppress_health_check=list(HealthCheck), derandomize=False)
 settings.register_profile("long", max_examples=20 * CI_EXAMPLES, stateful_step_count=STEPS, deadline=None,
@@ -176,11 +176,29 @@ class GroupModel(RuleBasedStateMachine):
         self.observer: Optional[SyncConsumer] = None
         self._names = itertools.count()
 
-    @initialize(mode=st.sampled_from(["commits", "eos"]), strategy=st.sampled_from(["range", "cooperative-sticky"]))
-    def start(self, mode: str, strategy: str) -> None:
-        self.mode, self.strategy = mode, strategy
+    MODE = "commits"
+
+    @initialize(strategy=st.sampled_from(["range", "cooperative-sticky"]), facade=st.sampled_from(["async", "sync"]),
+                auto_commit=st.booleans(), commit_on_revoke=st.booleans())
+    def start(self, strategy: str, facade: str, auto_commit: bool, commit_on_revoke: bool) -> None:
+        """Every program starts with one member that polls until it consumed something."""
+        mode = self.mode = self.MODE
+        self.strategy = strategy
         self.group = f"model-{os.getpid()}-{next(_GROUPS)}-{mode}"
         self.observer = SyncConsumer(config(self.cluster, self.group, enable_auto_commit=False))
+        self.join(facade, auto_commit, commit_on_revoke)
+        for _ in range(40):
+            if any(self.delivered.values()) or not self.members:
+                break
+            self.poll(0, 500, 1)
+
+    @precondition(lambda self: bool(self.members))
+    @rule(timeout_ms=st.sampled_from([100, 300]))
+    def poll_all(self, timeout_ms: int) -> None:
+        """Every member polls once (the group's rebalances complete when all members poll)."""
+        for i in range(len(self.members)):
+            if i < len(self.members):
+                self.poll(i, timeout_ms, 1)
 
     # ------------------------------------------------------------ rules
     @precondition(lambda self: len(self.members) < (1 if self.mode == "eos" else 3))
@@ -207,7 +225,7 @@ class GroupModel(RuleBasedStateMachine):
             self.members.append(Member(name, am, producer))
 
     @precondition(lambda self: bool(self.members))
-    @rule(i=st.integers(0, 2), timeout_ms=st.sampled_from([0, 300, 1500]), abort=st.integers(0, 4))
+    @rule(i=st.integers(0, 2), timeout_ms=st.sampled_from([0, 200, 800]), abort=st.integers(0, 4))
     def poll(self, i: int, timeout_ms: int, abort: int) -> None:
         m = self.members[i % len(self.members)]
         try:
@@ -282,6 +300,9 @@ class GroupModel(RuleBasedStateMachine):
                 "processed in a committed transaction" if self.mode == "eos" else "delivered")
 
     def teardown(self) -> None:
+        if os.environ.get("GREGOR_MODEL_VERBOSE"):
+            print(f"\n{self.group} {self.strategy}: delivered {sum(map(len, self.delivered.values()))}, "
+                  f"committed {self.committed}, members left {len(self.members)}")
         try:
             for m in list(self.members):
                 self._close(m)
@@ -343,8 +364,22 @@ class GroupModel(RuleBasedStateMachine):
             f"missing {sorted(set(expected) - set(seen))[:10]}, extra {sorted(set(seen) - set(expected))[:10]}")
 
 
+class GroupModelEOS(GroupModel):
+    MODE = "eos"
+
+
 GroupModel.TestCase.settings = settings.get_profile(PROFILE)
+# The EOS failure below is found at once; shrinking it only costs time in CI.
+GroupModelEOS.TestCase.settings = settings(settings.get_profile(PROFILE), phases=[Phase.generate])
 
 
-def test_group_model(cluster: LocalCluster) -> None:
+def test_group_model_commits(cluster: LocalCluster) -> None:
     GroupModel.TestCase("runTest").runTest()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "issue 19: commit_transaction() succeeds but the offsets sent with send_offsets_to_transaction are not "
+    "committed while the group has live members (the transaction coordinator's OffsetCommit with generation -1 "
+    "is refused by the group coordinator); strict: an XPASS means the coordinator is fixed, drop this mark"))
+def test_group_model_exactly_once(cluster: LocalCluster) -> None:
+    GroupModelEOS.TestCase("runTest").runTest()

@@ -44,7 +44,7 @@ from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_consumer_groups import bootstrap, config, create_topic
 from tests.integration.test_transactions import TXN_OVERRIDES
 
-CI_EXAMPLES, STEPS = 4, 15
+CI_EXAMPLES, STEPS = 3, 12
 settings.register_profile("ci", max_examples=CI_EXAMPLES, stateful_step_count=STEPS, deadline=None,
                           suppress_health_check=list(HealthCheck), derandomize=False)
 settings.register_profile("long", max_examples=20 * CI_EXAMPLES, stateful_step_count=STEPS, deadline=None,
@@ -234,7 +234,11 @@ class GroupModel(RuleBasedStateMachine):
             return  # e.g. a listener's error, a rebalance error: typed, and nothing was returned
         for r in recs:
             self.delivered[r.partition].add(r.offset)
-        if self.mode != "eos" or not recs:
+        if self.mode != "eos":
+            return
+        if not recs:
+            if abort == 0:  # the crash happens whatever poll() returned: the program alone decides the members
+                self._close(m)
             return
         assert m.producer is not None
         offsets: dict[TP, int] = {}
@@ -370,7 +374,8 @@ class GroupModelEOS(GroupModel):
 
 GroupModel.TestCase.settings = settings.get_profile(PROFILE)
 # The EOS failure below is found at once; shrinking it only costs time in CI.
-GroupModelEOS.TestCase.settings = settings(settings.get_profile(PROFILE), phases=[Phase.generate])
+GroupModelEOS.TestCase.settings = settings(settings.get_profile(PROFILE), phases=[Phase.generate],
+                                          max_examples=max(2, settings.get_profile(PROFILE).max_examples // 2))
 
 
 def test_group_model_commits(cluster: LocalCluster) -> None:

@@ -17,6 +17,7 @@ group_membership.GroupMember (seed 003, 6.4-6.5); this module owns fetching and 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import time
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
-from gregor.client.loop_thread import LoopThread
+from gregor.client.loop_thread import CALLBACK, LISTENER, LoopThread
 from gregor.client.txn_filter import committed_rows
 from gregor.client.metadata import ClusterMetadata, call_error, list_offset
 from gregor.client.subscription_state import PartitionState, SubscriptionState
@@ -53,6 +54,14 @@ class ConsumerRecord(NamedTuple):
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """Kafka's ConsumerGroupMetadata: what Producer.send_offsets_to_transaction needs to commit as this member."""
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: Optional[str]
 
 
 CommitCallback = Callable[[Mapping[TopicPartition, int], Optional[BaseException]], Any]
@@ -97,9 +106,11 @@ class Consumer:
         await self.close()
 
     async def close(self) -> None:
+        """Commit (enable.auto.commit), wait for pending async commits (their callbacks run), revoke, leave."""
         if self._closed:
             return
         if self._group is not None:
+            self._group.check_not_in_listener("close()")
             await self._group.close()  # commits, revokes, leaves while fetch state still exists
         self._closed = True
         tasks = [s.task for s in self.subscriptions.states.values() if s.task is not None]
@@ -145,10 +156,16 @@ class Consumer:
     async def unsubscribe(self) -> None:
         """Revoke everything (committing first with enable.auto.commit) and leave the group."""
         if self._group is not None and self._group.subscribed:
+            self._group.check_not_in_listener("unsubscribe()")
             await self._group.unsubscribe()
 
     def subscription(self) -> list[str]:
         return sorted(self._group.topics) if self._group is not None and self._group.subscribed else []
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """This member's group id, generation and member id now (Kafka's groupMetadata())."""
+        group = self._require_group("group_metadata()")
+        return ConsumerGroupMetadata(group.group_id, group.generation, group.member_id, group.instance_id or None)
 
     def _require_group(self, what: str) -> GroupMember:
         if self._group is None:
@@ -159,22 +176,23 @@ class Consumer:
 
     # ------------------------------------------------------------ commits (seed 003: committed offsets)
     async def commit_sync(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
-        """Commit offsets (default: the positions of everything poll() returned); raises on failure."""
+        """Commit offsets (default: the positions of everything poll() returned); raises on failure.
+
+        As Kafka's: sent after every earlier commit_async() completed (their callbacks ran first), so
+        committed offsets follow call order."""
         group = self._require_group("commit_sync()")
         await group.commit(dict(offsets) if offsets is not None else self.subscriptions.consumed_positions())
 
     def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
                      callback: Optional[CommitCallback] = None) -> "asyncio.Future[None]":
-        """Commit in the background; callback(offsets, exception_or_None) runs when it completes."""
+        """Commit in the background; callback(offsets, exception_or_None) runs when it completes.
+
+        Commits are sent in call order and callbacks run in that order (Kafka's commitAsync); a later
+        commit_sync()/close() completes after this one. The returned future is the commit's outcome."""
         group = self._require_group("commit_async()")
         snapshot = dict(offsets) if offsets is not None else self.subscriptions.consumed_positions()
 
-        async def run() -> None:
-            exc: Optional[BaseException] = None
-            try:
-                await group.commit(snapshot)
-            except errors.GregorError as err:
-                exc = err
+        def done(exc: Optional[BaseException]) -> None:
             if callback is not None:
                 try:
                     callback(snapshot, exc)
@@ -182,7 +200,7 @@ class Consumer:
                     log.exception("commit callback failed")
             elif exc is not None:
                 log.warning("async commit of %s failed: %s", snapshot, exc)
-        return asyncio.ensure_future(run())
+        return group.commit_in_order(snapshot, on_done=done)
 
     async def committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Optional[int]]:
         """The group's committed offset of each partition (None where nothing is committed)."""
@@ -258,6 +276,8 @@ class Consumer:
         """
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
+        if self._group is not None:
+            self._group.check_not_in_listener("poll()")
         while True:
             if self._group is not None:
                 # Liveness (max.poll.interval.ms), auto-commit, and any pending rebalance (up to the deadline).
@@ -508,10 +528,21 @@ def _consumer_records(topic: str, partition: int, data: bytes, headers: list[Any
 
 
 class SyncConsumer:
-    """Blocking facade over Consumer; its event loop runs on a private thread."""
+    """Blocking facade over Consumer: the loop thread owns the Consumer; rebalance listeners and commit
+    callbacks run on the calling thread, inside poll()/close()/unsubscribe() (callbacks also inside
+    commit_sync()/commit_async()), as Kafka's, so a listener may call commit_sync/position/seek/committed.
+
+    Each call blocks on its own queue (LoopThread.run): the loop posts either the call's outcome or
+    work for this thread (a listener call, a commit callback), whose result goes back to the waiting
+    task on the loop. The Consumer is not thread-safe, as Kafka's: one thread at a time.
+    """
+
+    _POLL = (LISTENER, CALLBACK)
+    _COMMIT = (CALLBACK,)
 
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self._loop = LoopThread("gregor-consumer")
+        self._listener_depth = 0  # caller-thread owned: > 0 while a rebalance listener runs here
         try:
             self._consumer: Consumer = self._loop.run(self._make(config, kwargs))
         except BaseException:
@@ -527,11 +558,15 @@ class SyncConsumer:
             return fn(*args)
         return self._loop.run(run())
 
+    def _not_in_listener(self, what: str) -> None:
+        if self._listener_depth:
+            raise errors.error_for(errors.Code.INVALID_REQUEST, f"{what} may not be called from a rebalance listener")
+
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._call(self._consumer.assign, list(partitions))
 
     def assignment(self) -> list[TopicPartition]:
-        return self._consumer.assignment()
+        return self._call(self._consumer.assignment)  # type: ignore[no-any-return]
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._call(self._consumer.seek, tp, offset)
@@ -548,25 +583,49 @@ class SyncConsumer:
     def subscribe(self, topics: Sequence[str] | str | re.Pattern[str] | None = None, *,
                   pattern: str | re.Pattern[str] | None = None,
                   listener: Optional[ConsumerRebalanceListener] = None) -> None:
+        wrapped = _CallerThreadListener(self, listener) if listener is not None else None
+
         async def run() -> None:
-            self._consumer.subscribe(topics, pattern=pattern, listener=listener)
+            self._consumer.subscribe(topics, pattern=pattern, listener=wrapped)
         self._loop.run(run())
 
     def unsubscribe(self) -> None:
-        self._loop.run(self._consumer.unsubscribe())
+        self._not_in_listener("unsubscribe()")
+        self._loop.run(self._consumer.unsubscribe(), accept=self._POLL)
 
     def subscription(self) -> list[str]:
-        return self._consumer.subscription()
+        return self._call(self._consumer.subscription)  # type: ignore[no-any-return]
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        return self._call(self._consumer.group_metadata)  # type: ignore[no-any-return]
 
     def commit_sync(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
-        self._loop.run(self._consumer.commit_sync(offsets))
+        """Returns after every earlier commit_async() completed and its callback ran (on this thread)."""
+        self._loop.run(self._consumer.commit_sync(offsets), accept=self._COMMIT)
 
     def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
                      callback: Optional[CommitCallback] = None) -> None:
-        """The callback runs on the consumer's thread (as Kafka's, from within a later call)."""
+        """The callback runs on the consumer's thread, in call order, from within a later poll(),
+        commit_sync(), commit_async() or close() (as Kafka's)."""
+        post = self._loop.post_to_caller
+
+        def on_done(offsets: Mapping[TopicPartition, int], exc: Optional[BaseException]) -> None:
+            if callback is not None:
+                post(CALLBACK, self._run_callback, callback, offsets, exc)
+            elif exc is not None:
+                log.warning("async commit of %s failed: %s", dict(offsets), exc)
+
         async def run() -> None:
-            self._consumer.commit_async(offsets, callback)
-        self._loop.run(run())
+            self._consumer.commit_async(offsets, on_done)
+        self._loop.run(run(), accept=self._COMMIT)
+
+    @staticmethod
+    def _run_callback(callback: CommitCallback, offsets: Mapping[TopicPartition, int],
+                      exc: Optional[BaseException]) -> None:
+        try:
+            callback(offsets, exc)
+        except Exception:  # a user callback never breaks the call it runs inside
+            log.exception("commit callback failed")
 
     def committed(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Optional[int]]:
         return self._loop.run(self._consumer.committed(list(tps)))
@@ -576,7 +635,8 @@ class SyncConsumer:
         return self._loop.run(self._consumer.offsets_for_times(dict(timestamps)))
 
     def poll(self, timeout_ms: int = 0, max_records: Optional[int] = None) -> list[ConsumerRecord]:
-        return self._loop.run(self._consumer.poll(timeout_ms, max_records))
+        self._not_in_listener("poll()")
+        return self._loop.run(self._consumer.poll(timeout_ms, max_records), accept=self._POLL)
 
     def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return self._loop.run(self._consumer.end_offsets(list(tps)))
@@ -585,8 +645,9 @@ class SyncConsumer:
         return self._loop.run(self._consumer.beginning_offsets(list(tps)))
 
     def close(self) -> None:
+        self._not_in_listener("close()")
         try:
-            self._loop.run(self._consumer.close())
+            self._loop.run(self._consumer.close(), accept=self._POLL)
         finally:
             self._loop.stop()
 
@@ -597,5 +658,42 @@ class SyncConsumer:
         self.close()
 
 
-__all__ = ["Consumer", "SyncConsumer", "ConsumerRecord", "ConsumerRebalanceListener", "GrpcFetcher",
+class _CallerThreadListener(ConsumerRebalanceListener):
+    """Loop side of a SyncConsumer's listener: each call runs on the caller's thread (LoopThread.call_on_caller)."""
+
+    def __init__(self, facade: SyncConsumer, user: ConsumerRebalanceListener) -> None:
+        self.facade, self.user = facade, user
+
+    def _on_caller(self, fn: Callable[[list[TopicPartition]], Any], partitions: list[TopicPartition]) -> Any:
+        facade = self.facade
+
+        def call() -> Any:
+            facade._listener_depth += 1
+            try:
+                return fn(partitions)
+            finally:
+                facade._listener_depth -= 1
+        return call
+
+    async def _dispatch(self, name: str, partitions: list[TopicPartition]) -> None:
+        fn = getattr(self.user, name, None)
+        if fn is None and name == "on_partitions_lost":
+            fn = getattr(self.user, "on_partitions_revoked", None)  # Kafka's default for onPartitionsLost
+        if fn is None:
+            return
+        result = await self.facade._loop.call_on_caller(LISTENER, self._on_caller(fn, partitions))
+        if inspect.isawaitable(result):  # a coroutine listener still runs on the loop
+            await result
+
+    async def on_partitions_revoked(self, partitions: list[TopicPartition]) -> None:
+        await self._dispatch("on_partitions_revoked", partitions)
+
+    async def on_partitions_assigned(self, partitions: list[TopicPartition]) -> None:
+        await self._dispatch("on_partitions_assigned", partitions)
+
+    async def on_partitions_lost(self, partitions: list[TopicPartition]) -> None:
+        await self._dispatch("on_partitions_lost", partitions)
+
+
+__all__ = ["Consumer", "SyncConsumer", "ConsumerRecord", "ConsumerGroupMetadata", "ConsumerRebalanceListener", "GrpcFetcher",
            "OffsetAndTimestamp"]

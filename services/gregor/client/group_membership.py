@@ -56,10 +56,12 @@ GENERATION_GONE = frozenset({Code.UNKNOWN_MEMBER_ID, Code.ILLEGAL_GENERATION, Co
 class ConsumerRebalanceListener:
     """Kafka's ConsumerRebalanceListener. Methods may be plain functions or coroutines.
 
-    on_partitions_lost defaults to on_partitions_revoked, as in Kafka. Listeners run on
-    the consumer's event loop (SyncConsumer: its private thread), so a SyncConsumer
-    listener must not call blocking SyncConsumer methods; use an async listener with
-    the asyncio Consumer to commit from inside a callback.
+    on_partitions_lost defaults to on_partitions_revoked, as in Kafka. Consumer: listeners run
+    on the consumer's event loop and may await its methods (commit_sync, position, seek, committed).
+    SyncConsumer: they run on the thread that called poll() (or close()/unsubscribe()), as
+    Kafka's, and may call the blocking methods. on_partitions_revoked runs while the partitions
+    are still assigned (commit_sync() with no arguments commits them); poll(), close() and
+    unsubscribe() may not be called from a listener.
     """
 
     def on_partitions_revoked(self, partitions: list[TopicPartition]) -> Any:
@@ -169,6 +171,10 @@ class GroupMember:
         self._join_task: Optional[asyncio.Task[None]] = None
         self._hb_task: Optional[asyncio.Task[None]] = None
         self._commit_task: Optional[asyncio.Task[None]] = None
+        # Every OffsetCommit of this member goes out after the previous one finished (Kafka sends
+        # commits in call order): an older commit never lands after a newer one.
+        self._commit_tail: Optional["asyncio.Future[None]"] = None
+        self._listener_task: Optional["asyncio.Future[None]"] = None  # the listener call in progress
         self._listener_error: Optional[BaseException] = None
         self._last_poll = time.monotonic()
         self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
@@ -224,7 +230,8 @@ class GroupMember:
             remaining = deadline - time.monotonic()
             if remaining > 0:
                 await asyncio.wait({self._join_task}, timeout=remaining)
-            if self._join_task.done():
+            await self.listener_settled()  # never return records while a listener still runs
+            if self._join_task is not None and self._join_task.done():
                 task, self._join_task = self._join_task, None
                 task.result()  # a fatal join error (e.g. INCONSISTENT_GROUP_PROTOCOL) surfaces from poll()
 
@@ -259,7 +266,18 @@ class GroupMember:
     def rebalancing(self) -> bool:
         return self._join_task is not None or (self.subscribed and self.need_rejoin)
 
+    def check_not_in_listener(self, what: str) -> None:
+        task = self._listener_task
+        if task is not None and not task.done() and asyncio.current_task() is task:
+            raise errors.error_for(Code.INVALID_REQUEST, f"{what} may not be called from a rebalance listener")
+
+    async def listener_settled(self) -> None:
+        """Wait until no listener call is in progress (one started is always finished, whatever its deadline)."""
+        while self._listener_task is not None and not self._listener_task.done():
+            await asyncio.wait({self._listener_task})
+
     async def _cancel_join(self) -> None:
+        await self.listener_settled()  # a listener call in progress finishes: it is never cut in half
         if self._join_task is not None:
             self._join_task.cancel()
             await asyncio.gather(self._join_task, return_exceptions=True)
@@ -322,6 +340,7 @@ class GroupMember:
                 # Kafka's onJoinPrepare, once per rebalance however often JoinGroup is retried.
                 await self._revoke_all(leaving=False)
                 self._join_prepared = True
+                await self.commits_drained()  # the old generation's commits land before the new one starts
             try:
                 assignment = await self._join_and_sync()
             except errors.GregorError as err:
@@ -417,10 +436,11 @@ class GroupMember:
         if self.protocol == COOPERATIVE:
             change = diff(self.owned, assigned)
             if change.revoked:
+                # As Kafka: the listener runs while the partitions are still assigned, then they go.
                 await self._commit_before_revoke(change.revoked)
+                await self._call_listener("on_partitions_revoked", change.revoked)
                 self.consumer.subscriptions.remove(change.revoked)
                 self.owned = [tp for tp in self.owned if tp not in set(change.revoked)]
-                await self._call_listener("on_partitions_revoked", change.revoked)
                 self.need_rejoin = True  # the follow-up rebalance hands them to their new owner
             added = change.added
         else:
@@ -442,9 +462,11 @@ class GroupMember:
             return
         owned = list(self.owned)
         await self._commit_before_revoke(owned)
+        # As Kafka's onJoinPrepare: the listener runs while the partitions are still assigned (it may
+        # commit their positions, read position()), then the assignment is cleared.
+        await self._call_listener("on_partitions_revoked", owned)
         self.consumer.subscriptions.remove(owned)
         self.previous, self.owned = owned, []
-        await self._call_listener("on_partitions_revoked", owned)
 
     async def _lose_all(self) -> None:
         """The generation is gone: on_partitions_lost(everything), without committing."""
@@ -452,18 +474,26 @@ class GroupMember:
         if not self.owned:
             return
         owned = list(self.owned)
+        await self._call_listener("on_partitions_lost", owned)
         self.consumer.subscriptions.remove(owned)
         self.previous, self.owned = [], []
-        await self._call_listener("on_partitions_lost", owned)
 
     async def _call_listener(self, name: str, partitions: list[TopicPartition]) -> None:
+        """One listener call, as its own task: cancelling the rebalance never cuts it in half."""
+        async def run() -> None:
+            try:
+                result = getattr(self.listener, name)(list(partitions))
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # Kafka: the rebalance completes, poll() then raises the listener's error
+                log.error("group %s: rebalance listener %s failed", self.group_id, name, exc_info=exc)
+                self._listener_error = exc
+        task = self._listener_task = asyncio.ensure_future(run())
         try:
-            result = getattr(self.listener, name)(list(partitions))
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:  # Kafka: the rebalance completes, poll() then raises the listener's error
-            log.error("group %s: rebalance listener %s failed", self.group_id, name, exc_info=exc)
-            self._listener_error = exc
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait({task})  # finish the call, then let the cancellation through
+            raise
 
     def _reset_generation(self, forget_member_id: bool) -> None:
         if self.owned:
@@ -547,7 +577,7 @@ class GroupMember:
 
     async def _auto_commit(self, offsets: dict[TopicPartition, int]) -> None:
         try:
-            await self.commit(offsets)
+            await self.commit_in_order(offsets)
         except errors.GregorError as err:
             log.warning("group %s: auto-commit of %s failed: %s", self.group_id, offsets, err)
 
@@ -562,7 +592,40 @@ class GroupMember:
             except errors.GregorError as err:
                 log.warning("group %s: commit before revocation failed: %s", self.group_id, err)
 
+    def commit_in_order(self, offsets: Mapping[TopicPartition, int], metadata: str = "",
+                        on_done: Optional[Callable[[Optional[BaseException]], None]] = None) -> "asyncio.Future[None]":
+        """Queue one OffsetCommit behind every commit queued before it (call order = send order = completion
+        order, as Kafka's): the returned future is its outcome; on_done(exception or None) runs in that order too."""
+        prev, snapshot = self._commit_tail, dict(offsets)
+
+        async def run() -> None:
+            if prev is not None:
+                await asyncio.wait({prev})
+            exc: Optional[BaseException] = None
+            try:
+                await self._commit_now(snapshot, metadata)
+            except BaseException as err:
+                exc = err
+            if on_done is not None:
+                on_done(exc)
+            if exc is not None:
+                raise exc
+        task = asyncio.ensure_future(run())
+        task.add_done_callback(_consume_exception)
+        self._commit_tail = task
+        return task
+
+    async def commits_drained(self) -> None:
+        """Every commit queued so far has completed (succeeded or failed)."""
+        tail = self._commit_tail
+        if tail is not None and not tail.done():
+            await asyncio.wait({tail})
+
     async def commit(self, offsets: Mapping[TopicPartition, int], metadata: str = "") -> None:
+        """OffsetCommit in order after every earlier one; raises its error."""
+        await asyncio.shield(self.commit_in_order(offsets, metadata))
+
+    async def _commit_now(self, offsets: Mapping[TopicPartition, int], metadata: str = "") -> None:
         """OffsetCommit in this member's generation (-1 without a subscription: a standalone commit)."""
         if not offsets:
             return
@@ -624,8 +687,7 @@ class GroupMember:
         if self._closed:
             return
         await self._cancel_join()
-        if self._commit_task is not None:
-            await asyncio.gather(self._commit_task, return_exceptions=True)
+        await self.commits_drained()  # Kafka's close waits for pending async commits (their callbacks run)
         self._closed = True
         try:
             if self.subscribed:
@@ -639,6 +701,7 @@ class GroupMember:
                 offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
                 if offsets:
                     await self.commit(offsets)
+            await self.commits_drained()
         except errors.GregorError as err:
             log.warning("group %s: close: %s", self.group_id, err)
         finally:
@@ -648,3 +711,9 @@ class GroupMember:
 
 
 Callback = Callable[[Mapping[TopicPartition, int], Optional[BaseException]], Any]
+
+
+def _consume_exception(fut: "asyncio.Future[None]") -> None:
+    """A commit's error is its caller's to raise; one nobody awaits (auto-commit) is not 'never retrieved'."""
+    if not fut.cancelled():
+        fut.exception()

@@ -382,9 +382,5 @@ def test_group_model_commits(cluster: LocalCluster) -> None:
     GroupModel.TestCase("runTest").runTest()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 19: commit_transaction() succeeds but the offsets sent with send_offsets_to_transaction are not "
-    "committed while the group has live members (the transaction coordinator's OffsetCommit with generation -1 "
-    "is refused by the group coordinator); strict: an XPASS means the coordinator is fixed, drop this mark"))
 def test_group_model_exactly_once(cluster: LocalCluster) -> None:
     GroupModelEOS.TestCase("runTest").runTest()

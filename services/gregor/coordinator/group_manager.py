@@ -468,6 +468,16 @@ class GroupManager:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         return group
 
+    def transactional_commit_group(self, group_id: str, now_ms: int) -> Group:
+        """The group a committed transaction's offsets go to, whatever its generation (Kafka writes them when
+        the commit marker lands); an unknown group is created Empty, as a simple consumer's commit does."""
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id, state_timestamp_ms=now_ms)
+        elif group.is_(S.DEAD):
+            raise _err(Code.COORDINATOR_NOT_AVAILABLE, f"group {group_id} is being deleted or moved")
+        return group
+
     def validate_delete(self, group_id: str) -> Group:
         group = self.groups.get(group_id)
         if group is None or group.is_(S.DEAD):

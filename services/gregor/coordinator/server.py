@@ -117,8 +117,9 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
     @rpc_method("GroupCoordinatorService")
     async def OffsetCommit(self, request: pb.OffsetCommitRequest, context: Ctx) -> pb.OffsetCommitResponse:
         p = self.c.check_owner(request.group_id)
-        group = self.m.validate_offset_commit(request.group_id, request.generation_id, request.member_id,
-                                              request.group_instance_id, monotonic_ms())
+        group = (self.m.transactional_commit_group(request.group_id, monotonic_ms()) if request.transactional
+                 else self.m.validate_offset_commit(request.group_id, request.generation_id, request.member_id,
+                                                    request.group_instance_id, monotonic_ms()))
         results, commits = [], []
         for part in request.partitions:
             if not part.topic or part.partition < 0 or part.offset < 0:

@@ -370,7 +370,8 @@ class TransactionCoordinator:
         for group_id, offsets in md.pending_offsets.items():
             _, host, port, _ = self.gc.find_coordinator(group_id)
             async with channel(f"{host}:{port}") as ch:
-                req = coordinator_pb2.OffsetCommitRequest(group_id=group_id, generation_id=-1, member_id="")
+                req = coordinator_pb2.OffsetCommitRequest(group_id=group_id, generation_id=-1, member_id="",
+                                                          transactional=True)
                 for (topic, part), (offset, meta) in sorted(offsets.items()):
                     req.partitions.add(topic=topic, partition=part, offset=offset, metadata=meta)
                 try:

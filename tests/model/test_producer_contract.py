@@ -89,11 +89,6 @@ def test_flush_covers_every_send_that_returned(topic: str, producer: Facade) -> 
 
 
 def test_close_completes_or_fails_every_send(cluster: LocalCluster, topic: str, kind: str) -> None:
-    if kind == "gateway":
-        # Found by this suite, reported (gateway/ belongs to another change): when the client half-closes a
-        # TransactionalProduceStream, server.py ends the response stream as soon as the reader finishes and only
-        # then closes the session's producer, so the results of records still in flight are never sent.
-        pytest.xfail("gateway: closing a TransactionalProduceStream drops the results of in-flight records")
     tid = fresh("tid")
     f = open_facade(kind, cluster, tid)
     f.init()

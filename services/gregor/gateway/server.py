@@ -153,6 +153,13 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                             answer(cid, await getattr(session, op)())
                     except errors.GregorError as err:
                         answer(cid, (-1, -1, -1, err))
+                    except Exception as exc:  # a bug answers this call with a typed error; the stream goes on
+                        log.exception("TransactionalProduceStream %s failed", op)
+                        answer(cid, (-1, -1, -1, errors.error_for(errors.Code.UNKNOWN_SERVER_ERROR,
+                                                                  f"{op} failed: {type(exc).__name__}: {exc}")))
+                # The client half-closed: as Kafka's close(), complete or fail every send still pending, so
+                # each one's answer goes out before the stream ends.
+                await session.close()
             finally:
                 queue.put_nowait(None)
 

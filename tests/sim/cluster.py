@@ -1,6 +1,6 @@
 """A seeded, in-memory cluster of one partition's replicas and two controllers, driving production code.
 
-What is production code here: each broker's ReplicaState (gregor.broker.replica_state); each follower's
+What is production code here: each broker's ReplicationState (gregor.broker.replication_state); each follower's
 FollowerFetchState (gregor.broker.fetcher_state, the fetch session, backoff, error handling and the
 truncation rounds ReplicaFetcher uses), speaking the multi-partition ReplicaFetch session protocol
 (full and incremental requests on a stream, a new session per stream); the ISR write rule
@@ -27,14 +27,14 @@ from typing import Any, TypeVar
 from gregor.broker.fetcher_state import FollowerFetchState, PartitionFetchState
 from gregor.broker.isr_manager import isr_after_proposal
 from gregor.broker.limits import REPLICA_FETCH_SESSION_REFRESH_PARTS
-from gregor.broker.replica_state import (
+from gregor.broker.replication_state import (
     CompleteDelayed,
     ControlRequestFence,
     Effect,
     FetchMode,
     HighWatermarkChanged,
     ProposeIsr,
-    ReplicaState,
+    ReplicationState,
     Role,
     StartFetcher,
     StartLogAt,
@@ -87,7 +87,7 @@ class InvariantViolation(AssertionError):
 
 @dataclass
 class Broker:
-    """One replica: an in-memory log (with its epoch cache) driving the production ReplicaState.
+    """One replica: an in-memory log (with its epoch cache) driving the production ReplicationState.
 
     The log, its epoch entries and the HW checkpoint survive restarts; everything else is volatile.
     """
@@ -102,7 +102,7 @@ class Broker:
     # Cut off from etcd and the controllers (a zombie): no session renewal, no ISR writes.
     isolated: bool = False
     broker_epoch: int = -1
-    rs: ReplicaState = field(init=False)
+    rs: ReplicationState = field(init=False)
     fence: ControlRequestFence = field(default_factory=ControlRequestFence)
     heard_from: set[int] = field(default_factory=set)  # followers that fetched in this term (observation only)
     pending_acks: dict[int, int] = field(default_factory=dict)  # the DelayedProduce purgatory: offset -> value
@@ -124,8 +124,8 @@ class Broker:
         self.reset_volatile()
 
     def reset_volatile(self) -> None:
-        """A (re)started broker: a fresh ReplicaState with the HW from its checkpoint file."""
-        self.rs = ReplicaState(self.id, self.cfg.replica_lag_time_max_ms, TP.topic, TP.partition)
+        """A (re)started broker: a fresh ReplicationState with the HW from its checkpoint file."""
+        self.rs = ReplicationState(self.id, self.cfg.replica_lag_time_max_ms, TP.topic, TP.partition)
         self.rs.load_high_watermark(self.hw_checkpoint, 0, self.leo)
         self.fence = ControlRequestFence()
         self.heard_from, self.pending_acks, self.sessions = set(), {}, {}
@@ -517,10 +517,10 @@ class Simulation:
         for offset in range(len(self.consumed), min(upper, len(self.consumed) + self.cfg.fetch_records_max)):
             self.consumed[offset] = b.log[offset][1]
 
-    # -- broker side: the drivers of ReplicaState ---------------------------------------------
+    # -- broker side: the drivers of ReplicationState ---------------------------------------------
 
     def run_effects(self, b: Broker, effects: list[Effect]) -> None:
-        """ReplicaManager.run_effects: carry out what the ReplicaState decided."""
+        """ReplicaManager.run_effects: carry out what the ReplicationState decided."""
         for e in b.apply_log_effects(effects):
             if isinstance(e, StartFetcher):
                 # ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader.
@@ -552,7 +552,7 @@ class Simulation:
             self.acked[offset] = b.pending_acks.pop(offset)
 
     def handle_control(self, b: Broker, req: Any) -> None:
-        """BrokerControlServicer: fence, then LeaderAndIsr / StopReplica through the ReplicaState."""
+        """BrokerControlServicer: fence, then LeaderAndIsr / StopReplica through the ReplicationState."""
         try:
             b.fence.check(req.controller_epoch, req.broker_epoch, b.broker_epoch)
         except errors.GregorError:

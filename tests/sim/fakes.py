@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from gregor.broker.replica_state import ProposeIsr
+from gregor.broker.replication_state import ProposeIsr
 from gregor.controller.state import LeaderAndIsr, TopicPartition
 
 @dataclass

@@ -1,6 +1,6 @@
 """Seeded simulation of one partition under faults: Hypothesis picks seeds and fault schedules, named invariants hold.
 
-The brokers are the production ReplicaState with the production FollowerFetchState
+The brokers are the production ReplicationState with the production FollowerFetchState
 (multi-partition fetch sessions) and the controllers the production controller logic
 and write driver, with compare failures injected (see cluster.py). The CI form explores SCHEDULES_DEFAULT schedules
 (plus the unclean-election ones); `make sim SCHEDULES=N` explores N.

@@ -8,7 +8,7 @@ Inputs are partitions added or dropped, the current time, fetch answers (per-par
 answers and failures; outputs are which partitions to name in the next multi-partition fetch (and
 whether it is incremental, KIP-227), when to back off, when to truncate again, and when an epoch
 truncation has converged. The partition's own leadership, HW and truncation point stay in its
-ReplicaState; this object only decides what the fetcher asks next.
+ReplicationState; this object only decides what the fetcher asks next.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class FollowerFetchState(Generic[K]):
     @staticmethod
     def truncation_round_done(st: PartitionFetchState, completed: bool, asked_epoch: int,
                               latest_epoch_now: int | None) -> bool:
-        """After one OffsetForLeaderEpoch answer was applied: stop asking? Stops when the ReplicaState says
+        """After one OffsetForLeaderEpoch answer was applied: stop asking? Stops when the ReplicationState says
         the truncation converged, when our latest epoch did not move (asking again would get the same
         answer), or after MAX_TRUNCATION_ROUNDS."""
         st.truncation_rounds += 1

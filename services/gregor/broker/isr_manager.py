@@ -26,7 +26,7 @@ from gregor.common.isr import ISR_CHANGE_PROPAGATION_CHECK_INTERVAL_MS, IsrChang
 
 if TYPE_CHECKING:
     from gregor.broker.partition import Partition
-    from gregor.broker.replica_state import ProposeIsr
+    from gregor.broker.replication_state import ProposeIsr
     from gregor.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -90,14 +90,14 @@ class IsrManager:
 
     # -- shrink / expand -----------------------------------------------------------
     async def maybe_shrink_isr(self) -> None:
-        """isr-expiration: each led partition's ReplicaState proposes dropping followers that fell behind."""
+        """isr-expiration: each led partition's ReplicationState proposes dropping followers that fell behind."""
         now = now_ms()
         for p in list(self.replicas.partitions.values()):
             if p.is_leader:
                 self.replicas.run_effects(p, p.on_tick(now))
 
     def write_isr(self, p: "Partition", proposal: "ProposeIsr") -> None:
-        """Carry out a ProposeIsr (the ReplicaState allows one in flight per partition)."""
+        """Carry out a ProposeIsr (the ReplicationState allows one in flight per partition)."""
         task = asyncio.create_task(self._write_isr(p, proposal))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)

@@ -18,12 +18,12 @@ from gregor.broker.producer_state import (
     ProducerStateManager,
     parse_batch_infos,
 )
-from gregor.broker.replica_state import (
+from gregor.broker.replication_state import (
     Effect,
     HighWatermarkChanged,
     LeaderAndIsrOutcome,
     ProposeIsr,
-    ReplicaState,
+    ReplicationState,
     StartLogAt,
     TruncateLog,
 )
@@ -65,10 +65,10 @@ class DuplicateAppendInfo:
 
 @dataclass
 class Partition:
-    """One partition replica on this broker: the native log driven by its ReplicaState (seed 000's Partition).
+    """One partition replica on this broker: the native log driven by its ReplicationState (seed 000's Partition).
 
     Every replication decision (leadership, epochs, ISR, HW, truncation) is the
-    ReplicaState's; this class feeds it the log's offsets and the clock, carries out
+    ReplicationState's; this class feeds it the log's offsets and the clock, carries out
     the log effects (truncate, epoch start) and hands the rest to the ReplicaManager.
     """
 
@@ -89,12 +89,12 @@ class Partition:
     # The topic id (KIP-516) of this replica's log, as its partition.metadata says; b"" when unknown
     # (standalone, or a log from before topic ids that no LeaderAndIsr has named yet).
     topic_id: bytes = b""
-    state: ReplicaState = field(init=False)
+    state: ReplicationState = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = ReplicaState(self.local_broker_id, self.replica_lag_time_max_ms, self.topic, self.partition)
+        self.state = ReplicationState(self.local_broker_id, self.replica_lag_time_max_ms, self.topic, self.partition)
 
-    # -- the replica state, read-only here (ReplicaState is its one writer) ------------------
+    # -- the replica state, read-only here (ReplicationState is its one writer) ------------------
     @property
     def key(self) -> tuple[str, int]:
         return (self.topic, self.partition)
@@ -203,7 +203,7 @@ class Partition:
                                               now_ms(), self._live(), outcome_unknown)
 
     def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
-        """Seed 000's maybeIncrementLeaderHW (decided by the ReplicaState); True if the HW moved."""
+        """Seed 000's maybeIncrementLeaderHW (decided by the ReplicationState); True if the HW moved."""
         return bool(self.state.on_local_append(self.log.log_end_offset, now_ms() if now is None else now,
                                                self._live()))
 
@@ -356,7 +356,7 @@ class Partition:
         return partition_lso(self)
 
     def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
-        """Followers read up to the LEO; consumers below the high watermark (the ReplicaState's rule),
+        """Followers read up to the LEO; consumers below the high watermark (the ReplicationState's rule),
         read_committed consumers below the LSO."""
         if not is_follower and isolation_level == READ_COMMITTED:
             return self.last_stable_offset

@@ -29,7 +29,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_BACKOFF_S,
     FETCH_RPC_TIMEOUT_S,
 )
-from gregor.broker.replica_state import FetchMode
+from gregor.broker.replication_state import FetchMode
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
@@ -220,7 +220,7 @@ class ReplicaFetcher:
         try:
             await self._truncate(rm, stub, p, st)
         except Exception as exc:
-            # The ReplicaState may already say FETCHING while the log cut it asked for failed (or the
+            # The ReplicationState may already say FETCHING while the log cut it asked for failed (or the
             # ListOffsets after it did): truncate again before any fetch from the untruncated LEO.
             if (cur := self._current(rm, key, st)) is not None:
                 cur.state.restart_truncation()
@@ -240,7 +240,7 @@ class ReplicaFetcher:
         if p is None or p.log_end_offset != fetch_offset:
             return 0
         try:
-            # Also applies the batches to the producer state; the follower HW is the ReplicaState's.
+            # Also applies the batches to the producer state; the follower HW is the ReplicationState's.
             rm.run_effects(p, p.append_fetched(part.records, part.high_watermark))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
@@ -272,7 +272,7 @@ class ReplicaFetcher:
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:
-        """Ask OffsetForLeaderEpoch until the ReplicaState's truncation converges (seed 002)."""
+        """Ask OffsetForLeaderEpoch until the ReplicationState's truncation converges (seed 002)."""
         while True:
             latest = p.truncation_query()
             if latest is None:

@@ -23,7 +23,7 @@ from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
-from gregor.broker.replica_state import (
+from gregor.broker.replication_state import (
     CompleteDelayed,
     ControlRequestFence,
     Effect,
@@ -355,7 +355,7 @@ class ReplicaManager:
         return failed
 
     def run_effects(self, p: Partition, effects: Iterable[Effect]) -> None:
-        """Carry out what the partition's ReplicaState decided: fetchers, ISR writes, purgatory wake-ups."""
+        """Carry out what the partition's ReplicationState decided: fetchers, ISR writes, purgatory wake-ups."""
         wake = False
         for e in effects:
             if isinstance(e, StartFetcher):

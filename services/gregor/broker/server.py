@@ -11,7 +11,7 @@ from gregor.broker.controller_link import allocate_producer_ids, forward_to_cont
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
-from gregor.broker.replica_fetch import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
+from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.common import errors, uuid
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs

@@ -26,8 +26,8 @@ from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.produce_request import ProduceRequestEncoder
 from gregor.client.produce_stream import ProduceStreams, open_produce_stream
 from gregor.client.partitioner import PartitionerClassError, checked_partition, is_builtin, new_partitioner
+from gregor.client.producer_sequences import ProducerSequences
 from gregor.client.transaction_manager import TransactionManager
-from gregor.client.txn_producer import TransactionalState
 from gregor.common import errors
 from gregor.common.records import RECORD_OVERHEAD_BYTES
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -69,7 +69,7 @@ class Sender:
     enable.idempotence up to max.in.flight.requests.per.connection (<= 5) batches
     per partition are unacknowledged, each with its sequence; the leader refuses
     a gap, so a later batch cannot land before a retried earlier one, and
-    retries go out alone in sequence order (TransactionManager). Either way
+    retries go out alone in sequence order (ProducerSequences). Either way
     max.in.flight.requests.per.connection bounds the requests per broker.
     """
 
@@ -78,11 +78,11 @@ class Sender:
         self.acc = acc
         # enable.idempotence (seed 003): producer id + per-partition sequences, up to 5 batches in flight
         # per partition; without it, one request per partition keeps retries in order.
-        self.txn: Optional[TransactionManager] = (
-            TransactionManager(int(cfg["max.in.flight.requests.per.connection"]))
+        self.txn: Optional[ProducerSequences] = (
+            ProducerSequences(int(cfg["max.in.flight.requests.per.connection"]))
             if cfg["enable.idempotence"] else None)
         self._init_pid_task: Optional[asyncio.Task[None]] = None
-        # transactional.id: batches wait until their partition is in the transaction (txn_producer.py).
+        # transactional.id: batches wait until their partition is in the transaction (transaction_manager.py).
         self.txn_gate: Optional[Callable[[TopicPartition], bool]] = None
         self.on_batch_failed: Optional[Callable[[BaseException], None]] = None
         self.acks = int(cfg["acks"])
@@ -401,7 +401,7 @@ class Producer:
         self._closed = False
         self._failure: Optional[BaseException] = None  # why the sender task died; send() raises it
         self._parts_cache: dict[str, tuple[Any, int, list[int]]] = {}
-        self._txn: Optional[TransactionalState] = TransactionalState(self, cfg) if cfg["transactional.id"] else None
+        self._txn: Optional[TransactionManager] = TransactionManager(self, cfg) if cfg["transactional.id"] else None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -624,8 +624,8 @@ class Producer:
                             **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, value, key, **kwargs))
 
-    # ------------------------------------------------------------ transactions (txn_producer.py)
-    def _transactions(self) -> TransactionalState:
+    # ------------------------------------------------------------ transactions (transaction_manager.py)
+    def _transactions(self) -> TransactionManager:
         if self._txn is None:
             raise errors.error_for(errors.Code.INVALID_TXN_STATE,
                                    "Transactional method invoked on a non-transactional producer: set transactional.id")
@@ -653,7 +653,7 @@ class Producer:
         if self._acc is not None:
             self._acc.wakeup.set()
 
-    def sequences(self) -> TransactionManager:
+    def sequences(self) -> ProducerSequences:
         assert self._sender is not None and self._sender.txn is not None
         return self._sender.txn
 

@@ -1,209 +1,263 @@
-"""The idempotent producer's sequence bookkeeping: Kafka's TransactionManager without transactions (seed 003).
+"""The transactional producer's client side: Kafka's TransactionManager states and coordinator calls (seed 003).
 
-The producer gets a producer id (InitProducerId) and numbers the records of
-each partition: a batch's baseSequence is the partition's next sequence when
-the batch is first drained, and stays with the batch through every retry, so
-the leader can drop a resent duplicate and refuse a gap. At most
-`max.in.flight.requests.per.connection` (<= 5, the batches the broker
-remembers per producer) batches of a partition are unacknowledged at a time.
-A retried batch goes out alone, in sequence order, once nothing else of its
-partition is on the wire. When a partition's sequences can no longer line up
-with the broker's (a batch failed for good, OUT_OF_ORDER_SEQUENCE_NUMBER or
-UNKNOWN_PRODUCER_ID for the next expected batch), the producer bumps its
-epoch and renumbers that partition's unacknowledged batches from 0, as Kafka
-3.x does for an idempotent producer (KIP-360).
-Concurrency: event-loop owned (the producer's sender); no locks.
+    async with Producer({"bootstrap.servers": b, "transactional.id": "orders-enricher-0"}) as p:
+        await p.init_transactions()          # fences older instances, finishes their open transaction
+        await p.begin_transaction()
+        await p.send("out", b"v")
+        await p.send_offsets_to_transaction({("in", 0): 42}, "enricher")
+        await p.commit_transaction()         # or abort_transaction()
+
+States as Kafka's client: UNINITIALIZED -> READY (init_transactions) -> IN_TRANSACTION
+(begin_transaction) -> COMMITTING / ABORTING -> READY; a failed send moves to
+ABORTABLE_ERROR, which only abort_transaction() leaves; PRODUCER_FENCED (a newer
+instance, or the coordinator aborted our timed-out transaction with the epoch
+bumped) is FATAL: every later call raises it and the producer must be closed.
+
+Before its first batch to a partition, the sender waits while the partition is
+added to the transaction (AddPartitionsToTxn, all partitions pending at once).
+Coordinator calls follow FindCoordinator(key_type TRANSACTION) and are retried
+on the retriable answers (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+CONCURRENT_TRANSACTIONS while the previous transaction's markers land).
+Concurrency: event-loop owned, like the producer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
+import grpc
+
+from gregor.client.metadata import call_error
 from gregor.common import errors
+from gregor.rpc.v1 import common_pb2, coordinator_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
 if TYPE_CHECKING:
-    from gregor.client.accumulator import ProducerBatch, TopicPartition
+    from gregor.client.producer import Producer
 
 log = logging.getLogger(__name__)
-
-MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5  # the broker keeps the last 5 batches of every producer per partition
-MAX_PRODUCER_EPOCH = 32767  # a short; past it the producer asks for a new producer id
-NO_PRODUCER_ID = -1
-NO_LAST_ACKED_SEQUENCE = -1
-
-# The broker's answers that say the partition's sequences need attention.
-SEQUENCE_CODES = frozenset({errors.Code.OUT_OF_ORDER_SEQUENCE_NUMBER, errors.Code.UNKNOWN_PRODUCER_ID})
+Code = errors.Code
+TopicPartition = tuple[str, int]
+KEY_TYPE_TRANSACTION = 1
+FATAL_CODES = frozenset({Code.PRODUCER_FENCED, Code.INVALID_PRODUCER_EPOCH, Code.INVALID_PRODUCER_ID_MAPPING,
+                         Code.TRANSACTION_COORDINATOR_FENCED})
 
 
-@dataclass
-class PartitionSequences:
-    """Kafka's TxnPartitionEntry: one partition's producer id/epoch, sequences and unacknowledged batches."""
+class TxnClientState(enum.Enum):
+    UNINITIALIZED = "UNINITIALIZED"
+    READY = "READY"
+    IN_TRANSACTION = "IN_TRANSACTION"
+    COMMITTING = "COMMITTING_TRANSACTION"
+    ABORTING = "ABORTING_TRANSACTION"
+    ABORTABLE_ERROR = "ABORTABLE_ERROR"
+    FATAL_ERROR = "FATAL_ERROR"
 
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = -1
-    next_sequence: int = 0
-    last_acked_sequence: int = NO_LAST_ACKED_SEQUENCE
-    # Batches with a sequence that are neither acknowledged nor failed (on the wire or queued for retry).
-    in_flight: list["ProducerBatch"] = field(default_factory=list)
-    requests_on_wire: int = 0
-    epoch_bump_required: bool = False
 
-    def first_in_flight_sequence(self) -> int:
-        return min((b.base_sequence for b in self.in_flight), default=-1)
+class TransactionAbortableError(errors.InvalidTxnStateError):  # type: ignore[name-defined,misc]
+    """A send of this transaction failed: only abort_transaction() can follow (Kafka's abortable error)."""
+
+
+S = TxnClientState
 
 
 class TransactionManager:
-    """Producer id, epoch and per-partition sequences of an idempotent producer (event-loop owned)."""
+    """One transactional producer's transaction bookkeeping and its calls to the transaction coordinator."""
 
-    def __init__(self, max_in_flight: int) -> None:
-        self.max_in_flight = min(max_in_flight, MAX_IN_FLIGHT_FOR_IDEMPOTENCE)
-        self.producer_id = NO_PRODUCER_ID
-        self.producer_epoch = -1
-        self.partitions: dict["TopicPartition", PartitionSequences] = {}
-        self.transactional = False  # a transactional.id producer: batches carry the transactional attribute
+    def __init__(self, producer: "Producer", cfg: Mapping[str, Any]) -> None:
+        self.producer = producer
+        self.transactional_id: str = cfg["transactional.id"]
+        self.timeout_ms = int(cfg["transaction.timeout.ms"])
+        self.request_timeout_s = int(cfg["request.timeout.ms"]) / 1000
+        self.max_block_s = int(cfg["max.block.ms"]) / 1000
+        self.backoff_s = int(cfg["retry.backoff.ms"]) / 1000
+        self.state = S.UNINITIALIZED
+        self.error: Optional[BaseException] = None
+        self.added: set[TopicPartition] = set()
+        self.pending: set[TopicPartition] = set()
+        self.offsets_added = False
+        self._adding: Optional[asyncio.Task[None]] = None
+        self._coordinator: Optional[str] = None
 
-    @property
-    def has_producer_id(self) -> bool:
-        return self.producer_id != NO_PRODUCER_ID
+    # ------------------------------------------------------------ state checks
+    def _raise_if_failed(self) -> None:
+        if self.state is S.FATAL_ERROR and self.error is not None:
+            raise self.error
 
-    def set_producer_id_and_epoch(self, producer_id: int, producer_epoch: int) -> None:
-        log.info("idempotent producer got producer id %d, epoch %d", producer_id, producer_epoch)
-        self.producer_id, self.producer_epoch = producer_id, producer_epoch
+    def _require(self, *states: TxnClientState, action: str) -> None:
+        self._raise_if_failed()
+        if self.state not in states:
+            raise errors.error_for(Code.INVALID_TXN_STATE,
+                                   f"TransactionalId {self.transactional_id}: Invalid transition attempted from state "
+                                   f"{self.state.value} ({action})")
 
-    def reset_producer(self, producer_id: int, producer_epoch: int) -> None:
-        """A transactional producer's id and epoch from init_transactions(): every partition starts at sequence 0."""
-        self.set_producer_id_and_epoch(producer_id, producer_epoch)
-        self.partitions = {}
+    def check_send(self) -> None:
+        """send() is allowed only inside a transaction (and not after a failed send)."""
+        if self.state is S.ABORTABLE_ERROR and self.error is not None:
+            raise TransactionAbortableError(f"cannot send: the transaction must be aborted after an earlier failure: "
+                                            f"{self.error}") from self.error
+        self._require(S.IN_TRANSACTION, action="send outside a transaction: call begin_transaction() first")
 
-    def entry(self, tp: "TopicPartition") -> PartitionSequences:
-        e = self.partitions.get(tp)
-        if e is None:
-            e = self.partitions[tp] = PartitionSequences(self.producer_id, self.producer_epoch)
-        return e
+    def on_send_failed(self, exc: BaseException) -> None:
+        """A batch of the transaction failed for good: the transaction can only be aborted (or is fenced)."""
+        code = getattr(exc, "code", None)
+        if code in FATAL_CODES:
+            self._fatal(errors.error_for(Code.PRODUCER_FENCED, f"producer fenced while sending: {exc}"))
+        elif self.state in (S.IN_TRANSACTION, S.COMMITTING):
+            self.state, self.error = S.ABORTABLE_ERROR, exc
 
-    def _is_stale(self, e: PartitionSequences) -> bool:
-        return (e.producer_id, e.producer_epoch) != (self.producer_id, self.producer_epoch)
+    def _fatal(self, exc: errors.GregorError) -> None:
+        self.state, self.error = S.FATAL_ERROR, exc
 
-    # ------------------------------------------------------------ draining
-    def drainable(self, tp: "TopicPartition", head: "ProducerBatch") -> int:
-        """How many head batches of tp may go out now (0: wait); a retried head goes alone.
-
-        First settles a pending epoch bump or a stale epoch once nothing of tp is on the wire.
-        """
-        if not self.has_producer_id:
-            return 0
-        e = self.entry(tp)
-        if e.requests_on_wire == 0:
-            if e.epoch_bump_required:
-                self._bump_epoch_and_renumber(tp, e)
-            elif self._is_stale(e) and not e.in_flight:
-                self._start_sequences_at_beginning(e)  # Kafka's maybeUpdateProducerIdAndEpoch
-        if not self.has_producer_id or e.epoch_bump_required:
-            return 0
-        if head.has_sequence:
-            # A retry: only the first unacknowledged batch, and only with nothing else on the wire,
-            # so retries reach the leader in sequence order.
-            return 1 if e.requests_on_wire == 0 and head.base_sequence == e.first_in_flight_sequence() else 0
-        if self._is_stale(e):
-            return 0  # batches of the old epoch are still unresolved: no new sequences meanwhile
-        return max(0, self.max_in_flight - len(e.in_flight))
-
-    def assign_sequences(self, tp: "TopicPartition", batches: list["ProducerBatch"]) -> None:
-        """Give the new batches of a request their sequences (and producer id/epoch); note the request."""
-        e = self.entry(tp)
-        for b in batches:
-            if not b.has_sequence:
-                b.transactional = self.transactional
-                b.set_producer_state(e.producer_id, e.producer_epoch, e.next_sequence)
-                e.next_sequence = _wrap(e.next_sequence + len(b.records))
-                e.in_flight.append(b)
-        e.requests_on_wire += 1
-
-    # ------------------------------------------------------------ answers
-    def request_done(self, tp: "TopicPartition") -> None:
-        self.entry(tp).requests_on_wire -= 1
-
-    def on_success(self, batch: "ProducerBatch") -> None:
-        e = self.entry(batch.tp)
-        self._remove(e, batch)
-        if (batch.producer_id, batch.producer_epoch) == (e.producer_id, e.producer_epoch):
-            e.last_acked_sequence = max(e.last_acked_sequence, batch.last_sequence)
-
-    def is_next_sequence(self, batch: "ProducerBatch") -> bool:
-        e = self.entry(batch.tp)
-        return batch.base_sequence == e.last_acked_sequence + 1
-
-    def can_retry(self, batch: "ProducerBatch", err: errors.GregorError) -> bool:
-        """Kafka 3.x's TransactionManager.canRetry for an idempotent producer (may request an epoch bump).
-
-        OUT_OF_ORDER_SEQUENCE_NUMBER / UNKNOWN_PRODUCER_ID for a batch that is not the
-        next expected one means an earlier batch is still unresolved: retry as it is.
-        For the next expected batch the broker's sequence really differs from ours:
-        bump the epoch, renumber the partition from 0, and retry.
-        """
-        if err.code in SEQUENCE_CODES:
-            if not self.is_next_sequence(batch):
-                return True
-            log.warning("%s-%d: %s for the next expected batch (sequence %d, producer %d epoch %d); "
-                        "bumping the epoch", batch.topic, batch.partition, err.name, batch.base_sequence,
-                        batch.producer_id, batch.producer_epoch)
-            self.request_epoch_bump(batch.tp)
+    # ------------------------------------------------------------ the sender's gate
+    def ready_to_send(self, tp: TopicPartition) -> bool:
+        """True once tp is part of the transaction; otherwise start adding it and keep its batches queued."""
+        if tp in self.added:
             return True
-        return err.retriable
+        self.pending.add(tp)
+        if self._adding is None or self._adding.done():
+            self._adding = asyncio.ensure_future(self._add_pending())
+        return False
 
-    def on_failed(self, batch: "ProducerBatch") -> None:
-        """A batch failed for good: its sequence will never be acknowledged, so the partition renumbers."""
-        e = self.entry(batch.tp)
-        if batch.has_sequence and (batch.producer_id, batch.producer_epoch) == (e.producer_id, e.producer_epoch):
-            self.request_epoch_bump(batch.tp)
-        self._remove(e, batch)
-
-    def replace_with_parts(self, merged: "ProducerBatch", parts: list["ProducerBatch"]) -> None:
-        """A merged batch was split (MESSAGE_TOO_LARGE): its parts are unacknowledged instead."""
-        e = self.entry(merged.tp)
-        self._remove(e, merged)
-        e.in_flight.extend(parts)
-
-    def request_epoch_bump(self, tp: "TopicPartition") -> None:
-        if self.transactional:
-            return  # only the transaction coordinator bumps a transactional producer's epoch (the send failed:
-            # the transaction is abortable, and abort_transaction() + a new transaction start sequences anew)
-        self.entry(tp).epoch_bump_required = True
-
-    # ------------------------------------------------------------ epoch bumps
-    def _bump_epoch_and_renumber(self, tp: "TopicPartition", e: PartitionSequences) -> None:
-        if not self._is_stale(e):  # another partition may have bumped the epoch already
-            if self.producer_epoch >= MAX_PRODUCER_EPOCH:
-                log.info("producer epoch exhausted: asking for a new producer id")
-                self.producer_id, self.producer_epoch = NO_PRODUCER_ID, -1
+    async def _add_pending(self) -> None:
+        while self.pending:
+            batch = set(self.pending)
+            req = pb.AddPartitionsToTxnRequest(producer=self._producer(), partitions=[
+                common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(batch)])
+            try:
+                await self._call("AddPartitionsToTxn", req)
+            except errors.GregorError as exc:
+                self.pending -= batch
+                self._fail_queued(batch, exc)
                 return
-            self.producer_epoch += 1
-            log.info("idempotent producer %d bumped its epoch to %d for %s-%d",
-                     self.producer_id, self.producer_epoch, *tp)
-        self._start_sequences_at_beginning(e)
+            self.added |= batch
+            self.pending -= batch
+            self.producer.wakeup()
 
-    def _start_sequences_at_beginning(self, e: PartitionSequences) -> None:
-        """Kafka's startSequencesAtBeginning: unacknowledged batches renumbered from 0 under the current epoch."""
-        seq = 0
-        e.in_flight.sort(key=lambda b: b.base_sequence)
-        for b in e.in_flight:
-            b.set_producer_state(self.producer_id, self.producer_epoch, seq)
-            seq = _wrap(seq + len(b.records))
-        e.producer_id, e.producer_epoch = self.producer_id, self.producer_epoch
-        e.next_sequence = seq
-        e.last_acked_sequence = NO_LAST_ACKED_SEQUENCE
-        e.epoch_bump_required = False
+    def _fail_queued(self, tps: set[TopicPartition], exc: errors.GregorError) -> None:
+        if exc.code in FATAL_CODES:
+            self._fatal(exc)
+        elif self.state in (S.IN_TRANSACTION, S.COMMITTING):
+            self.state, self.error = S.ABORTABLE_ERROR, exc
+        self.producer.fail_queued(tps, exc)
 
-    @staticmethod
-    def _remove(e: PartitionSequences, batch: "ProducerBatch") -> None:
+    # ------------------------------------------------------------ coordinator calls
+    def _producer(self) -> pb.TxnProducer:
+        txn = self.producer.sequences()
+        return pb.TxnProducer(transactional_id=self.transactional_id, producer_id=txn.producer_id,
+                              producer_epoch=txn.producer_epoch)
+
+    async def _find_coordinator(self) -> str:
+        md = self.producer.metadata
+        from gregor.rpc.v1 import broker_pb2_grpc
+
+        resp = await broker_pb2_grpc.BrokerServiceStub(md.channel(md.any_address())).FindCoordinator(
+            coordinator_pb2.FindCoordinatorRequest(group_id=self.transactional_id, key_type=KEY_TYPE_TRANSACTION),
+            timeout=self.request_timeout_s)
+        return f"{resp.host}:{resp.port}"
+
+    async def _call(self, method: str, request: Any) -> Any:
+        """One coordinator RPC, retried on retriable answers within max.block.ms; fatal answers stick."""
+        deadline = time.monotonic() + self.max_block_s
+        while True:
+            try:
+                if self._coordinator is None:
+                    self._coordinator = await self._find_coordinator()
+                stub = transaction_pb2_grpc.TransactionCoordinatorServiceStub(
+                    self.producer.metadata.channel(self._coordinator))
+                rpc: Callable[..., Awaitable[Any]] = getattr(stub, method)
+                return await rpc(request, timeout=self.request_timeout_s)
+            except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
+                err = call_error(exc)
+                if err.code in FATAL_CODES:
+                    self._fatal(err)
+                    raise err from None
+                if not err.retriable or time.monotonic() > deadline:
+                    raise err from None
+                if err.code in (Code.NOT_COORDINATOR, Code.COORDINATOR_NOT_AVAILABLE, Code.NETWORK_EXCEPTION):
+                    self._coordinator = None
+                await asyncio.sleep(self.backoff_s)
+
+    # ------------------------------------------------------------ the API (Producer delegates here)
+    async def init_transactions(self) -> None:
+        self._require(S.UNINITIALIZED, S.READY, action="init_transactions")
+        resp = await self._call("InitProducerId", pb.TxnInitProducerIdRequest(
+            transactional_id=self.transactional_id, transaction_timeout_ms=self.timeout_ms))
+        self.producer.sequences().reset_producer(resp.producer_id, resp.producer_epoch)
+        self.state = S.READY
+
+    def begin_transaction(self) -> None:
+        self._require(S.READY, action="begin_transaction")
+        self.added, self.pending, self.offsets_added, self.error = set(), set(), False, None
+        self.state = S.IN_TRANSACTION
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group_metadata: Any) -> None:
+        self._require(S.IN_TRANSACTION, action="send_offsets_to_transaction")
+        group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", "")
+        generation = -1 if isinstance(group_metadata, str) else int(getattr(group_metadata, "generation_id", -1))
+        member = "" if isinstance(group_metadata, str) else str(getattr(group_metadata, "member_id", ""))
         try:
-            e.in_flight.remove(batch)
-        except ValueError:
-            pass
+            await self._call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(producer=self._producer(),
+                                                                          group_id=group_id))
+            self.offsets_added = True
+            await self._call("TxnOffsetCommit", pb.TxnOffsetCommitRequest(
+                producer=self._producer(), group_id=group_id, generation_id=generation, member_id=member,
+                offsets=[pb.TxnOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(offsets.items())]))
+        except errors.GregorError as exc:
+            if self.state is S.IN_TRANSACTION:
+                self.state, self.error = S.ABORTABLE_ERROR, exc
+            raise
 
+    async def _settle(self) -> None:
+        """Flush what is buffered, including partitions still being added."""
+        await self.producer.flush()
+        while self._adding is not None and not self._adding.done():
+            await asyncio.shield(self._adding)
+            await self.producer.flush()
 
-def _wrap(sequence: int) -> int:
-    """Sequences wrap from 2147483647 to 0, as the broker's incrementSequence."""
-    return sequence - 2147483648 if sequence > 2147483647 else sequence
+    async def commit_transaction(self) -> None:
+        if self.state is S.COMMITTING:  # Kafka: a commit that timed out (EndTxn unanswered) is retried as is
+            await self._end(True)
+            return
+        if self.state is S.ABORTING:
+            raise errors.error_for(Code.INVALID_TXN_STATE, f"TransactionalId {self.transactional_id}: the previous "
+                                   f"abort_transaction() did not complete and must be retried")
+        if self.state is S.ABORTABLE_ERROR and self.error is not None:
+            raise TransactionAbortableError(f"cannot commit: an earlier operation of the transaction failed: "
+                                            f"{self.error}") from self.error
+        self._require(S.IN_TRANSACTION, action="commit_transaction without begin_transaction")
+        self.state = S.COMMITTING
+        await self._settle()
+        if self.state is not S.COMMITTING:  # a send failed while flushing
+            self._raise_if_failed()
+            assert self.error is not None
+            raise TransactionAbortableError(f"cannot commit: a send of the transaction failed: {self.error}"
+                                            ) from self.error
+        await self._end(True)
+
+    async def abort_transaction(self) -> None:
+        if self.state is S.ABORTING:  # a retried abort whose EndTxn did not answer
+            await self._end(False)
+            return
+        if self.state is S.COMMITTING:
+            raise errors.error_for(Code.INVALID_TXN_STATE, f"TransactionalId {self.transactional_id}: the previous "
+                                   f"commit_transaction() did not complete and must be retried")
+        self._require(S.IN_TRANSACTION, S.ABORTABLE_ERROR, action="abort_transaction")
+        failed = self.state is S.ABORTABLE_ERROR
+        self.state = S.ABORTING
+        await self._settle()
+        self._raise_if_failed()
+        await self._end(False)
+        if failed:
+            # Kafka (KIP-360): after an abortable error the epoch is bumped, so partitions whose sequences a failed
+            # batch left unknown start again from 0.
+            self.state = S.READY
+            await self.init_transactions()
+
+    async def _end(self, commit: bool) -> None:
+        if self.added or self.offsets_added:
+            await self._call("EndTxn", pb.EndTxnRequest(producer=self._producer(), committed=commit))
+        self.state = S.READY
+        self.added, self.pending, self.offsets_added = set(), set(), False

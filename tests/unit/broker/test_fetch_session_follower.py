@@ -93,7 +93,7 @@ def test_truncation_stops_when_converged_when_the_epoch_stays_or_after_max_round
     from gregor.broker.limits import MAX_TRUNCATION_ROUNDS
 
     st = PartitionFetchState(leader_epoch=7)
-    assert FollowerFetchState.truncation_round_done(st, True, 4, 3)  # the ReplicaState says done
+    assert FollowerFetchState.truncation_round_done(st, True, 4, 3)  # the ReplicationState says done
     assert FollowerFetchState.truncation_round_done(st, False, 4, 4)  # asking again gets the same answer
     rounds = [FollowerFetchState.truncation_round_done(st, False, 10 - n, 9 - n)
               for n in range(MAX_TRUNCATION_ROUNDS)]

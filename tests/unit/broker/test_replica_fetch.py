@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gregor.broker.purgatory import DelayedOperationPurgatory
-from gregor.broker.replica_fetch import (DelayedSessionFetch, ReplicaFetchPart, ReplicaFetchSession, _SessionEntry,
+from gregor.broker.replica_fetch_server import (DelayedSessionFetch, ReplicaFetchPart, ReplicaFetchSession, _SessionEntry,
                                          _Watched)
 from gregor.common import errors
 

@@ -1,4 +1,4 @@
-"""The follower fetcher's truncation driver when the log cut fails (pure: a real ReplicaState, fake log and leader)."""
+"""The follower fetcher's truncation driver when the log cut fails (pure: a real ReplicationState, fake log and leader)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 from gregor.broker.fetcher_state import FollowerFetchState
 from gregor.broker.replica_fetcher import ReplicaFetcher
-from gregor.broker.replica_state import FetchMode, ReplicaState
+from gregor.broker.replication_state import FetchMode, ReplicationState
 
 
 class CutFailsPartition:
-    """A follower whose log cannot be cut: its ReplicaState decides truncation is complete, the disk fails."""
+    """A follower whose log cannot be cut: its ReplicationState decides truncation is complete, the disk fails."""
 
     key = ("t", 0)
     topic, partition = "t", 0
@@ -19,7 +19,7 @@ class CutFailsPartition:
     leader_id, leader_epoch = 1, 5
 
     def __init__(self) -> None:
-        self.state = ReplicaState(2, 1_000, "t", 0)
+        self.state = ReplicationState(2, 1_000, "t", 0)
         assert self.state.on_leader_and_isr(1, 5, (1, 2), [1, 2], 10, 12, 0, 0).applied
         self.log = SimpleNamespace(latest_epoch=lambda: 4)
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gregor.broker.replica_state import (
+from gregor.broker.replication_state import (
     CompleteDelayed,
     FetchMode,
     HighWatermarkChanged,
     ProposeIsr,
-    ReplicaState,
+    ReplicationState,
     Role,
     StartFetcher,
     StartLogAt,
@@ -23,14 +23,14 @@ from gregor.common import errors
 LAG = 1_000
 
 
-def leader(isr: tuple[int, ...] = (1, 2, 3), leo: int = 0, epoch: int = 5, now: int = 0) -> ReplicaState:
-    s = ReplicaState(1, LAG, "t", 0)
+def leader(isr: tuple[int, ...] = (1, 2, 3), leo: int = 0, epoch: int = 5, now: int = 0) -> ReplicationState:
+    s = ReplicationState(1, LAG, "t", 0)
     assert s.on_leader_and_isr(1, epoch, isr, [1, 2, 3], 10, leo, 0, now).applied
     return s
 
 
-def follower(epoch: int = 5) -> ReplicaState:
-    s = ReplicaState(2, LAG, "t", 0)
+def follower(epoch: int = 5) -> ReplicationState:
+    s = ReplicationState(2, LAG, "t", 0)
     assert s.on_leader_and_isr(1, epoch, (1, 2, 3), [1, 2, 3], 10, 0, 0, 0).applied
     return s
 
@@ -43,7 +43,7 @@ def hw_of(effects: list[object]) -> int | None:
 
 
 def test_becoming_leader_stops_fetching_records_the_term_start_and_wakes_waiters() -> None:
-    s = ReplicaState(1, LAG)
+    s = ReplicationState(1, LAG)
     out = s.on_leader_and_isr(1, 3, (1, 2), [1, 2, 3], 7, 42, 0, 100)
     assert out.applied and s.role is Role.LEADER and s.leader_epoch == 3 and s.partition_epoch == 7
     assert StopFetcher() in out.effects

@@ -9,7 +9,7 @@ import pytest
 
 from gregor.broker import checkpoint
 from gregor.broker.partition import Partition
-from gregor.broker.replica_state import Effect, HighWatermarkChanged
+from gregor.broker.replication_state import Effect, HighWatermarkChanged
 from gregor.common import errors
 from gregor.common.config import effective_topic_configs, log_config_kwargs
 from tests.helpers.batches import make_batch

@@ -1,4 +1,4 @@
-"""The idempotent producer's sequence rules (TransactionManager): numbering, in-flight limits, retries, epoch bumps."""
+"""The idempotent producer's sequence rules (ProducerSequences): numbering, in-flight limits, retries, epoch bumps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import gregor_native as native
 
 from gregor.client.accumulator import ProducerBatch
-from gregor.client.transaction_manager import TransactionManager
+from gregor.client.producer_sequences import ProducerSequences
 from gregor.common import errors
 
 TP = ("t", 0)
@@ -24,19 +24,19 @@ def err(code: int) -> errors.GregorError:
     return errors.error_for(code, "test")
 
 
-def sent(tm: TransactionManager, *batches: ProducerBatch) -> None:
+def sent(tm: ProducerSequences, *batches: ProducerBatch) -> None:
     tm.assign_sequences(TP, list(batches))
 
 
 async def test_no_batch_leaves_before_a_producer_id() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     assert tm.drainable(TP, new_batch()) == 0
     tm.set_producer_id_and_epoch(42, 0)
     assert tm.drainable(TP, new_batch()) == 5
 
 
 async def test_sequences_are_stamped_into_the_header_with_a_valid_crc() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(42, 0)
     a, b = new_batch(3), new_batch(2)
     sent(tm, a, b)
@@ -46,7 +46,7 @@ async def test_sequences_are_stamped_into_the_header_with_a_valid_crc() -> None:
 
 
 async def test_at_most_five_unacknowledged_batches_per_partition() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     batches = [new_batch() for _ in range(5)]
     sent(tm, *batches[:3])
@@ -59,7 +59,7 @@ async def test_at_most_five_unacknowledged_batches_per_partition() -> None:
 
 
 async def test_retry_goes_alone_in_sequence_order_with_nothing_on_the_wire() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     a, b = new_batch(), new_batch()
     sent(tm, a)
@@ -76,7 +76,7 @@ async def test_retry_goes_alone_in_sequence_order_with_nothing_on_the_wire() -> 
 
 
 async def test_out_of_order_for_the_next_sequence_bumps_epoch_and_renumbers() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     done, a, b = new_batch(), new_batch(), new_batch()
     sent(tm, done)
@@ -94,7 +94,7 @@ async def test_out_of_order_for_the_next_sequence_bumps_epoch_and_renumbers() ->
 
 
 async def test_failed_batch_bumps_epoch_so_later_batches_do_not_wait_on_a_gap() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     a, b = new_batch(), new_batch()
     sent(tm, a, b)
@@ -105,7 +105,7 @@ async def test_failed_batch_bumps_epoch_so_later_batches_do_not_wait_on_a_gap() 
 
 
 async def test_other_partitions_move_to_a_bumped_epoch_only_when_settled() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     other = ("t", 1)
     x = ProducerBatch("t", 1, time.monotonic(), 1000)
@@ -123,7 +123,7 @@ async def test_other_partitions_move_to_a_bumped_epoch_only_when_settled() -> No
 
 
 async def test_unknown_producer_id_for_the_first_batch_after_state_loss_bumps() -> None:
-    tm = TransactionManager(5)
+    tm = ProducerSequences(5)
     tm.set_producer_id_and_epoch(1, 0)
     acked, a = new_batch(), new_batch()
     sent(tm, acked)

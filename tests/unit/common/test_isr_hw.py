@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gregor.broker.partition import Partition
-from gregor.broker.replica_state import Effect, HighWatermarkChanged
+from gregor.broker.replication_state import Effect, HighWatermarkChanged
 from gregor.common import errors
 from gregor.common.config import effective_topic_configs, log_config_kwargs
 from gregor.common.isr import compute_high_watermark, is_isr_eligible, is_stale_follower_fetch, isr_eligible_followers

@@ -142,7 +142,7 @@ class ControlRequestFence:
 
 
 @dataclass
-class ReplicaState:
+class ReplicationState:
     """One partition replica's leadership, ISR, high watermark and follower bookkeeping (seeds 000, 002, 004)."""
 
     local_broker_id: int

@@ -39,4 +39,19 @@ for p in json.load(open(sys.argv[1]))["processes"]:
     if p.get("metrics"):
         print(f"{p['role']:<12} {p['id']:>3}  {p['metrics']}")
 PY
+echo "== the same topic through Kafka's protocol: librdkafka (confluent-kafka) reads it from the Kafka listener"
+"$(dirname "$GREGOR")/python" - "$DATA_DIR/cluster.json" "$TOPIC" "$RECORDS" <<'PY'
+import json, sys, time
+from confluent_kafka import Consumer
+bootstrap, topic, want = json.load(open(sys.argv[1]))["kafka_bootstrap"], sys.argv[2], int(sys.argv[3])
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo-librdkafka", "auto.offset.reset": "earliest",
+              "enable.auto.commit": False})
+c.subscribe([topic])
+seen, deadline = 0, time.monotonic() + 120
+while seen < want and time.monotonic() < deadline:
+    seen += sum(1 for m in c.consume(10000, 1.0) if m.error() is None)
+c.close()
+print(f"librdkafka read {seen} of {want} records from {bootstrap}")
+sys.exit(0 if seen == want else 1)
+PY
 echo "demo done; the cluster is stopped on exit (logs in $DATA_DIR/logs)"

@@ -40,8 +40,10 @@ CONVERGE_S = 30.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(str(tmp_path_factory.mktemp("topic-ids")), brokers=3, controllers=2,
-                         lease_ttl_ms=LEASE_TTL_MS) as c:
+    with running_cluster(str(tmp_path_factory.mktemp("topic-ids")), brokers=3, controllers=2, coordinators=1,
+                         lease_ttl_ms=LEASE_TTL_MS,
+                         coordinator_overrides={"group.initial.rebalance.delay.ms": "0",
+                                                "offsets.topic.num.partitions": "3"}) as c:
         yield c
 
 
@@ -276,3 +278,40 @@ async def test_a_broker_that_missed_the_delete_quarantines_the_old_log(cluster: 
 async def _registered(cluster: LocalCluster) -> bool:
     async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
         return len((await admin.describe_cluster()).brokers) == 3
+
+
+async def test_a_groups_offsets_go_with_a_deleted_topic(cluster: LocalCluster) -> None:
+    """Kafka deletes a deleted topic's committed offsets from every group: a member that later gets the
+    re-created topic's partition starts at auto.offset.reset, never at the old topic's committed offset."""
+    boot = cluster.bootstrap
+    topic, tp = "ids-group", ("ids-group", 0)
+    await create(boot, topic, 1, 3)
+    await produce(boot, topic, [f"old-{i}".encode() for i in range(5)])
+    cfg = {"bootstrap.servers": boot, "group.id": "ids-group-g", "auto.offset.reset": "earliest",
+           "enable.auto.commit": False, "fetch.max.wait.ms": 100}
+    async with Consumer(cfg) as c:
+        c.subscribe([topic])
+        got: list[bytes | None] = []
+        for _ in range(60):
+            got += [r.value for r in await c.poll(timeout_ms=500)]
+            if len(got) >= 5:
+                break
+        assert got == [f"old-{i}".encode() for i in range(5)]
+        await c.commit_sync()
+        assert (await c.committed([tp]))[tp] == 5
+    await delete(boot, topic)
+    await until(lambda: _gone(cluster, topic), CONVERGE_S, "the topic is gone everywhere")
+    async with Consumer(cfg) as c:
+        async def offsets_gone() -> bool:
+            return (await c.committed([tp]))[tp] is None
+        await until(offsets_gone, CONVERGE_S, "the group's offsets of the deleted topic are gone")
+    await create(boot, topic, 1, 3)
+    await produce(boot, topic, [f"new-{i}".encode() for i in range(8)])
+    async with Consumer(cfg) as c:
+        c.subscribe([topic])
+        fresh: list[bytes | None] = []
+        for _ in range(60):
+            fresh += [r.value for r in await c.poll(timeout_ms=500)]
+            if len(fresh) >= 8:
+                break
+        assert fresh == [f"new-{i}".encode() for i in range(8)], "read from the old topic's committed offset"

@@ -79,6 +79,7 @@ class GroupCoordinator:
         COMMITTED_OFFSETS.managers[id(self)] = self.manager
         self.num_partitions = self.config.offsets_topic_num_partitions
         self.topic_partitions: dict[str, int] = {}
+        self._topic_cleanups: set[asyncio.Task[None]] = set()  # offsets of deleted topics being tombstoned
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks: list[asyncio.Task[Any]] = []
         self._producer: Producer | None = None
@@ -351,6 +352,23 @@ class GroupCoordinator:
             group.offsets[(t, part)] = (off, epoch, meta, ts)
         OFFSET_COMMITS.inc(len(commits))
 
+    async def delete_offsets_of_topic(self, topic: str) -> None:
+        """Tombstone every committed offset of `topic` in the groups whose shard this coordinator owns."""
+        for group in list(self.manager.groups.values()):
+            tps = [tp for tp in group.offsets if tp[0] == topic]
+            p = self.partition_of(group.group_id)
+            if not tps or p not in self.owned or group.is_(GroupState.DEAD):
+                continue
+            try:
+                await self.append(p, [(ol.encode_offset_key(ol.OffsetKey(group.group_id, t, part)), None)
+                                      for t, part in tps])
+            except errors.GregorError as exc:
+                log.warning("deleting group %s's offsets of deleted topic %s failed: %s", group.group_id, topic, exc)
+                continue
+            for tp in tps:
+                group.offsets.pop(tp, None)
+            log.info("group %s: offsets of deleted topic %s removed", group.group_id, topic)
+
     async def delete_group(self, group: Group, p: int) -> None:
         """Tombstone every offset and the group metadata, then drop the group (Dead)."""
         records: list[tuple[bytes, bytes | None]] = [
@@ -439,6 +457,13 @@ class GroupCoordinator:
             self.topic_partitions[topic] = count
         if initial or before == count:
             return topic
+        if not count:
+            # Kafka's handleDeletedPartitions: a deleted topic's committed offsets go with it, so a group that
+            # later gets a re-created topic of that name starts from auto.offset.reset, not from the old
+            # topic's offsets (KIP-516's "a different topic").
+            task = asyncio.ensure_future(self.delete_offsets_of_topic(topic))
+            self._topic_cleanups.add(task)
+            task.add_done_callback(self._topic_cleanups.discard)
         change = ("deleted" if not count else "created" if not before
                   else f"now has {count} partitions (was {before})")
         hit = self.manager.on_topic_partitions_changed(topic, monotonic_ms(), change)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+PASS_THROUGH = {"ignore_unknown_options": True, "help_option_names": []}
 
 
 @click.group("chaos")

@@ -73,6 +73,9 @@ else:
 HOISTED_OPTIONS = ("--output", "-o", "--bootstrap")
 
 
+PASS_THROUGH_COMMANDS = frozenset({"chaos"})  # subcommands whose flags (--bootstrap too) are their own
+
+
 def hoist_global_options(args: list[str]) -> list[str]:
     """Move --output/-o/--bootstrap (with their values) in front of the subcommand."""
     front: list[str] = []
@@ -80,7 +83,8 @@ def hoist_global_options(args: list[str]) -> list[str]:
     i = 0
     while i < len(args):
         arg = args[i]
-        if arg == "--":
+        if arg == "--" or (arg in PASS_THROUGH_COMMANDS and not rest):
+            # `gregor chaos workload --bootstrap ...`: the chaos entry points parse their own flags.
             rest += args[i:]
             break
         if arg in HOISTED_OPTIONS and i + 1 < len(args):

@@ -181,7 +181,7 @@ async def test_leader_killed_new_leader_from_isr_then_broker_bounces_back(cluste
             return errors.from_rpc_error(exc).code == errors.Code.NOT_LEADER_OR_FOLLOWER
         return False
 
-    await until(rejoined, 10, "the restarted broker gets UpdateMetadata and LeaderAndIsr")
+    await until(rejoined, 30, "the restarted broker gets UpdateMetadata and LeaderAndIsr")
     async with channel(back.grpc) as ch:
         resp = await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(controller_pb2.DescribeClusterRequest(),
                                                                               timeout=5)

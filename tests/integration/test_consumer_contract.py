@@ -22,8 +22,8 @@ from typing import Any, Optional
 import pytest
 
 from gregor.client.consumer import Consumer, ConsumerRecord, SyncConsumer
-from gregor.client.loop_thread import LoopThread
 from gregor.common import errors
+from tests.helpers.loop_consumer import LoopConsumer
 from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_consumer_groups import config, create_topic, produce
 
@@ -41,20 +41,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tear_down(c)
 
 
-class AsyncDriver:
+class AsyncDriver(LoopConsumer):
     """The asyncio Consumer, called from a blocking test through a loop of the test's own."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.lt = LoopThread("test-async-consumer")
-
-        async def make() -> Consumer:
-            return Consumer(cfg)
-        self.c: Consumer = self.lt.run(make())
-
-    def _sync(self, fn: Any, *args: Any) -> Any:
-        async def run() -> Any:
-            return fn(*args)
-        return self.lt.run(run())
+        super().__init__(cfg, "test-async-consumer")
 
     def subscribe(self, topics: list[str], listener: Any = None) -> None:
         self._sync(lambda: self.c.subscribe(topics, listener=listener))

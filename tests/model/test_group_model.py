@@ -38,8 +38,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from gregor.client import SyncProducer
 from gregor.client.consumer import Consumer, ConsumerRecord, SyncConsumer
-from gregor.client.loop_thread import LoopThread
 from gregor.common import errors
+from tests.helpers.loop_consumer import LoopConsumer
 from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_consumer_groups import bootstrap, config, create_topic
 from tests.integration.test_transactions import TXN_OVERRIDES
@@ -85,20 +85,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tear_down(c)
 
 
-class AsyncMember:
+class AsyncMember(LoopConsumer):
     """The asyncio Consumer, its listener a coroutine awaiting the Consumer (driven from the test's thread)."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.lt = LoopThread("model-async-consumer")
-
-        async def make() -> Consumer:
-            return Consumer(cfg)
-        self.c: Consumer = self.lt.run(make())
-
-    def _sync(self, fn: Any, *args: Any) -> Any:
-        async def run() -> Any:
-            return fn(*args)
-        return self.lt.run(run())
+        super().__init__(cfg, "model-async-consumer")
 
     def subscribe(self, listener: Any) -> None:
         self._sync(lambda: self.c.subscribe([IN_TOPIC], listener=listener))

@@ -53,6 +53,9 @@ def test_chaos_short_schedule(tmp_path: Path) -> None:
     stats = verdict["stats"]
     assert stats["values_acknowledged"] > 0 and stats["partitions_with_final_read"] == 4
     assert {"send", "poll", "txn", "commit_offsets", "hw", "replica", "controller"} <= set(stats["ops"])
+    ops = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+    gateway_txns = {o["outcome"] for o in ops if o["op"] == "txn" and o.get("client") == "gateway"}
+    assert "ok" in gateway_txns, "no transaction through the gateway's TransactionalProduceStream committed"
     assert sum(stats["ops"]["replica"].values()) == 12  # 3 replicas of 4 partitions, both of broker-0's dirs
     assert our_namespaces() == []
 

@@ -240,7 +240,7 @@ class Workload:
             k += 1
             txn_id = f"{process}/{k}"
             abort = self.rng.random() < 0.2
-            sends = [{"topic": TXN_TOPIC, "partition": part, "key": f"{txn_id}:{part}",
+            sends: list[dict[str, Any]] = [{"topic": TXN_TOPIC, "partition": part, "key": f"{txn_id}:{part}",
                       "value": f"{txn_id}:{part}", "offset": None} for part in range(min(2, self.a.partitions))]
             t0 = now()
             outcome, asked_commit, error = UNKNOWN, False, None
@@ -250,10 +250,10 @@ class Workload:
                     raise errors.from_detail(res.error)
                 by_id: dict[int, dict[str, Any]] = {}
                 for s in sends:
-                    rec = common_pb2.Record(key=s["key"].encode(), value=s["value"].encode())
+                    rec = common_pb2.Record(key=str(s["key"]).encode(), value=str(s["value"]).encode())
                     by_id[cid := next(ids)] = s
                     await call.write(gateway_pb2.GatewayTxnRequest(record=gateway_pb2.GatewayRecord(
-                        topic=TXN_TOPIC, record=rec, partition=s["partition"], correlation_id=cid)))
+                        topic=TXN_TOPIC, record=rec, partition=int(s["partition"]), correlation_id=cid)))
                 failed = None
                 for _ in sends:  # answers come as the records are acknowledged, not in request order
                     res = await answer()

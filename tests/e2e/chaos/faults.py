@@ -8,6 +8,7 @@ filter, qdisc and stopped process) before the final read.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -19,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gregor.chaos.history import OK, HistoryWriter
+from gregor.chaos.history import OK, HistoryWriter, tp_name
+from gregor.chaos.workload import TOPIC, TXN_TOPIC
 from tests.e2e.chaos.topology import ChaosCluster
 
 KINDS = (
@@ -114,6 +116,35 @@ class Nemesis:
                     if p.ip == host:
                         return p.name
         return None
+
+    def partitions_of(self, targets: list[str] | None) -> tuple[list[str] | None, list[str]]:
+        """The workload's partitions a fault on these targets affects: those whose ISR holds a targeted
+        broker (an acks=all write waits for every ISR member until the controller shrinks it), and of them
+        the ones a target leads. (None, []) when no broker is targeted or etcd cannot say: the checker then
+        counts every partition."""
+        from gregor.common.etcd import EtcdClient
+        from gregor.common.etcd_layout import PartitionStateZNode
+
+        brokers = {int(t.split("-", 1)[1]) for t in targets or [] if t.startswith("broker-")}
+        if not brokers:
+            return None, []
+        keys = EtcdClient(self.c.etcd_endpoints)
+        try:
+            raw = json.loads(self._etcdctl("get", keys.key("brokers", "topics").decode() + "/", "--prefix",
+                                           "-w", "json") or "{}")
+        except (ValueError, subprocess.TimeoutExpired):
+            return None, []
+        affected, led = [], []
+        for kv in raw.get("kvs", []):
+            tp = PartitionStateZNode.topic_partition(keys, base64.b64decode(kv["key"]))
+            if tp is None or tp[0] not in (TOPIC, TXN_TOPIC):
+                continue
+            state = PartitionStateZNode.decode(base64.b64decode(kv["value"]), int(kv["version"]))
+            if brokers & set(state.isr):
+                affected.append(tp_name(*tp))
+            if state.leader in brokers:
+                led.append(tp_name(*tp))
+        return (sorted(affected) or None), sorted(led)
 
     def servers(self) -> list[str]:
         return sorted(self.c.procs)
@@ -236,9 +267,11 @@ class Nemesis:
         self.c.net.heal_all()
 
     def _record(self, kind: str, phase: str, t: float, detail: dict[str, Any]) -> None:
+        if phase == "start" and "partitions" not in detail:
+            detail["partitions"], detail["led_partitions"] = self.partitions_of(detail.get("targets"))
         self.h.record(process="nemesis", op="nemesis", invoke=t, complete=time.time(), outcome=OK, fault=kind,
-                      phase=phase, targets=detail.get("targets"), partitions=None,
-                      detail={k: v for k, v in detail.items() if k != "targets"})
+                      phase=phase, targets=detail.get("targets"), partitions=detail.get("partitions"),
+                      detail={k: v for k, v in detail.items() if k not in ("targets", "partitions")})
         print(f"nemesis {phase} {kind} {detail}", flush=True)
 
     def heal_everything(self) -> None:

@@ -1,0 +1,322 @@
+"""Kafka wire protocol, second stage (issue 22): transactions (KIP-98) and read_committed through the brokers'
+Kafka listeners, proven with confluent-kafka (librdkafka) and raw kio requests against a real local cluster
+(etcd, controller, 2 brokers, a group/transaction coordinator). Both APIs see the same transactions: a
+librdkafka transaction is read back by Gregor's own read_committed consumer and listed by
+`gregor transactions list`. Every test talks to the Kafka listeners, so each fails without them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from gregor.cli.local_cluster import LocalCluster
+from tests.e2e.test_kafka_protocol import RawClient as FlexibleRawClient, WAIT_S, bootstrap, cli, create_topic, drain
+
+
+class RawClient(FlexibleRawClient):
+    """The protocol test's raw connection, also for non-flexible versions (header v1, response header v0)."""
+
+    def call(self, request: Any) -> Any:
+        import io
+        import struct
+
+        from kio.index import load_response_from_request
+        from kio.serial import entity_reader, entity_writer
+
+        if type(request).__flexible__:
+            return super().call(request)
+        self.corr += 1
+        out = io.BytesIO()
+        out.write(struct.pack(">hhih", request.__api_key__, request.__version__, self.corr, 3) + b"raw")
+        entity_writer(type(request))(out, request)
+        frame = out.getvalue()
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        data = self._recv(struct.unpack(">i", self._recv(4))[0])
+        assert struct.unpack_from(">i", data, 0)[0] == self.corr
+        value, _ = entity_reader(load_response_from_request(request))(memoryview(data), 4)
+        return value
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.up(str(tmp_path_factory.mktemp("kafka-txn")), brokers=2, controllers=1, coordinators=1)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def txn_producer(c: LocalCluster, tid: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap(c), "transactional.id": tid, "transaction.timeout.ms": 60000})
+    p.init_transactions(WAIT_S)  # the first one also has the coordinator create __transaction_state
+    return p
+
+
+def committed_consumer(c: LocalCluster, group: str, isolation: str = "read_committed") -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap(c), "group.id": group, "enable.auto.commit": False,
+                     "isolation.level": isolation, "auto.offset.reset": "earliest"})
+
+
+def read_all(c: LocalCluster, topic: str, partitions: int, isolation: str) -> list[bytes]:
+    """Every record a consumer of this isolation level gets, read until it reaches the partitions' ends."""
+    cons = committed_consumer(c, f"reader-{uuid.uuid4().hex[:6]}", isolation)
+    ends = {}
+    for p in range(partitions):
+        _, high = cons.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        ends[p] = high
+    cons.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[bytes] = []
+    at = {p: 0 for p in range(partitions)}
+    deadline = time.monotonic() + WAIT_S
+    try:
+        # read_committed stops at the LSO and skips aborted records and markers: poll until positions pass ends
+        while time.monotonic() < deadline:
+            m = cons.poll(0.3)
+            if m is not None:
+                assert m.error() is None or m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                if m.error() is None:
+                    got.append(m.value())
+                    at[m.partition()] = m.offset() + 1
+            pos = {tp.partition: tp.offset for tp in cons.position([TopicPartition(topic, p) for p in range(partitions)])}
+            if all(pos[p] >= ends[p] for p in range(partitions)):
+                break
+        else:
+            raise AssertionError(f"{isolation} consumer stuck at {pos}, ends {ends}")
+    finally:
+        cons.close()
+    return got
+
+
+def grpc_consume(c: LocalCluster, topic: str, n: int, isolation: str) -> list[str]:
+    out = cli(c, "consume", topic, "--from-beginning", "--max-messages", str(n), "--timeout-ms", "8000",
+              "--isolation-level", isolation, "--output", "json")
+    return [json.loads(line)["value"] for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_librdkafka_transactions_commit_and_abort_seen_alike_by_both_apis(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, partitions=2)
+    tid = f"tx-{topic}"
+    p = txn_producer(cluster, tid)
+    try:
+        p.begin_transaction()
+        for i in range(6):
+            p.produce(topic, value=f"c1-{i}", partition=i % 2)
+        p.commit_transaction(WAIT_S)
+        p.begin_transaction()
+        for i in range(4):
+            p.produce(topic, value=f"ab-{i}", partition=i % 2)
+        p.flush(WAIT_S)  # written to the log (and visible read_uncommitted) before the abort
+        p.abort_transaction(WAIT_S)
+        p.begin_transaction()
+        for i in range(3):
+            p.produce(topic, value=f"c2-{i}", partition=i % 2)
+        p.commit_transaction(WAIT_S)
+    finally:
+        p.flush(5)
+    committed = sorted([f"c1-{i}" for i in range(6)] + [f"c2-{i}" for i in range(3)])
+    aborted = [f"ab-{i}" for i in range(4)]
+    assert sorted(v.decode() for v in read_all(cluster, topic, 2, "read_committed")) == committed
+    assert sorted(v.decode() for v in read_all(cluster, topic, 2, "read_uncommitted")) == sorted(committed + aborted)
+    # Gregor's own gRPC consumer sees the same transactions.
+    assert sorted(grpc_consume(cluster, topic, 13, "read_committed")) == committed
+    assert sorted(grpc_consume(cluster, topic, 13, "read_uncommitted")) == sorted(committed + aborted)
+    # ...and the gRPC admin lists the Kafka client's transactional id.
+    listed = cli(cluster, "transactions", "list", "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert tid in listed.stdout
+
+
+def test_list_offsets_read_committed_stops_at_the_open_transaction(cluster: LocalCluster) -> None:
+    """ListOffsets with isolation level (v2+): latest is the LSO for read_committed while a transaction is open;
+    DescribeProducers shows the open transaction's first offset; DescribeTransactions / ListTransactions show it."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    topic = create_topic(cluster, partitions=1)
+    tid = f"tx-{topic}"
+    plain = Producer({"bootstrap.servers": bootstrap(cluster), "enable.idempotence": True})
+    for i in range(3):
+        plain.produce(topic, value=f"p{i}", partition=0)
+    assert plain.flush(WAIT_S) == 0
+    p = txn_producer(cluster, tid)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, value=f"t{i}", partition=0)
+    p.flush(WAIT_S)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    tp = TopicPartition(topic, 0)
+
+    def latest(level: Any) -> int:
+        res = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=level)
+        return int(res[tp].result(timeout=WAIT_S).offset)
+
+    try:
+        assert latest(IsolationLevel.READ_UNCOMMITTED) == 5 and latest(IsolationLevel.READ_COMMITTED) == 3
+        address = leader_of(cluster, topic)
+        raw = RawClient(address)
+        try:
+            producers = raw.call(describe_producers_request(topic))
+            [[part]] = [t.partitions for t in producers.topics]
+            assert part.error_code.value == 0
+            open_txns = [s for s in part.active_producers if s.current_txn_start_offset >= 0]
+            assert [s.current_txn_start_offset for s in open_txns] == [3]
+            described = raw.call(describe_transactions_request(tid))
+            [state] = described.transaction_states
+            assert (state.error_code.value, state.transaction_state) == (0, "Ongoing")
+            assert [(t.topic, list(t.partitions)) for t in state.topics] == [(topic, [0])]
+            assert state.producer_id == open_txns[0].producer_id
+            listed = raw.call(list_transactions_request(["Ongoing"]))
+            assert tid in {s.transactional_id for s in listed.transaction_states}
+            assert all(s.transaction_state == "Ongoing" for s in listed.transaction_states)
+        finally:
+            raw.close()
+        p.commit_transaction(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while latest(IsolationLevel.READ_COMMITTED) != 6:  # 3 records, 2 transactional, their COMMIT marker
+            assert time.monotonic() < deadline, "the LSO never moved past the committed transaction"
+            time.sleep(0.1)
+    finally:
+        p.flush(5)
+
+
+def leader_of(c: LocalCluster, topic: str) -> str:
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": bootstrap(c)}).list_topics(topic, timeout=10)
+    b = md.brokers[md.topics[topic].partitions[0].leader]
+    return f"{b.host}:{b.port}"
+
+
+def describe_producers_request(topic: str) -> Any:
+    from kio.schema.describe_producers.v0 import request as dp
+    from kio.schema.types import TopicName
+    from kio.static.primitive import i32
+
+    return dp.DescribeProducersRequest(topics=(dp.TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),))
+
+
+def describe_transactions_request(tid: str) -> Any:
+    from kio.schema.describe_transactions.v0 import request as dt
+    from kio.schema.types import TransactionalId
+
+    return dt.DescribeTransactionsRequest(transactional_ids=(TransactionalId(tid),))
+
+
+def list_transactions_request(states: list[str]) -> Any:
+    from kio.schema.list_transactions.v1 import request as lt
+    from kio.static.primitive import i64
+
+    return lt.ListTransactionsRequest(state_filters=tuple(states), producer_id_filters=(), duration_filter=i64(-1))
+
+
+def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster: LocalCluster) -> None:
+    src = create_topic(cluster, partitions=2)
+    dst = create_topic(cluster, partitions=2)
+    group = f"ctp-{src}"
+    plain = Producer({"bootstrap.servers": bootstrap(cluster), "enable.idempotence": True})
+    for i in range(10):
+        plain.produce(src, value=f"in{i}", partition=i % 2)
+    assert plain.flush(WAIT_S) == 0
+    cons = committed_consumer(cluster, group)
+    cons.subscribe([src])
+    p = txn_producer(cluster, f"tx-{group}")
+    try:
+        # First round: transformed and offsets sent, but aborted: neither the output nor the offsets stay.
+        batch = drain(cons, 10)
+        assert len(batch) == 10
+        p.begin_transaction()
+        for m in batch:
+            p.produce(dst, value=m.value().upper(), partition=m.partition())
+        p.send_offsets_to_transaction(cons.position(cons.assignment()), cons.consumer_group_metadata(), WAIT_S)
+        # While the transaction holds the group's offsets, a require_stable OffsetFetch is told to wait.
+        assert offset_fetch_stable_code(cluster, group, src) == 88  # UNSTABLE_OFFSET_COMMIT
+        p.abort_transaction(WAIT_S)
+        assert offset_fetch_stable_code(cluster, group, src) == 0
+        # Second round: the same input again (rewound to the committed offsets, none), committed.
+        for tp in cons.assignment():
+            cons.seek(TopicPartition(src, tp.partition, 0))
+        batch = drain(cons, 10)
+        p.begin_transaction()
+        for m in batch:
+            p.produce(dst, value=m.value().upper(), partition=m.partition())
+        p.send_offsets_to_transaction(cons.position(cons.assignment()), cons.consumer_group_metadata(), WAIT_S)
+        p.commit_transaction(WAIT_S)
+    finally:
+        cons.close()
+        p.flush(5)
+    assert sorted(read_all(cluster, dst, 2, "read_committed")) == sorted(f"IN{i}".encode() for i in range(10))
+    desc = cli(cluster, "groups", "describe", group, "--output", "json")
+    assert desc.returncode == 0, desc.stderr
+    rows = json.loads(desc.stdout)["partitions"]
+    assert sorted((r["partition"], r["current_offset"]) for r in rows) == [(0, 5), (1, 5)]
+    # A librdkafka consumer of the group starts at the transaction's offsets.
+    again = committed_consumer(cluster, group)
+    try:
+        committed = again.committed([TopicPartition(src, 0), TopicPartition(src, 1)], timeout=WAIT_S)
+        assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 5), (1, 5)]
+    finally:
+        again.close()
+
+
+def offset_fetch_stable_code(c: LocalCluster, group: str, topic: str) -> int:
+    """OffsetFetch v7 with require_stable through a raw connection: partition 0's error code."""
+    from kio.schema.offset_fetch.v7 import request as of
+    from kio.schema.types import GroupId, TopicName
+    from kio.static.primitive import i32
+
+    raw = RawClient(bootstrap(c).split(",")[0])
+    try:
+        resp = raw.call(of.OffsetFetchRequest(group_id=GroupId(group), require_stable=True, topics=(
+            of.OffsetFetchRequestTopic(name=TopicName(topic), partition_indexes=(i32(0),)),)))
+    finally:
+        raw.close()
+    assert resp.error_code.value == 0
+    return int(resp.topics[0].partitions[0].error_code.value)
+
+
+def test_a_second_producer_with_the_same_transactional_id_fences_the_first(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, partitions=1)
+    tid = f"tx-{topic}"
+    first = txn_producer(cluster, tid)
+    first.begin_transaction()
+    first.produce(topic, value="zombie", partition=0)
+    first.flush(WAIT_S)
+    second = txn_producer(cluster, tid)  # bumps the epoch, aborts the first one's open transaction
+    second.begin_transaction()
+    second.produce(topic, value="winner", partition=0)
+    second.commit_transaction(WAIT_S)
+    with pytest.raises(KafkaException) as caught:
+        first.produce(topic, value="late", partition=0)
+        first.commit_transaction(WAIT_S)
+    err = caught.value.args[0]
+    assert err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                         KafkaError.INVALID_PRODUCER_EPOCH), err
+    assert [v.decode() for v in read_all(cluster, topic, 1, "read_committed")] == ["winner"]
+    # Raw: an EndTxn with the old epoch is PRODUCER_FENCED (v4), INVALID_PRODUCER_EPOCH for v1.
+    raw = RawClient(bootstrap(cluster).split(",")[0])
+    try:
+        described = raw.call(describe_transactions_request(tid)).transaction_states[0]
+        assert described.producer_epoch >= 1
+        codes = [raw.call(end_txn_request(v, tid, described.producer_id, described.producer_epoch - 1)).error_code.value
+                 for v in (4, 1)]
+    finally:
+        raw.close()
+    assert codes == [90, 47]
+
+
+def end_txn_request(version: int, tid: str, pid: int, epoch: int) -> Any:
+    import importlib
+
+    from kio.schema.types import ProducerId, TransactionalId
+    from kio.static.primitive import i16
+
+    mod = importlib.import_module(f"kio.schema.end_txn.v{version}.request")
+    return mod.EndTxnRequest(transactional_id=TransactionalId(tid), producer_id=ProducerId(pid),
+                             producer_epoch=i16(epoch), committed=True)

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from gregor.cli.local_cluster import LocalCluster
+from tests.helpers.wait import wait_for
 from tests.e2e.test_kafka_protocol import RawClient as FlexibleRawClient, WAIT_S, bootstrap, cli, create_topic, drain
 
 
@@ -178,10 +179,8 @@ def test_list_offsets_read_committed_stops_at_the_open_transaction(cluster: Loca
         finally:
             raw.close()
         p.commit_transaction(WAIT_S)
-        deadline = time.monotonic() + WAIT_S
-        while latest(IsolationLevel.READ_COMMITTED) != 6:  # 3 records, 2 transactional, their COMMIT marker
-            assert time.monotonic() < deadline, "the LSO never moved past the committed transaction"
-            time.sleep(0.1)
+        # 3 records, 2 transactional, their COMMIT marker
+        wait_for(lambda: latest(IsolationLevel.READ_COMMITTED) == 6, WAIT_S, "the LSO past the committed transaction")
     finally:
         p.flush(5)
 
@@ -238,7 +237,8 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster:
         # While the transaction holds the group's offsets, a require_stable OffsetFetch is told to wait.
         assert offset_fetch_stable_code(cluster, group, src) == 88  # UNSTABLE_OFFSET_COMMIT
         p.abort_transaction(WAIT_S)
-        assert offset_fetch_stable_code(cluster, group, src) == 0
+        # Stable again once the abort's markers are written (EndTxn answers when the decision is durable).
+        wait_for(lambda: offset_fetch_stable_code(cluster, group, src) == 0, WAIT_S, "the group's offsets stable")
         # Second round: the same input again (rewound to the committed offsets, none), committed.
         for tp in cons.assignment():
             cons.seek(TopicPartition(src, tp.partition, 0))

@@ -450,3 +450,64 @@ def test_metadata_carries_the_topic_id_gregor_shows(cluster: LocalCluster) -> No
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout.split("TopicId:")[1].split()[0]
     assert base64.urlsafe_b64decode(text + "==") == by_librdkafka != bytes(16), (str(seen), shown.stdout)
+
+
+# ---- stage-1 admin APIs: IncrementalAlterConfigs, DeleteRecords, ElectLeaders ------------------------
+
+def test_admin_incremental_alter_configs_reach_the_controller(cluster: LocalCluster) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    topic = create_topic(cluster, partitions=1, rf=1)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
+    assert admin.incremental_alter_configs([res])[res].result(timeout=WAIT_S) is None
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    configs = list(described.values())[0].result(timeout=WAIT_S)
+    assert configs["retention.ms"].value == "3600000" and configs["cleanup.policy"].value == "delete,compact"
+    shown = cli(cluster, "topics", "describe", topic)  # the gRPC side sees the same overrides
+    assert "retention.ms=3600000" in shown.stdout, shown.stdout
+    undo = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT)])
+    admin.incremental_alter_configs([undo])[undo].result(timeout=WAIT_S)
+    configs = list(admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values())[0].result(
+        timeout=WAIT_S)
+    assert configs["retention.ms"].value == "604800000" and configs["cleanup.policy"].value == "compact"
+    broker = ConfigResource(ConfigResource.Type.BROKER, "0", incremental_configs=[
+        ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    err = admin.incremental_alter_configs([broker])[broker].exception(timeout=WAIT_S)
+    assert err is not None and err.args[0].name() == "INVALID_REQUEST", err
+
+
+def test_admin_delete_records_moves_the_log_start_offset(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, partitions=1, rf=2)
+    produce_values(cluster, topic, [f"d{i}" for i in range(10)])
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    done = admin.delete_records([TopicPartition(topic, 0, 4)])
+    [(tp, fut)] = done.items()
+    assert fut.result(timeout=WAIT_S).low_watermark == 4
+    c = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": f"dr-{topic}", "enable.auto.commit": False})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (4, 10)
+    finally:
+        c.close()
+    out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "6", "--timeout-ms", "20000",
+              "--output", "json")
+    assert [json.loads(line)["offset"] for line in out.stdout.splitlines()] == list(range(4, 10))
+    beyond = admin.delete_records([TopicPartition(topic, 0, 11)])
+    err = list(beyond.values())[0].exception(timeout=WAIT_S)
+    assert err is not None and err.args[0].name() == "OFFSET_OUT_OF_RANGE", err
+
+
+def test_admin_elect_leaders_relays_to_the_controller(cluster: LocalCluster) -> None:
+    from confluent_kafka import ElectionType
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0), TopicPartition(topic, 7)]).result(
+        timeout=WAIT_S)
+    by_partition = {tp.partition: err for tp, err in res.items()}
+    assert by_partition[0] is not None and by_partition[0].name() == "ELECTION_NOT_NEEDED"
+    assert by_partition[7] is not None and by_partition[7].code() == 3  # UNKNOWN_TOPIC_OR_PARTITION

@@ -24,6 +24,7 @@ from gregor.common import errors
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
 from gregor.kafka import codec
+from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
 from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
@@ -71,6 +72,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
     **TXN_SUPPORTED,  # the transaction APIs (kafka/txn_handlers.py)
+    **ADMIN_SUPPORTED,  # DeleteRecords, ElectLeaders, IncrementalAlterConfigs (kafka/admin_handlers.py)
 }
 RESOURCE_TOPIC = 2  # DescribeConfigs resource types
 RESOURCE_BROKER = 4
@@ -108,6 +110,7 @@ class KafkaHandlers:
         }
         self.txn = TxnApis(self)
         self._table.update(self.txn.table())
+        self._table.update(AdminApis(self).table())
 
     async def close(self) -> None:
         for ch in self._channels.values():

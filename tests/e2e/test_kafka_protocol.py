@@ -511,3 +511,38 @@ def test_admin_elect_leaders_relays_to_the_controller(cluster: LocalCluster) -> 
     by_partition = {tp.partition: err for tp, err in res.items()}
     assert by_partition[0] is not None and by_partition[0].name() == "ELECTION_NOT_NEEDED"
     assert by_partition[7] is not None and by_partition[7].code() == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_kafka_python_deletes_group_offsets(cluster: LocalCluster) -> None:
+    """OffsetDelete through kafka-python's admin: an Empty group's offsets go; a consumer group with members keeps
+    the offsets of topics it subscribes to (GROUP_SUBSCRIBED_TO_TOPIC), and gRPC's `groups describe` agrees."""
+    from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+    from kafka import TopicPartition as KTP
+
+    topic = create_topic(cluster, partitions=2, rf=1)
+    other = create_topic(cluster, partitions=1, rf=1)
+    group = f"od-{topic}"
+    c = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": group, "enable.auto.commit": False,
+                  "session.timeout.ms": 10000})
+    c.subscribe([topic])
+    deadline = time.monotonic() + WAIT_S
+    while len(c.assignment()) < 2:
+        assert time.monotonic() < deadline, "the consumer never got its partitions"
+        c.poll(0.2)
+    c.commit(offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 4), TopicPartition(other, 0, 5)],
+             asynchronous=False)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+    try:
+        res = admin.delete_group_offsets(group, [KTP(topic, 0), KTP(other, 0)])
+        codes = {(tp.topic, tp.partition): err.errno for tp, err in res.items()}  # kafka.errors classes
+        assert codes == {(topic, 0): 86, (other, 0): 0}, res  # GROUP_SUBSCRIBED_TO_TOPIC for the subscribed one
+        c.close()  # Empty now: every offset may go
+        res = admin.delete_group_offsets(group, [KTP(topic, 0)])
+        assert [err.errno for err in res.values()] == [0], res
+    finally:
+        admin.close()
+    desc = cli(cluster, "groups", "describe", group, "--output", "json")
+    assert desc.returncode == 0, desc.stderr
+    rows = json.loads(desc.stdout)["partitions"]
+    assert sorted((r["topic"], r["partition"], r["current_offset"]) for r in rows
+                  if r["current_offset"] is not None and r["current_offset"] >= 0) == [(topic, 1, 4)], rows

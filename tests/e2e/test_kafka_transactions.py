@@ -67,11 +67,15 @@ def committed_consumer(c: LocalCluster, group: str, isolation: str = "read_commi
 
 def read_all(c: LocalCluster, topic: str, partitions: int, isolation: str) -> list[bytes]:
     """Every record a consumer of this isolation level gets, read until it reaches the partitions' ends."""
+    # The ends are high watermarks (a read_committed consumer's own watermarks would be LSOs, which lag while a
+    # committed transaction's markers are still being written): a read_committed consumer only gets past a
+    # transaction's records once its marker is there.
+    hw = committed_consumer(c, f"hw-{uuid.uuid4().hex[:6]}", "read_uncommitted")
+    try:
+        ends = {p: hw.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        hw.close()
     cons = committed_consumer(c, f"reader-{uuid.uuid4().hex[:6]}", isolation)
-    ends = {}
-    for p in range(partitions):
-        _, high = cons.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        ends[p] = high
     cons.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got: list[bytes] = []
     at = {p: 0 for p in range(partitions)}
@@ -160,24 +164,26 @@ def test_list_offsets_read_committed_stops_at_the_open_transaction(cluster: Loca
 
     try:
         assert latest(IsolationLevel.READ_UNCOMMITTED) == 5 and latest(IsolationLevel.READ_COMMITTED) == 3
-        address = leader_of(cluster, topic)
-        raw = RawClient(address)
+        # kafka-python's admin: DescribeProducers to the leader, DescribeTransactions to the id's coordinator
+        # (FindCoordinator TRANSACTION), ListTransactions to every broker (answers concatenated).
+        from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+        from kafka import TopicPartition as KTP
+
+        kadmin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
         try:
-            producers = raw.call(describe_producers_request(topic))
-            [[part]] = [t.partitions for t in producers.topics]
-            assert part.error_code.value == 0
-            open_txns = [s for s in part.active_producers if s.current_txn_start_offset >= 0]
-            assert [s.current_txn_start_offset for s in open_txns] == [3]
-            described = raw.call(describe_transactions_request(tid))
-            [state] = described.transaction_states
-            assert (state.error_code.value, state.transaction_state) == (0, "Ongoing")
-            assert [(t.topic, list(t.partitions)) for t in state.topics] == [(topic, [0])]
-            assert state.producer_id == open_txns[0].producer_id
-            listed = raw.call(list_transactions_request(["Ongoing"]))
-            assert tid in {s.transactional_id for s in listed.transaction_states}
-            assert all(s.transaction_state == "Ongoing" for s in listed.transaction_states)
+            [state] = kadmin.describe_producers([KTP(topic, 0)]).values()
+            open_txns = [s for s in state.active_producers if s.current_transaction_start_offset >= 0]
+            assert [s.current_transaction_start_offset for s in open_txns] == [3]
+            described = kadmin.describe_transactions([tid])[tid]
+            assert str(getattr(described.state, "value", described.state)) == "Ongoing"
+            assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(topic, 0)}
+            assert described.producer_id == open_txns[0].producer_id
+            listed = [x for per_broker in kadmin.list_transactions(state_filters=["Ongoing"]).values()
+                      for x in per_broker]
+            assert [x.transactional_id for x in listed].count(tid) == 1  # every broker asked, listed once
+            assert all(str(getattr(x.state, "value", x.state)) == "Ongoing" for x in listed)
         finally:
-            raw.close()
+            kadmin.close()
         p.commit_transaction(WAIT_S)
         # 3 records, 2 transactional, their COMMIT marker
         wait_for(lambda: latest(IsolationLevel.READ_COMMITTED) == 6, WAIT_S, "the LSO past the committed transaction")
@@ -185,34 +191,11 @@ def test_list_offsets_read_committed_stops_at_the_open_transaction(cluster: Loca
         p.flush(5)
 
 
-def leader_of(c: LocalCluster, topic: str) -> str:
-    from confluent_kafka.admin import AdminClient
-
-    md = AdminClient({"bootstrap.servers": bootstrap(c)}).list_topics(topic, timeout=10)
-    b = md.brokers[md.topics[topic].partitions[0].leader]
-    return f"{b.host}:{b.port}"
-
-
-def describe_producers_request(topic: str) -> Any:
-    from kio.schema.describe_producers.v0 import request as dp
-    from kio.schema.types import TopicName
-    from kio.static.primitive import i32
-
-    return dp.DescribeProducersRequest(topics=(dp.TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),))
-
-
 def describe_transactions_request(tid: str) -> Any:
     from kio.schema.describe_transactions.v0 import request as dt
     from kio.schema.types import TransactionalId
 
     return dt.DescribeTransactionsRequest(transactional_ids=(TransactionalId(tid),))
-
-
-def list_transactions_request(states: list[str]) -> Any:
-    from kio.schema.list_transactions.v1 import request as lt
-    from kio.static.primitive import i64
-
-    return lt.ListTransactionsRequest(state_filters=tuple(states), producer_id_filters=(), duration_filter=i64(-1))
 
 
 def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster: LocalCluster) -> None:
@@ -243,6 +226,7 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster:
         for tp in cons.assignment():
             cons.seek(TopicPartition(src, tp.partition, 0))
         batch = drain(cons, 10)
+        assert sorted(m.value() for m in batch) == sorted(f"in{i}".encode() for i in range(10))
         p.begin_transaction()
         for m in batch:
             p.produce(dst, value=m.value().upper(), partition=m.partition())
@@ -251,7 +235,8 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster:
     finally:
         cons.close()
         p.flush(5)
-    assert sorted(read_all(cluster, dst, 2, "read_committed")) == sorted(f"IN{i}".encode() for i in range(10))
+    out = read_all(cluster, dst, 2, "read_committed")
+    assert sorted(out) == sorted(f"IN{i}".encode() for i in range(10)), (out, read_all(cluster, dst, 2, "read_uncommitted"))
     desc = cli(cluster, "groups", "describe", group, "--output", "json")
     assert desc.returncode == 0, desc.stderr
     rows = json.loads(desc.stdout)["partitions"]

@@ -1,5 +1,6 @@
 """Kafka admin APIs of the first stage that were missing: IncrementalAlterConfigs and ElectLeaders (through the
-controller), DeleteRecords (on this broker's leader partitions, through the native log's log-start-offset).
+controller), DeleteRecords (on this broker's leader partitions, through the native log's log-start-offset),
+OffsetDelete (relayed to the group's coordinator, like the other group APIs).
 
 IncrementalAlterConfigs: TOPIC resources become the controller's AlterConfigs (SET and DELETE as they are;
 APPEND and SUBTRACT, Kafka's list operations, read the topic's current value first and SET the new
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gregor.common import errors
 from gregor.kafka import codec
-from gregor.rpc.v1 import common_pb2, controller_pb2
+from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
     from gregor.kafka.handlers import KafkaHandlers
@@ -32,8 +33,9 @@ ADMIN_SUPPORTED: dict[int, tuple[int, int]] = {
     21: (0, 2),   # DeleteRecords
     43: (0, 2),   # ElectLeaders
     44: (0, 1),   # IncrementalAlterConfigs
+    47: (0, 0),   # OffsetDelete
 }
-ADMIN_API_NAMES = {21: "DeleteRecords", 43: "ElectLeaders", 44: "IncrementalAlterConfigs"}
+ADMIN_API_NAMES = {21: "DeleteRecords", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
 
 
 class AdminApis:
@@ -41,7 +43,8 @@ class AdminApis:
         self.h = handlers
 
     def table(self) -> dict[int, Any]:
-        return {21: self.delete_records, 43: self.elect_leaders, 44: self.incremental_alter_configs}
+        return {21: self.delete_records, 43: self.elect_leaders, 44: self.incremental_alter_configs,
+                47: self.offset_delete}
 
     # ---- IncrementalAlterConfigs -----------------------------------------------------------------
 
@@ -145,3 +148,22 @@ class AdminApis:
                                              low_watermark=-1, error_code=int(err.code)))
             topics.append(codec.build(mod.DeleteRecordsTopicResult, name=t.name, partitions=parts))
         return codec.build(mod.DeleteRecordsResponse, topics=topics)
+
+    # ---- OffsetDelete ------------------------------------------------------------------------------
+
+    async def offset_delete(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        asked = [(str(t.name), int(p.partition_index)) for t in req.topics for p in t.partitions]
+        codes: dict[tuple[str, int], int] = {}
+        try:
+            resp = await self.h._group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
+                group_id=str(req.group_id),
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked]))
+        except errors.GregorError as err:
+            return codec.build(mod.OffsetDeleteResponse, error_code=int(err.code), topics=[])
+        for r in resp.results:
+            codes[(r.partition.topic, r.partition.partition)] = int(r.error.code) if r.HasField("error") else NONE
+        return codec.build(mod.OffsetDeleteResponse, error_code=NONE, topics=[
+            codec.build(mod.OffsetDeleteResponseTopic, name=t.name, partitions=[
+                codec.build(mod.OffsetDeleteResponsePartition, partition_index=p.partition_index,
+                            error_code=codes.get((str(t.name), int(p.partition_index)), NONE))
+                for p in t.partitions]) for t in req.topics])

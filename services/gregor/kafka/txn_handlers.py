@@ -25,6 +25,7 @@ import grpc
 from gregor.broker.coordinator_lookup import KEY_TYPE_TRANSACTION
 from gregor.broker.txn_markers import describe_producers
 from gregor.common import errors
+from gregor.common.coordinator_ownership import partition_for
 from gregor.common.rpc import channel
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as tpb, transaction_pb2_grpc
@@ -268,6 +269,17 @@ class TxnApis:
         assert last is not None
         raise last
 
+    async def mine(self, transactional_ids: list[str]) -> set[str]:
+        """The ids this broker lists. Kafka's admin clients send ListTransactions to every broker and concatenate
+        the answers (each Kafka broker lists the ids of the __transaction_state partitions it leads); here any
+        broker reaches every id, so each lists a disjoint slice: the ids that hash (Kafka's partitionFor) onto
+        its place among the brokers with a Kafka listener. The union over all brokers is every id, once."""
+        me = self.h.broker.config.broker_id
+        ids = sorted(await self.h.kafka_brokers())
+        if me not in ids:
+            return set(transactional_ids)
+        return {t for t in transactional_ids if ids[partition_for(t, len(ids))] == me}
+
     async def list_transactions(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         wanted = [str(s) for s in req.state_filters]
         pids = {int(p) for p in req.producer_id_filters}
@@ -278,6 +290,8 @@ class TxnApis:
             return codec.build(mod.ListTransactionsResponse, error_code=int(err.code), unknown_state_filters=[],
                                transaction_states=[])
         now = int(time.time() * 1000)
+        mine = await self.mine([d.transactional_id for d in txns])
+        txns = [d for d in txns if d.transactional_id in mine]
         out = [codec.build(mod.TransactionState, transactional_id=d.transactional_id, producer_id=d.producer_id,
                            transaction_state=d.state)
                for d in txns

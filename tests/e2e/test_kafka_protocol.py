@@ -28,6 +28,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from gregor.cli.local_cluster import LocalCluster
+from tests.helpers.wait import wait_for
 
 GREGOR = [sys.executable, "-m", "gregor.cli.main"]
 WAIT_S = 60.0
@@ -481,6 +482,17 @@ def test_admin_incremental_alter_configs_reach_the_controller(cluster: LocalClus
     assert err is not None and err.args[0].name() == "INVALID_REQUEST", err
 
 
+def log_start_offsets(c: LocalCluster, topic: str) -> float:
+    """gregor_log_start_offset of `topic` summed over every broker's replicas (/metrics)."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_log_start_offset{") and f'topic="{topic}"' in line:
+                    total += float(line.split()[-1])
+    return total
+
+
 def test_admin_delete_records_moves_the_log_start_offset(cluster: LocalCluster) -> None:
     topic = create_topic(cluster, partitions=1, rf=2)
     produce_values(cluster, topic, [f"d{i}" for i in range(10)])
@@ -496,6 +508,8 @@ def test_admin_delete_records_moves_the_log_start_offset(cluster: LocalCluster) 
     out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "6", "--timeout-ms", "20000",
               "--output", "json")
     assert [json.loads(line)["offset"] for line in out.stdout.splitlines()] == list(range(4, 10))
+    # The follower takes the leader's log start offset from its next replica fetch: both replicas start at 4.
+    wait_for(lambda: log_start_offsets(cluster, topic) == 8, WAIT_S, "both replicas' log start offsets at 4")
     beyond = admin.delete_records([TopicPartition(topic, 0, 11)])
     err = list(beyond.values())[0].exception(timeout=WAIT_S)
     assert err is not None and err.args[0].name() == "OFFSET_OUT_OF_RANGE", err

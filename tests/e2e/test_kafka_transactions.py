@@ -305,3 +305,52 @@ def end_txn_request(version: int, tid: str, pid: int, epoch: int) -> Any:
     mod = importlib.import_module(f"kio.schema.end_txn.v{version}.request")
     return mod.EndTxnRequest(transactional_id=TransactionalId(tid), producer_id=ProducerId(pid),
                              producer_epoch=i16(epoch), committed=True)
+
+
+def test_grpc_transactions_are_read_and_fenced_through_the_kafka_listener(cluster: LocalCluster) -> None:
+    """The other direction: Gregor's own gRPC transactional producer commits and aborts, librdkafka's
+    read_committed consumer sees only the committed records, kafka-python's admin describes the gRPC
+    producer's transaction, and a librdkafka producer with the same transactional.id fences it."""
+    from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+
+    from gregor.client.producer import SyncProducer
+    from gregor.common import errors
+
+    topic = create_topic(cluster, partitions=1)
+    tid = f"grpc-tx-{topic}"
+    g = SyncProducer({"bootstrap.servers": cluster.bootstrap, "transactional.id": tid, "acks": "all"})
+    try:
+        g.init_transactions()
+        g.begin_transaction()
+        for i in range(3):
+            g.send(topic, f"kept{i}".encode(), partition=0)
+        g.commit_transaction()
+        g.begin_transaction()
+        for i in range(2):
+            g.send(topic, f"dropped{i}".encode(), partition=0)
+        g.flush()
+        g.abort_transaction()
+        assert [v.decode() for v in read_all(cluster, topic, 1, "read_committed")] == [f"kept{i}" for i in range(3)]
+        g.begin_transaction()
+        g.send(topic, b"fenced", partition=0)
+        g.flush()
+        kadmin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+        try:
+            described = kadmin.describe_transactions([tid])[tid]
+            assert str(getattr(described.state, "value", described.state)) == "Ongoing"
+        finally:
+            kadmin.close()
+        k = txn_producer(cluster, tid)  # librdkafka's InitProducerId fences the gRPC producer
+        k.begin_transaction()
+        k.produce(topic, value="from-librdkafka", partition=0)
+        k.commit_transaction(WAIT_S)
+        with pytest.raises(errors.GregorError) as caught:
+            g.commit_transaction()
+        assert caught.value.code in (errors.Code.PRODUCER_FENCED, errors.Code.INVALID_PRODUCER_EPOCH), caught.value
+    finally:
+        try:
+            g.close()
+        except errors.GregorError:
+            pass
+    assert [v.decode() for v in read_all(cluster, topic, 1, "read_committed")] == [
+        *(f"kept{i}" for i in range(3)), "from-librdkafka"]

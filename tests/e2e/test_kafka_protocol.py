@@ -525,6 +525,9 @@ def test_admin_elect_leaders_relays_to_the_controller(cluster: LocalCluster) -> 
     by_partition = {tp.partition: err for tp, err in res.items()}
     assert by_partition[0] is not None and by_partition[0].name() == "ELECTION_NOT_NEEDED"
     assert by_partition[7] is not None and by_partition[7].code() == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    res = admin.elect_leaders(ElectionType.UNCLEAN, [TopicPartition(topic, 0)]).result(timeout=WAIT_S)
+    [err] = res.values()  # the leader is live: an unclean election is not needed either
+    assert err is not None and err.name() == "ELECTION_NOT_NEEDED"
 
 
 def test_kafka_python_deletes_group_offsets(cluster: LocalCluster) -> None:

@@ -293,9 +293,14 @@ def test_a_second_producer_with_the_same_transactional_id_fences_the_first(clust
         assert described.producer_epoch >= 1
         codes = [raw.call(end_txn_request(v, tid, described.producer_id, described.producer_epoch - 1)).error_code.value
                  for v in (4, 1)]
+        # KIP-360: InitProducerId naming an old epoch must not fence the current instance in turn.
+        init_codes = [raw.call(init_producer_id_request(v, tid, described.producer_id, described.producer_epoch - 1)
+                               ).error_code.value for v in (4, 3)]
+        after = raw.call(describe_transactions_request(tid)).transaction_states[0]
     finally:
         raw.close()
-    assert codes == [90, 47]
+    assert codes == [90, 47] and init_codes == [90, 47]
+    assert (after.producer_id, after.producer_epoch) == (described.producer_id, described.producer_epoch)
 
 
 def end_txn_request(version: int, tid: str, pid: int, epoch: int) -> Any:
@@ -356,3 +361,15 @@ def test_grpc_transactions_are_read_and_fenced_through_the_kafka_listener(cluste
             pass
     assert [v.decode() for v in read_all(cluster, topic, 1, "read_committed")] == [
         *(f"kept{i}" for i in range(3)), "from-librdkafka"]
+
+
+def init_producer_id_request(version: int, tid: str, pid: int, epoch: int) -> Any:
+    import importlib
+    from datetime import timedelta
+
+    from kio.schema.types import ProducerId, TransactionalId
+    from kio.static.primitive import i16, i32Timedelta
+
+    mod = importlib.import_module(f"kio.schema.init_producer_id.v{version}.request")
+    return mod.InitProducerIdRequest(transactional_id=TransactionalId(tid), transaction_timeout=i32Timedelta.parse(
+        timedelta(seconds=60)), producer_id=ProducerId(pid), producer_epoch=i16(epoch))

@@ -221,6 +221,7 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(cluster:
         p.send_offsets_to_transaction(cons.position(cons.assignment()), cons.consumer_group_metadata(), WAIT_S)
         # While the transaction holds the group's offsets, a require_stable OffsetFetch is told to wait.
         assert offset_fetch_stable_code(cluster, group, src) == 88  # UNSTABLE_OFFSET_COMMIT
+        assert offset_fetch_stable_code(cluster, group, dst) == 0  # no offsets pending there: stable
         p.abort_transaction(WAIT_S)
         # Stable again once the abort's markers are written (EndTxn answers when the decision is durable).
         wait_for(lambda: offset_fetch_stable_code(cluster, group, src) == 0, WAIT_S, "the group's offsets stable")

@@ -513,13 +513,12 @@ class KafkaHandlers:
             return codec.build(mod.OffsetFetchResponse, topics=[], error_code=int(err.code))
         got = {(p.topic, p.partition): p for p in resp.partitions}
         keys = asked if asked is not None else sorted(got)
-        unstable = NONE
+        unstable: dict[tuple[str, int], int] = {}
         if getattr(req, "require_stable", False):  # KIP-447: not while a transaction holds offsets of the group
             try:
-                if str(req.group_id) in await self.txn.unstable_groups():
-                    unstable = UNSTABLE_OFFSET_COMMIT
+                unstable = dict.fromkeys(await self.txn.unstable_offsets(str(req.group_id)), UNSTABLE_OFFSET_COMMIT)
             except errors.GregorError as err:
-                unstable = int(err.code)
+                unstable = dict.fromkeys(keys, int(err.code))
         by_topic: dict[str, list[Any]] = {}
         for t, i in keys:
             p = got.get((t, i))
@@ -527,7 +526,7 @@ class KafkaHandlers:
                 mod.OffsetFetchResponsePartition, partition_index=i,
                 committed_offset=p.offset if p is not None else -1,
                 committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
-                metadata=(p.metadata if p is not None else ""), error_code=unstable))
+                metadata=(p.metadata if p is not None else ""), error_code=unstable.get((t, i), NONE)))
         return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
             codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
 

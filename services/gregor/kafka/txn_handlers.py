@@ -324,7 +324,8 @@ class TxnApis:
 
     # ---- OffsetFetch require_stable --------------------------------------------------------------
 
-    async def unstable_groups(self) -> set[str]:
-        """Groups with transactional offsets not yet committed or aborted (an open transaction named them
-        with AddOffsetsToTxn): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them."""
-        return {g for d in await self.all_transactions() if d.state in OPEN_STATES for g in d.group_ids}
+    async def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions with transactional offsets not yet committed or aborted (TxnOffsetCommit in a
+        transaction still open): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them."""
+        return {(tp.topic, tp.partition) for d in await self.all_transactions() if d.state in OPEN_STATES
+                for g in d.pending_offsets if g.group_id == group_id for tp in g.partitions}

@@ -7,6 +7,7 @@ librdkafka transaction is read back by Gregor's own read_committed consumer and 
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import uuid
@@ -51,6 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         yield c
     finally:
+        gc.collect()  # librdkafka handles the tests dropped are destroyed while their brokers still answer
         c.down()
 
 

@@ -242,6 +242,9 @@ class ReplicaFetcher:
         try:
             # Also applies the batches to the producer state; the follower HW is the ReplicationState's.
             rm.run_effects(p, p.append_fetched(part.records, part.high_watermark))
+            if part.log_start_offset > p.log.log_start_offset:
+                # The leader's log start moved (DeleteRecords, retention): Kafka's follower follows it.
+                p.log.maybe_increment_log_start_offset(min(part.log_start_offset, p.log.log_end_offset))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
             self.state.on_apply_failed(key, st, loop.time())

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
-                                         LeaderBalanceConfig)
+                                         NEW_PARTITIONS_PER_EVENT_DEFAULT, LeaderBalanceConfig)
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties, parse_bool, settle
@@ -34,6 +34,7 @@ class ControllerArgs:
     delete_topic_enable: bool = True
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
+    new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT
 
 
 # Properties-file keys (Kafka's names where Kafka has one): key -> (argparse dest, parser, default).
@@ -46,6 +47,8 @@ CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
                                                LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT),
     "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", float,
                                                 LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT),
+    # Gregor's own: new partitions one controller event brings online (the rest wait for later events).
+    "new.partitions.per.event": ("new_partitions_per_event", int, NEW_PARTITIONS_PER_EVENT_DEFAULT),
     **METRICS_TOPIC_KEYS,  # metrics.topic.*: publish our samples to __gregor_metrics (docs/metrics.md)
 }
 
@@ -74,6 +77,9 @@ def parse_args(argv: list[str]) -> ControllerArgs:
                          "partitions it should lead but does not")
     ap.add_argument("--leader-imbalance-check-interval-seconds", type=float,
                     help="leader.imbalance.check.interval.seconds: how often the imbalance is checked")
+    ap.add_argument("--new-partitions-per-event", type=int,
+                    help="new.partitions.per.event: partitions one controller event creates; a larger creation "
+                         "is split so other requests are answered between its batches (default 1000)")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     try:
@@ -89,12 +95,15 @@ def parse_args(argv: list[str]) -> ControllerArgs:
         ap.error("leader.imbalance.per.broker.percentage must be between 0 and 100")
     if a.leader_imbalance_check_interval_seconds <= 0:
         ap.error("leader.imbalance.check.interval.seconds must be positive")
+    if a.new_partitions_per_event < 1:
+        ap.error("new.partitions.per.event must be at least 1")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
-                                              a.leader_imbalance_check_interval_seconds), metrics_topic)
+                                              a.leader_imbalance_check_interval_seconds), metrics_topic,
+                          a.new_partitions_per_event)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -120,7 +129,8 @@ async def run(args: ControllerArgs) -> int:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
     controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
-                            delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance)
+                            delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance,
+                            new_partitions_per_event=args.new_partitions_per_event)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
     controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])

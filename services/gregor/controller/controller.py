@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from dataclasses import dataclass
 
@@ -29,7 +29,8 @@ from gregor.controller.requests import (ControllerActions, ControlRequestBatch, 
                                         PartitionStateWrite, apply_writes_outcome,
                                         perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
-from gregor.controller.topics import on_topic_deletion, process_partition_modifications, process_topic_change
+from gregor.controller.topics import (on_new_partition_creation, on_topic_deletion, process_partition_modifications,
+                                     process_topic_change)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,6 +43,11 @@ LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT = 10
 LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT = 300.0
 # Kafka schedules the first AutoPreferredReplicaLeaderElection 5 s after failover.
 FIRST_AUTO_LEADER_REBALANCE_DELAY_S = 5.0
+# new.partitions.per.event: how many new partitions one controller event brings online. A larger creation
+# (CreateTopics, CreatePartitions, a topic key written by hand) writes its topic key at once and then
+# creates its partitions in events of this many, queued behind whatever else waits, so a 10,000-partition
+# creation does not hold the event queue for the seconds its partition-state writes take (issue 24).
+NEW_PARTITIONS_PER_EVENT_DEFAULT = 1_000
 
 
 @dataclass(frozen=True)
@@ -157,8 +163,12 @@ class Controller:
 
     def __init__(self, controller_id: int, etcd: EtcdClient, lease_ttl_ms: int = LEASE_TTL_MS_DEFAULT,
                  registry: CollectorRegistry = REGISTRY, endpoint: str = "", delete_topic_enable: bool = True,
-                 leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()) -> None:
+                 leader_balance: LeaderBalanceConfig = LeaderBalanceConfig(),
+                 new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT) -> None:
+        if new_partitions_per_event < 1:
+            raise ValueError("new.partitions.per.event must be at least 1")
         self.controller_id = controller_id
+        self.new_partitions_per_event = new_partitions_per_event
         self.etcd = etcd
         self.endpoint = endpoint
         self.delete_topic_enable = delete_topic_enable
@@ -177,6 +187,12 @@ class Controller:
         # The active role's AutoPreferredReplicaLeaderElection timer (Kafka's kafkaScheduler task).
         self._rebalance_timer: asyncio.Task[None] | None = None
         self._closing = False
+        # New partitions whose creation waits for a later NewPartitionCreation event, in creation order:
+        # partition -> (replicas, topic id of the topic they were assigned under). Active role only.
+        self._creation_backlog: dict[TopicPartition, tuple[list[int], bytes]] = {}
+        # Requests waiting until no partition of their topic is left in the backlog.
+        self._creation_waiters: list[tuple[str, asyncio.Future[None]]] = []
+        self._creation_scheduled = False  # one NewPartitionCreation event at a time is queued
 
     @property
     def is_active(self) -> bool:
@@ -456,6 +472,15 @@ class Controller:
             self._rebalance_timer.cancel()
             self._rebalance_timer = None
         self.channels.shutdown()
+        # The next controller finds the rest of a half-created topic New in etcd and creates it on failover.
+        self._creation_backlog.clear()
+        self._creation_scheduled = False
+        waiters, self._creation_waiters = self._creation_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(errors.error_for(
+                    errors.Code.NOT_CONTROLLER, "the controller moved while the topic's partitions were being "
+                    "created; the next controller creates the rest"))
         epoch = self.ctx.epoch
         self.ctx = ControllerContext()
         self.metrics.active_controller_count.set(0)
@@ -605,25 +630,125 @@ class Controller:
                      list(changes.bounced), sorted(self.ctx.live_broker_epochs))
 
     async def on_topic_change(self) -> None:
-        """TopicChange / PartitionModifications: new topics and added partitions go New -> Online."""
+        """TopicChange / PartitionModifications: new topics and added partitions go New -> Online.
+
+        At most `new_partitions_per_event` new partitions are created in this event; the rest wait in
+        the creation backlog for NewPartitionCreation events queued behind the events already waiting.
+        """
         if not self.is_active:
             return
         topic_keys = await metadata_store.load_topic_keys(self.etcd)
-        assignments = topic_keys.assignments
         for topic, topic_id in topic_keys.topic_ids.items():
             if topic not in self.ctx.all_topics or topic not in self.ctx.topic_ids:
                 self.ctx.topic_ids[topic] = topic_id
-        for topic in set(assignments) - self.ctx.all_topics:
+        for topic in set(topic_keys.assignments) - self.ctx.all_topics:
             kv = await self.etcd.get(metadata_store.config_key(self.etcd, topic))
             self.ctx.topic_configs[topic] = metadata_store.decode_config(kv.value) if kv is not None else {}
+        assignments = self._admit_new_partitions(topic_keys.assignments)
         actions = ControllerActions()
         known = self.ctx.all_topics & set(assignments)
         new, deleted = process_topic_change(self.ctx, assignments, actions)
         for topic in sorted(known):
             process_partition_modifications(self.ctx, topic, assignments[topic], actions)
         await self.apply_actions(actions)
+        self._after_creation_batch()
         if new or deleted:
             log.info("topics: new %s, gone %s", sorted(new), sorted(deleted))
+
+    def _admit_new_partitions(self, assignments: Mapping[str, Mapping[int, Sequence[int]]]
+                              ) -> dict[str, dict[int, Sequence[int]]]:
+        """The assignments this event acts on: the partitions the context knows, plus new ones up to
+        `new_partitions_per_event`; the other new partitions go to the creation backlog (in order)."""
+        budget = self.new_partitions_per_event
+        admitted: dict[str, dict[int, Sequence[int]]] = {}
+        for topic in sorted(assignments):
+            known = self.ctx.partition_assignments.get(topic, {}) if topic in self.ctx.all_topics else {}
+            view: dict[int, Sequence[int]] = {}
+            for partition, replicas in sorted(assignments[topic].items()):
+                tp = TopicPartition(topic, partition)
+                if partition in known:
+                    view[partition] = replicas
+                elif tp in self._creation_backlog:
+                    continue
+                elif budget > 0:
+                    view[partition] = replicas
+                    budget -= 1
+                else:
+                    self._creation_backlog[tp] = (list(replicas), self.ctx.topic_ids.get(topic, b""))
+            admitted[topic] = view
+        if self._creation_backlog:
+            self._schedule_creation_batch()
+        return admitted
+
+    def _schedule_creation_batch(self) -> None:
+        """Queue one NewPartitionCreation event behind what already waits (waiting for room if full)."""
+        if self._creation_scheduled:
+            return
+        self._creation_scheduled = True
+        def preempted() -> None:  # dropped by clear_and_put (Expire, shutdown): the next change re-queues
+            self._creation_scheduled = False
+
+        event = _Event(ControllerState.TOPIC_CHANGE, "NewPartitionCreation",
+                       lambda: self._guarded_event(self._create_backlogged_partitions), preempted)
+        try:
+            self.events.put_nowait(event)
+        except asyncio.QueueFull:
+            asyncio.get_running_loop().create_task(self.events.put(event), name="new-partition-creation")
+
+    async def _create_backlogged_partitions(self) -> None:
+        """NewPartitionCreation: the next `new_partitions_per_event` backlogged partitions go New -> Online.
+
+        A partition whose topic was deleted (or deleted and created again) since it was backlogged is
+        dropped; one the context already has (a TopicChange took it) is skipped.
+        """
+        self._creation_scheduled = False
+        if not self.is_active or not self._creation_backlog:
+            return
+        batch: list[TopicPartition] = []
+        for tp in list(self._creation_backlog)[:self.new_partitions_per_event]:
+            replicas, topic_id = self._creation_backlog.pop(tp)
+            if (tp.topic in self.ctx.all_topics and tp.topic not in self.ctx.topics_to_be_deleted
+                    and self.ctx.topic_ids.get(tp.topic, b"") == topic_id
+                    and tp.partition not in self.ctx.partition_assignments.get(tp.topic, {})):
+                self.ctx.update_partition_replica_assignment(tp, replicas)
+                batch.append(tp)
+        actions = ControllerActions()
+        if batch:
+            on_new_partition_creation(self.ctx, batch, actions)
+        await self.apply_actions(actions)
+        if self._creation_backlog:
+            self._schedule_creation_batch()
+        self._after_creation_batch()
+
+    def _after_creation_batch(self) -> None:
+        """Release the requests whose topic has no partition left in the creation backlog."""
+        pending = {tp.topic for tp in self._creation_backlog}
+        still: list[tuple[str, asyncio.Future[None]]] = []
+        for topic, waiter in self._creation_waiters:
+            if topic in pending:
+                still.append((topic, waiter))
+            elif not waiter.done():
+                waiter.set_result(None)
+        self._creation_waiters = still
+
+    def assigned_partitions(self, topic: str) -> dict[int, list[int]]:
+        """The topic's assignment as etcd holds it: created partitions and those still backlogged."""
+        out = {p: list(r) for p, r in self.ctx.partition_assignments.get(topic, {}).items()}
+        out.update({tp.partition: list(r) for tp, (r, _) in self._creation_backlog.items() if tp.topic == topic})
+        return out
+
+    def partitions_created(self, topic: str) -> asyncio.Future[None]:
+        """Done once no partition of `topic` waits in the creation backlog (event task or RPC side).
+
+        CreateTopics and CreatePartitions answer only then, so an answered creation has every
+        partition's leader chosen and its LeaderAndIsr queued, however many events it took.
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if any(tp.topic == topic for tp in self._creation_backlog):
+            self._creation_waiters.append((topic, waiter))
+        else:
+            waiter.set_result(None)
+        return waiter
 
     async def on_topic_deletion(self) -> None:
         """TopicDeletion: topics marked under admin/delete_topics are stopped, deleted on brokers, then removed."""

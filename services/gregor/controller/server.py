@@ -103,6 +103,9 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             outcome = await self.controller.run_request(
                 "CreateTopics", ControllerState.TOPIC_CHANGE,
                 lambda new=new: self.topics.create_topic(new, request.validate_only))  # type: ignore[misc]
+            if outcome.error is None and not request.validate_only:
+                # Outside the event task: the creation's later batches run while we wait.
+                await self.controller.partitions_created(outcome.name)
             results.append(_result(outcome))
         return controller_pb2.CreateTopicsResponse(results=results)
 
@@ -123,6 +126,8 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         outcome = await self.controller.run_request(
             "CreatePartitions", ControllerState.TOPIC_CHANGE,
             lambda: self.topics.create_partitions(request.topic, request.count, request.validate_only))
+        if not request.validate_only:
+            await self.controller.partitions_created(request.topic)
         return controller_pb2.CreatePartitionsResponse(result=_result(outcome))
 
     @rpc_method("AdminService")

@@ -5,6 +5,17 @@ Every public coroutine here runs on the controller's event task (through
 etcd writes carry the controller-epoch guard; the TopicChange / TopicDeletion
 processing then runs inline, so an answered CreateTopics already has leaders and
 its LeaderAndIsr / UpdateMetadata queued (the watch's own event is then a no-op).
+
+A creation is atomic where it is stored: the topic key with every partition's
+assignment (and its config) is one guarded etcd transaction, so the topic exists
+whole or not at all, and a controller that takes over mid-creation creates the
+partitions still New. Bringing the partitions online is not one event: the first
+`new.partitions.per.event` (1,000) go New -> Online inline, the rest in
+NewPartitionCreation events queued behind whatever already waits, so other admin
+requests and broker changes are answered between the batches of a 10,000-partition
+creation (as Kafka's controller bounds its record batches). The RPC answers once the
+last batch is done (`Controller.partitions_created`); until then Metadata shows the
+partitions created so far, and a CreatePartitions counts the ones still to come.
 """
 
 from __future__ import annotations
@@ -140,7 +151,8 @@ class TopicAdmin:
         """Assign the added partitions like Kafka's AdminUtils, write the grown assignment, run TopicChange."""
         if name not in self._ctx.all_topics:
             raise _unknown(name)
-        current = dict(self._ctx.partition_assignments[name])
+        # Partitions of a creation still under way count too (they are in etcd, not yet in the context).
+        current = self.controller.assigned_partitions(name)
         check_partitions_per_request(count - len(current))
         added = add_partitions_assignment(current, count, sorted(self._ctx.live_broker_ids))
         rf = len(current[0])

@@ -1,0 +1,125 @@
+"""A large topic creation does not hold the controller's event queue (issue 24).
+
+etcd, one controller started with `--new-partitions-per-event 50`, three brokers. A
+CreateTopics of 400 partitions is sent; once its topic key is in etcd (the creation
+is under way), a small CreateTopics and a DescribeConfigs are sent. Both are answered,
+and the controller's own record of processed events (DescribeControllerEvents) shows
+them processed before the large creation's last NewPartitionCreation batch: they did
+not wait behind it. On a controller that creates every partition in one event they
+would run only after it (and there would be no batches at all).
+
+The large creation still answers only once every partition has a leader, with the
+one topic id and the full assignment it was written with, and every broker converges
+on 400 partitions with leaders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from gregor.cli.local_cluster import LocalCluster, Process
+from gregor.common.etcd import EtcdClient
+from gregor.common.rpc import channel
+from gregor.controller import metadata_store as store
+from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+from tests.helpers.cluster import with_controller_flags
+from tests.helpers.wait import until
+from tests.integration.test_cluster_topic_admin import admin, wait_converged
+
+LARGE = 400  # partitions of the large creation, RF 1 (few files per broker)
+PER_EVENT = 50  # --new-partitions-per-event: the large creation takes eight events
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with with_controller_flags(str(tmp_path_factory.mktemp("large-creation")), 3,
+                               {"broker.session.timeout.ms": "2000"},
+                               "--new-partitions-per-event", str(PER_EVENT)) as c:
+        yield c
+
+
+@pytest.fixture
+async def etcd(cluster: LocalCluster) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(cluster.to_json()["etcd"], cluster="gregor") as client:
+        yield client
+
+
+def controller(c: LocalCluster) -> Process:
+    return c.by_role("controller")[0]
+
+
+async def create(p: Process, name: str, n: int) -> controller_pb2.CreateTopicsResponse:
+    """CreateTopics straight to the controller's AdminService (no broker forwarding in between)."""
+    async with channel(p.grpc) as ch:
+        return await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
+            topics=[controller_pb2.CreatableTopic(name=name, num_partitions=n, replication_factor=1)]), timeout=120)
+
+
+async def processed_events(p: Process) -> list[str]:
+    """Names of the controller's processed events, oldest first."""
+    async with channel(p.grpc) as ch:
+        resp = await controller_pb2_grpc.ControllerServiceStub(ch).DescribeControllerEvents(
+            controller_pb2.DescribeControllerEventsRequest(), timeout=10)
+    return [e.name for e in reversed(resp.processed)]
+
+
+async def test_small_requests_are_answered_between_the_batches_of_a_large_creation(
+        cluster: LocalCluster, etcd: EtcdClient) -> None:
+    c = cluster
+    ctl = controller(c)
+    brokers = c.by_role("broker")
+
+    async def three_brokers() -> bool:
+        async with channel(ctl.grpc) as ch:
+            resp = await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(
+                controller_pb2.DescribeClusterRequest(), timeout=5)
+        return resp.controller_id == ctl.id and len(resp.brokers) == 3
+
+    await until(three_brokers, 30, "controller active with three brokers")
+
+    large = asyncio.create_task(create(ctl, "large", LARGE))
+    await until(lambda: etcd.get(store.topic_key(etcd, "large")), 60, "the large topic's key written")
+
+    small = await create(ctl, "small", 1)
+    assert small.results[0].error.code == 0, small
+    async with channel(ctl.grpc) as ch:
+        configs = await controller_pb2_grpc.AdminServiceStub(ch).DescribeConfigs(
+            controller_pb2.DescribeConfigsRequest(topics=["small"]), timeout=30)
+    assert configs.results[0].error.code == 0, configs
+
+    resp = await large
+    assert resp.results[0].error.code == 0, resp
+    assert resp.results[0].num_partitions == LARGE
+
+    events = await processed_events(ctl)
+    batches = [i for i, name in enumerate(events) if name == "NewPartitionCreation"]
+    # 400 partitions at 50 per event: the first 50 inline, the other 350 in seven more events.
+    assert len(batches) == LARGE // PER_EVENT - 1, events
+    small_at = max(i for i, name in enumerate(events) if name == "CreateTopics" and i > events.index("CreateTopics"))
+    describe_at = events.index("DescribeConfigs")
+    assert small_at < batches[-1] and describe_at < batches[-1], events
+
+    # Every partition was created once, under the one topic id, and every broker sees it led.
+    assignment = store.decode_assignment((await etcd.get(store.topic_key(etcd, "large"))).value)  # type: ignore[union-attr]
+    assert sorted(assignment) == list(range(LARGE))
+    view = await wait_converged(brokers, "large", LARGE, 1)
+    assert sorted(view) == list(range(LARGE))
+
+
+async def test_create_partitions_during_a_creation_keeps_the_partitions_still_to_come(
+        cluster: LocalCluster, etcd: EtcdClient) -> None:
+    """A CreatePartitions answered between the batches grows the whole topic, not the part created so far."""
+    ctl = controller(cluster)
+    large = asyncio.create_task(create(ctl, "growing", LARGE))
+    await until(lambda: etcd.get(store.topic_key(etcd, "growing")), 60, "the topic's key written")
+    grown = await admin(ctl, "CreatePartitions", controller_pb2.CreatePartitionsRequest(
+        topic="growing", count=LARGE + 10))
+    assert grown.result.error.code == 0, grown  # type: ignore[attr-defined]
+    assert (await large).results[0].error.code == 0
+    assignment = store.decode_assignment((await etcd.get(store.topic_key(etcd, "growing"))).value)  # type: ignore[union-attr]
+    assert sorted(assignment) == list(range(LARGE + 10))
+    view = await wait_converged(cluster.by_role("broker"), "growing", LARGE + 10, 1)
+    assert len(view) == LARGE + 10

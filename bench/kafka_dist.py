@@ -204,6 +204,8 @@ class KafkaCluster:
     base_dir: Path
     brokers: int = 1
     heap: str = "1G"
+    controllers: int = 1  # dedicated KRaft controllers (quorum voters) when brokers > 1
+    controller_heap: str = ""  # their heap ("" = heap)
     overrides: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     nodes: list[_Node] = field(default_factory=list)
@@ -219,7 +221,8 @@ class KafkaCluster:
             self.nodes = [_Node(1, "broker,controller", self.base_dir / "node-1", free_port(self.host),
                                 free_port(self.host))]
         else:
-            self.nodes = [_Node(100, "controller", self.base_dir / "controller-100", 0, free_port(self.host))]
+            self.nodes = [_Node(100 + i, "controller", self.base_dir / f"controller-{100 + i}", 0, free_port(self.host))
+                          for i in range(self.controllers)]
             self.nodes += [_Node(i, "broker", self.base_dir / f"broker-{i}", free_port(self.host), 0)
                            for i in range(1, self.brokers + 1)]
 
@@ -261,19 +264,35 @@ class KafkaCluster:
             self.dist.run(STORAGE_MAIN, "format", "-t", cluster_id, "-c", str(node.directory / "server.properties"),
                           "--ignore-formatted")
         try:
-            for node in self.nodes:  # controller first: brokers register with it
-                log = open(node.directory / "stdout.log", "ab")
-                cmd = self.dist.command(SERVER_MAIN, str(node.directory / "server.properties"), heap=self.heap,
-                                        jvm_opts=(f"-Dkafka.logs.dir={node.directory / 'logs'}",),
-                                        log4j=node.directory / "log4j2.properties")
-                node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
-                log.close()
+            for node in self.nodes:  # controllers first: brokers register with them
+                self.start_node(node)
             self._wait_registered()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_node(self, node: _Node) -> None:
+        """Launch one node's JVM (again, after stop_node: same directory, same ports)."""
+        log = open(node.directory / "stdout.log", "ab")
+        heap = self.controller_heap if node.roles == "controller" and self.controller_heap else self.heap
+        cmd = self.dist.command(SERVER_MAIN, str(node.directory / "server.properties"), heap=heap,
+                                jvm_opts=(f"-Dkafka.logs.dir={node.directory / 'logs'}",),
+                                log4j=node.directory / "log4j2.properties")
+        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        log.close()
+
+    def stop_node(self, node: _Node, sig: int = signal.SIGTERM) -> None:
+        """Signal one node and wait for it to exit (SIGKILL after STOP_TIMEOUT_S)."""
+        if node.proc is None or node.proc.poll() is not None:
+            return
+        node.proc.send_signal(sig)
+        try:
+            node.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            node.proc.wait()
 
     def _wait_registered(self) -> None:
         """Until every broker answers on its port and the controller lists all of them (kafka-broker-api-versions)."""

@@ -145,10 +145,13 @@ bench-vs-kafka: setup
 bench-spark: setup spark-deps
 	$(PY) bench/bench_spark_source.py $(if $(QUICK),--quick)
 
-# throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png
+# throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png; then
+# the partitions curve (100 -> 10,000 at RF 3: creation, leaders, failover, restart, idle cost; one librdkafka
+# client on both), chart in docs/partitions.png. QUICK=1: only the partitions curve at 100 and 1,000, one round.
 bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
-	$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT))
+	$(if $(QUICK),,$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT)))
+	$(PY) bench/bench_partitions.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup

@@ -16,6 +16,8 @@ on 400 partitions with leaders.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -25,12 +27,13 @@ from gregor.common.etcd import EtcdClient
 from gregor.common.rpc import channel
 from gregor.controller import metadata_store as store
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import with_controller_flags
+from tests.helpers.cluster import running_cluster, with_controller_flags
 from tests.helpers.wait import until
 from tests.integration.test_cluster_topic_admin import admin, wait_converged
 
 LARGE = 400  # partitions of the large creation, RF 1 (few files per broker)
 PER_EVENT = 50  # --new-partitions-per-event: the large creation takes eight events
+FAILOVER_PER_EVENT = 10  # smaller batches for the failover test: forty events, time to kill the controller
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +126,39 @@ async def test_create_partitions_during_a_creation_keeps_the_partitions_still_to
     assert sorted(assignment) == list(range(LARGE + 10))
     view = await wait_converged(cluster.by_role("broker"), "growing", LARGE + 10, 1)
     assert len(view) == LARGE + 10
+
+
+@pytest.fixture(scope="module")
+def two_controllers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(str(tmp_path_factory.mktemp("large-creation-failover")), brokers=3, controllers=2,
+                         lease_ttl_ms=2000, controller_overrides={"new.partitions.per.event": str(FAILOVER_PER_EVENT)}) as c:
+        yield c
+
+
+async def test_a_controller_killed_mid_creation_leaves_the_rest_to_the_next_one(two_controllers: LocalCluster) -> None:
+    """The topic key holds every partition from the start, so the standby creates what the dead one had not."""
+    c = two_controllers
+    async with EtcdClient(c.to_json()["etcd"], cluster="gregor") as etcd:
+        async def active() -> Process | None:
+            async with channel(c.by_role("controller")[0].grpc) as ch:
+                resp = await controller_pb2_grpc.AdminServiceStub(ch).DescribeCluster(
+                    controller_pb2.DescribeClusterRequest(), timeout=5)
+            if len(resp.brokers) != 3:
+                return None
+            return next((p for p in c.by_role("controller") if p.id == resp.controller_id), None)
+
+        await until(active, 30, "an active controller with three brokers")
+        victim = await active()
+        assert victim is not None
+        large = asyncio.create_task(create(victim, "orphan", LARGE))
+        await until(lambda: etcd.get(store.topic_key(etcd, "orphan")), 60, "the topic's key written")
+        os.kill(victim.pid, signal.SIGKILL)
+        # The kill came mid-creation: not every partition had its state written yet.
+        states = (await etcd.get_prefix(store.topic_key(etcd, "orphan") + b"/")).kvs
+        assert len(states) < LARGE, "the creation finished before the kill: nothing left for the standby"
+        try:
+            await large
+        except Exception:
+            pass  # the dead controller's answer is lost with it; the topic is not
+        view = await wait_converged(c.by_role("broker"), "orphan", LARGE, 1)
+        assert sorted(view) == list(range(LARGE))

@@ -445,8 +445,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, help="records of the produce cell (default 50,000, quick 10,000)")
     ap.add_argument("--idle-s", type=float, help="idle window (default 10 s)", default=10.0)
     ap.add_argument("--systems", nargs="*", default=["gregor", "kafka"], choices=["gregor", "kafka"])
+    ap.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S,
+                    help="seconds any one step may take before the cell is reported broken there (default 600)")
     ap.add_argument("--chart", action="store_true", help="draw docs/partitions.png")
     args = ap.parse_args()
+    globals()["STEP_TIMEOUT_S"] = args.step_timeout
     counts = tuple(args.partitions or (QUICK_PARTITIONS if args.quick else FULL_PARTITIONS))
     repeat = args.repeat or (1 if args.quick else 3)
     args.records = args.records or (10_000 if args.quick else 50_000)
@@ -470,6 +473,8 @@ def main() -> None:
                     cell["load"] = os.getloadavg()[0]
                     cells.append(cell)
     name = "partitions_quick" if args.quick else "partitions"
+    if args.partitions or args.systems != ["gregor", "kafka"]:
+        name += "_partial"  # a chosen subset does not overwrite the standard result files
     write_results(name, {"partitions": list(counts), "rounds": repeat, "records": args.records,
                          "idle_s": args.idle_s, "rf": RF, "min.insync.replicas": MIN_ISR,
                          "client": "confluent-kafka (librdkafka) on both"}, cells)

@@ -107,8 +107,14 @@ def create_topic(bootstrap: str, name: str, partitions: int, rf: int, timeout_s:
 
 
 def topic_partitions(bootstrap: str, topic: str) -> dict[int, Any]:
+    """The topic's partitions in Metadata; {} while the cluster does not answer (polled again)."""
+    from confluent_kafka import KafkaException
+
     admin = admin_client(bootstrap)
-    md = admin.list_topics(topic=topic, timeout=30)
+    try:
+        md = admin.list_topics(topic=topic, timeout=30)
+    except KafkaException:
+        return {}
     t = md.topics.get(topic)
     if t is None or t.error is not None:
         return {}
@@ -211,6 +217,11 @@ class GregorCell:
     def bootstrap(self) -> str:
         return str(self.cluster.to_json()["kafka_bootstrap"])
 
+    def keep_logs(self, dest: Path) -> None:
+        """The servers' logs of a broken cell, under bench/results/logs/ (gitignored)."""
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(Path(self.cluster.data_dir) / "logs", dest)
+
     def server_pids(self) -> dict[str, int]:
         return {f"{p.role}-{p.id}": p.pid for p in self.cluster.processes if p.alive()}
 
@@ -270,6 +281,13 @@ class KafkaCell:
     def bootstrap(self) -> str:
         assert self.cluster is not None
         return self.cluster.bootstrap
+
+    def keep_logs(self, dest: Path) -> None:
+        assert self.cluster is not None
+        shutil.rmtree(dest, ignore_errors=True)
+        for node in self.cluster.nodes:
+            if (node.directory / "logs").is_dir():
+                shutil.copytree(node.directory / "logs", dest / f"{node.roles}-{node.node_id}")
 
     def server_pids(self) -> dict[str, int]:
         assert self.cluster is not None
@@ -368,6 +386,7 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
     except Exception as exc:
         out["broken"] = f"{step}: {exc}"[:2000]
         print(f"  {side.name} {partitions}: broken at {step}: {str(exc)[:300]}", flush=True)
+        side.keep_logs(RESULTS_DIR / "logs" / f"partitions-{side.name}-{partitions}")
     finally:
         side.stop()
     for k, v in values.items():

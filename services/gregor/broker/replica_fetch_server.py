@@ -8,7 +8,7 @@ the fetch purgatory (DelayedFetch) until min_bytes are there over all partitions
 fails, or max_wait_ms passes: an idle follower then costs one request per max_wait_ms per leader.
 
 Each partition is read and recorded as the follower's progress exactly like a single-partition
-follower Fetch (ReplicaManager._read / _on_follower_fetch); errors are per partition, so one moved
+follower Fetch (ReplicaManager.read / on_follower_fetch); errors are per partition, so one moved
 partition does not fail the others.
 """
 
@@ -201,10 +201,10 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
             max_bytes = min(part.max_bytes, rm.config.fetch_max_bytes)
 
             def read(p: "Partition" = p, part: ReplicaFetchPart = part, max_bytes: int = max_bytes) -> "FetchResult":
-                return rm._read(p, part.fetch_offset, max_bytes, True, part.current_leader_epoch)
+                return rm.read(p, part.fetch_offset, max_bytes, True, part.current_leader_epoch)
 
             result = read()
-            rm._on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
+            rm.on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
             slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
             listed[key] = result
         except errors.GregorError as err:

@@ -451,10 +451,24 @@ class ReplicaManager:
             if acks != -1:
                 out.append(_produce_result(p, info))
                 continue
-            op = DelayedProduce(max(timeout_ms, 0), p, info)
-            self.produce_purgatory.try_complete_else_watch(op, [p.key])
-            out.append(op.future if not op.future.done() else _settled(op.future))
+            out.append(self.wait_for_replication(p, info, timeout_ms))
         return out
+
+    def wait_for_replication(self, p: Partition, info: "native.AppendInfo | DuplicateAppendInfo",
+                             timeout_ms: int) -> "asyncio.Future[ProduceResult] | ProduceResult | errors.GregorError":
+        """acks=all after an append as leader: the result now if the HW already passed it (or it failed),
+        else a future the DelayedProduce purgatory completes (produce and WriteTxnMarkers alike)."""
+        op = DelayedProduce(max(timeout_ms, 0), p, info)
+        self.produce_purgatory.try_complete_else_watch(op, [p.key])
+        return op.future if not op.future.done() else _settled(op.future)
+
+    def after_leader_append(self, p: Partition, effects: list[Effect]) -> None:
+        """An append as leader happened (produce or marker): run its effects (the HW of a one-replica ISR may
+        have moved, which wakes both purgatories), else wake the parked fetches (followers see the new data)."""
+        if effects:
+            self.run_effects(p, effects)
+        else:
+            self.fetch_purgatory.check_and_complete(p.key)
 
     def _append_for_produce(self, topic: str, partition: int, records: bytes,
                             acks: int) -> tuple[Partition, "native.AppendInfo | DuplicateAppendInfo"]:
@@ -464,7 +478,7 @@ class ReplicaManager:
                 raise errors.error_for(errors.Code.CORRUPT_MESSAGE, "produce request carries no record batch",
                                        topic=topic, partition=partition)
             p = self.get_partition(topic, partition)
-            info = p.append_records_to_leader(records, acks)
+            info, effects = p.append_records_to_leader(records, acks)
         except errors.GregorError as err:
             FAILED_PRODUCE.labels(error=err.name).inc()
             raise
@@ -472,8 +486,7 @@ class ReplicaManager:
             DUPLICATE_BATCHES.labels(topic=topic).inc()
         BYTES_IN.labels(topic=topic).inc(info.valid_bytes)
         MESSAGES_IN.labels(topic=topic).inc(info.num_records)
-        self.fetch_purgatory.check_and_complete(p.key)
-        self.produce_purgatory.check_and_complete(p.key)
+        self.after_leader_append(p, effects)
         return p, info
 
     def on_high_watermark_change(self, p: Partition) -> None:
@@ -482,8 +495,9 @@ class ReplicaManager:
         self.fetch_purgatory.check_and_complete(p.key)
 
     # ------------------------------------------------------------------ fetch
-    def _read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
-              current_leader_epoch: int, isolation_level: int = 0) -> FetchResult:
+    def read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
+             current_leader_epoch: int, isolation_level: int = 0) -> FetchResult:
+        """One partition's fetch read (leader checks, bounds, LSO and aborted transactions); no waiting."""
         p.check_leader(current_leader_epoch)
         sl = p.read_slice(fetch_offset, max_bytes, is_follower, isolation_level)
         lso = p.last_stable_offset if not is_follower else p.high_watermark
@@ -512,11 +526,11 @@ class ReplicaManager:
                 p.check_follower_broker_epoch(replica_id, replica_broker_epoch, self.live_broker_epoch(replica_id))
 
             def read() -> FetchResult:
-                return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch, isolation_level)
+                return self.read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch, isolation_level)
 
             result = read()
             if is_follower:
-                self._on_follower_fetch(p, replica_id, fetch_offset, replica_broker_epoch)
+                self.on_follower_fetch(p, replica_id, fetch_offset, replica_broker_epoch)
             if max_wait_ms == 0 or result.slice.length >= max(min_bytes, 1):
                 BYTES_OUT.labels(topic=topic).inc(result.slice.length)
                 return result
@@ -541,7 +555,7 @@ class ReplicaManager:
         endpoint = cache.live_brokers.get(broker_id) if cache is not None else None
         return endpoint.broker_epoch if endpoint is not None else None
 
-    def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
+    def on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
         """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
         self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
 
@@ -563,7 +577,7 @@ class ReplicaManager:
         upper = p.fetch_upper_bound(False, isolation_level)
         if timestamp_ms == -2:
             return p.log.log_start_offset, -1, p.leader_epoch
-        p.state.check_offsets_available()
+        p.check_offsets_available()
         if timestamp_ms == -1:
             return upper, -1, p.leader_epoch
         if timestamp_ms < 0:

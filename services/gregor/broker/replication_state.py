@@ -288,8 +288,16 @@ class ReplicationState:
                                    f"ISR size {len(self.isr)} is below min.insync.replicas {min_insync_replicas}",
                                    **self._where())
 
+    def last_stable_offset(self, first_unstable_offset: int | None) -> int:
+        """Kafka's LSO (seed 003): the first offset of the oldest undecided (or unreplicated) transaction, capped
+        at the HW; the HW when no transaction is open. first_unstable_offset: the producer state's."""
+        if first_unstable_offset is None:
+            return self.high_watermark
+        return min(first_unstable_offset, self.high_watermark)
+
     def fetch_upper_bound(self, is_follower: bool, log_end_offset: int) -> int:
-        """Followers read up to the LEO; consumers only below the high watermark (seed 003)."""
+        """Followers read up to the LEO; consumers only below the high watermark (seed 003), read_committed
+        consumers below last_stable_offset."""
         return log_end_offset if is_follower else self.high_watermark
 
     def on_local_append(self, log_end_offset: int, now_ms: int,

@@ -28,11 +28,9 @@ from gregor.broker.fetcher_state import FollowerFetchState, PartitionFetchState
 from gregor.broker.isr_manager import isr_after_proposal
 from gregor.broker.limits import REPLICA_FETCH_SESSION_REFRESH_PARTS
 from gregor.broker.replication_state import (
-    CompleteDelayed,
     ControlRequestFence,
     Effect,
     FetchMode,
-    HighWatermarkChanged,
     ProposeIsr,
     ReplicationState,
     Role,
@@ -40,6 +38,7 @@ from gregor.broker.replication_state import (
     StartLogAt,
     StopFetcher,
     TruncateLog,
+    dispatch_effects,
 )
 from gregor.common import errors
 from gregor.common import isr as isr_logic
@@ -520,36 +519,41 @@ class Simulation:
     # -- broker side: the drivers of ReplicationState ---------------------------------------------
 
     def run_effects(self, b: Broker, effects: list[Effect]) -> None:
-        """ReplicaManager.run_effects: carry out what the ReplicationState decided."""
-        for e in b.apply_log_effects(effects):
-            if isinstance(e, StartFetcher):
-                # ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader.
-                if b.fetcher is None or b.fetcher_leader != e.leader_id:
-                    b.stop_fetcher()
-                    b.fetcher = FollowerFetchState(
-                        refresh_after=self.cfg.replica_lag_time_max_ms / REPLICA_FETCH_SESSION_REFRESH_PARTS,
-                        backoff=self.cfg.replica_fetch_backoff_ms)
-                    b.fetcher_leader = e.leader_id
-                b.fetcher.add(TP, e.leader_epoch)
-                b.out_of_range_hw = None
-                if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
-                    b.truncate_to(b.hw)
-                    b.rs.finish_truncation(b.leo)
-            elif isinstance(e, StopFetcher):
-                if b.fetcher is not None:
-                    b.fetcher.drop(TP)
-            elif isinstance(e, ProposeIsr):
-                self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
-            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
-                self.complete_delayed(b)
+        """What ReplicaManager.run_effects does: the log effects on the log, the rest through the production
+        dispatch_effects, which calls the four EffectRunner methods below (the simulation's IO for them)."""
+        dispatch_effects(b, b.apply_log_effects(effects), self)
+
+    def start_fetcher(self, b: Broker, e: StartFetcher) -> None:
+        """ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader."""
+        if b.fetcher is None or b.fetcher_leader != e.leader_id:
+            b.stop_fetcher()
+            b.fetcher = FollowerFetchState(
+                refresh_after=self.cfg.replica_lag_time_max_ms / REPLICA_FETCH_SESSION_REFRESH_PARTS,
+                backoff=self.cfg.replica_fetch_backoff_ms)
+            b.fetcher_leader = e.leader_id
+        b.fetcher.add(TP, e.leader_epoch)
+        b.out_of_range_hw = None
+        if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
+            b.truncate_to(b.hw)
+            b.rs.finish_truncation(b.leo)
+
+    def stop_fetcher(self, b: Broker) -> None:
+        if b.fetcher is not None:
+            b.fetcher.drop(TP)
+
+    def propose_isr(self, b: Broker, e: ProposeIsr) -> None:
+        """IsrManager.write_isr: the proposal travels to the (fake) etcd."""
+        self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
 
     def complete_delayed(self, b: Broker) -> None:
-        """DelayedProduce: acked once the HW passes the offset; a broker that stopped leading answers an error."""
-        if not b.rs.is_leader:
-            b.pending_acks = {}
-            return
-        for offset in [o for o in b.pending_acks if o < b.hw]:
-            self.acked[offset] = b.pending_acks.pop(offset)
+        """The DelayedProduce purgatory: each parked acks=all append ends as the production rule
+        (ReplicationState.acks_all_outcome) says: acked once the HW passed it, failed if leadership moved first."""
+        for offset in list(b.pending_acks):
+            outcome = b.rs.acks_all_outcome(offset)
+            if outcome is True:
+                self.acked[offset] = b.pending_acks.pop(offset)
+            elif outcome is False:
+                del b.pending_acks[offset]
 
     def handle_control(self, b: Broker, req: Any) -> None:
         """BrokerControlServicer: fence, then LeaderAndIsr / StopReplica through the ReplicationState."""

@@ -177,6 +177,10 @@ class Partition:
         """Follow leader_id at leader_epoch; False if that epoch is not newer than ours."""
         return self.apply_leader_and_isr(leader_id, leader_epoch, isr, replicas).applied
 
+    def acks_all_outcome(self, last_offset: int) -> bool | None:
+        """True once the HW passed last_offset, False if leadership moved first, None while waiting."""
+        return self.state.acks_all_outcome(last_offset)
+
     def stop(self) -> list[Effect]:
         """StopReplica: waiters wake up to NOT_LEADER_OR_FOLLOWER."""
         return self.state.on_stop_replica()

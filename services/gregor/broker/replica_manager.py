@@ -24,13 +24,11 @@ from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
 from gregor.broker.replication_state import (
-    CompleteDelayed,
     ControlRequestFence,
     Effect,
-    HighWatermarkChanged,
     ProposeIsr,
     StartFetcher,
-    StopFetcher,
+    dispatch_effects,
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
@@ -137,21 +135,21 @@ class DelayedProduce(DelayedOperation[ProduceResult]):
         self.info = info
 
     def try_complete(self) -> bool:
-        p = self.partition
-        if not p.is_leader or p.high_watermark > self.info.last_offset:
+        if self.partition.acks_all_outcome(self.info.last_offset) is not None:
             return self.force_complete()
         return False
 
     def on_complete(self) -> ProduceResult:
         p = self.partition
         where = {"topic": p.topic, "partition": p.partition}
-        if p.high_watermark > self.info.last_offset:
+        outcome = p.acks_all_outcome(self.info.last_offset)
+        if outcome:
             if len(p.isr) < p.min_insync_replicas:
                 raise errors.error_for(errors.Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                                        "ISR shrank below min.insync.replicas after the append", **where)
             return ProduceResult(self.info.first_offset, self.info.last_offset, p.log.log_start_offset,
                                  isinstance(self.info, DuplicateAppendInfo))
-        if not p.is_leader:
+        if outcome is False:
             raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "leadership moved before replication",
                                    leader_id=p.leader_id, leader_epoch=p.leader_epoch, **where)
         raise errors.error_for(errors.Code.REQUEST_TIMED_OUT,
@@ -355,26 +353,28 @@ class ReplicaManager:
         return failed
 
     def run_effects(self, p: Partition, effects: Iterable[Effect]) -> None:
-        """Carry out what the partition's ReplicationState decided: fetchers, ISR writes, purgatory wake-ups."""
-        wake = False
-        for e in effects:
-            if isinstance(e, StartFetcher):
-                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
-                if self.fetchers is not None:
-                    self.fetchers.add_partition(p)
-            elif isinstance(e, StopFetcher):
-                if self.fetchers is not None:
-                    self.fetchers.remove_partitions([p.key])
-            elif isinstance(e, ProposeIsr):
-                if self.isr_manager is not None:
-                    self.isr_manager.write_isr(p, e)
-                else:  # standalone: nobody to write to; the proposal is dropped
-                    self.run_effects(p, p.on_isr_write_result(e.leader_epoch, None, e.partition_epoch))
-            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
-                wake = True
-        if wake:
-            # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
-            self.on_high_watermark_change(p)
+        """Carry out what the partition's ReplicationState decided: fetchers, ISR writes, purgatory wake-ups
+        (dispatch_effects, the runner the simulation uses too, calls the four methods below)."""
+        dispatch_effects(p, effects, self)
+
+    def start_fetcher(self, p: Partition, effect: StartFetcher) -> None:
+        # Followers truncate by leader epoch, then fetch from the leader (seed 002).
+        if self.fetchers is not None:
+            self.fetchers.add_partition(p)
+
+    def stop_fetcher(self, p: Partition) -> None:
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions([p.key])
+
+    def propose_isr(self, p: Partition, effect: ProposeIsr) -> None:
+        if self.isr_manager is not None:
+            self.isr_manager.write_isr(p, effect)
+        else:  # standalone: nobody to write to; the proposal is dropped
+            self.run_effects(p, p.on_isr_write_result(effect.leader_epoch, None, effect.partition_epoch))
+
+    def complete_delayed(self, p: Partition) -> None:
+        # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
+        self.on_high_watermark_change(p)
 
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""

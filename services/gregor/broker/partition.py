@@ -117,8 +117,9 @@ class Partition:
         return self.state.partition_epoch
 
     @property
-    def replicas(self) -> list[int]:
-        return self.state.replicas
+    def replicas(self) -> tuple[int, ...]:
+        """A copy, like isr: the ReplicationState is the replica list's one writer."""
+        return tuple(self.state.replicas)
 
     @property
     def isr(self) -> frozenset[int]:

@@ -664,14 +664,10 @@ class Simulation:
     # -- the follower: ReplicaFetcher's IO over FollowerFetchState --------------------------------------------
 
     def current(self, b: Broker, st: PartitionFetchState) -> bool:
-        """ReplicaFetcher._current: still a follower of this leader at this epoch (else the partition leaves)."""
-        rs, fetcher = b.rs, b.fetcher
-        assert fetcher is not None
-        if (rs.role is not Role.FOLLOWER or rs.leader_id != b.fetcher_leader or rs.leader_epoch != st.leader_epoch
-                or not fetcher.current(TP, st)):
-            fetcher.drop(TP, st)
-            return False
-        return True
+        """ReplicaFetcher._current: the production rule (FollowerFetchState.keep over
+        ReplicationState.is_current_follower); a partition no longer followed at st's epoch leaves the fetcher."""
+        assert b.fetcher is not None
+        return b.fetcher.keep(TP, st, b.rs.is_current_follower(b.fetcher_leader, st.leader_epoch))
 
     def fetcher_tick(self, b: Broker, now: int) -> None:
         """One fetcher step: a timed-out exchange fails its partitions (REQUEST_TIMED_OUT, the stream resets);

@@ -233,6 +233,10 @@ class Partition:
         self.state.check_offsets_available()
 
     # -- follower side -----------------------------------------------------------------------
+    def follows(self, leader_id: int, leader_epoch: int) -> bool:
+        """Do we still follow leader_id at leader_epoch? (a fetcher's work for an older term is dropped)"""
+        return self.state.is_current_follower(leader_id, leader_epoch)
+
     @property
     def is_truncating(self) -> bool:
         """A follower that must truncate by leader epoch before its next fetch (seed 002)."""

@@ -263,11 +263,8 @@ class ReplicaFetcher:
     def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
         """The partition if we still follow this leader at this epoch, else None (and drop it)."""
         p = rm.partitions.get(key)
-        if (p is None or p.is_leader or p.leader_id != self.leader_id or p.leader_epoch != st.leader_epoch
-                or not self.state.current(key, st)):
-            self.state.drop(key, st)
-            return None
-        return p
+        follows = p is not None and p.follows(self.leader_id, st.leader_epoch)
+        return p if self.state.keep(key, st, follows) else None
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:

@@ -523,6 +523,7 @@ impl Segment {
     pub fn delete_files(&mut self) -> Result<()> {
         self.offset_index.detach();
         self.time_index.detach();
+        self.txn_index.detach();
         for p in [&self.log_path, &self.offset_index.path().to_owned(), &self.time_index.path().to_owned()] {
             match fs::remove_file(p) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),

@@ -1491,6 +1491,13 @@ fn a_log_holds_one_descriptor_per_segment() {
     let segments = log.segments_info().len();
     assert!(segments >= 3, "{segments} segments");
     assert_eq!(crate::index::tests::fds_under(dir.path()), segments);
+    // Aborted transactions in a sealed and the active segment: their .txnindex holds no descriptor either.
+    for last in [2, log.log_end_offset() - 1] {
+        let t = AbortedTxn { producer_id: 7, first_offset: last - 1, last_offset: last, last_stable_offset: last };
+        assert!(log.append_aborted_txn(t).unwrap());
+    }
+    assert_eq!(crate::index::tests::fds_under(dir.path()), segments);
+    assert_eq!(log.collect_aborted_txns(0, i64::MAX).len(), 2);
     log.flush_at(T0).unwrap();
     log.truncate_to(5, T0).unwrap();
     let segments = log.segments_info().len();
@@ -1501,6 +1508,7 @@ fn a_log_holds_one_descriptor_per_segment() {
     let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
     assert_eq!(crate::index::tests::fds_under(dir.path()), log.segments_info().len());
     assert_eq!(read_all(&log, 0).len(), 1);
+    assert_eq!(log.collect_aborted_txns(0, i64::MAX).len(), 1, "the marker kept by the truncation");
     log.truncate_fully_and_start_at(0, T0).unwrap();
     log.append_as_leader(&batch_with(4, T0, 50), 0, T0).unwrap();
     assert_eq!(crate::index::tests::fds_under(dir.path()), 1);

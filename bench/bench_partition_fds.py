@@ -124,15 +124,18 @@ def main() -> None:
             print(f"replicas on disk after {result['replicas_created_s']:.1f} s: {result['replicas_per_broker']}",
                   flush=True)
             # Every partition online with its full ISR (nothing under-replicated or unavailable).
+            result["online_full_isr"] = False
             while time.monotonic() < deadline:
                 lagging = [subprocess.run([*cli, "topics", "describe", TOPIC, flag], env=env, capture_output=True,
                                           text=True, timeout=120) for flag in
                            ("--under-replicated-partitions", "--unavailable-partitions")]
                 if all(r.returncode == 0 and not r.stdout.strip() for r in lagging):
+                    result["online_full_isr"] = True
                     break
                 time.sleep(5)
             result["online_full_isr_s"] = time.monotonic() - t0
-            print(f"every partition online with a full ISR after {result['online_full_isr_s']:.1f} s", flush=True)
+            print(f"every partition online with a full ISR: {result['online_full_isr']} after "
+                  f"{result['online_full_isr_s']:.1f} s", flush=True)
             for acks in ("1", "all"):
                 seconds, failed = asyncio.run(write_everywhere(cluster.bootstrap, args.partitions, acks))
                 result[f"write_acks_{acks}_s"], result[f"write_acks_{acks}_failed"] = seconds, failed

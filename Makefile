@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling bench-partition-fds profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
 .PHONY: chaos chaos-clean
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
@@ -152,6 +152,7 @@ bench-scaling: setup
 
 # 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
 # to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
+.PHONY: bench-partition-fds
 bench-partition-fds: setup
 	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
 

@@ -150,6 +150,12 @@ bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
 	$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT))
 
+# 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
+# to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
+.PHONY: bench-partition-fds
+bench-partition-fds: setup
+	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
+
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"

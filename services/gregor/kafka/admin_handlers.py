@@ -54,7 +54,7 @@ class AdminApis:
         lists = [c for c in configs if int(c.config_operation) in (OP_APPEND, OP_SUBTRACT)]
         current: dict[str, str] = {}
         if lists:
-            resp = await self.h._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[topic]))
+            resp = await self.h.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[topic]))
             tc = resp.results[0]
             if tc.HasField("error") and tc.error.code:
                 raise errors.error_for(tc.error.code, tc.error.message)
@@ -78,7 +78,7 @@ class AdminApis:
             else:
                 raise errors.error_for(Code.INVALID_REQUEST, f"config operation {op} is not SET, DELETE, APPEND or "
                                                              f"SUBTRACT")
-        await self.h._admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+        await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
             topic=topic, set=sets, delete=deletes, validate_only=validate_only))
 
     async def incremental_alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
@@ -106,7 +106,7 @@ class AdminApis:
         asked = None if req.topic_partitions is None else [
             (str(t.topic), int(p)) for t in req.topic_partitions for p in t.partitions]
         try:
-            resp = await self.h._admin("ElectLeaders", controller_pb2.ElectLeadersRequest(
+            resp = await self.h.admin("ElectLeaders", controller_pb2.ElectLeadersRequest(
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []],
                 unclean=unclean, election_type=controller_pb2.UNCLEAN if unclean else controller_pb2.PREFERRED))
         except errors.GregorError as err:
@@ -155,7 +155,7 @@ class AdminApis:
         asked = [(str(t.name), int(p.partition_index)) for t in req.topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
         try:
-            resp = await self.h._group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
+            resp = await self.h.group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
                 group_id=str(req.group_id),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked]))
         except errors.GregorError as err:

@@ -318,7 +318,7 @@ class KafkaHandlers:
 
     # ---- Admin -------------------------------------------------------------------------------
 
-    async def _admin(self, api: str, request: Any) -> Any:
+    async def admin(self, api: str, request: Any) -> Any:
         from gregor.broker.controller_link import forward_to_controller
 
         if not self.broker.cluster_mode:
@@ -333,7 +333,7 @@ class KafkaHandlers:
             configs={str(c.name): str(c.value) for c in t.configs if c.value is not None}) for t in req.topics]
         results: dict[str, tuple[int, str | None, int, int]] = {}
         try:
-            resp = await self._admin("CreateTopics", controller_pb2.CreateTopicsRequest(
+            resp = await self.admin("CreateTopics", controller_pb2.CreateTopicsRequest(
                 topics=topics, validate_only=bool(getattr(req, "validate_only", False))))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
@@ -351,7 +351,7 @@ class KafkaHandlers:
         names = ([str(t.name) for t in req.topics] if header.api_version >= 6 else [str(n) for n in req.topic_names])
         results: dict[str, tuple[int, str | None]] = {}
         try:
-            resp = await self._admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
+            resp = await self.admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
                 results[r.name] = (code, r.error.message if code else None)
@@ -390,18 +390,22 @@ class KafkaHandlers:
                            node_id=me if not code else -1, host=host if not code else "",
                            port=port if not code else -1)
 
+    def channel_to(self, addr: str) -> grpc.aio.Channel:
+        """The listener's one channel to a coordinator or controller at addr (made on first use, closed with it)."""
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = channel(addr)
+        return ch
+
     async def _group_stub(self, group_id: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
         lookup = self.broker.coordinator_lookup
         if lookup is None:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, "no group coordinators (standalone broker)")
         _, host, port, _ = await lookup.find(group_id)
         addr = f"{host}:{port}"
-        ch = self._channels.get(addr)
-        if ch is None:
-            ch = self._channels[addr] = channel(addr)
-        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
+        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.channel_to(addr))
 
-    async def _group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
+    async def group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
             return await getattr(stub, method)(request, timeout=timeout_s)
@@ -420,7 +424,7 @@ class KafkaHandlers:
                 protocols=[coordinator_pb2.GroupProtocol(name=str(p.name), metadata=bytes(p.metadata))
                            for p in req.protocols])
             try:
-                resp = await self._group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
+                resp = await self.group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
             except errors.GregorError as err:
                 return codec.build(mod.JoinGroupResponse, error_code=int(err.code), generation_id=-1,
                                    protocol_name=None, leader="", member_id=member_id, members=[])
@@ -444,7 +448,7 @@ class KafkaHandlers:
                                                              assignment=bytes(a.assignment))
                          for a in req.assignments])
         try:
-            resp = await self._group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
+            resp = await self.group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
         except errors.GregorError as err:
             return codec.build(mod.SyncGroupResponse, error_code=int(err.code), assignment=b"")
         return codec.build(mod.SyncGroupResponse, error_code=NONE, assignment=resp.assignment,
@@ -453,7 +457,7 @@ class KafkaHandlers:
 
     async def heartbeat(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         try:
-            await self._group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
+            await self.group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
                 group_id=str(req.group_id), generation_id=int(req.generation_id), member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or "")))
         except errors.GregorError as err:
@@ -466,7 +470,7 @@ class KafkaHandlers:
         else:
             ids = [(str(req.member_id), "")]
         try:
-            resp = await self._group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
+            resp = await self.group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
                 group_id=str(req.group_id), member_ids=[m for m, _ in ids],
                 group_instance_ids=[g for _, g in ids if g]))
         except errors.GregorError as err:
@@ -487,7 +491,7 @@ class KafkaHandlers:
             for t in req.topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
                 group_id=str(req.group_id), generation_id=generation, member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or ""), partitions=parts))
             for r in resp.results:
@@ -506,7 +510,7 @@ class KafkaHandlers:
         asked = None if req.topics is None else [(str(t.name), int(i)) for t in req.topics
                                                  for i in t.partition_indexes]
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
                 group_id=str(req.group_id),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []]))
         except errors.GregorError as err:
@@ -540,9 +544,7 @@ class KafkaHandlers:
         code = NONE
         for info in list(lookup.live.values()):
             addr = f"{info['host']}:{info['port']}"
-            ch = self._channels.get(addr)
-            if ch is None:
-                ch = self._channels[addr] = channel(addr)
+            ch = self.channel_to(addr)
             try:
                 resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ListGroups(
                     coordinator_pb2.ListGroupsRequest(), timeout=10)
@@ -559,7 +561,7 @@ class KafkaHandlers:
         out = []
         for gid in req.groups:
             try:
-                resp = await self._group_call(str(gid), "DescribeGroups",
+                resp = await self.group_call(str(gid), "DescribeGroups",
                                               coordinator_pb2.DescribeGroupsRequest(group_ids=[str(gid)]))
                 g = resp.groups[0]
                 code = int(g.error.code) if g.HasField("error") else NONE
@@ -615,7 +617,7 @@ class KafkaHandlers:
             code, message = NONE, None
             if rtype == RESOURCE_TOPIC:
                 try:
-                    resp = await self._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
+                    resp = await self.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
                     tc = resp.results[0]
                     if tc.HasField("error"):
                         code, message = int(tc.error.code), tc.error.message
@@ -648,7 +650,7 @@ class KafkaHandlers:
                 code, message = int(Code.INVALID_REPLICA_ASSIGNMENT), "explicit assignments are not supported here"
             else:
                 try:
-                    await self._admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                    await self.admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
                         topic=str(t.name), count=int(t.count), validate_only=bool(req.validate_only)))
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
@@ -660,7 +662,7 @@ class KafkaHandlers:
         results = []
         for gid in req.groups_names:
             try:
-                resp = await self._group_call(str(gid), "DeleteGroups",
+                resp = await self.group_call(str(gid), "DeleteGroups",
                                               coordinator_pb2.DeleteGroupsRequest(group_ids=[str(gid)]))
                 detail = resp.errors.get(str(gid))
                 code = int(detail.code) if detail is not None else NONE

@@ -26,7 +26,6 @@ from gregor.broker.coordinator_lookup import KEY_TYPE_TRANSACTION
 from gregor.broker.txn_markers import describe_producers
 from gregor.common import errors
 from gregor.common.coordinator_ownership import partition_for
-from gregor.common.rpc import channel
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as tpb, transaction_pb2_grpc
 
@@ -88,10 +87,7 @@ class TxnApis:
     # ---- relay ---------------------------------------------------------------------------------
 
     def _stub(self, addr: str) -> transaction_pb2_grpc.TransactionCoordinatorServiceStub:
-        ch = self.h._channels.get(addr)
-        if ch is None:
-            ch = self.h._channels[addr] = channel(addr)
-        return transaction_pb2_grpc.TransactionCoordinatorServiceStub(ch)
+        return transaction_pb2_grpc.TransactionCoordinatorServiceStub(self.h.channel_to(addr))
 
     async def _owner(self, transactional_id: str) -> str:
         lookup = self.h.broker.coordinator_lookup

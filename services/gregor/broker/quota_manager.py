@@ -40,13 +40,12 @@ from prometheus_client.registry import REGISTRY, Collector
 
 from gregor.common.etcd_layout import QuotaConfigZNode
 from gregor.common.quotas import (
-    ANONYMOUS, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS,
+    ANONYMOUS, CLIENT_ID_METADATA, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS,
     REQUEST_PERCENTAGE, QuotaConfigError, QuotaConfigs, QuotaEntity, Rate, validate_quota_configs,
 )
 
 log = logging.getLogger(__name__)
 
-CLIENT_ID_METADATA = "client-id"  # the gRPC metadata key carrying client.id (Kafka's request header field)
 RETRY_S = 1.0  # etcd unreachable: read again after this long
 SENSOR_EXPIRY_S = 3600.0  # Kafka drops a quota sensor idle for an hour (InactiveSensorExpirationTimeSeconds)
 SENSORS_MAX = 10_000  # bound on live sensors per quota type (distinct user/client-id pairs)

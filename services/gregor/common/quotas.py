@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
+CLIENT_ID_METADATA = "client-id"  # the gRPC metadata key carrying client.id (Kafka's request header field)
 DEFAULT = "<default>"  # Kafka's ConfigEntityName.Default
 ANONYMOUS = "ANONYMOUS"  # KafkaPrincipal.ANONYMOUS's name: the user of a plain-text connection
 

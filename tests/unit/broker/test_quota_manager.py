@@ -29,18 +29,18 @@ def test_nothing_is_recorded_without_any_quota() -> None:
 def test_clients_sharing_a_client_id_share_its_quota() -> None:
     q = quotas_with(QuotaEntity(None, "shared"), {"producer_byte_rate": "1000"})
     a, b = q.connection("ANONYMOUS", "shared"), q.connection("bob", "shared")
-    assert a.record_produce(6000) == 0
-    t = b.record_produce(6000)
-    assert t == 2000  # 12000 B over the 10 s window against 1000 B/s: 2 s of excess
+    assert a.record_produce(600) == 0
+    t = b.record_produce(600)
+    assert t == 200  # 1200 B within the first 1 s window against 1000 B/s: 200 B of excess, 0.2 s
     assert list(q.produce.sensors) == [("", "shared")]
     assert b.channel.until > 0
 
 
 def test_default_client_quota_gives_each_client_its_own() -> None:
     q = quotas_with(QuotaEntity(None, DEFAULT), {"producer_byte_rate": "1000"})
-    assert q.connection("ANONYMOUS", "x").record_produce(9000) == 0
-    assert q.connection("ANONYMOUS", "y").record_produce(9000) == 0
-    assert q.connection("ANONYMOUS", "x").record_produce(9000) > 0
+    assert q.connection("ANONYMOUS", "x").record_produce(900) == 0
+    assert q.connection("ANONYMOUS", "y").record_produce(900) == 0
+    assert q.connection("ANONYMOUS", "x").record_produce(900) == 800
     assert set(q.produce.sensors) == {("", "x"), ("", "y")}
 
 
@@ -53,10 +53,10 @@ def test_unquotad_clients_are_never_throttled() -> None:
 def test_a_throttled_fetch_takes_its_bytes_back() -> None:
     q = quotas_with(QuotaEntity("ANONYMOUS", None), {"consumer_byte_rate": "1000"})
     view = q.connection("ANONYMOUS", "c")
-    assert view.record_fetch(9000) == 0
-    assert view.record_fetch(5000) > 0  # over: answered empty
+    assert view.record_fetch(900) == 0
+    assert view.record_fetch(500) == 400  # over: answered empty
     sensor = q.fetch.sensors[("ANONYMOUS", "")]
-    assert sum(s[1] for s in sensor.rate._samples) == 9000  # the empty answer's bytes were taken back
+    assert sum(s[1] for s in sensor.rate._samples) == 900  # the empty answer's bytes were taken back
     assert view.fetch_max_bytes(1 << 20) == 10_000  # never more than the quota allows in one window
 
 
@@ -104,6 +104,6 @@ def test_metrics_name_the_entity() -> None:
     families = {f.name: f for f in QuotaCollector(q).collect()}
     rate = families["gregor_client_quota_byte_rate"].samples
     assert [s.labels for s in rate] == [{"type": "Produce", "user": "", "client_id": "c"}]
-    assert rate[0].value == pytest.approx(2000.0, rel=0.01)
+    assert rate[0].value == pytest.approx(20_000.0, rel=0.01)
     throttle = families["gregor_client_quota_throttle_time_seconds"].samples
-    assert throttle[0].value == 10.0
+    assert throttle[0].value == 19.0  # the 19 kB over the quota drain in 19 s

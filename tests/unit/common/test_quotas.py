@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -72,35 +73,42 @@ def test_quota_types_resolve_independently() -> None:
     assert configs.resolve(PRODUCER_BYTE_RATE, "bob", "x").bound is None
 
 
-def test_rate_divides_by_at_least_num_minus_one_windows() -> None:
+def test_rate_divides_by_the_time_since_the_oldest_sample() -> None:
     rate = Rate(11, 1000)
     rate.record(10_000, 0)
-    assert rate.window_size_ms(0) == 10_000
-    assert rate.measure(0) == pytest.approx(1000.0)
-    # After 20 s the samples older than 11 windows are dropped.
+    assert rate.window_size_ms(0) == 1000  # at least one window (Kafka's SimpleRate)
+    assert rate.measure(0) == pytest.approx(10_000.0)
+    rate.record(10_000, 4000)
+    assert rate.window_size_ms(5000) == 5000
+    assert rate.measure(5000) == pytest.approx(4000.0)
+    # Samples older than 11 windows are dropped.
     assert rate.measure(20_000) == 0.0
 
 
 def test_throttle_time_is_kafkas_formula() -> None:
     """(observed - quota) / quota * window: the time the excess takes to drain at the quota."""
     rate = Rate(11, 1000)
-    rate.record(20_000, 0)  # 2000 B/s over the 10 s minimum window, quota 1000 B/s
-    assert rate.throttle_time_ms(1000.0, 0) == 10_000
-    assert rate.throttle_time_ms(2000.0, 0) == 0
+    rate.record(20_000, 0)
+    rate.record(20_000, 9_999)  # 40 kB over 10 s: 4000 B/s against a quota of 1000 B/s
+    assert rate.throttle_time_ms(1000.0, 10_000) == 30_000
+    assert rate.throttle_time_ms(4000.0, 10_000) == 0
 
 
-def test_a_greedy_client_that_honours_throttle_times_gets_its_quota() -> None:
-    """A client sending as fast as it may (1 ms apart unless throttled) and waiting each throttle time
-    out gets, over T seconds, at least 90 % of the quota and at most the quota plus Kafka's initial
-    allowance ((num - 1) windows of quota: a fresh sensor's rate divides by at least 10 s) plus one
-    request (each is admitted before its throttle is computed)."""
-    for quota, size in ((10_000.0, 2500), (10_000.0, 1000), (100_000.0, 16384), (1_000_000.0, 65536)):
-        rate, now, sent = Rate(11, 1000), 0.0, 0
-        while now < 60_000:
-            rate.record(size, now)
-            sent += size
-            now += max(1.0, rate.throttle_time_ms(quota, now))
-        assert 0.9 * quota * now / 1000 <= sent <= quota * (now / 1000 + 10) + size
+@pytest.mark.parametrize("quota, size", [(10_000.0, 2500), (10_000.0, 1000), (50_000.0, 8300),
+                                         (100_000.0, 16384), (1_000_000.0, 65536)])
+def test_a_greedy_client_that_honours_throttle_times_holds_its_quota_in_every_30s_window(
+        quota: float, size: int) -> None:
+    """A client sending as fast as it may (1-4 ms apart unless throttled) and waiting each throttle time
+    out: every 30 s window, the first included, carries the quota within 10 %."""
+    rng = random.Random(f"{quota}-{size}")
+    rate, now, sent = Rate(11, 1000), 0.0, []
+    while now < 90_000:
+        rate.record(size, now)
+        sent.append(now)
+        now += max(1.0, rate.throttle_time_ms(quota, now)) + rng.random() * 3
+    for start in range(0, 60_000, 1000):
+        carried = size * sum(1 for t in sent if start <= t < start + 30_000)
+        assert carried / 30 == pytest.approx(quota, rel=0.10), start
 
 
 def test_max_value_in_window() -> None:

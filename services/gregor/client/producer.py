@@ -144,8 +144,12 @@ class Sender:
                 return
             if need_metadata or not acc.has_undrained():
                 delay = max(delay, 0.005) if acc.has_undrained() else 1.0
-            if self.throttled_until and acc.has_undrained():  # wake when a throttled broker may be sent to
-                delay = min(delay, max(0.001, min(self.throttled_until.values()) - now))
+            if self.throttled_until:  # wake when a throttled broker may be sent to again
+                clock = time.monotonic()
+                for broker in [b for b, until in self.throttled_until.items() if until <= clock]:
+                    del self.throttled_until[broker]
+                if self.throttled_until and acc.has_undrained():
+                    delay = min(delay, max(0.001, min(self.throttled_until.values()) - clock))
             try:
                 await asyncio.wait_for(acc.wakeup.wait(), delay)
             except asyncio.TimeoutError:

@@ -244,7 +244,9 @@ def test_default_user_quota_applies_to_anonymous_clients(cluster: LocalCluster) 
         set_quota(cluster, DEFAULT, None, producer_byte_rate=0)
 
 
-def test_consumer_byte_rate_throttles_gregor_fetches(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "data"])
+def test_consumer_byte_rate_throttles_gregor_fetches(cluster: LocalCluster, transport: str) -> None:
+    """consumer_byte_rate on gRPC Fetch and on the zero-copy data port (client id in the FetchRequest)."""
     quota = 100_000.0
     topic = new_topic(cluster)
 
@@ -253,11 +255,12 @@ def test_consumer_byte_rate_throttles_gregor_fetches(cluster: LocalCluster) -> N
         await t.run(asyncio.Event(), max_records=1500)
 
     asyncio.run(fill())
-    set_quota(cluster, None, "reader", consumer_byte_rate=quota)
+    set_quota(cluster, None, f"reader-{transport}", consumer_byte_rate=quota)
 
     async def go() -> tuple[int, float, dict[str, float]]:
-        async with Consumer({"bootstrap.servers": boot(cluster), "client.id": "reader",
-                             "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536}) as consumer:
+        async with Consumer({"bootstrap.servers": boot(cluster), "client.id": f"reader-{transport}",
+                             "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536,
+                             "fetch.transport": transport}) as consumer:
             consumer.assign([(topic, 0)])
             got, start = 0, time.monotonic()
             while time.monotonic() - start < 8:

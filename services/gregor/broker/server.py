@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -16,7 +17,7 @@ from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_r
 from gregor.common import errors, uuid
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.quota_admin import altered, entity_of, entry_pb, number
-from gregor.common.rpc import rpc_method
+from gregor.common.rpc import RequestRecorder, rpc_method, rpc_stream
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from gregor.rpc.v1 import coordinator_pb2
 
@@ -45,6 +46,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.broker = broker
         self.replicas = broker.replica_manager
         self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
+        self._replica_fetches = RequestRecorder("BrokerService", "ReplicaFetch")  # each request of the streams
 
     def producer_id_manager(self) -> "RpcProducerIdManager | LocalProducerIdManager":
         """Blocks from the controller in cluster mode, a local persistent block file when standalone."""
@@ -98,6 +100,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             response.throttle_time_ms = quota.record_produce(sum(len(d.records) for d in request.partitions))
         return response
 
+    @rpc_stream("BrokerService")
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
         stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams, self.broker.quotas.stream(context))
@@ -115,10 +118,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             return fetch_response(result, throttle_time_ms=throttle)
         return fetch_response(result, records=result.slice.read())
 
+    @rpc_stream("BrokerService")
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
+        """A follower's fetch stream, which is also its fetch session: one response per request, in order.
+        Each request is timed and counted like a unary call (api="ReplicaFetch"); an error for the whole
+        request ends the stream with its status."""
         session = ReplicaFetchSession()
+        requests = self._replica_fetches
         async for request in request_iterator:
+            start = time.perf_counter()
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
                                       q.topic_id)
                      for q in request.partitions]
@@ -128,8 +136,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
                     request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
             except errors.GregorError as err:
-                await errors.abort_with(context, err)
-                return
+                requests.record(start, err.name)
+                raise  # rpc_stream: the stream ends with the error's status
+            requests.record(start, "NONE")
             yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
 
     @rpc_method("BrokerService")

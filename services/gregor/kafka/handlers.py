@@ -24,6 +24,8 @@ from gregor.common import errors
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
 from gregor.kafka import codec
+from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
+from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
@@ -69,6 +71,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     60: (0, 1),   # DescribeCluster
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
+    **TXN_SUPPORTED,  # the transaction APIs (kafka/txn_handlers.py)
+    **ADMIN_SUPPORTED,  # DeleteRecords, ElectLeaders, IncrementalAlterConfigs (kafka/admin_handlers.py)
 }
 RESOURCE_TOPIC = 2  # DescribeConfigs resource types
 RESOURCE_BROKER = 4
@@ -104,6 +108,9 @@ class KafkaHandlers:
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
             37: self.create_partitions, 42: self.delete_groups,
         }
+        self.txn = TxnApis(self)
+        self._table.update(self.txn.table())
+        self._table.update(AdminApis(self).table())
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -292,8 +299,7 @@ class KafkaHandlers:
 
     async def init_producer_id(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         if req.transactional_id:
-            return codec.build(mod.InitProducerIdResponse, error_code=int(Code.INVALID_REQUEST), producer_id=-1,
-                               producer_epoch=-1)
+            return await self.txn.init_producer_id(header, req, mod)
         try:
             pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
         except errors.GregorError as err:
@@ -363,13 +369,26 @@ class KafkaHandlers:
         key_type = int(getattr(req, "key_type", 0))
         keys = list(req.coordinator_keys) if header.api_version >= 4 else [req.key]
         host, port, me = self.listener.advertised_host, self.listener.advertised_port, self.broker.config.broker_id
-        code = NONE if key_type == 0 else int(Code.INVALID_REQUEST)
+
+        async def answer(key: str) -> tuple[int, str | None]:
+            if key_type == 0:
+                return NONE, None
+            if key_type == 1:  # TRANSACTION: this broker too, relaying to the id's transaction coordinator
+                return await self.txn.find_coordinator_code(str(key))
+            return int(Code.INVALID_REQUEST), f"key type {key_type} is not served"
+
         if header.api_version >= 4:
-            return codec.build(mod.FindCoordinatorResponse, coordinators=[
-                codec.build(mod.Coordinator, key=k, node_id=me, host=host, port=port, error_code=code,
-                            error_message=None) for k in keys])
-        return codec.build(mod.FindCoordinatorResponse, error_code=code, error_message=None, node_id=me,
-                           host=host, port=port)
+            coordinators = []
+            for k in keys:
+                code, message = await answer(k)
+                coordinators.append(codec.build(mod.Coordinator, key=k, node_id=me if not code else -1,
+                                                host=host if not code else "", port=port if not code else -1,
+                                                error_code=code, error_message=message))
+            return codec.build(mod.FindCoordinatorResponse, coordinators=coordinators)
+        code, message = await answer(keys[0])
+        return codec.build(mod.FindCoordinatorResponse, error_code=code, error_message=message,
+                           node_id=me if not code else -1, host=host if not code else "",
+                           port=port if not code else -1)
 
     async def _group_stub(self, group_id: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
         lookup = self.broker.coordinator_lookup
@@ -494,6 +513,12 @@ class KafkaHandlers:
             return codec.build(mod.OffsetFetchResponse, topics=[], error_code=int(err.code))
         got = {(p.topic, p.partition): p for p in resp.partitions}
         keys = asked if asked is not None else sorted(got)
+        unstable: dict[tuple[str, int], int] = {}
+        if getattr(req, "require_stable", False):  # KIP-447: not while a transaction holds offsets of the group
+            try:
+                unstable = dict.fromkeys(await self.txn.unstable_offsets(str(req.group_id)), UNSTABLE_OFFSET_COMMIT)
+            except errors.GregorError as err:
+                unstable = dict.fromkeys(keys, int(err.code))
         by_topic: dict[str, list[Any]] = {}
         for t, i in keys:
             p = got.get((t, i))
@@ -501,7 +526,7 @@ class KafkaHandlers:
                 mod.OffsetFetchResponsePartition, partition_index=i,
                 committed_offset=p.offset if p is not None else -1,
                 committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
-                metadata=(p.metadata if p is not None else ""), error_code=NONE))
+                metadata=(p.metadata if p is not None else ""), error_code=unstable.get((t, i), NONE)))
         return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
             codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
 

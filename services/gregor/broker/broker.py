@@ -16,6 +16,7 @@ from gregor.broker.local_admin import LocalTopicStore
 from gregor.broker.log_manager import LogManager
 from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.produce_api import ProduceStreamHandler
+from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quotas
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors, uuid
@@ -41,6 +42,8 @@ class Broker:
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
+        self.quotas = BrokerQuotas()  # client quotas (broker/quota_manager.py), configs from etcd
+        watch_quotas(self.quotas)
         watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
         register_build_info("broker")
         self.cluster_mode = bool(config.etcd_endpoints)
@@ -128,7 +131,8 @@ class Broker:
         if self.config.data_port >= 0:
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
-                                            send_timeout_ms=self.config.data_port_send_timeout_ms)
+                                            send_timeout_ms=self.config.data_port_send_timeout_ms,
+                                            quotas=self.quotas)
             await self.data_port.start()
         if self.config.listeners:
             from gregor.kafka.server import start_listener
@@ -161,6 +165,7 @@ class Broker:
         self._start_replication()
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
         self.coordinator_lookup.start()
+        self.quotas.start(self._etcd)
         await self.membership.start()
         if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
             from gregor.common.metrics_reporter import MetricsReporter
@@ -215,6 +220,8 @@ class Broker:
             await self.membership.close()  # deregister: the controller runs onBrokerFailure for what is left
         if self.coordinator_lookup is not None:
             await self.coordinator_lookup.stop()
+        await self.quotas.stop()
+        unwatch_quotas(self.quotas)
         if self._etcd is not None:
             await self._etcd.close()
         self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER

@@ -30,9 +30,11 @@ from prometheus_client import Counter
 from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
+from gregor.common.quotas import ANONYMOUS
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
+    from gregor.broker.quota_manager import BrokerQuotas, StreamQuota
     from gregor.broker.replica_manager import ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,9 @@ class DataPortServer:
     """Raw TCP fetch server over the ReplicaManager (event-loop owned)."""
 
     def __init__(self, replica_manager: "ReplicaManager", host: str, port: int, threads: int = 3,
-                 send_timeout_ms: int = 30000) -> None:
+                 send_timeout_ms: int = 30000, quotas: "BrokerQuotas | None" = None) -> None:
         self.replicas = replica_manager
+        self.quotas = quotas  # client quotas: consumer_byte_rate of the client named in each FetchRequest
         self.host = host
         self.port = port
         self.send_timeout_ms = send_timeout_ms
@@ -67,6 +70,7 @@ class DataPortServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
+        quota = self.quotas.connection(ANONYMOUS, "") if self.quotas is not None else None
         try:
             while True:
                 try:
@@ -81,17 +85,30 @@ class DataPortServer:
                 except (DecodeError, asyncio.IncompleteReadError) as exc:
                     await self._reject(writer, f"not a FetchRequest: {exc}")
                     return
-                await self._fetch(request, writer, sock.fileno())
+                await self._fetch(request, writer, sock.fileno(), quota)
+                if quota is not None:
+                    await quota.channel.wait()  # a throttled fetch mutes the connection (KIP-219)
         except (ConnectionError, OSError):
             return
         finally:
             writer.close()
 
-    async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int) -> None:
+    async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int,
+                     quota: "StreamQuota | None" = None) -> None:
+        consumer = quota is not None and quota.quotas.enabled and not request.HasField("replica_id")
+        if consumer:
+            assert quota is not None
+            quota.client_id = request.client_id
+            request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
         try:
             result = await handle_fetch_request(self.replicas, request)
         except errors.GregorError as err:
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
+            return
+        throttle = quota.record_fetch(result.slice.length) if consumer and quota is not None else 0
+        if throttle:  # answered without records, as Kafka answers a throttled fetch
+            await self._write_header(writer, broker_pb2.DataFetchResponseHeader(
+                response=fetch_response(result, throttle_time_ms=throttle), records_length=0))
             return
         header = broker_pb2.DataFetchResponseHeader(
             response=fetch_response(result), records_length=result.slice.length).SerializeToString()

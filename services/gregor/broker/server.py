@@ -16,6 +16,7 @@ from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSes
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.common import errors, uuid
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
+from gregor.common.quota_admin import altered, entity_of, entry_pb, number
 from gregor.common.rpc import RequestRecorder, rpc_method, rpc_stream
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from gregor.rpc.v1 import coordinator_pb2
@@ -82,27 +83,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
+        quota = await self.broker.quotas.unary(context)
         result = await self.replicas.handle_produce(request.topic, request.partition, request.records,
                                                     request.acks, request.timeout_ms)
-        return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks))
+        return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks),
+                                          throttle_time_ms=quota.record_produce(len(request.records)) if quota else 0)
 
     @rpc_method("BrokerService")
     async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
                                 context: Ctx) -> broker_pb2.ProducePartitionsResponse:
+        quota = await self.broker.quotas.unary(context)
         results = await self.replicas.handle_produce_partitions(
             [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
-        return produce_partitions_response(request, results)
+        response = produce_partitions_response(request, results)
+        if quota is not None:
+            response.throttle_time_ms = quota.record_produce(sum(len(d.records) for d in request.partitions))
+        return response
 
     @rpc_stream("BrokerService")
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
-        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams)
+        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams, self.broker.quotas.stream(context))
         async for response in stream.serve(request_iterator):
             yield response
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
+        quota = None if request.HasField("replica_id") else await self.broker.quotas.unary(context)
+        if quota is not None:
+            request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
         result = await handle_fetch_request(self.replicas, request)
+        throttle = quota.record_fetch(result.slice.length) if quota is not None else 0
+        if throttle:  # Kafka answers a throttled fetch without records
+            return fetch_response(result, throttle_time_ms=throttle)
         return fetch_response(result, records=result.slice.read())
 
     @rpc_stream("BrokerService")
@@ -288,6 +301,37 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             cluster_id=self.broker.config.cluster_id, controller_id=-1, controller_epoch=-1,
             brokers=[self.broker.endpoint()])
 
+    @rpc_method("AdminService")
+    async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
+                                   context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
+        return _local_quotas_describe(self.broker, request)
+
+    @rpc_method("AdminService")
+    async def AlterClientQuotas(self, request: controller_pb2.AlterClientQuotasRequest,
+                                context: Ctx) -> controller_pb2.AlterClientQuotasResponse:
+        return _local_quotas_alter(self.broker, request)
+
+
+def _local_quotas_describe(broker: "Broker", request: controller_pb2.DescribeClientQuotasRequest
+                           ) -> controller_pb2.DescribeClientQuotasResponse:
+    """A standalone broker's quotas live in its memory only (no etcd): they last until it stops."""
+    configs = broker.quotas.configs
+    if request.HasField("entity"):
+        e = entity_of(request.entity)
+        found = configs.describe(e.user, e.client_id)
+    else:
+        found = configs.describe()
+    return controller_pb2.DescribeClientQuotasResponse(entries=[entry_pb(e, c) for e, c in found])
+
+
+def _local_quotas_alter(broker: "Broker", request: controller_pb2.AlterClientQuotasRequest
+                        ) -> controller_pb2.AlterClientQuotasResponse:
+    entity = entity_of(request.entity)
+    configs = altered(broker.quotas.configs.entities.get(entity, {}), request)
+    if not request.validate_only:
+        broker.quotas.set_entity(entity, {k: number(v) for k, v in configs.items()})
+    return controller_pb2.AlterClientQuotasResponse(result=entry_pb(entity, configs))
+
 
 def _config_str(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -357,3 +401,5 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     AlterConfigs = _forwarded("AlterConfigs")
     ElectLeaders = _forwarded("ElectLeaders")
     DescribeCluster = _forwarded("DescribeCluster")
+    DescribeClientQuotas = _forwarded("DescribeClientQuotas")
+    AlterClientQuotas = _forwarded("AlterClientQuotas")

@@ -11,6 +11,7 @@ import click
 from gregor.cli.analytics import analytics
 from gregor.cli.certs import certs_group
 from gregor.cli.chaos import chaos_group
+from gregor.cli.configs import configs
 from gregor.cli.common import DEFAULT_DATA_DIR, CliContext, cli_errors
 from gregor.cli.consume import consume
 from gregor.cli.controller_events import controller_group
@@ -47,6 +48,7 @@ def cli(ctx: click.Context, bootstrap: Optional[str], data_dir: str, output: str
 
 
 cli.add_command(topics)
+cli.add_command(configs)
 cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(log_group)

@@ -180,12 +180,44 @@ class AdminClient:
         _check(resp.result.error, topic)
         return [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in resp.result.entries]
 
+    # ------------------------------------------------------------ client quotas (KIP-546)
+    async def describe_client_quotas(self, user: Optional[str] = None, client_id: Optional[str] = None
+                                     ) -> list[tuple[Optional[str], Optional[str], dict[str, str]]]:
+        """(user, client id, configs) of every quota entity, or of the one named (None: not part of it;
+        "<default>": the default entity)."""
+        req = controller_pb2.DescribeClientQuotasRequest()
+        if user is not None or client_id is not None:
+            req.entity.CopyFrom(_quota_entity(user, client_id))
+        resp = await self._call(lambda s: s.DescribeClientQuotas(req, timeout=self.timeout_s))
+        return [(e.entity.user if e.entity.HasField("user") else None,
+                 e.entity.client_id if e.entity.HasField("client_id") else None, dict(e.configs))
+                for e in resp.entries]
+
+    async def alter_client_quotas(self, user: Optional[str], client_id: Optional[str],
+                                  set_: Mapping[str, str] | None = None, delete: Iterable[str] = (),
+                                  validate_only: bool = False) -> dict[str, str]:
+        """Set and/or remove an entity's quota configs; returns its configs afterwards."""
+        req = controller_pb2.AlterClientQuotasRequest(
+            entity=_quota_entity(user, client_id), set={k: str(v) for k, v in (set_ or {}).items()},
+            delete=list(delete), validate_only=validate_only)
+        resp = await self._call(lambda s: s.AlterClientQuotas(req, timeout=self.timeout_s))
+        return dict(resp.result.configs)
+
     async def describe_cluster(self) -> ClusterDescription:
         resp = await self._call(lambda s: s.DescribeCluster(controller_pb2.DescribeClusterRequest(),
                                                             timeout=self.timeout_s))
         return ClusterDescription(resp.cluster_id, resp.controller_id, resp.controller_epoch,
                                   [BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
                                    for b in resp.brokers])
+
+
+def _quota_entity(user: Optional[str], client_id: Optional[str]) -> controller_pb2.QuotaEntity:
+    entity = controller_pb2.QuotaEntity()
+    if user is not None:
+        entity.user = user
+    if client_id is not None:
+        entity.client_id = client_id
+    return entity
 
 
 class SyncAdminClient:

@@ -8,7 +8,9 @@ import grpc
 
 from gregor.common import errors
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
+from gregor.common.quota_admin import altered, entity_of, entry_pb
 from gregor.common.rpc import rpc_method
+from gregor.controller import client_quotas
 from gregor.controller.event_manager import RECENT_EVENTS_MAX
 from gregor.controller.leader_balance import ElectionType
 from gregor.controller.state import ControllerState, TopicPartition
@@ -163,3 +165,25 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         return controller_pb2.DescribeClusterResponse(
             cluster_id=self.controller.etcd.cluster, controller_id=desc.controller_id,
             controller_epoch=desc.controller_epoch, brokers=[b.endpoint() for b in desc.brokers])
+
+    @rpc_method("AdminService")
+    async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
+                                   context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
+        entity = entity_of(request.entity) if request.HasField("entity") else None
+        found = await self.controller.run_request("DescribeClientQuotas", ControllerState.IDLE,
+                                                  lambda: client_quotas.describe(self.controller, entity))
+        return controller_pb2.DescribeClientQuotasResponse(entries=[entry_pb(e, c) for e, c in found])
+
+    @rpc_method("AdminService")
+    async def AlterClientQuotas(self, request: controller_pb2.AlterClientQuotasRequest,
+                                context: Ctx) -> controller_pb2.AlterClientQuotasResponse:
+        entity = entity_of(request.entity)
+
+        async def alter() -> dict[str, float]:
+            configs = altered(await client_quotas.read_entity(self.controller, entity), request)
+            if not request.validate_only:
+                await client_quotas.write(self.controller, entity, configs)
+            return configs
+
+        configs = await self.controller.run_request("AlterClientQuotas", ControllerState.IDLE, alter)
+        return controller_pb2.AlterClientQuotasResponse(result=entry_pb(entity, configs))

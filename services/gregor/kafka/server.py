@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
 
+from gregor.broker.quota_manager import KAFKA_FETCH, KAFKA_PRODUCE, StreamQuota, throttle_kafka_response
+from gregor.common.quotas import ANONYMOUS
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 from gregor.kafka.admin_handlers import ADMIN_API_NAMES
@@ -89,6 +91,8 @@ class KafkaListener:
         assert task is not None
         self._conns.add(task)
         peer = writer.get_extra_info("peername")
+        # Client quotas (broker/quota_manager.py): a throttled response mutes this connection.
+        quota = self.broker.quotas.connection(ANONYMOUS, "")
         try:
             while True:
                 try:
@@ -99,10 +103,11 @@ class KafkaListener:
                     log.warning("kafka: closing %s: request of %d bytes exceeds socket.request.max.bytes", peer, size)
                     return
                 frame = await reader.readexactly(size)
-                out = await self._handle(frame, peer)
+                out = await self._handle(frame, peer, quota)
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
+                await quota.channel.wait()
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:  # the listener is stopping: end quietly (streams would log it)
@@ -115,7 +120,7 @@ class KafkaListener:
             self._conns.discard(task)
             writer.close()
 
-    async def _handle(self, frame: bytes, peer: object) -> bytes | None:
+    async def _handle(self, frame: bytes, peer: object, quota: StreamQuota | None = None) -> bytes | None:
         header, pos = codec.read_header(frame)
         supported = SUPPORTED.get(header.api_key)
         if header.api_key == codec.API_VERSIONS and (supported is None or
@@ -131,6 +136,8 @@ class KafkaListener:
         REQUESTS.labels(api).inc()
         with REQUEST_SECONDS.labels(api).time():
             body = await self.handlers.handle(header, request)
+        if quota is not None and quota.quotas.enabled and header.api_key in (KAFKA_PRODUCE, KAFKA_FETCH):
+            body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
         if body is None:
             return None  # Produce acks=0
         return codec.encode_response(header, body)

@@ -51,7 +51,7 @@ async def produce(config: dict[str, str], records: int, size: int) -> dict[str, 
         for _ in range(records):
             t0 = time.perf_counter()
             fut = await p.send(TOPIC, value, partition=0)
-            fut.add_done_callback(lambda _f, t0=t0: latencies.append(time.perf_counter() - t0))
+            fut.add_done_callback(lambda _md, _exc, t0=t0: latencies.append(time.perf_counter() - t0))
             pending.append(fut)
         await p.flush()
         elapsed = time.perf_counter() - start

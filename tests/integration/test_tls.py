@@ -365,7 +365,7 @@ async def test_rotating_broker_certificates_with_rolling_restarts_fails_no_produ
             await asyncio.to_thread(stop_process, broker, signal.SIGTERM)
             back = await asyncio.to_thread(restart_broker, cluster, broker)
             assert served_certificate(back.data, good(cluster)) == new_der
-            await until(lambda: len(load.acked) > sent + 50, 30, "acks after the restart")
+            await until(lambda: len(load.acked) > sent + 50, 60, "acks after the restart")
             cluster.save()
             # A rolling restart's rule: the next broker goes only once nothing is under-replicated (the
             # restarted one fetched its way back into every ISR, over TLS with its new certificate).

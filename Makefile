@@ -17,7 +17,7 @@ NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.tom
               $(wildcard native/python/gregor_native/*)
 
 .PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
-.PHONY: chaos chaos-clean
+.PHONY: chaos chaos-clean chaos-deps
 .PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
@@ -66,7 +66,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples chart-tools kube-tools prometheus spark-deps test-native stubtest typecheck test-python
+test: setup examples chart-tools kube-tools prometheus spark-deps chaos-deps test-native stubtest typecheck test-python
 
 # The edit-test loop: pure-logic unit tests, the seeded simulation (CI's schedule count) and the Rust
 # tests; no etcd, no processes, no clusters.
@@ -101,7 +101,7 @@ test-native:
 stubtest: setup
 	$(PY) -m mypy.stubtest gregor_native._native --allowlist native/stubtest-allowlist.txt
 
-test-python: setup chart-tools kube-tools prometheus
+test-python: setup chart-tools kube-tools prometheus chaos-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
@@ -150,6 +150,12 @@ bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
 	$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT))
 
+# 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
+# to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
+.PHONY: bench-partition-fds
+bench-partition-fds: setup
+	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
+
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
@@ -159,9 +165,19 @@ profile-acks-all: setup
 # kind once, 150 s, the CI topology); with DURATION a random schedule that long on the issue's full
 # topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). Output in $(CHAOS_OUT).
 CHAOS_OUT ?= chaos-out
-chaos: setup
+chaos: setup chaos-deps
 	$(PY) -m tests.e2e.chaos.run --duration $(or $(DURATION),150) $(if $(DURATION),,--every-kind-once) \
 	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) --out $(CHAOS_OUT)
+# NetfilterQueue (the `chaos` extra) for the user-space netem on kernels without sch_netem; it compiles
+# against Debian's libnetfilter-queue-dev, installed here when missing (the suite runs as root anyway).
+chaos-deps: $(VENV)/.chaos
+$(VENV)/.chaos: pyproject.toml | $(PY)
+	@test -e /usr/include/libnetfilter_queue/libnetfilter_queue.h || { \
+	    [ "$$(id -u)" -eq 0 ] || { echo "chaos-deps: install Debian's libnetfilter-queue-dev (as root)" >&2; exit 1; }; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev >/dev/null 2>&1 || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetfilter-queue-dev; }; }
+	$(PIP) install -q --disable-pip-version-check -e '.[chaos]'
+	touch $@
 # Namespaces, links and processes a killed chaos run left behind (all named gch*).
 chaos-clean:
 	$(PY) -m tests.e2e.chaos.netns

@@ -131,7 +131,7 @@ def schema() -> dict[str, Any]:
                                    service=closed({"type": {"type": "string",
                                                             "enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                                                    "annotations": OBJ}),
-                                   preStop=closed({"enabled": BOOL})),
+                                   preStop=closed({"enabled": BOOL}), raiseOpenFileLimit=BOOL),
             # Open: `gregor-coordinator --config` owns its key list (group.*, offsets.*, transaction.*) and
             # refuses an unknown key at start; tests/deploy runs its parser over the rendered properties file.
             "coordinators": gregor_role({"grpc": PORT}, leaseTtlMs=POSITIVE, config=kafka_config(owned=ETCD_OWNED)),

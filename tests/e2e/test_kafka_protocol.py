@@ -28,6 +28,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from gregor.cli.local_cluster import LocalCluster
+from tests.helpers.wait import wait_for
 
 GREGOR = [sys.executable, "-m", "gregor.cli.main"]
 WAIT_S = 60.0
@@ -450,3 +451,115 @@ def test_metadata_carries_the_topic_id_gregor_shows(cluster: LocalCluster) -> No
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout.split("TopicId:")[1].split()[0]
     assert base64.urlsafe_b64decode(text + "==") == by_librdkafka != bytes(16), (str(seen), shown.stdout)
+
+
+# ---- stage-1 admin APIs: IncrementalAlterConfigs, DeleteRecords, ElectLeaders ------------------------
+
+def test_admin_incremental_alter_configs_reach_the_controller(cluster: LocalCluster) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    topic = create_topic(cluster, partitions=1, rf=1)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
+    assert admin.incremental_alter_configs([res])[res].result(timeout=WAIT_S) is None
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    configs = list(described.values())[0].result(timeout=WAIT_S)
+    assert configs["retention.ms"].value == "3600000" and configs["cleanup.policy"].value == "delete,compact"
+    shown = cli(cluster, "topics", "describe", topic)  # the gRPC side sees the same overrides
+    assert "retention.ms=3600000" in shown.stdout, shown.stdout
+    undo = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT)])
+    admin.incremental_alter_configs([undo])[undo].result(timeout=WAIT_S)
+    configs = list(admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values())[0].result(
+        timeout=WAIT_S)
+    assert configs["retention.ms"].value == "604800000" and configs["cleanup.policy"].value == "compact"
+    broker = ConfigResource(ConfigResource.Type.BROKER, "0", incremental_configs=[
+        ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    err = admin.incremental_alter_configs([broker])[broker].exception(timeout=WAIT_S)
+    assert err is not None and err.args[0].name() == "INVALID_REQUEST", err
+
+
+def log_start_offsets(c: LocalCluster, topic: str) -> float:
+    """gregor_log_start_offset of `topic` summed over every broker's replicas (/metrics)."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_log_start_offset{") and f'topic="{topic}"' in line:
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_admin_delete_records_moves_the_log_start_offset(cluster: LocalCluster) -> None:
+    topic = create_topic(cluster, partitions=1, rf=2)
+    produce_values(cluster, topic, [f"d{i}" for i in range(10)])
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    done = admin.delete_records([TopicPartition(topic, 0, 4)])
+    [(tp, fut)] = done.items()
+    assert fut.result(timeout=WAIT_S).low_watermark == 4
+    c = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": f"dr-{topic}", "enable.auto.commit": False})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (4, 10)
+    finally:
+        c.close()
+    out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "6", "--timeout-ms", "20000",
+              "--output", "json")
+    assert [json.loads(line)["offset"] for line in out.stdout.splitlines()] == list(range(4, 10))
+    # The follower takes the leader's log start offset from its next replica fetch: both replicas start at 4.
+    wait_for(lambda: log_start_offsets(cluster, topic) == 8, WAIT_S, "both replicas' log start offsets at 4")
+    beyond = admin.delete_records([TopicPartition(topic, 0, 11)])
+    err = list(beyond.values())[0].exception(timeout=WAIT_S)
+    assert err is not None and err.args[0].name() == "OFFSET_OUT_OF_RANGE", err
+
+
+def test_admin_elect_leaders_relays_to_the_controller(cluster: LocalCluster) -> None:
+    from confluent_kafka import ElectionType
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0), TopicPartition(topic, 7)]).result(
+        timeout=WAIT_S)
+    by_partition = {tp.partition: err for tp, err in res.items()}
+    assert by_partition[0] is not None and by_partition[0].name() == "ELECTION_NOT_NEEDED"
+    assert by_partition[7] is not None and by_partition[7].code() == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    res = admin.elect_leaders(ElectionType.UNCLEAN, [TopicPartition(topic, 0)]).result(timeout=WAIT_S)
+    [err] = res.values()  # the leader is live: an unclean election is not needed either
+    assert err is not None and err.name() == "ELECTION_NOT_NEEDED"
+
+
+def test_kafka_python_deletes_group_offsets(cluster: LocalCluster) -> None:
+    """OffsetDelete through kafka-python's admin: an Empty group's offsets go; a consumer group with members keeps
+    the offsets of topics it subscribes to (GROUP_SUBSCRIBED_TO_TOPIC), and gRPC's `groups describe` agrees."""
+    from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+    from kafka import TopicPartition as KTP
+
+    topic = create_topic(cluster, partitions=2, rf=1)
+    other = create_topic(cluster, partitions=1, rf=1)
+    group = f"od-{topic}"
+    c = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": group, "enable.auto.commit": False,
+                  "session.timeout.ms": 10000})
+    c.subscribe([topic])
+    deadline = time.monotonic() + WAIT_S
+    while len(c.assignment()) < 2:
+        assert time.monotonic() < deadline, "the consumer never got its partitions"
+        c.poll(0.2)
+    c.commit(offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 4), TopicPartition(other, 0, 5)],
+             asynchronous=False)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+    try:
+        res = admin.delete_group_offsets(group, [KTP(topic, 0), KTP(other, 0)])
+        codes = {(tp.topic, tp.partition): err.errno for tp, err in res.items()}  # kafka.errors classes
+        assert codes == {(topic, 0): 86, (other, 0): 0}, res  # GROUP_SUBSCRIBED_TO_TOPIC for the subscribed one
+        c.close()  # Empty now: every offset may go
+        res = admin.delete_group_offsets(group, [KTP(topic, 0)])
+        assert [err.errno for err in res.values()] == [0], res
+    finally:
+        admin.close()
+    desc = cli(cluster, "groups", "describe", group, "--output", "json")
+    assert desc.returncode == 0, desc.stderr
+    rows = json.loads(desc.stdout)["partitions"]
+    assert sorted((r["topic"], r["partition"], r["current_offset"]) for r in rows
+                  if r["current_offset"] is not None and r["current_offset"] >= 0) == [(topic, 1, 4)], rows

@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from gregor.broker.broker_metrics import unwatch_broker, watch_broker
+from gregor.broker.broker_metrics import open_file_descriptors, unwatch_broker, watch_broker
 from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
@@ -153,7 +153,9 @@ class Broker:
                                 security=self.config.tls)
         info = {"host": self.config.host, "grpc_port": self.grpc_port,
                 "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
-                "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
+                "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"],
+                # The controller refuses a creation that would take us past it (issue 24).
+                "max_open_files": open_file_descriptors()[1]}
         if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
             info["kafka"] = self.kafka.advertised
             info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"{self.kafka.security_protocol}://{self.kafka.advertised}"]

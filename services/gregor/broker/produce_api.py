@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from gregor.broker.replica_manager import collect_produce, produce_pending
 from gregor.common import errors
-from gregor.common.rpc import REQUEST_LATENCY, REQUESTS
+from gregor.common.rpc import RequestRecorder
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
@@ -58,8 +58,7 @@ class ProduceStreamHandler:
         self.replicas = replicas
         self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
         self._waiting: set[asyncio.Task[None]] = set()
-        self._latency = REQUEST_LATENCY.labels(service="BrokerService", api=STREAM_API)
-        self._counters: dict[str, Any] = {}
+        self._requests = RequestRecorder("BrokerService", STREAM_API)
         self._open_streams = open_streams  # the broker's open streams, closed when it stops
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
@@ -128,8 +127,4 @@ class ProduceStreamHandler:
 
     def _answer(self, response: broker_pb2.ProducePartitionsResponse, start: float, code: str) -> None:
         self._out.put_nowait(response)
-        self._latency.observe(time.perf_counter() - start)
-        counter = self._counters.get(code)
-        if counter is None:
-            counter = self._counters[code] = REQUESTS.labels(service="BrokerService", api=STREAM_API, code=code)
-        counter.inc()
+        self._requests.record(start, code)

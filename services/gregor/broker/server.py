@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -15,7 +16,7 @@ from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSes
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.common import errors, uuid
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
-from gregor.common.rpc import rpc_method
+from gregor.common.rpc import RequestRecorder, rpc_method, rpc_stream
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from gregor.rpc.v1 import coordinator_pb2
 
@@ -44,6 +45,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self.broker = broker
         self.replicas = broker.replica_manager
         self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
+        self._replica_fetches = RequestRecorder("BrokerService", "ReplicaFetch")  # each request of the streams
 
     def producer_id_manager(self) -> "RpcProducerIdManager | LocalProducerIdManager":
         """Blocks from the controller in cluster mode, a local persistent block file when standalone."""
@@ -91,6 +93,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
         return produce_partitions_response(request, results)
 
+    @rpc_stream("BrokerService")
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
         stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams)
@@ -102,10 +105,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())
 
+    @rpc_stream("BrokerService")
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
+        """A follower's fetch stream, which is also its fetch session: one response per request, in order.
+        Each request is timed and counted like a unary call (api="ReplicaFetch"); an error for the whole
+        request ends the stream with its status."""
         session = ReplicaFetchSession()
+        requests = self._replica_fetches
         async for request in request_iterator:
+            start = time.perf_counter()
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
                                       q.topic_id)
                      for q in request.partitions]
@@ -115,8 +123,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
                     request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
             except errors.GregorError as err:
-                await errors.abort_with(context, err)
-                return
+                requests.record(start, err.name)
+                raise  # rpc_stream: the stream ends with the error's status
+            requests.record(start, "NONE")
             yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
 
     @rpc_method("BrokerService")

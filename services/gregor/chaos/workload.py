@@ -9,14 +9,18 @@ Clients (each a `process` in the history; a client that has to be rebuilt after 
               compresses with gzip.
   sync-0      the blocking SyncProducer (send().get()) on a thread of its own.
   gw-<n>      one record per Produce call to a producer gateway (idempotent, acks=all inside).
+  gwtxn-<n>   transactions through a gateway's TransactionalProduceStream: two values in two partitions
+              of the output topic per transaction, one in five aborted on purpose; a broken stream is
+              replaced by a new one with the same transactional.id (whose init fences the old).
   group-<n>   consumers of one group (subscribe), committing after each poll, fetching the committed
               offsets now and then.
   txn-0       consume-transform-produce: read_committed from the input topic, write two values per input
               record to two partitions of the output topic in one transaction with the offsets; one in
               five is aborted on purpose.
   hw-0        the high watermark of every partition (end offsets, read_uncommitted).
-  final       after --healed-file appears (or at once without it): every partition of both topics from
-              offset 0 up to the end, read_committed.
+  final       every partition of both topics from offset 0 up to the end, read_committed, once the clients
+              have stopped: after --seconds, or with --healed-file 3 s after that file appears (the
+              orchestrator writes it once every fault has healed), whichever is later.
 Timeouts and errors whose effect is unknown are `unknown`; a transaction is `fail` only when abort
 returned before any commit was asked for.
 """
@@ -196,6 +200,99 @@ class Workload:
                             offset=offset, client="gateway", **({"error": error} if error else {}))
                 if outcome != OK:
                     await asyncio.sleep(0.2)
+
+    async def gateway_transactions(self, n: int, address: str) -> None:
+        """Transactions through the gateway's TransactionalProduceStream (one stream, one producer)."""
+        import grpc  # type: ignore[import-untyped]
+
+        generation = 0
+        while not self.stop.is_set():
+            process = f"gwtxn-{n}" + (f".{generation}" if generation else "")
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    await self._gateway_txn_stream(channel, process, f"chaos-gw-txn-{n}")
+                    return
+            except Exception as exc:  # noqa: BLE001 - a broken stream or a failed call: a new stream
+                print(f"{process}: {exc!r}", flush=True)
+                await asyncio.sleep(0.5)
+            generation += 1
+
+    async def _gateway_txn_stream(self, channel: Any, process: str, transactional_id: str) -> None:
+        from gregor.common import errors
+        from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+        call = gateway_pb2_grpc.ProducerGatewayServiceStub(channel).TransactionalProduceStream()
+        ids = itertools.count(1)
+
+        async def answer() -> Any:
+            res = await asyncio.wait_for(call.read(), OP_TIMEOUT_S)
+            if res is grpc_eof():
+                raise errors.GregorError("the gateway ended the stream")
+            return res
+
+        def control(op: str) -> Any:
+            return gateway_pb2.GatewayTxnRequest(**{op: gateway_pb2.GatewayTxnControl(correlation_id=next(ids))})
+
+        await call.write(gateway_pb2.GatewayTxnRequest(init=gateway_pb2.GatewayTxnInit(
+            transactional_id=transactional_id, transaction_timeout_ms=10000, correlation_id=next(ids))))
+        res = await answer()
+        if res.error.code:
+            raise errors.from_detail(res.error)
+        k = 0
+        while not self.stop.is_set():
+            k += 1
+            txn_id = f"{process}/{k}"
+            abort = self.rng.random() < 0.2
+            sends: list[dict[str, Any]] = [{"topic": TXN_TOPIC, "partition": part, "key": f"{txn_id}:{part}",
+                      "value": f"{txn_id}:{part}", "offset": None} for part in range(min(2, self.a.partitions))]
+            t0 = now()
+            outcome, asked_commit, error = UNKNOWN, False, None
+            try:
+                await call.write(control("begin"))
+                if (res := await answer()).error.code:
+                    raise errors.from_detail(res.error)
+                by_id: dict[int, dict[str, Any]] = {}
+                for s in sends:
+                    rec = common_pb2.Record(key=str(s["key"]).encode(), value=str(s["value"]).encode())
+                    by_id[cid := next(ids)] = s
+                    await call.write(gateway_pb2.GatewayTxnRequest(record=gateway_pb2.GatewayRecord(
+                        topic=TXN_TOPIC, record=rec, partition=int(s["partition"]), correlation_id=cid)))
+                failed = None
+                for _ in sends:  # answers come as the records are acknowledged, not in request order
+                    res = await answer()
+                    if res.error.code:
+                        failed = failed or errors.from_detail(res.error)
+                    else:
+                        by_id[res.correlation_id]["offset"] = int(res.offset)
+                if failed is not None or abort:
+                    await call.write(control("abort"))
+                    if (res := await answer()).error.code:
+                        raise errors.from_detail(res.error)
+                    outcome = FAIL
+                    if failed is not None:
+                        error = type(failed).__name__
+                else:
+                    asked_commit = True
+                    await call.write(control("commit"))
+                    if (res := await answer()).error.code:
+                        raise errors.from_detail(res.error)
+                    outcome = OK
+            except BaseException as exc:
+                error = type(exc).__name__
+                raise
+            finally:
+                if outcome != OK:
+                    for s in sends:  # an offset of a send in a transaction not known committed means nothing
+                        s["offset"] = None
+                fields: dict[str, Any] = {"txn_id": txn_id, "sends": sends, "client": "gateway"}
+                if abort and outcome == FAIL:
+                    fields["aborted_by"] = "client"
+                if error:
+                    fields["error"] = error
+                if asked_commit and outcome != OK:
+                    outcome = UNKNOWN
+                self.record(process, "txn", t0, outcome, **fields)
+        await call.done_writing()
 
     # --- consumers -----------------------------------------------------------------------------------------
 
@@ -424,10 +521,18 @@ class Workload:
         tasks = [asyncio.create_task(self.sdk_producer(n)) for n in range(self.a.sdk_producers)]
         tasks += [asyncio.create_task(self.gateway_producer(n, g))
                   for n, g in enumerate(filter(None, self.a.gateway.split(",")))]
+        tasks += [asyncio.create_task(self.gateway_transactions(n, g))
+                  for n, g in enumerate(filter(None, self.a.gateway.split(",")[:1]))]
         tasks += [asyncio.create_task(self.group_consumer(n)) for n in range(self.a.consumers)]
         tasks.append(asyncio.create_task(self.transactions()))
         tasks.append(asyncio.create_task(self.hw_observer()))
         await asyncio.sleep(self.a.seconds)
+        if self.a.healed_file:
+            # The nemesis runs late when a fault takes longer than its slot (a rolling restart): the clients go
+            # on until every fault has healed and a little after, so each fault's recovery is in the history.
+            while not os.path.exists(self.a.healed_file):
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(3)
         self.stop.set()
         self.stop_thread.set()
         await asyncio.wait(tasks, timeout=60)
@@ -435,12 +540,15 @@ class Workload:
             t.cancel()
         await asyncio.to_thread(thread.join, 60)
         print("WORKLOAD STOPPED", flush=True)
-        if self.a.healed_file:
-            while not os.path.exists(self.a.healed_file):
-                await asyncio.sleep(0.2)
         await self.final_read()
         self.h.close()
         print("FINAL READ DONE", flush=True)
+
+
+def grpc_eof() -> Any:
+    import grpc  # type: ignore[import-untyped]
+
+    return grpc.aio.EOF
 
 
 def GROUP_META(c: Any) -> Any:  # noqa: N802 - Kafka's consumer.groupMetadata(), or the group id

@@ -288,10 +288,8 @@ async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, pa
         snapshot: dict[str, float] = {}
         if metrics is not None:
             # Kafka flushes, prints the summary and then the metrics before closing the producer.
-            acc = producer._acc
             buffer_total = int(producer.config["buffer.memory"])
-            snapshot = metrics.snapshot(monotonic() - start, buffer_total,
-                                        buffer_total - (acc.buffered_bytes if acc is not None else 0))
+            snapshot = metrics.snapshot(monotonic() - start, buffer_total, buffer_total - producer.buffered_bytes())
     stats.print_window(monotonic())
     if failures:
         raise click.ClickException(f"{failed} record(s) failed, first: {failures[0]}")

@@ -156,6 +156,12 @@ class AdminClient:
         resp = await self._call(lambda s: s.CreatePartitions(req, timeout=self.timeout_s))
         _check(resp.result.error, topic)
 
+    # ------------------------------------------------------------ leadership
+    async def elect_leaders(self, request: controller_pb2.ElectLeadersRequest
+                            ) -> controller_pb2.ElectLeadersResponse:
+        """Kafka's Admin.electLeaders: preferred or unclean elections; the per-partition results as answered."""
+        return await self._call(lambda s: s.ElectLeaders(request, timeout=self.timeout_s))
+
     # ------------------------------------------------------------ configs
     async def describe_configs(self, topics: Iterable[str] | None = None) -> dict[str, list[ConfigEntry]]:
         req = controller_pb2.DescribeConfigsRequest(topics=list(topics or []))

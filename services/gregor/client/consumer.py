@@ -98,7 +98,7 @@ class Consumer:
         self._buffered_total = 0
         self._closed = False
         # Group membership and commits (needs group.id); heartbeats start with subscribe().
-        self._group: Optional[GroupMember] = GroupMember(self, cfg) if cfg["group.id"] else None
+        self._group: Optional[GroupMember] = GroupMember(self.subscriptions, self.metadata, cfg) if cfg["group.id"] else None
 
     async def __aenter__(self) -> "Consumer":
         return self

@@ -37,7 +37,7 @@ from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
-    from gregor.client.consumer import Consumer
+    from gregor.client.subscription_state import SubscriptionState
     from gregor.client.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
@@ -134,9 +134,12 @@ class GroupMember:
     next poll() runs the rebalance as a task (poll never waits past its timeout for it).
     """
 
-    def __init__(self, consumer: "Consumer", cfg: Mapping[str, Any]) -> None:
-        self.consumer = consumer
-        self.metadata = consumer.metadata
+    def __init__(self, subscriptions: "SubscriptionState", metadata: "ClusterMetadata",
+                 cfg: Mapping[str, Any]) -> None:
+        # What it is given of its consumer: the assignment and positions (changed only through
+        # SubscriptionState's public methods) and the cluster metadata; nothing else of the Consumer.
+        self.subscriptions = subscriptions
+        self.metadata = metadata
         self.group_id = str(cfg["group.id"])
         self.instance_id = str(cfg["group.instance.id"])
         self.client_id = str(cfg["client.id"]) or f"consumer-{self.group_id}-{next(_CLIENT_IDS)}"  # Kafka's default
@@ -439,14 +442,14 @@ class GroupMember:
                 # As Kafka: the listener runs while the partitions are still assigned, then they go.
                 await self._commit_before_revoke(change.revoked)
                 await self._call_listener("on_partitions_revoked", change.revoked)
-                self.consumer.subscriptions.remove(change.revoked)
+                self.subscriptions.remove(change.revoked)
                 self.owned = [tp for tp in self.owned if tp not in set(change.revoked)]
                 self.need_rejoin = True  # the follow-up rebalance hands them to their new owner
             added = change.added
         else:
             added = list(assigned)
         positions = await self._committed_positions(added)
-        self.consumer.subscriptions.add_assigned(added, positions)
+        self.subscriptions.add_assigned(added, positions)
         self.owned = sorted(set(self.owned) | set(added))
         await self._call_listener("on_partitions_assigned", added)
 
@@ -465,7 +468,7 @@ class GroupMember:
         # As Kafka's onJoinPrepare: the listener runs while the partitions are still assigned (it may
         # commit their positions, read position()), then the assignment is cleared.
         await self._call_listener("on_partitions_revoked", owned)
-        self.consumer.subscriptions.remove(owned)
+        self.subscriptions.remove(owned)
         self.previous, self.owned = owned, []
 
     async def _lose_all(self) -> None:
@@ -475,7 +478,7 @@ class GroupMember:
             return
         owned = list(self.owned)
         await self._call_listener("on_partitions_lost", owned)
-        self.consumer.subscriptions.remove(owned)
+        self.subscriptions.remove(owned)
         self.previous, self.owned = [], []
 
     async def _call_listener(self, name: str, partitions: list[TopicPartition]) -> None:
@@ -543,7 +546,7 @@ class GroupMember:
             log.warning("group %s: heartbeat failed: %s", self.group_id, err)
         if silent_s * 1000 > self.session_timeout_ms:
             self.coordinator_dead("session timeout passed without a heartbeat")
-        self.consumer.subscriptions.notify()
+        self.subscriptions.notify()
 
     # ------------------------------------------------------------ pattern subscription
     async def _refresh_pattern(self) -> None:
@@ -570,7 +573,7 @@ class GroupMember:
         self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
         if self._commit_task is not None and not self._commit_task.done():
             return
-        offsets = self.consumer.subscriptions.consumed_positions()
+        offsets = self.subscriptions.consumed_positions()
         offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
         if offsets and not self.rebalancing:
             self._commit_task = asyncio.ensure_future(self._auto_commit(offsets))
@@ -585,7 +588,7 @@ class GroupMember:
         if not self.auto_commit or self.generation < 0:
             return
         wanted = set(tps)
-        offsets = {tp: o for tp, o in self.consumer.subscriptions.consumed_positions().items() if tp in wanted}
+        offsets = {tp: o for tp, o in self.subscriptions.consumed_positions().items() if tp in wanted}
         if offsets:
             try:
                 await self.commit(offsets)
@@ -697,7 +700,7 @@ class GroupMember:
                     await self._revoke_all(leaving=True)
                     await self.leave_group("the consumer is being closed")
             elif self.auto_commit:
-                offsets = self.consumer.subscriptions.consumed_positions()
+                offsets = self.subscriptions.consumed_positions()
                 offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
                 if offsets:
                     await self.commit(offsets)

@@ -650,11 +650,18 @@ class Producer:
     async def abort_transaction(self) -> None:
         await self._transactions().abort_transaction()
 
+    def buffered_bytes(self) -> int:
+        """Bytes of records waiting in the accumulator (the part of buffer.memory in use)."""
+        return self._acc.buffered_bytes if self._acc is not None else 0
+
+    # -- TxnSender (transaction_manager.py): what the TransactionManager may use of the producer ----------
     def wakeup(self) -> None:
+        """Let the sender look at the accumulator again (partitions joined the transaction)."""
         if self._acc is not None:
             self._acc.wakeup.set()
 
     def sequences(self) -> ProducerSequences:
+        """The producer id, epoch and sequences (idempotence bookkeeping) the sender stamps batches with."""
         assert self._sender is not None and self._sender.txn is not None
         return self._sender.txn
 

@@ -27,7 +27,7 @@ import asyncio
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Protocol
 
 import grpc
 
@@ -36,7 +36,8 @@ from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
 if TYPE_CHECKING:
-    from gregor.client.producer import Producer
+    from gregor.client.metadata import ClusterMetadata
+    from gregor.client.producer_sequences import ProducerSequences
 
 log = logging.getLogger(__name__)
 Code = errors.Code
@@ -63,10 +64,25 @@ class TransactionAbortableError(errors.InvalidTxnStateError):  # type: ignore[na
 S = TxnClientState
 
 
+class TxnSender(Protocol):
+    """All a TransactionManager uses of its producer (the Producer implements it): the cluster metadata, the
+    idempotence bookkeeping, waking the sender, failing queued records, and flush."""
+
+    metadata: "ClusterMetadata"
+
+    def sequences(self) -> "ProducerSequences": ...
+
+    def wakeup(self) -> None: ...
+
+    def fail_queued(self, tps: set[TopicPartition], exc: BaseException) -> None: ...
+
+    async def flush(self, timeout: Optional[float] = None) -> None: ...
+
+
 class TransactionManager:
     """One transactional producer's transaction bookkeeping and its calls to the transaction coordinator."""
 
-    def __init__(self, producer: "Producer", cfg: Mapping[str, Any]) -> None:
+    def __init__(self, producer: TxnSender, cfg: Mapping[str, Any]) -> None:
         self.producer = producer
         self.transactional_id: str = cfg["transactional.id"]
         self.timeout_ms = int(cfg["transaction.timeout.ms"])

@@ -369,6 +369,14 @@ class GroupCoordinator:
                 group.offsets.pop(tp, None)
             log.info("group %s: offsets of deleted topic %s removed", group.group_id, topic)
 
+    async def delete_offsets(self, group: Group, p: int, partitions: list[tuple[str, int]]) -> None:
+        """Tombstone the group's committed offsets of `partitions` (Kafka's OffsetDelete), then forget them."""
+        tps = [tp for tp in partitions if tp in group.offsets]
+        if tps:
+            await self.append(p, [(ol.encode_offset_key(ol.OffsetKey(group.group_id, t, part)), None) for t, part in tps])
+        for tp in tps:
+            group.offsets.pop(tp, None)
+
     async def delete_group(self, group: Group, p: int) -> None:
         """Tombstone every offset and the group metadata, then drop the group (Dead)."""
         records: list[tuple[bytes, bytes | None]] = [

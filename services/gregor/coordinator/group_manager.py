@@ -486,6 +486,19 @@ class GroupManager:
             raise _err(Code.NON_EMPTY_GROUP, f"group {group_id} is {group.state.value}, not Empty: members remain")
         return group
 
+    def validate_offset_delete(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[Group, set[str]]:
+        """Kafka's OffsetDelete checks: the group, and the topics whose offsets it must keep (a consumer group
+        with members keeps those of the topics it subscribes to)."""
+        group = self.groups.get(group_id)
+        if group is None or group.is_(S.DEAD):
+            raise _err(Code.GROUP_ID_NOT_FOUND, f"group {group_id} does not exist")
+        if group.is_(S.EMPTY):
+            return group, set()
+        if group.protocol_type != "consumer":
+            raise _err(Code.NON_EMPTY_GROUP, f"group {group_id} is {group.state.value} and not a consumer group: "
+                                             f"its offsets can only be deleted once it is Empty")
+        return group, group.subscribed_topics() & {t for t, _ in partitions}
+
     def mark_dead(self, group_id: str, now_ms: int) -> None:
         group = self.groups.pop(group_id, None)
         if group is not None and not group.is_(S.DEAD):

@@ -180,6 +180,18 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         return pb.DescribeGroupsResponse(groups=out)
 
     @rpc_method("GroupCoordinatorService")
+    async def OffsetDelete(self, request: pb.OffsetDeleteRequest, context: Ctx) -> pb.OffsetDeleteResponse:
+        p = self.c.check_owner(request.group_id)
+        tps = [(tp.topic, tp.partition) for tp in request.partitions]
+        group, kept = self.m.validate_offset_delete(request.group_id, tps)
+        await self.c.delete_offsets(group, p, [tp for tp in tps if tp[0] not in kept])
+        subscribed = errors.error_for(errors.Code.GROUP_SUBSCRIBED_TO_TOPIC,
+                                      f"group {request.group_id} subscribes to the topic: its offsets stay")
+        return pb.OffsetDeleteResponse(results=[
+            pb.OffsetDeleteResult(partition=tp, error=subscribed.to_detail() if tp.topic in kept else _ok())
+            for tp in request.partitions])
+
+    @rpc_method("GroupCoordinatorService")
     async def DeleteGroups(self, request: pb.DeleteGroupsRequest, context: Ctx) -> pb.DeleteGroupsResponse:
         out: dict[str, common_pb2.ErrorDetail] = {}
         for gid in request.group_ids:

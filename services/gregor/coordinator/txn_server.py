@@ -23,7 +23,10 @@ def description(c: TransactionCoordinator, md: TxnMetadata) -> pb.TransactionDes
         producer_epoch=md.producer_epoch, transaction_timeout_ms=md.timeout_ms,
         transaction_start_time_ms=md.txn_start_ms,
         topic_partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(md.partitions)],
-        coordinator_id=owner, partition=c.partition_of(md.transactional_id))
+        coordinator_id=owner, partition=c.partition_of(md.transactional_id), group_ids=sorted(md.groups),
+        pending_offsets=[pb.PendingGroupOffsets(group_id=g, partitions=[
+            common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(offsets)])
+            for g, offsets in sorted(md.pending_offsets.items())])
 
 
 class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinatorServiceServicer):

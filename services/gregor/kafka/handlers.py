@@ -24,6 +24,8 @@ from gregor.common import errors
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
 from gregor.kafka import codec
+from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
+from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
@@ -69,6 +71,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     60: (0, 1),   # DescribeCluster
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
+    **TXN_SUPPORTED,  # the transaction APIs (kafka/txn_handlers.py)
+    **ADMIN_SUPPORTED,  # DeleteRecords, ElectLeaders, IncrementalAlterConfigs (kafka/admin_handlers.py)
 }
 RESOURCE_TOPIC = 2  # DescribeConfigs resource types
 RESOURCE_BROKER = 4
@@ -104,6 +108,9 @@ class KafkaHandlers:
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
             37: self.create_partitions, 42: self.delete_groups,
         }
+        self.txn = TxnApis(self)
+        self._table.update(self.txn.table())
+        self._table.update(AdminApis(self).table())
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -292,8 +299,7 @@ class KafkaHandlers:
 
     async def init_producer_id(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         if req.transactional_id:
-            return codec.build(mod.InitProducerIdResponse, error_code=int(Code.INVALID_REQUEST), producer_id=-1,
-                               producer_epoch=-1)
+            return await self.txn.init_producer_id(header, req, mod)
         try:
             pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
         except errors.GregorError as err:
@@ -312,7 +318,7 @@ class KafkaHandlers:
 
     # ---- Admin -------------------------------------------------------------------------------
 
-    async def _admin(self, api: str, request: Any) -> Any:
+    async def admin(self, api: str, request: Any) -> Any:
         from gregor.broker.controller_link import forward_to_controller
 
         if not self.broker.cluster_mode:
@@ -327,7 +333,7 @@ class KafkaHandlers:
             configs={str(c.name): str(c.value) for c in t.configs if c.value is not None}) for t in req.topics]
         results: dict[str, tuple[int, str | None, int, int]] = {}
         try:
-            resp = await self._admin("CreateTopics", controller_pb2.CreateTopicsRequest(
+            resp = await self.admin("CreateTopics", controller_pb2.CreateTopicsRequest(
                 topics=topics, validate_only=bool(getattr(req, "validate_only", False))))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
@@ -345,7 +351,7 @@ class KafkaHandlers:
         names = ([str(t.name) for t in req.topics] if header.api_version >= 6 else [str(n) for n in req.topic_names])
         results: dict[str, tuple[int, str | None]] = {}
         try:
-            resp = await self._admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
+            resp = await self.admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
                 results[r.name] = (code, r.error.message if code else None)
@@ -363,13 +369,33 @@ class KafkaHandlers:
         key_type = int(getattr(req, "key_type", 0))
         keys = list(req.coordinator_keys) if header.api_version >= 4 else [req.key]
         host, port, me = self.listener.advertised_host, self.listener.advertised_port, self.broker.config.broker_id
-        code = NONE if key_type == 0 else int(Code.INVALID_REQUEST)
+
+        async def answer(key: str) -> tuple[int, str | None]:
+            if key_type == 0:
+                return NONE, None
+            if key_type == 1:  # TRANSACTION: this broker too, relaying to the id's transaction coordinator
+                return await self.txn.find_coordinator_code(str(key))
+            return int(Code.INVALID_REQUEST), f"key type {key_type} is not served"
+
         if header.api_version >= 4:
-            return codec.build(mod.FindCoordinatorResponse, coordinators=[
-                codec.build(mod.Coordinator, key=k, node_id=me, host=host, port=port, error_code=code,
-                            error_message=None) for k in keys])
-        return codec.build(mod.FindCoordinatorResponse, error_code=code, error_message=None, node_id=me,
-                           host=host, port=port)
+            coordinators = []
+            for k in keys:
+                code, message = await answer(k)
+                coordinators.append(codec.build(mod.Coordinator, key=k, node_id=me if not code else -1,
+                                                host=host if not code else "", port=port if not code else -1,
+                                                error_code=code, error_message=message))
+            return codec.build(mod.FindCoordinatorResponse, coordinators=coordinators)
+        code, message = await answer(keys[0])
+        return codec.build(mod.FindCoordinatorResponse, error_code=code, error_message=message,
+                           node_id=me if not code else -1, host=host if not code else "",
+                           port=port if not code else -1)
+
+    def channel_to(self, addr: str) -> grpc.aio.Channel:
+        """The listener's one channel to a coordinator or controller at addr (made on first use, closed with it)."""
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = channel(addr)
+        return ch
 
     async def _group_stub(self, group_id: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
         lookup = self.broker.coordinator_lookup
@@ -377,12 +403,9 @@ class KafkaHandlers:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, "no group coordinators (standalone broker)")
         _, host, port, _ = await lookup.find(group_id)
         addr = f"{host}:{port}"
-        ch = self._channels.get(addr)
-        if ch is None:
-            ch = self._channels[addr] = channel(addr)
-        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
+        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.channel_to(addr))
 
-    async def _group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
+    async def group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
             return await getattr(stub, method)(request, timeout=timeout_s)
@@ -401,7 +424,7 @@ class KafkaHandlers:
                 protocols=[coordinator_pb2.GroupProtocol(name=str(p.name), metadata=bytes(p.metadata))
                            for p in req.protocols])
             try:
-                resp = await self._group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
+                resp = await self.group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
             except errors.GregorError as err:
                 return codec.build(mod.JoinGroupResponse, error_code=int(err.code), generation_id=-1,
                                    protocol_name=None, leader="", member_id=member_id, members=[])
@@ -425,7 +448,7 @@ class KafkaHandlers:
                                                              assignment=bytes(a.assignment))
                          for a in req.assignments])
         try:
-            resp = await self._group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
+            resp = await self.group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
         except errors.GregorError as err:
             return codec.build(mod.SyncGroupResponse, error_code=int(err.code), assignment=b"")
         return codec.build(mod.SyncGroupResponse, error_code=NONE, assignment=resp.assignment,
@@ -434,7 +457,7 @@ class KafkaHandlers:
 
     async def heartbeat(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         try:
-            await self._group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
+            await self.group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
                 group_id=str(req.group_id), generation_id=int(req.generation_id), member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or "")))
         except errors.GregorError as err:
@@ -447,7 +470,7 @@ class KafkaHandlers:
         else:
             ids = [(str(req.member_id), "")]
         try:
-            resp = await self._group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
+            resp = await self.group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
                 group_id=str(req.group_id), member_ids=[m for m, _ in ids],
                 group_instance_ids=[g for _, g in ids if g]))
         except errors.GregorError as err:
@@ -468,7 +491,7 @@ class KafkaHandlers:
             for t in req.topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
                 group_id=str(req.group_id), generation_id=generation, member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or ""), partitions=parts))
             for r in resp.results:
@@ -487,13 +510,19 @@ class KafkaHandlers:
         asked = None if req.topics is None else [(str(t.name), int(i)) for t in req.topics
                                                  for i in t.partition_indexes]
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
                 group_id=str(req.group_id),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []]))
         except errors.GregorError as err:
             return codec.build(mod.OffsetFetchResponse, topics=[], error_code=int(err.code))
         got = {(p.topic, p.partition): p for p in resp.partitions}
         keys = asked if asked is not None else sorted(got)
+        unstable: dict[tuple[str, int], int] = {}
+        if getattr(req, "require_stable", False):  # KIP-447: not while a transaction holds offsets of the group
+            try:
+                unstable = dict.fromkeys(await self.txn.unstable_offsets(str(req.group_id)), UNSTABLE_OFFSET_COMMIT)
+            except errors.GregorError as err:
+                unstable = dict.fromkeys(keys, int(err.code))
         by_topic: dict[str, list[Any]] = {}
         for t, i in keys:
             p = got.get((t, i))
@@ -501,7 +530,7 @@ class KafkaHandlers:
                 mod.OffsetFetchResponsePartition, partition_index=i,
                 committed_offset=p.offset if p is not None else -1,
                 committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
-                metadata=(p.metadata if p is not None else ""), error_code=NONE))
+                metadata=(p.metadata if p is not None else ""), error_code=unstable.get((t, i), NONE)))
         return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
             codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
 
@@ -515,9 +544,7 @@ class KafkaHandlers:
         code = NONE
         for info in list(lookup.live.values()):
             addr = f"{info['host']}:{info['port']}"
-            ch = self._channels.get(addr)
-            if ch is None:
-                ch = self._channels[addr] = channel(addr)
+            ch = self.channel_to(addr)
             try:
                 resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ListGroups(
                     coordinator_pb2.ListGroupsRequest(), timeout=10)
@@ -534,7 +561,7 @@ class KafkaHandlers:
         out = []
         for gid in req.groups:
             try:
-                resp = await self._group_call(str(gid), "DescribeGroups",
+                resp = await self.group_call(str(gid), "DescribeGroups",
                                               coordinator_pb2.DescribeGroupsRequest(group_ids=[str(gid)]))
                 g = resp.groups[0]
                 code = int(g.error.code) if g.HasField("error") else NONE
@@ -590,7 +617,7 @@ class KafkaHandlers:
             code, message = NONE, None
             if rtype == RESOURCE_TOPIC:
                 try:
-                    resp = await self._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
+                    resp = await self.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
                     tc = resp.results[0]
                     if tc.HasField("error"):
                         code, message = int(tc.error.code), tc.error.message
@@ -623,7 +650,7 @@ class KafkaHandlers:
                 code, message = int(Code.INVALID_REPLICA_ASSIGNMENT), "explicit assignments are not supported here"
             else:
                 try:
-                    await self._admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                    await self.admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
                         topic=str(t.name), count=int(t.count), validate_only=bool(req.validate_only)))
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
@@ -635,7 +662,7 @@ class KafkaHandlers:
         results = []
         for gid in req.groups_names:
             try:
-                resp = await self._group_call(str(gid), "DeleteGroups",
+                resp = await self.group_call(str(gid), "DeleteGroups",
                                               coordinator_pb2.DeleteGroupsRequest(group_ids=[str(gid)]))
                 detail = resp.errors.get(str(gid))
                 code = int(detail.code) if detail is not None else NONE

@@ -18,6 +18,8 @@ from prometheus_client import Counter, Histogram
 
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
+from gregor.kafka.admin_handlers import ADMIN_API_NAMES
+from gregor.kafka.txn_handlers import TXN_API_NAMES
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
@@ -30,7 +32,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
              22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
-             42: "DeleteGroups", 60: "DescribeCluster"}
+             42: "DeleteGroups", 60: "DescribeCluster", **TXN_API_NAMES,
+             **ADMIN_API_NAMES}
 REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
 REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
                             "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])

@@ -8,6 +8,7 @@ filter, qdisc and stopped process) before the final read.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -19,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gregor.chaos.history import OK, HistoryWriter
+from gregor.chaos.history import OK, HistoryWriter, tp_name
+from gregor.chaos.workload import TOPIC
 from tests.e2e.chaos.topology import ChaosCluster
 
 KINDS = (
@@ -115,6 +117,35 @@ class Nemesis:
                         return p.name
         return None
 
+    def partitions_of(self, targets: list[str] | None) -> tuple[list[str] | None, list[str]]:
+        """The workload's partitions a fault on these targets affects: those whose ISR holds a targeted
+        broker (an acks=all write waits for every ISR member until the controller shrinks it), and of them
+        the ones a target leads. (None, []) when no broker is targeted or etcd cannot say: the checker then
+        counts every partition."""
+        from gregor.common.etcd import EtcdClient
+        from gregor.common.etcd_layout import PartitionStateZNode
+
+        brokers = {int(t.split("-", 1)[1]) for t in targets or [] if t.startswith("broker-")}
+        if not brokers:
+            return None, []
+        keys = EtcdClient(self.c.etcd_endpoints)
+        try:
+            raw = json.loads(self._etcdctl("get", keys.key("brokers", "topics").decode() + "/", "--prefix",
+                                           "-w", "json") or "{}")
+        except (ValueError, subprocess.TimeoutExpired):
+            return None, []
+        affected, led = [], []
+        for kv in raw.get("kvs", []):
+            tp = PartitionStateZNode.topic_partition(keys, base64.b64decode(kv["key"]))
+            if tp is None or tp[0] != TOPIC:  # the topic of the plain sends, which unavailability is timed by
+                continue
+            state = PartitionStateZNode.decode(base64.b64decode(kv["value"]), int(kv["version"]))
+            if brokers & set(state.isr):
+                affected.append(tp_name(*tp))
+            if state.leader in brokers:
+                led.append(tp_name(*tp))
+        return (sorted(affected) or None), sorted(led)
+
     def servers(self) -> list[str]:
         return sorted(self.c.procs)
 
@@ -171,11 +202,11 @@ class Nemesis:
                                  "reorder", "20%", "50%")
                 detail["qdisc"] = "netem delay 80ms 40ms loss 5% duplicate 5% reorder 20% 50%"
             else:
-                self.c.net.lossy(target, 0.15)
-                self.c.net.qdisc(target, "tbf", "rate", "2mbit", "burst", "32kbit", "latency", "200ms")
-                detail["qdisc"] = "no netem in this kernel: 15% inbound loss (iptables statistic) + tbf 2mbit"
+                detail["qdisc"] = ("netem in user space (no sch_netem in this kernel): delay 80ms 40ms loss 5% "
+                                   "duplicate 5% reorder 20%")
+                stop_netem = self._user_netem(target, rng.randrange(1 << 30))
             detail["targets"] = [target]
-            heal = self._heal_network
+            heal = self._heal_network if self.netem else lambda: detail.update(netem_counts=stop_netem())
         elif kind == "controller-failover":
             target = self.active_controller() or rng.choice(sorted(p.name for p in self.c.by_role("controller")))
             self.c.kill(target)
@@ -226,6 +257,37 @@ class Nemesis:
         heal()
         self._record(kind, "stop", time.time(), detail)
 
+    def _user_netem(self, target: str, seed: int) -> Any:
+        """Start netem_user.py in target's namespace and queue its egress to it; returns a function that
+        stops it and gives its packet counts."""
+        from tests.e2e.chaos.netem_user import MARK
+        from tests.e2e.chaos.netns import ns_name
+
+        proc = subprocess.Popen(["ip", "netns", "exec", ns_name(target), sys.executable, "-m",
+                                 "tests.e2e.chaos.netem_user", "--queue", "7", "--delay-ms", "80", "--jitter-ms", "40",
+                                 "--loss", "0.05", "--duplicate", "0.05", "--reorder", "0.2", "--seed", str(seed)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        if "NETEM READY" not in ready:
+            proc.kill()
+            raise RuntimeError(f"netem_user did not start in {target}: {ready}{proc.stdout.read()}")
+        self.c.net.queue_egress(target, 7, MARK)
+
+        def stop() -> dict[str, Any]:
+            self.c.net.heal_filters(target)  # the rule first: no packet goes to a queue nobody reads
+            proc.terminate()
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            try:
+                return dict(json.loads(out.strip().splitlines()[-1]))
+            except (ValueError, IndexError):
+                return {"error": out[-500:]}
+        return stop
+
     def _cut(self, a: list[str], b: list[str]) -> None:
         for x in a:
             self.c.net.drop_from(x, b)
@@ -236,9 +298,11 @@ class Nemesis:
         self.c.net.heal_all()
 
     def _record(self, kind: str, phase: str, t: float, detail: dict[str, Any]) -> None:
+        if phase == "start" and "partitions" not in detail:
+            detail["partitions"], detail["led_partitions"] = self.partitions_of(detail.get("targets"))
         self.h.record(process="nemesis", op="nemesis", invoke=t, complete=time.time(), outcome=OK, fault=kind,
-                      phase=phase, targets=detail.get("targets"), partitions=None,
-                      detail={k: v for k, v in detail.items() if k != "targets"})
+                      phase=phase, targets=detail.get("targets"), partitions=detail.get("partitions"),
+                      detail={k: v for k, v in detail.items() if k not in ("targets", "partitions")})
         print(f"nemesis {phase} {kind} {detail}", flush=True)
 
     def heal_everything(self) -> None:

@@ -6,8 +6,9 @@ processes inside those namespaces (by the pids `ip netns pids` lists), the names
 The subnet (10.77.0.0/24 by default) exists only on that bridge. Needs root (CI runs as root).
 
 Faults that act on the network run inside a node's namespace, so they never touch the host's rules:
-iptables INPUT drops per peer address (partitions, one-way loss) and tc qdiscs on the node's eth0
-(netem where the kernel has it; otherwise iptables `statistic` loss and a tbf rate limit).
+iptables INPUT drops per peer address (partitions, one-way loss) and, for latency, jitter, loss, duplication
+and reordering, `tc netem` on the node's eth0 where the kernel has sch_netem, otherwise the same faults in
+user space (netem_user.py: an NFQUEUE on the node's OUTPUT chain and the NetfilterQueue binding).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def netns_exec(node: str, *cmd: str, check: bool = True) -> subprocess.Completed
 
 
 def require_capabilities() -> dict[str, bool]:
-    """Raise CapabilityError naming what is missing; return the optional features ({"netem": bool})."""
+    """Raise CapabilityError naming what is missing; return the features ({"netem": bool}: the kernel's
+    sch_netem; without it, NFQUEUE and the NetfilterQueue binding must work, for netem_user.py)."""
     if os.geteuid() != 0:
         raise CapabilityError("the chaos suite needs root (network namespaces, veth, iptables): run it as root")
     for tool, package in (("ip", "iproute2"), ("iptables", "iptables"), ("tc", "iproute2")):
@@ -62,6 +64,16 @@ def require_capabilities() -> dict[str, bool]:
                                   "and the kernel's netfilter (nf_tables or ip_tables)")
         netem = run("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms",
                     check=False).returncode == 0
+        if not netem:
+            nfq = run("ip", "netns", "exec", probe, "iptables", "-A", "OUTPUT", "-j", "NFQUEUE", "--queue-num", "1",
+                      "--queue-bypass", check=False)
+            if nfq.returncode != 0:
+                raise CapabilityError(f"the kernel has neither sch_netem nor iptables NFQUEUE ({nfq.stderr.strip()})")
+            try:
+                import netfilterqueue  # type: ignore[import-not-found]  # noqa: F401
+            except ImportError as exc:
+                raise CapabilityError(f"no sch_netem in this kernel and the NetfilterQueue binding is missing ({exc}):"
+                                      " `make chaos-deps` installs it (Debian's libnetfilter-queue-dev, then pip)")
     finally:
         run("ip", "netns", "del", probe, check=False)
     return {"netem": netem}
@@ -117,6 +129,13 @@ class Network:
 
     def heal_filters(self, node: str) -> None:
         netns_exec(node, "iptables", "-F", "INPUT", check=False)
+        netns_exec(node, "iptables", "-F", "OUTPUT", check=False)
+
+    def queue_egress(self, node: str, queue_num: int, skip_mark: int) -> None:
+        """node's outgoing packets (not loopback, not marked skip_mark) go to NFQUEUE queue_num; they flow
+        untouched while no program listens on it (--queue-bypass)."""
+        netns_exec(node, "iptables", "-I", "OUTPUT", "!", "-o", "lo", "-m", "mark", "!", "--mark", hex(skip_mark),
+                   "-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass")
 
     def qdisc(self, node: str, *spec: str) -> None:
         netns_exec(node, "tc", "qdisc", "replace", "dev", "eth0", "root", *spec)

@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: {exc}", file=sys.stderr)
         return 3
     if not features["netem"]:
-        print("note: this kernel has no sch_netem (CONFIG_NET_SCH_NETEM): network-degrade uses iptables "
-              "statistic loss and a tbf rate limit; no delay, duplication or reordering", flush=True)
+        print("note: this kernel has no sch_netem (CONFIG_NET_SCH_NETEM): network-degrade runs netem in user "
+              "space (tests/e2e/chaos/netem_user.py, NFQUEUE)", flush=True)
 
     out = os.path.abspath(a.out)
     shutil.rmtree(out, ignore_errors=True)

@@ -53,6 +53,12 @@ def test_chaos_short_schedule(tmp_path: Path) -> None:
     stats = verdict["stats"]
     assert stats["values_acknowledged"] > 0 and stats["partitions_with_final_read"] == 4
     assert {"send", "poll", "txn", "commit_offsets", "hw", "replica", "controller"} <= set(stats["ops"])
+    ops = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
+    gateway_txns = {o["outcome"] for o in ops if o["op"] == "txn" and o.get("client") == "gateway"}
+    assert "ok" in gateway_txns, "no transaction through the gateway's TransactionalProduceStream committed"
+    degrade = [o for o in ops if o["op"] == "nemesis" and o.get("fault") == "network-degrade" and o["phase"] == "stop"]
+    counts = degrade[0]["detail"].get("netem_counts")  # only where the kernel lacks sch_netem (user-space netem)
+    assert counts is None or (counts["packets"] > 0 and counts["delayed"] > 0), degrade
     assert sum(stats["ops"]["replica"].values()) == 12  # 3 replicas of 4 partitions, both of broker-0's dirs
     assert our_namespaces() == []
 

@@ -1,0 +1,169 @@
+"""Kafka admin APIs of the first stage that were missing: IncrementalAlterConfigs and ElectLeaders (through the
+controller), DeleteRecords (on this broker's leader partitions, through the native log's log-start-offset),
+OffsetDelete (relayed to the group's coordinator, like the other group APIs).
+
+IncrementalAlterConfigs: TOPIC resources become the controller's AlterConfigs (SET and DELETE as they are;
+APPEND and SUBTRACT, Kafka's list operations, read the topic's current value first and SET the new
+comma-separated list). BROKER and BROKER_LOGGER resources are refused with INVALID_REQUEST: a broker's
+settings are its static `server.properties` here (Kafka's dynamic broker configs are not implemented).
+
+DeleteRecords: the leader moves its log start offset (`Log.maybe_increment_log_start_offset`, persisted in
+the partition's `log-start-offset` file) to the asked offset (-1: the high watermark); followers take the
+leader's log start offset from their next replica fetch. Unlike Kafka's DelayedDeleteRecords, the answer does
+not wait for the followers' low watermarks: it is the leader's new log start offset.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gregor.common import errors
+from gregor.kafka import codec
+from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
+
+if TYPE_CHECKING:
+    from gregor.kafka.handlers import KafkaHandlers
+
+Code = errors.Code
+NONE = 0
+RESOURCE_TOPIC = 2
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+ADMIN_SUPPORTED: dict[int, tuple[int, int]] = {
+    21: (0, 2),   # DeleteRecords
+    43: (0, 2),   # ElectLeaders
+    44: (0, 1),   # IncrementalAlterConfigs
+    47: (0, 0),   # OffsetDelete
+}
+ADMIN_API_NAMES = {21: "DeleteRecords", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
+
+
+class AdminApis:
+    def __init__(self, handlers: "KafkaHandlers") -> None:
+        self.h = handlers
+
+    def table(self) -> dict[int, Any]:
+        return {21: self.delete_records, 43: self.elect_leaders, 44: self.incremental_alter_configs,
+                47: self.offset_delete}
+
+    # ---- IncrementalAlterConfigs -----------------------------------------------------------------
+
+    async def _alter_topic(self, topic: str, configs: Any, validate_only: bool) -> None:
+        sets: dict[str, str] = {}
+        deletes: list[str] = []
+        lists = [c for c in configs if int(c.config_operation) in (OP_APPEND, OP_SUBTRACT)]
+        current: dict[str, str] = {}
+        if lists:
+            resp = await self.h.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[topic]))
+            tc = resp.results[0]
+            if tc.HasField("error") and tc.error.code:
+                raise errors.error_for(tc.error.code, tc.error.message)
+            current = {e.name: e.value for e in tc.entries}
+        for c in configs:
+            op, name = int(c.config_operation), str(c.name)
+            if op == OP_SET:
+                if c.value is None:
+                    raise errors.error_for(Code.INVALID_CONFIG, f"SET {name} needs a value")
+                sets[name] = str(c.value)
+            elif op == OP_DELETE:
+                deletes.append(name)
+            elif op in (OP_APPEND, OP_SUBTRACT):
+                if name not in current:
+                    raise errors.error_for(Code.INVALID_CONFIG, f"unknown topic config {name}")
+                items = [v for v in sets.get(name, current[name]).split(",") if v]
+                given = [v for v in str(c.value or "").split(",") if v]
+                items = ([*items, *(v for v in given if v not in items)] if op == OP_APPEND
+                         else [v for v in items if v not in given])
+                sets[name] = ",".join(items)
+            else:
+                raise errors.error_for(Code.INVALID_REQUEST, f"config operation {op} is not SET, DELETE, APPEND or "
+                                                             f"SUBTRACT")
+        await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+            topic=topic, set=sets, delete=deletes, validate_only=validate_only))
+
+    async def incremental_alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        out = []
+        for res in req.resources:
+            rtype, name = int(res.resource_type), str(res.resource_name)
+            code, message = NONE, None
+            if rtype != RESOURCE_TOPIC:
+                code, message = int(Code.INVALID_REQUEST), (
+                    f"resource type {rtype} ({name!r}) cannot be altered: only TOPIC configs are dynamic here "
+                    f"(a broker's settings are its server.properties)")
+            else:
+                try:
+                    await self._alter_topic(name, res.configs, bool(req.validate_only))
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
+                                   resource_type=rtype, resource_name=name))
+        return codec.build(mod.IncrementalAlterConfigsResponse, responses=out)
+
+    # ---- ElectLeaders ------------------------------------------------------------------------------
+
+    async def elect_leaders(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        unclean = int(getattr(req, "election_type", 0)) == 1
+        asked = None if req.topic_partitions is None else [
+            (str(t.topic), int(p)) for t in req.topic_partitions for p in t.partitions]
+        try:
+            resp = await self.h.admin("ElectLeaders", controller_pb2.ElectLeadersRequest(
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []],
+                unclean=unclean, election_type=controller_pb2.UNCLEAN if unclean else controller_pb2.PREFERRED))
+        except errors.GregorError as err:
+            return codec.build(mod.ElectLeadersResponse, error_code=int(err.code), replica_election_results=[])
+        by_topic: dict[str, list[Any]] = {}
+        for r in resp.results:
+            code = int(r.error.code) if r.HasField("error") else NONE
+            by_topic.setdefault(r.partition.topic, []).append(codec.build(
+                mod.PartitionResult, partition_id=r.partition.partition, error_code=code,
+                error_message=r.error.message if code else None))
+        return codec.build(mod.ElectLeadersResponse, error_code=NONE, replica_election_results=[
+            codec.build(mod.ReplicaElectionResult, topic=t, partition_result=ps) for t, ps in by_topic.items()])
+
+    # ---- DeleteRecords -----------------------------------------------------------------------------
+
+    def _delete_records(self, topic: str, partition: int, offset: int) -> int:
+        p = self.h.broker.replica_manager.get_partition(topic, partition)
+        p.check_leader()
+        hw = p.high_watermark
+        if offset == -1:
+            offset = hw
+        if offset < 0 or offset > hw:
+            raise errors.error_for(Code.OFFSET_OUT_OF_RANGE, f"cannot delete records of {topic}-{partition} before "
+                                                             f"{offset}: not in [0, high watermark {hw}]")
+        p.log.maybe_increment_log_start_offset(offset)
+        return int(p.log.log_start_offset)
+
+    async def delete_records(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                try:
+                    low = self._delete_records(str(t.name), int(p.partition_index), int(p.offset))
+                    parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
+                                             low_watermark=low, error_code=NONE))
+                except errors.GregorError as err:
+                    parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
+                                             low_watermark=-1, error_code=int(err.code)))
+            topics.append(codec.build(mod.DeleteRecordsTopicResult, name=t.name, partitions=parts))
+        return codec.build(mod.DeleteRecordsResponse, topics=topics)
+
+    # ---- OffsetDelete ------------------------------------------------------------------------------
+
+    async def offset_delete(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        asked = [(str(t.name), int(p.partition_index)) for t in req.topics for p in t.partitions]
+        codes: dict[tuple[str, int], int] = {}
+        try:
+            resp = await self.h.group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
+                group_id=str(req.group_id),
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked]))
+        except errors.GregorError as err:
+            return codec.build(mod.OffsetDeleteResponse, error_code=int(err.code), topics=[])
+        for r in resp.results:
+            codes[(r.partition.topic, r.partition.partition)] = int(r.error.code) if r.HasField("error") else NONE
+        return codec.build(mod.OffsetDeleteResponse, error_code=NONE, topics=[
+            codec.build(mod.OffsetDeleteResponseTopic, name=t.name, partitions=[
+                codec.build(mod.OffsetDeleteResponsePartition, partition_index=p.partition_index,
+                            error_code=codes.get((str(t.name), int(p.partition_index)), NONE))
+                for p in t.partitions]) for t in req.topics])

@@ -176,7 +176,9 @@ class Workload:
         from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
         process = f"gw-{n}"
-        async with grpc.aio.insecure_channel(address) as channel:
+        from gregor.common.rpc import channel as rpc_channel
+
+        async with rpc_channel(address) as channel:  # TLS per the process's settings (gregor.common.tls)
             stub = gateway_pb2_grpc.ProducerGatewayServiceStub(channel)
             while not self.stop.is_set():
                 partition = next(self.seq) % self.a.partitions
@@ -201,13 +203,13 @@ class Workload:
 
     async def gateway_transactions(self, n: int, address: str) -> None:
         """Transactions through the gateway's TransactionalProduceStream (one stream, one producer)."""
-        import grpc  # type: ignore[import-untyped]
+        from gregor.common.rpc import channel as rpc_channel
 
         generation = 0
         while not self.stop.is_set():
             process = f"gwtxn-{n}" + (f".{generation}" if generation else "")
             try:
-                async with grpc.aio.insecure_channel(address) as channel:
+                async with rpc_channel(address) as channel:  # TLS per the process's settings
                     await self._gateway_txn_stream(channel, process, f"chaos-gw-txn-{n}")
                     return
             except Exception as exc:  # noqa: BLE001 - a broken stream or a failed call: a new stream

@@ -13,7 +13,10 @@ from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProduce
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
+from gregor.broker.replica_manager import collect_produce
 from gregor.common import errors, uuid
+from gregor.common.acl import Operation, ResourceType
+from gregor.common.authz import produce_denials, with_denials
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -43,6 +46,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.replicas = broker.replica_manager
+        self.authz = broker.authz
         self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
 
     def producer_id_manager(self) -> "RpcProducerIdManager | LocalProducerIdManager":
@@ -62,6 +66,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             raise errors.error_for(errors.Code.INVALID_REQUEST,
                                    "a transactional InitProducerId goes to the transaction coordinator "
                                    "(FindCoordinator key_type TRANSACTION), not to a broker")
+        if self.authz.enabled and not self.authz.can_write_idempotently(
+                self.authz.caller_of(context), list(self.broker.metadata_cache.partitions), "InitProducerId"):
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.IDEMPOTENT_WRITE, "InitProducerId")
         pid = await self.producer_id_manager().generate_producer_id()
         return broker_pb2.InitProducerIdResponse(producer_id=pid, producer_epoch=0)
 
@@ -69,6 +76,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def FindCoordinator(self, request: coordinator_pb2.FindCoordinatorRequest,
                               context: Ctx) -> coordinator_pb2.FindCoordinatorResponse:
         """Kafka's FindCoordinator (key_type GROUP), answered from etcd (broker/coordinator_lookup.py)."""
+        if self.authz.enabled:  # Kafka: Describe on the group or the transactional id
+            rtype = ResourceType.TRANSACTIONAL_ID if request.key_type == 1 else ResourceType.GROUP
+            self.authz.require(self.authz.caller_of(context), Operation.DESCRIBE, rtype, request.group_id,
+                               "FindCoordinator")
         lookup = self.broker.coordinator_lookup
         if lookup is None:
             why = ("this broker is still starting" if self.broker.cluster_mode else
@@ -80,6 +91,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
+        if self.authz.enabled:
+            denied = produce_denials(self.authz, self.authz.caller_of(context), request.transactional_id,
+                                     [request.topic])
+            if denied:
+                raise denied[request.topic]
         result = await self.replicas.handle_produce(request.topic, request.partition, request.records,
                                                     request.acks, request.timeout_ms)
         return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks))
@@ -87,24 +103,43 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
                                 context: Ctx) -> broker_pb2.ProducePartitionsResponse:
-        results = await self.replicas.handle_produce_partitions(
-            [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+        parts = [(d.topic, d.partition, d.records) for d in request.partitions]
+        if self.authz.enabled:
+            denied = produce_denials(self.authz, self.authz.caller_of(context), request.transactional_id,
+                                     [t for t, _, _ in parts])
+            results = await collect_produce(with_denials(parts, denied, lambda ps: self.replicas.start_produce_partitions(
+                ps, request.acks, request.timeout_ms)))
+        else:
+            results = await self.replicas.handle_produce_partitions(parts, request.acks, request.timeout_ms)
         return produce_partitions_response(request, results)
 
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
-        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams)
+        caller = self.authz.caller_of(context) if self.authz.enabled else None
+        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams,
+                                      (lambda r: produce_denials(self.authz, caller, r.transactional_id,
+                                                                 [d.topic for d in r.partitions]))
+                                      if caller is not None else None)
         async for response in stream.serve(request_iterator):
             yield response
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.READ, ResourceType.TOPIC, request.topic,
+                               "Fetch", topic=request.topic)
         result = await handle_fetch_request(self.replicas, request)
         return fetch_response(result, records=result.slice.read())
 
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
         """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
         session = ReplicaFetchSession()
+        if self.authz.enabled:  # a follower's fetch: ClusterAction on the Cluster (Kafka)
+            try:
+                self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, "ReplicaFetch")
+            except errors.GregorError as err:
+                await errors.abort_with(context, err)
+                return
         async for request in request_iterator:
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
                                       q.topic_id)
@@ -122,6 +157,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,
                           context: Ctx) -> broker_pb2.ListOffsetsResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.DESCRIBE, ResourceType.TOPIC, request.topic,
+                               "ListOffsets", topic=request.topic)
         offset, ts, epoch = self.replicas.list_offsets(
             request.topic, request.partition, request.timestamp_ms,
             request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
@@ -132,6 +170,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
                               context: Ctx) -> broker_pb2.WriteTxnMarkersResponse:
         """Kafka's WriteTxnMarkers: every (marker, partition) written concurrently, errors per partition."""
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, "WriteTxnMarkers")
         jobs = [(m, tp) for m in request.markers for tp in m.partitions]
         outcomes = await asyncio.gather(*(write_marker(
             self.replicas, tp.topic, tp.partition,
@@ -153,6 +193,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
                                 context: Ctx) -> broker_pb2.DescribeProducersResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.READ, ResourceType.TOPIC, request.topic,
+                               "DescribeProducers", topic=request.topic)
         rows = describe_producers(self.replicas.get_partition(request.topic, request.partition))
         return broker_pb2.DescribeProducersResponse(producers=[broker_pb2.ProducerStateDescription(
             producer_id=pid, producer_epoch=epoch, last_sequence=seq, last_timestamp=ts, coordinator_epoch=ce,
@@ -160,11 +203,32 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: Ctx) -> broker_pb2.MetadataResponse:
-        return self.broker.metadata_response(list(request.topics))
+        response = self.broker.metadata_response(list(request.topics))
+        if self.authz.enabled:
+            self._filter_metadata(response, bool(request.topics), self.authz.caller_of(context))
+        return response
+
+    def _filter_metadata(self, response: broker_pb2.MetadataResponse, named: bool, caller: Any) -> None:
+        """Kafka's Metadata: a topic without Describe is left out of an all-topics answer and answered
+        TOPIC_AUTHORIZATION_FAILED (no partitions, no id) when asked for by name."""
+        keep = []
+        for t in response.topics:
+            if self.authz.check(caller, Operation.DESCRIBE, ResourceType.TOPIC, t.name, "Metadata", audit=named):
+                keep.append(t)
+            elif named:
+                keep.append(broker_pb2.TopicMetadata(name=t.name, error=errors.Code.TOPIC_AUTHORIZATION_FAILED))
+        del response.topics[:]
+        response.topics.extend(keep)
 
     @rpc_method("BrokerService")
     async def OffsetForLeaderEpoch(self, request: broker_pb2.OffsetForLeaderEpochRequest,
                                    context: Ctx) -> broker_pb2.OffsetForLeaderEpochResponse:
+        if self.authz.enabled:  # Kafka: Describe on the topic for a consumer, ClusterAction for a follower
+            caller = self.authz.caller_of(context)
+            if not self.authz.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, "kafka-cluster",
+                                    "OffsetForLeaderEpoch", audit=False):
+                self.authz.require(caller, Operation.DESCRIBE, ResourceType.TOPIC, request.topic,
+                                   "OffsetForLeaderEpoch", topic=request.topic)
         epoch, end_offset = self.replicas.offset_for_leader_epoch(
             request.topic, request.partition, request.leader_epoch,
             request.current_leader_epoch if request.HasField("current_leader_epoch") else None)
@@ -285,15 +349,24 @@ def _config_str(value: object) -> str:
 
 
 class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
-    """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata."""
+    """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata.
+
+    Each needs ClusterAction on the Cluster (Kafka's inter-broker requests).
+    """
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.replicas = broker.replica_manager
+        self.authz = broker.authz
+
+    def _cluster_action(self, context: Ctx, api: str) -> None:
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, api)
 
     @rpc_method("BrokerControlService")
     async def LeaderAndIsr(self, request: broker_pb2.LeaderAndIsrRequest,
                            context: Ctx) -> broker_pb2.LeaderAndIsrResponse:
+        self._cluster_action(context, "LeaderAndIsr")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         configs = {t: dict(c.entries) for t, c in request.topic_configs.items()}
         failed = self.replicas.become_leader_or_follower(request.partition_states, configs, request.live_leaders)
@@ -304,6 +377,7 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
     @rpc_method("BrokerControlService")
     async def StopReplica(self, request: broker_pb2.StopReplicaRequest,
                           context: Ctx) -> broker_pb2.StopReplicaResponse:
+        self._cluster_action(context, "StopReplica")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         self.replicas.stop_replicas([(tp.topic, tp.partition) for tp in request.partitions],
                                     request.delete_partitions)
@@ -312,6 +386,7 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
     @rpc_method("BrokerControlService")
     async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest,
                              context: Ctx) -> broker_pb2.UpdateMetadataResponse:
+        self._cluster_action(context, "UpdateMetadata")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         self.broker.metadata_cache.update_metadata(request.controller_id, request.live_brokers,
                                                    request.partition_states, request.deleted_topics)

@@ -16,7 +16,7 @@ from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_r
 from gregor.broker.replica_manager import collect_produce
 from gregor.common import errors, uuid
 from gregor.common.acl import Operation, ResourceType
-from gregor.common.authz import produce_denials, with_denials
+from gregor.common.authz import FORWARDED_HOST_HEADER, FORWARDED_PRINCIPAL_HEADER, produce_denials, with_denials
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.rpc import rpc_method
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -414,7 +414,11 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         self.broker = broker
 
     async def forward(self, api: str, request: Any, context: Ctx) -> Any:
-        return await forward_to_controller(self.broker, api, request, context.time_remaining())
+        metadata = None
+        if self.broker.authz.enabled:  # KIP-590's envelope: the controller authorizes our caller, not us
+            caller = self.broker.authz.caller_of(context)
+            metadata = ((FORWARDED_PRINCIPAL_HEADER, caller.principal), (FORWARDED_HOST_HEADER, caller.host))
+        return await forward_to_controller(self.broker, api, request, context.time_remaining(), metadata)
 
     CreateTopics = _forwarded("CreateTopics")
     DeleteTopics = _forwarded("DeleteTopics")
@@ -423,3 +427,6 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     AlterConfigs = _forwarded("AlterConfigs")
     ElectLeaders = _forwarded("ElectLeaders")
     DescribeCluster = _forwarded("DescribeCluster")
+    CreateAcls = _forwarded("CreateAcls")
+    DescribeAcls = _forwarded("DescribeAcls")
+    DeleteAcls = _forwarded("DeleteAcls")

@@ -351,3 +351,158 @@ def with_denials(parts: list[tuple[str, int, bytes]], denied: Mapping[str, error
     results = iter(start(allowed) if allowed else ())
     return [errors.error_for(denied[t].code, denied[t].message, topic=t, partition=n) if t in denied
             else next(results) for t, n, _ in parts]
+
+
+# -- configuration from a service's properties (settle()'s key table) -------------
+
+SETTLE_KEYS: dict[str, tuple[str, Any, Any]] = {
+    "authorizer.class.name": ("authorizer_class_name", str, ""),
+    "super.users": ("super_users", str, ""),
+    "allow.everyone.if.no.acl.found": ("allow_everyone_if_no_acl_found", str, "false"),
+}
+
+
+def config_from_namespace(ns: Any) -> AuthorizerConfig:
+    """The AuthorizerConfig of an argparse namespace filled by properties.settle(ns, props, SETTLE_KEYS, ...)."""
+    return AuthorizerConfig.from_properties({key: getattr(ns, dest) for key, (dest, _, _) in SETTLE_KEYS.items()})
+
+
+# -- the Admin API's ACL calls (CreateAcls / DescribeAcls / DeleteAcls) over etcd ---------
+
+ANY = "Any"
+MATCH = "Match"
+
+
+@dataclass(frozen=True)
+class AclFilter:
+    """Kafka's AclBindingFilter: None matches any value; pattern_type also takes Any and Match."""
+
+    principal: str | None = None
+    host: str | None = None
+    resource_type: ResourceType | None = None
+    resource_name: str | None = None
+    pattern_type: str = ANY  # "Literal" | "Prefixed" | "Any" | "Match"
+    operation: Operation | None = None
+    permission: Any = None  # acl.Permission | None
+
+    def matches(self, acl: AclBinding) -> bool:
+        from gregor.common.acl import PatternType
+
+        if self.principal is not None and acl.principal != self.principal:
+            return False
+        if self.host is not None and acl.host != self.host:
+            return False
+        if self.resource_type is not None and acl.resource_type is not self.resource_type:
+            return False
+        if self.operation is not None and acl.operation is not self.operation:
+            return False
+        if self.permission is not None and acl.permission is not self.permission:
+            return False
+        if self.pattern_type == MATCH:  # every ACL that applies to resource_name
+            return self.resource_name is None or acl.matches_resource(acl.resource_type, self.resource_name)
+        if self.pattern_type != ANY and acl.pattern_type is not PatternType(self.pattern_type):
+            return False
+        return self.resource_name is None or acl.resource_name == self.resource_name
+
+
+def _enum(kind: Any, text: str, what: str) -> Any:
+    """An enum member from Kafka's spelling, case-insensitive, '-' and '_' ignored (kafka-acls.sh takes
+    `--operation Read`, `read`, `IdempotentWrite`, `idempotent-write`)."""
+    want = text.replace("-", "").replace("_", "").lower()
+    for member in kind:
+        if member.value.lower() == want or member.name.replace("_", "").lower() == want:
+            return member
+    raise errors.error_for(errors.Code.INVALID_REQUEST,
+                           f"unknown {what} {text!r}: one of {', '.join(m.value for m in kind)}")
+
+
+def binding_from_fields(principal: str, host: str, resource_type: str, resource_name: str, pattern_type: str,
+                        operation: str, permission: str) -> AclBinding:
+    from gregor.common.acl import AclError, PatternType, Permission
+
+    try:
+        return AclBinding(principal, host or "*", _enum(ResourceType, resource_type, "resource type"),
+                          resource_name, _enum(PatternType, pattern_type or "Literal", "pattern type"),
+                          _enum(Operation, operation, "operation"),
+                          _enum(Permission, permission, "permission type")).validate()
+    except AclError as exc:
+        raise errors.error_for(errors.Code.INVALID_REQUEST, str(exc)) from None
+
+
+def binding_from_pb(pb: Any) -> AclBinding:
+    return binding_from_fields(pb.principal, pb.host, pb.resource_type, pb.resource_name, pb.pattern_type,
+                               pb.operation, pb.permission)
+
+
+def binding_to_pb(acl: AclBinding) -> Any:
+    from gregor.rpc.v1 import controller_pb2
+
+    return controller_pb2.AclBinding(principal=acl.principal, host=acl.host, resource_type=acl.resource_type.value,
+                                     resource_name=acl.resource_name, pattern_type=acl.pattern_type.value,
+                                     operation=acl.operation.value, permission=acl.permission.value)
+
+
+def filter_from_pb(pb: Any) -> AclFilter:
+    from gregor.common.acl import Permission
+
+    pattern = pb.pattern_type or ANY
+    if pattern.lower() in ("any", "match"):
+        pattern = pattern.capitalize()
+    else:
+        from gregor.common.acl import PatternType
+
+        pattern = _enum(PatternType, pattern, "pattern type").value
+    return AclFilter(pb.principal or None, pb.host or None,
+                     _enum(ResourceType, pb.resource_type, "resource type") if pb.resource_type else None,
+                     pb.resource_name or None, pattern,
+                     _enum(Operation, pb.operation, "operation") if pb.operation else None,
+                     _enum(Permission, pb.permission, "permission type") if pb.permission else None)
+
+
+def filter_to_pb(f: AclFilter) -> Any:
+    from gregor.rpc.v1 import controller_pb2
+
+    return controller_pb2.AclFilter(
+        principal=f.principal or "", host=f.host or "", resource_type=f.resource_type.value if f.resource_type else "",
+        resource_name=f.resource_name or "", pattern_type=f.pattern_type,
+        operation=f.operation.value if f.operation else "", permission=f.permission.value if f.permission else "")
+
+
+async def stored_acls(etcd: Any) -> dict[bytes, AclBinding]:
+    """Every ACL in etcd by key (malformed values are skipped with a warning)."""
+    from gregor.common.etcd_layout import AclZNode
+
+    out: dict[bytes, AclBinding] = {}
+    for kv in (await etcd.get_prefix(AclZNode.prefix(etcd))).kvs:
+        try:
+            out[kv.key] = AclZNode.decode(kv.value)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring malformed ACL %r: %s", kv.key, exc)
+    return out
+
+
+async def create_acls(etcd: Any, acls: list[AclBinding]) -> None:
+    """Store each ACL (idempotent: the same binding is the same key)."""
+    from gregor.common.etcd_layout import AclZNode
+
+    for acl in acls:
+        await etcd.put(AclZNode.key(etcd, acl.validate()), AclZNode.encode(acl))
+
+
+async def describe_acls(etcd: Any, f: AclFilter) -> list[AclBinding]:
+    return sorted((a for a in (await stored_acls(etcd)).values() if f.matches(a)), key=_acl_order)
+
+
+async def delete_acls(etcd: Any, filters: list[AclFilter]) -> list[AclBinding]:
+    """Delete every ACL any filter matches; the ACLs deleted."""
+    deleted = []
+    for key, acl in (await stored_acls(etcd)).items():
+        if any(f.matches(acl) for f in filters):
+            await etcd.delete(key)
+            deleted.append(acl)
+    return sorted(deleted, key=_acl_order)
+
+
+def _acl_order(a: AclBinding) -> tuple[str, ...]:
+    return (a.resource_type.value, a.pattern_type.value, a.resource_name, a.principal, a.host,
+            a.operation.value, a.permission.value)

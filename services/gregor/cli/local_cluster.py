@@ -326,12 +326,14 @@ class LocalCluster:
            gateway_props: dict[str, str] | None = None, etcd_members: int = 1,
            coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None,
            prometheus: bool = False, scrape_interval_s: float | None = None,
-           controller_overrides: dict[str, str] | None = None) -> "LocalCluster":
+           controller_overrides: dict[str, str] | None = None,
+           authorizer: dict[str, str] | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
         lease_ttl_ms sets the controllers' lease TTL and the brokers'
-        broker.session.timeout.ms (short values make failover tests fast).
+        broker.session.timeout.ms (short values make failover tests fast). authorizer holds the
+        authorizer's keys (authorizer_properties()), given to every broker, controller and coordinator.
         """
         os.makedirs(data_dir, exist_ok=True)
         if os.path.exists(os.path.join(data_dir, "cluster.json")):
@@ -344,7 +346,12 @@ class LocalCluster:
             raise ClusterError("need at least one broker and a non-negative number of controllers")
         if coordinators and not controllers:
             raise ClusterError("group coordinators need cluster mode: pass --controllers 1 (or more)")
-        overrides = dict(broker_overrides or {})
+        overrides = {**(authorizer or {}), **(broker_overrides or {})}
+        if authorizer:
+            if not controllers:
+                raise ClusterError("the authorizer needs cluster mode (the ACLs live in etcd): pass --controllers 1")
+            controller_overrides = {**authorizer, **(controller_overrides or {})}
+            coordinator_overrides = {**authorizer, **(coordinator_overrides or {})}
         if lease_ttl_ms is not None and controllers:
             overrides.setdefault("broker.session.timeout.ms", str(lease_ttl_ms))
         cluster = cls(data_dir)
@@ -438,3 +445,9 @@ def start_coordinator(data_dir: str, coordinator_id: int, etcd_endpoint: str, ho
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
     return Process("coordinator", coordinator_id, proc.pid, info["grpc"], info["metrics"], log_path, coordinator_dir)
+
+
+def authorizer_properties(super_users: list[str], allow_everyone_if_no_acl_found: bool = False) -> dict[str, str]:
+    """The authorizer's keys for every service of a local cluster (docs/security.md)."""
+    return {"authorizer.class.name": "gregor", "super.users": ";".join(super_users),
+            "allow.everyone.if.no.acl.found": str(allow_everyone_if_no_acl_found).lower()}

@@ -22,6 +22,7 @@ Concurrency: event-loop owned; decisions are synchronous reads of the current sn
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import time
@@ -133,6 +134,12 @@ def principal_from_subject(subject: str | None, rules: str = DEFAULT_RULES) -> s
     if not subject:
         return ANONYMOUS
     return principal_for(subject, parse_rules(rules))
+
+
+def cli_principal() -> str:
+    """The principal the gregor CLI connects as: its client certificate's once TLS is wired (issue 23),
+    `User:ANONYMOUS` on plain text."""
+    return ANONYMOUS
 
 
 class AclCache:
@@ -506,3 +513,35 @@ async def delete_acls(etcd: Any, filters: list[AclFilter]) -> list[AclBinding]:
 def _acl_order(a: AclBinding) -> tuple[str, ...]:
     return (a.resource_type.value, a.pattern_type.value, a.resource_name, a.principal, a.host,
             a.operation.value, a.permission.value)
+
+
+# -- the Kafka listener's connection principal ------------------------------------
+
+_CONNECTION_CALLER: "contextvars.ContextVar[Caller]" = contextvars.ContextVar("gregor_kafka_caller", default=Caller())
+
+
+def set_connection_caller(authz: Authz, transport: Any, peername: Any) -> bool:
+    """Set the caller of the current Kafka connection (its own task: every request handled in it sees it);
+    False when its certificate subject maps to no principal (Kafka closes such a connection)."""
+    if not authz.enabled:
+        return True
+    try:
+        principal = principal_from_subject(_peer_subject(transport), authz.config.principal_mapping_rules)
+    except PrincipalMappingError as exc:
+        log.warning("kafka: refusing %s: %s", peername, exc)
+        return False
+    host = peername[0] if isinstance(peername, tuple) and peername else "*"
+    _CONNECTION_CALLER.set(Caller(principal, str(host)))
+    return True
+
+
+def connection_caller() -> Caller:
+    """The principal and host of the Kafka connection whose request is being handled."""
+    return _CONNECTION_CALLER.get()
+
+
+def forwarded_metadata(authz: Authz, caller: Caller) -> tuple[tuple[str, str], ...] | None:
+    """gRPC metadata that names caller to a controller or coordinator we relay its request to."""
+    if not authz.enabled:
+        return None
+    return ((FORWARDED_PRINCIPAL_HEADER, caller.principal), (FORWARDED_HOST_HEADER, caller.host))

@@ -20,13 +20,15 @@ import grpc
 from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
 from gregor.kafka import codec
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
+from gregor.broker.replica_manager import collect_produce
 from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -161,6 +163,8 @@ class KafkaHandlers:
             names = [str(t.name) for t in req.topics if t.name is not None]
         want_none = req.topics is not None and not req.topics and header.api_version > 0
         md = self.broker.metadata_response(names)
+        if self.broker.authz.enabled:  # unauthorized topics hidden (all topics) or TOPIC_AUTHORIZATION_FAILED
+            self.broker_servicer()._filter_metadata(md, bool(names), az.connection_caller())
         nodes = await self.kafka_brokers()
         brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
                    for i, (h, p, r) in sorted(nodes.items())]
@@ -188,7 +192,14 @@ class KafkaHandlers:
         acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
         results: list[Any]
         try:
-            results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+            if self.broker.authz.enabled:  # Kafka: Write on the transactional id, then on each topic
+                denied = az.produce_denials(self.broker.authz, az.connection_caller(),
+                                            str(getattr(req, "transactional_id", None) or ""), [t for t, _, _ in parts])
+                rm = self.broker.replica_manager
+                results = await collect_produce(az.with_denials(parts, denied, lambda ps: rm.start_produce_partitions(
+                    ps, acks, timeout_ms)))
+            else:
+                results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
         except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
             results = [err] * len(parts)
         if acks == 0:
@@ -208,6 +219,7 @@ class KafkaHandlers:
 
     async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
                          isolation: int) -> Any:
+        self._require_topic(Operation.READ, tp[0], "Fetch")
         return await self.broker.replica_manager.handle_fetch(
             tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
             isolation_level=isolation)
@@ -279,6 +291,7 @@ class KafkaHandlers:
             parts = []
             for p in t.partitions:
                 try:
+                    self._require_topic(Operation.DESCRIBE, str(t.name), "ListOffsets")
                     offset, ts, epoch = self.broker.replica_manager.list_offsets(
                         str(t.name), int(p.partition_index), codec.to_ms(p.timestamp),
                         int(getattr(p, "current_leader_epoch", -1)), isolation)
@@ -295,6 +308,10 @@ class KafkaHandlers:
             return codec.build(mod.InitProducerIdResponse, error_code=int(Code.INVALID_REQUEST), producer_id=-1,
                                producer_epoch=-1)
         try:
+            authz = self.broker.authz
+            if authz.enabled and not authz.can_write_idempotently(
+                    az.connection_caller(), list(self.broker.metadata_cache.partitions), "InitProducerId"):
+                authz.require_cluster(az.connection_caller(), Operation.IDEMPOTENT_WRITE, "InitProducerId")
             pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
         except errors.GregorError as err:
             return codec.build(mod.InitProducerIdResponse, error_code=int(err.code), producer_id=-1,
@@ -302,6 +319,10 @@ class KafkaHandlers:
         return codec.build(mod.InitProducerIdResponse, error_code=NONE, producer_id=pid, producer_epoch=0)
 
     _servicer: Any = None
+
+    def _require_topic(self, operation: Operation, topic: str, api: str) -> None:
+        if self.broker.authz.enabled:
+            self.broker.authz.require(az.connection_caller(), operation, ResourceType.TOPIC, topic, api, topic=topic)
 
     def broker_servicer(self) -> Any:
         if self._servicer is None:
@@ -317,7 +338,8 @@ class KafkaHandlers:
 
         if not self.broker.cluster_mode:
             raise errors.error_for(Code.INVALID_REQUEST, "admin APIs over Kafka need a cluster (controller)")
-        return await forward_to_controller(self.broker, api, request, None)
+        return await forward_to_controller(self.broker, api, request, None,
+                                           az.forwarded_metadata(self.broker.authz, az.connection_caller()))
 
     async def create_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         topics = [controller_pb2.CreatableTopic(
@@ -385,7 +407,8 @@ class KafkaHandlers:
     async def _group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=az.forwarded_metadata(
+                self.broker.authz, az.connection_caller()))
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 

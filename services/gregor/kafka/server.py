@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
 
+from gregor.common.authz import set_connection_caller
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 
@@ -87,6 +88,8 @@ class KafkaListener:
         self._conns.add(task)
         peer = writer.get_extra_info("peername")
         try:
+            if not set_connection_caller(self.broker.authz, writer.transport, peer):  # its principal (ACLs)
+                return
             while True:
                 try:
                     (size,) = _I32.unpack(await reader.readexactly(4))

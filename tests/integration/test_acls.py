@@ -1,0 +1,316 @@
+"""Kafka's ACL authorizer (issue 23, points 3 and 5) with real processes: etcd, a controller, three brokers
+and a group coordinator, all started with `authorizer.class.name` on, over plain text, so every client
+and every service is `User:ANONYMOUS` (Kafka's PLAINTEXT principal) and the ACLs name it.
+
+The operator's bootstrap ACLs go into etcd with `gregor acls add --etcd` before any service starts (as
+kafka-acls.sh --authorizer-properties writes ZooKeeper): ClusterAction on the Cluster for the services'
+own calls, Create on the Cluster, Alter/Describe on the Cluster for the Admin API's ACL calls, and topic
+ACLs: Allow Write/Read/Describe on the prefix `app-`, Deny Write on `app-locked`, Describe only on
+`secret`, and for the coordinator Read/Write on `__consumer_offsets` and Read on the group prefix `ok-`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from gregor.cli.local_cluster import (LocalCluster, authorizer_properties, start_broker, start_controller,
+                                      start_coordinator, start_etcd)
+from gregor.client.admin import AdminClient
+from gregor.common import errors
+from gregor.common.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from gregor.common.authz import AclFilter
+from gregor.common.rpc import channel
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+from tests.helpers.batches import make_batch, record_values
+from tests.helpers.cluster import replica_values, tear_down
+from tests.helpers.wait import until
+
+GREGOR = [sys.executable, "-m", "gregor.cli.main"]
+ANON = "User:ANONYMOUS"
+WAIT_S = 60.0
+# Issue 23: "an ACL change takes effect within a second on every broker".
+PROPAGATION_S = 1.0
+TOPICS = ("app-orders", "app-locked", "secret", "hidden", "late")
+
+
+def cli(*args: str, data_dir: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"GREGOR_DATA_DIR": data_dir} if data_dir else {})}
+    out = subprocess.run([*GREGOR, *args], capture_output=True, text=True, timeout=WAIT_S, env=env,
+                         stdin=subprocess.DEVNULL)
+    if check:
+        assert out.returncode == 0, f"gregor {' '.join(args)}: {out.stderr}"
+    return out
+
+
+def bootstrap_acls(etcd: str) -> None:
+    direct = ("--etcd", f"http://{etcd}")
+    cli("acls", "add", *direct, "--allow-principal", ANON, "--cluster", "--operation", "ClusterAction",
+        "--operation", "Create", "--operation", "Alter", "--operation", "Describe", "--operation", "IdempotentWrite")
+    cli("acls", "add", *direct, "--allow-principal", ANON, "--topic", "app-", "--resource-pattern-type", "prefixed",
+        "--operation", "Write", "--operation", "Read", "--operation", "Describe")
+    cli("acls", "add", *direct, "--deny-principal", ANON, "--topic", "app-locked", "--operation", "Write")
+    cli("acls", "add", *direct, "--allow-principal", ANON, "--topic", "secret", "--operation", "Describe")
+    cli("acls", "add", *direct, "--allow-principal", ANON, "--topic", "__consumer_offsets", "--operation", "All")
+    cli("acls", "add", *direct, "--allow-principal", ANON, "--group", "ok-", "--resource-pattern-type", "prefixed",
+        "--operation", "Read")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    data_dir = str(tmp_path_factory.mktemp("acls"))
+    c = LocalCluster(data_dir)
+    try:
+        etcd = start_etcd(data_dir)
+        c.processes.append(etcd)
+        bootstrap_acls(etcd.grpc)
+        props = authorizer_properties(["User:CN=admin"])  # a super user no plain-text client can be
+        c.processes.append(start_controller(data_dir, 0, etcd.grpc, lease_ttl_ms=3000, overrides=props))
+        for b in range(3):
+            c.processes.append(start_broker(data_dir, b, overrides={**props, "broker.session.timeout.ms": "3000"},
+                                            etcd_endpoint=etcd.grpc))
+        c.processes.append(start_coordinator(data_dir, 0, etcd.grpc, lease_ttl_ms=3000,
+                                             overrides={**props, "offsets.topic.num.partitions": "2",
+                                                        "offsets.topic.replication.factor": "1"}))
+        c.save()
+        yield c
+    finally:
+        tear_down(c)
+
+
+@pytest.fixture(scope="module")
+def topics(cluster: LocalCluster) -> dict[str, int]:
+    """The test topics (Create on the Cluster lets ANONYMOUS create them), each with its leader broker id."""
+    import asyncio
+
+    async def create() -> dict[str, int]:
+        async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
+            for name in TOPICS:
+                await admin.create_topic(name, 1, 3)
+        leaders: dict[str, int] = {}
+
+        async def led() -> bool:
+            md = await metadata(cluster.by_role("broker")[0].grpc, list(TOPICS))
+            for t in md.topics:
+                if t.name in ("app-orders", "app-locked", "secret") and t.partitions and t.partitions[0].leader >= 0:
+                    leaders[t.name] = t.partitions[0].leader
+            return len(leaders) == 3
+        await until(led, WAIT_S, "leaders for the test topics")
+        return leaders
+
+    return asyncio.run(create())
+
+
+async def metadata(address: str, names: list[str] | None = None) -> broker_pb2.MetadataResponse:
+    async with channel(address) as ch:
+        return await broker_pb2_grpc.BrokerServiceStub(ch).Metadata(broker_pb2.MetadataRequest(topics=names or []),
+                                                                      timeout=10)
+
+
+def broker(cluster: LocalCluster, broker_id: int) -> Any:
+    return next(p for p in cluster.by_role("broker") if p.id == broker_id)
+
+
+async def produce(address: str, topic: str, values: list[bytes]) -> broker_pb2.ProduceResponse:
+    async with channel(address) as ch:
+        return await broker_pb2_grpc.BrokerServiceStub(ch).Produce(broker_pb2.ProduceRequest(
+            topic=topic, partition=0, records=make_batch(values), acks=-1, timeout_ms=10000), timeout=15)
+
+
+async def fetch(address: str, topic: str) -> list[bytes]:
+    async with channel(address) as ch:
+        r = await broker_pb2_grpc.BrokerServiceStub(ch).Fetch(broker_pb2.FetchRequest(
+            topic=topic, partition=0, fetch_offset=0, max_bytes=1 << 20, max_wait_ms=0), timeout=10)
+    return record_values(r.records)
+
+
+async def refused(call: Any) -> errors.GregorError:
+    with pytest.raises(grpc.RpcError) as info:
+        await call
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    return errors.from_rpc_error(info.value)
+
+
+def scrape_denials(metrics_url: str, resource_type: str, operation: str) -> float:
+    body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    want = f'gregor_authorizer_denials_total{{operation="{operation}",resource_type="{resource_type}"}}'
+    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(want))
+
+
+async def test_a_principal_without_write_cannot_produce_and_the_log_is_unchanged(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    leader = broker(cluster, topics["secret"])
+    before = replica_values(leader, "secret", 0)
+    err = await refused(produce(leader.grpc, "secret", [b"must-not-land"]))
+    assert err.code == errors.Code.TOPIC_AUTHORIZATION_FAILED and err.topic == "secret"
+    assert "User:ANONYMOUS" in err.message
+    # Describe is allowed on secret, so its end offset can be read: still 0; the files hold nothing new.
+    async with channel(leader.grpc) as ch:
+        end = await broker_pb2_grpc.BrokerServiceStub(ch).ListOffsets(broker_pb2.ListOffsetsRequest(
+            topic="secret", partition=0, timestamp_ms=-1), timeout=10)
+    assert end.offset == 0
+    assert replica_values(leader, "secret", 0) == before == []
+    # Read is not implied by Describe either.
+    assert (await refused(fetch(leader.grpc, "secret"))).code == errors.Code.TOPIC_AUTHORIZATION_FAILED
+    # Counted and audited: Prometheus counter and one JSON line on the gregor.audit logger.
+    assert scrape_denials(leader.metrics, "Topic", "Write") >= 1
+    with open(leader.log) as f:
+        audits = [json.loads(line.split("gregor.audit: ", 1)[1]) for line in f if "gregor.audit: " in line]
+    assert {"principal": ANON, "operation": "Write", "resource_type": "Topic", "resource_name": "secret",
+            "api": "Produce", "decision": "Denied"}.items() <= next(
+        a for a in audits if a["resource_name"] == "secret" and a["operation"] == "Write").items()
+
+
+async def test_a_prefixed_acl_allows_every_topic_under_it_and_replication_keeps_working(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    leader = broker(cluster, topics["app-orders"])
+    r = await produce(leader.grpc, "app-orders", [b"a", b"b"])  # acks=all: both followers fetched it
+    assert r.base_offset >= 0
+    assert (await fetch(leader.grpc, "app-orders"))[-2:] == [b"a", b"b"]
+    for b in cluster.by_role("broker"):  # the followers' fetches passed their ClusterAction check
+        await until(lambda b=b: replica_values(b, "app-orders", 0)[-2:] == [b"a", b"b"], WAIT_S,
+                    f"app-orders replicated to broker {b.id}")
+
+
+async def test_deny_beats_allow(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    leader = broker(cluster, topics["app-locked"])
+    err = await refused(produce(leader.grpc, "app-locked", [b"x"]))  # the prefix allows Write, the Deny wins
+    assert err.code == errors.Code.TOPIC_AUTHORIZATION_FAILED
+    assert await fetch(leader.grpc, "app-locked") == []  # Read is still allowed by the prefix
+    assert replica_values(leader, "app-locked", 0) == []
+
+
+async def test_metadata_hides_unauthorized_topics(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    for b in cluster.by_role("broker"):
+        listed = {t.name for t in (await metadata(b.grpc)).topics}
+        assert {"app-orders", "app-locked", "secret"} <= listed
+        assert "hidden" not in listed and "late" not in listed
+        named = {t.name: t for t in (await metadata(b.grpc, ["hidden", "app-orders"])).topics}
+        assert named["hidden"].error == errors.Code.TOPIC_AUTHORIZATION_FAILED and not named["hidden"].partitions
+        assert named["app-orders"].error == 0 and named["app-orders"].partitions
+
+
+async def test_an_acl_change_takes_effect_within_a_second_on_every_broker(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    brokers = cluster.by_role("broker")
+    acl = AclBinding(ANON, "*", ResourceType.TOPIC, "late", PatternType.LITERAL, Operation.DESCRIBE, Permission.ALLOW)
+
+    async def visible(b: Any) -> bool:
+        return (await metadata(b.grpc, ["late"])).topics[0].error == 0
+
+    for b in brokers:
+        assert not await visible(b)
+    async with AdminClient({"bootstrap.servers": brokers[0].grpc}) as admin:
+        await admin.create_acls([acl])  # the Admin API: forwarded by broker 0 to the controller, into etcd
+        for b in brokers:
+            await until(lambda b=b: visible(b), PROPAGATION_S, f"the new ACL on broker {b.id}", interval_s=0.01)
+        deleted = await admin.delete_acls([AclFilter(principal=ANON, resource_type=ResourceType.TOPIC,
+                                                     resource_name="late", pattern_type="Literal")])
+        assert deleted == [acl]
+        for b in brokers:
+            await until(lambda b=b: not_(visible(b)), PROPAGATION_S, f"the removal on broker {b.id}",
+                        interval_s=0.01)
+
+
+async def not_(aw: Any) -> bool:
+    return not await aw
+
+
+def test_cli_lists_in_kafka_acls_format_and_removes(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    out = cli("acls", "list", "--topic", "app-", "--resource-pattern-type", "prefixed", data_dir=cluster.data_dir)
+    assert "Current ACLs for resource `ResourcePattern(resourceType=TOPIC, name=app-, patternType=PREFIXED)`: " \
+        in out.stdout
+    assert " \t(principal=User:ANONYMOUS, host=*, operation=WRITE, permissionType=ALLOW) " in out.stdout
+    # match: every ACL that applies to app-locked (the prefix and the literal Deny)
+    found = json.loads(cli("acls", "list", "--topic", "app-locked", "--resource-pattern-type", "match",
+                           "-o", "json", data_dir=cluster.data_dir).stdout)["acls"]
+    assert {(a["resource_name"], a["permission"], a["operation"]) for a in found} == {
+        ("app-", "Allow", "Write"), ("app-", "Allow", "Read"), ("app-", "Allow", "Describe"),
+        ("app-locked", "Deny", "Write")}
+    out = cli("acls", "add", "--allow-principal", "User:bob", "--producer", "--topic", "cli-t",
+              "--transactional-id", "tx", data_dir=cluster.data_dir)
+    assert "Adding ACLs for resource `ResourcePattern(resourceType=TRANSACTIONAL_ID, name=tx, patternType=LITERAL)`" \
+        in out.stdout
+    listed = json.loads(cli("acls", "list", "--principal", "User:bob", "-o", "json",
+                            data_dir=cluster.data_dir).stdout)["acls"]
+    assert sorted((a["resource_type"], a["operation"]) for a in listed) == [
+        ("Topic", "Create"), ("Topic", "Describe"), ("Topic", "Write"),
+        ("TransactionalId", "Describe"), ("TransactionalId", "Write")]
+    cli("acls", "remove", "--topic", "cli-t", "--transactional-id", "tx", "--force", data_dir=cluster.data_dir)
+    assert json.loads(cli("acls", "list", "--principal", "User:bob", "-o", "json",
+                          data_dir=cluster.data_dir).stdout)["acls"] == []
+    bad = cli("acls", "add", "--allow-principal", ANON, "--group", "g", "--operation", "Write",
+              data_dir=cluster.data_dir, check=False)
+    assert bad.returncode != 0 and "operation Write is not valid for resource type Group" in bad.stderr
+
+
+async def test_group_apis_check_read_on_the_group(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    from gregor.client.consumer import Consumer
+
+    async def consume_one(group: str) -> list[bytes]:
+        async with Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group,
+                             "auto.offset.reset": "earliest"}) as consumer:
+            consumer.subscribe(["app-orders"])
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                got = await consumer.poll(1000)
+                if got:
+                    await consumer.commit_sync()
+                    return [r.value for r in got]
+            return []
+
+    await produce(broker(cluster, topics["app-orders"]).grpc, "app-orders", [b"for-groups"])
+    assert await consume_one("ok-billing")  # Read on the group prefix ok-: joins, consumes, commits
+    with pytest.raises(errors.GregorError) as info:
+        await consume_one("other-group")
+    assert info.value.code == errors.Code.GROUP_AUTHORIZATION_FAILED
+
+
+def test_super_users_are_allowed_everything_with_cluster_up_authorizer(tmp_path: Any) -> None:
+    """`gregor cluster up --authorizer`: the CLI's principal (User:ANONYMOUS on plain text) is the super
+    user, so a Deny ACL on it changes nothing; the same ACL binds a cluster where it is not one."""
+    data_dir = str(tmp_path)
+    cli("cluster", "up", "--data-dir", data_dir, "--authorizer", "--brokers", "1", "--controllers", "1",
+        "--coordinators", "0", "--gateways", "0")
+    try:
+        cli("topics", "create", "t", "--partitions", "1", "--replication-factor", "1", data_dir=data_dir)
+        cli("acls", "add", "--deny-principal", ANON, "--topic", "t", "--operation", "All", data_dir=data_dir)
+        produced = subprocess.run([*GREGOR, "produce", "t"], input="v\n", capture_output=True, text=True,
+                                  timeout=WAIT_S, env={**os.environ, "GREGOR_DATA_DIR": data_dir})
+        assert produced.returncode == 0, produced.stderr
+        assert cli("consume", "t", "--from-beginning", "--max-messages", "1", "--timeout-ms", "30000",
+                   data_dir=data_dir).stdout.strip().endswith("v")
+    finally:
+        cli("cluster", "down", "--data-dir", data_dir, check=False)
+
+
+def test_the_kafka_listener_enforces_the_same_acls_for_confluent_kafka(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+
+    boot = str(cluster.to_json()["kafka_bootstrap"])
+    listed = KafkaAdmin({"bootstrap.servers": boot}).list_topics(timeout=10).topics
+    assert "app-orders" in listed and "secret" in listed and "hidden" not in listed
+    secret_leader = broker(cluster, topics["secret"])
+    before = replica_values(secret_leader, "secret", 0)
+    reports: dict[str, Any] = {}
+    producer = Producer({"bootstrap.servers": boot, "message.timeout.ms": 20000})
+    for topic in ("app-orders", "secret", "hidden", "app-locked"):
+        producer.produce(topic, b"via-kafka", partition=0,
+                         on_delivery=lambda err, msg, topic=topic: reports.__setitem__(topic, err))
+    assert producer.flush(30) == 0
+    assert reports["app-orders"] is None
+    for topic in ("secret", "hidden", "app-locked"):
+        assert reports[topic] is not None and reports[topic].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, \
+            (topic, reports[topic])
+    assert replica_values(secret_leader, "secret", 0) == before

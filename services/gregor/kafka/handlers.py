@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -24,7 +25,7 @@ from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
-from gregor.kafka import codec
+from gregor.kafka import acl_handlers, codec
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
@@ -71,6 +72,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     60: (0, 1),   # DescribeCluster
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
+    29: (1, 3),   # DescribeAcls (kafka/acl_handlers.py)
+    30: (1, 3),   # CreateAcls
+    31: (1, 3),   # DeleteAcls
 }
 RESOURCE_TOPIC = 2  # DescribeConfigs resource types
 RESOURCE_BROKER = 4
@@ -105,6 +109,8 @@ class KafkaHandlers:
             20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
             37: self.create_partitions, 42: self.delete_groups,
+            29: functools.partial(acl_handlers.describe_acls, self), 30: functools.partial(acl_handlers.create_acls, self),
+            31: functools.partial(acl_handlers.delete_acls, self),
         }
 
     async def close(self) -> None:
@@ -620,6 +626,10 @@ class KafkaHandlers:
                     entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
+            elif rtype == RESOURCE_BROKER and self.broker.authz.enabled and not self.broker.authz.check(
+                    az.connection_caller(), Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, "kafka-cluster",
+                    "DescribeConfigs"):  # Kafka: a broker's configs need DescribeConfigs on the Cluster
+                code = int(Code.CLUSTER_AUTHORIZATION_FAILED)
             elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
                 for f in dataclasses.fields(self.broker.config):
                     value = getattr(self.broker.config, f.name)

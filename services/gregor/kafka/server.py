@@ -30,7 +30,7 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
              22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
-             42: "DeleteGroups", 60: "DescribeCluster"}
+             42: "DeleteGroups", 60: "DescribeCluster", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls"}
 REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
 REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
                             "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])

@@ -6,7 +6,8 @@ The operator's bootstrap ACLs go into etcd with `gregor acls add --etcd` before 
 kafka-acls.sh --authorizer-properties writes ZooKeeper): ClusterAction on the Cluster for the services'
 own calls, Create on the Cluster, Alter/Describe on the Cluster for the Admin API's ACL calls, and topic
 ACLs: Allow Write/Read/Describe on the prefix `app-`, Deny Write on `app-locked`, Describe only on
-`secret`, and for the coordinator Read/Write on `__consumer_offsets` and Read on the group prefix `ok-`.
+`secret`, for the coordinator All on `__consumer_offsets` and `__transaction_state`, Read on the group
+prefix `ok-` and Write on the transactional id `tx-ok`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def bootstrap_acls(etcd: str) -> None:
             ("--deny-principal", ANON, "--topic", "app-locked", "--operation", "Write"),
             ("--allow-principal", ANON, "--topic", "secret", "--operation", "Describe"),
             ("--allow-principal", ANON, "--topic", "__consumer_offsets", "--operation", "All"),
-            ("--allow-principal", ANON, "--group", "ok-", "--resource-pattern-type", "prefixed", "--operation", "Read")):
+            ("--allow-principal", ANON, "--group", "ok-", "--resource-pattern-type", "prefixed", "--operation", "Read"),
+            ("--allow-principal", ANON, "--topic", "__transaction_state", "--operation", "All"),
+            ("--allow-principal", ANON, "--transactional-id", "tx-ok", "--operation", "Write")):
         cli("acls", "add", *direct, *args)
 
 
@@ -283,6 +286,23 @@ async def test_group_apis_check_read_on_the_group(cluster: LocalCluster, topics:
     with pytest.raises(errors.GregorError) as info:
         await consume_one("other-group")
     assert info.value.code == errors.Code.GROUP_AUTHORIZATION_FAILED
+
+
+async def test_transactions_check_write_on_the_transactional_id(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    from gregor.client.producer import Producer
+
+    leader = broker(cluster, topics["app-orders"])
+    async with Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "tx-ok"}) as producer:
+        await producer.init_transactions()  # Write on tx-ok: InitProducerId, AddPartitionsToTxn, EndTxn pass
+        await producer.begin_transaction()
+        await producer.send("app-orders", b"in-a-transaction", partition=0)
+        await producer.commit_transaction()
+    assert b"in-a-transaction" in await fetch(leader.grpc, "app-orders")
+    async with Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "tx-other",
+                         "max.block.ms": 10000}) as producer:
+        with pytest.raises(errors.GregorError) as info:
+            await producer.init_transactions()
+    assert info.value.code == errors.Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 def test_super_users_are_allowed_everything_with_cluster_up_authorizer(tmp_path: Any) -> None:

@@ -151,7 +151,8 @@ class Broker:
         """authorizer.class.name set: follow the ACLs in etcd; serve once they are read (fail closed till then)."""
         config = AuthorizerConfig.from_properties({
             "authorizer.class.name": self.config.authorizer_class_name, "super.users": self.config.super_users,
-            "allow.everyone.if.no.acl.found": str(self.config.allow_everyone_if_no_acl_found).lower()})
+            "allow.everyone.if.no.acl.found": str(self.config.allow_everyone_if_no_acl_found).lower(),
+            "ssl.principal.mapping.rules": self.config.ssl_principal_mapping_rules})
         if not config.enabled:
             return
         if self.cluster_mode:

@@ -45,7 +45,6 @@ DENIALS = Counter("gregor_authorizer_denials_total",
 ANONYMOUS = "User:ANONYMOUS"
 FORWARDED_PRINCIPAL_HEADER = "gregor-forwarded-principal"
 FORWARDED_HOST_HEADER = "gregor-forwarded-host"
-AUTHORIZER_KEYS = ("authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found")
 RETRY_S = 0.5  # after a failed etcd read of the ACLs
 MEMO_MAX = 65536  # decisions kept per snapshot before the memo is emptied
 
@@ -366,6 +365,7 @@ SETTLE_KEYS: dict[str, tuple[str, Any, Any]] = {
     "authorizer.class.name": ("authorizer_class_name", str, ""),
     "super.users": ("super_users", str, ""),
     "allow.everyone.if.no.acl.found": ("allow_everyone_if_no_acl_found", str, "false"),
+    "ssl.principal.mapping.rules": ("ssl_principal_mapping_rules", str, DEFAULT_RULES),
 }
 
 

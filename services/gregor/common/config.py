@@ -220,6 +220,7 @@ class BrokerConfig:
     authorizer_class_name: str = ""
     super_users: str = ""
     allow_everyone_if_no_acl_found: bool = False
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules: certificate subject -> user name
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
 
     @classmethod

@@ -105,8 +105,10 @@ def restart_broker(cluster: LocalCluster, victim: Process, overrides: dict[str, 
     """Start a (killed) broker again with the same id and data dir; it replaces the old entry in cluster."""
     from gregor.cli.local_cluster import start_broker
 
+    if cluster.tls:  # a --tls cluster's broker comes back with its certificate and SSL:// listener
+        overrides = {**cluster.role_props("broker"), "listeners": "SSL://127.0.0.1:0", **(overrides or {})}
     back = start_broker(victim.data_dir.rsplit("/", 1)[0], victim.id, overrides=overrides,
-                        etcd_endpoint=etcd_endpoints(cluster))
+                        etcd_endpoint=cluster.etcd_endpoints)
     cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
     return back
 

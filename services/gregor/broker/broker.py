@@ -23,6 +23,7 @@ from gregor.common.authz import Authz, AuthorizerConfig
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
+from gregor.common.tls import add_port
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -126,14 +127,16 @@ class Broker:
         else:
             controller_pb2_grpc.add_AdminServiceServicer_to_server(LocalAdminServicer(self), self._server)
         add_health_and_reflection(self._server, services)
-        self.grpc_port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.grpc_port = add_port(self._server, f"{self.config.host}:{self.config.port}", self.config.tls)
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
         if self.config.data_port >= 0 and not self.authz.enabled:  # the data port has no authentication yet
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
-                                            send_timeout_ms=self.config.data_port_send_timeout_ms)
+                                            send_timeout_ms=self.config.data_port_send_timeout_ms,
+                                            ssl_context=self.config.tls.server_ssl_context()
+                                            if self.config.tls.enabled else None)
             await self.data_port.start()
         if self.config.listeners:
             from gregor.kafka.server import start_listener
@@ -169,13 +172,14 @@ class Broker:
         """Register in etcd once serving, so the controller's first requests find us listening."""
         from gregor.common.etcd import EtcdClient
 
-        self._etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id)
+        self._etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id,
+                                security=self.config.tls)
         info = {"host": self.config.host, "grpc_port": self.grpc_port,
                 "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
                 "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
         if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
             info["kafka"] = self.kafka.advertised
-            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"PLAINTEXT://{self.kafka.advertised}"]
+            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"{self.kafka.security_protocol}://{self.kafka.advertised}"]
         self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
                                             self.config.broker_session_timeout_ms)
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.

@@ -172,7 +172,9 @@ class Workload:
         from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
         process = f"gw-{n}"
-        async with grpc.aio.insecure_channel(address) as channel:
+        from gregor.common.rpc import channel as rpc_channel
+
+        async with rpc_channel(address) as channel:  # TLS per the process's settings (gregor.common.tls)
             stub = gateway_pb2_grpc.ProducerGatewayServiceStub(channel)
             while not self.stop.is_set():
                 partition = next(self.seq) % self.a.partitions

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import click
 
+from gregor.common.tls import from_client_config
 from gregor.cli.common import (
     VariadicCommand, VariadicOption, emit_json, load_properties_file, obj, parse_kv, run,
 )
@@ -452,7 +453,8 @@ async def _coordinator_error(config: dict[str, Any]) -> Optional[str]:
     from gregor.client.metadata import ClusterMetadata
 
     metadata = ClusterMetadata(parse_bootstrap(config["bootstrap.servers"]),
-                               request_timeout_ms=int(config.get("request.timeout.ms", 30000)))
+                               request_timeout_ms=int(config.get("request.timeout.ms", 30000)),
+                               security=from_client_config(config))
     overrides = [a.strip() for a in str(config.get("coordinator.bootstrap.servers", "")).split(",") if a.strip()]
     try:
         await find_coordinator(metadata, str(config["group.id"]), overrides, 10.0)

@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVa
 
 import grpc
 
+from gregor.common.tls import from_client_config
 from gregor.client.config import admin_config, parse_bootstrap
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import BrokerInfo, ClusterMetadata, TopicInfo, call_error
@@ -60,7 +61,7 @@ class AdminClient:
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.config = cfg = admin_config(config, **kwargs)
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"])
         self.timeout_s = cfg["request.timeout.ms"] / 1000
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from gregor.common.tls import client_ssl
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
@@ -106,6 +107,8 @@ class DataPortFetcher(GrpcFetcher):
     def __init__(self, metadata: ClusterMetadata, cfg: Mapping[str, Any]) -> None:
         super().__init__(metadata, cfg)
         self._conn: Optional[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = None
+        # TLS to the data port as to the gRPC port (the broker reads and encrypts; no sendfile under TLS).
+        self._ssl = client_ssl(metadata.security)
 
     async def _connect(self, tp: TopicPartition) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
         leader, _ = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
@@ -119,7 +122,9 @@ class DataPortFetcher(GrpcFetcher):
         if self._conn is None:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(broker.host, broker.data_port), self.request_timeout_ms / 1000)
+                    asyncio.open_connection(broker.host, broker.data_port, ssl=self._ssl,
+                                            server_hostname=broker.host if self._ssl else None),
+                    self.request_timeout_ms / 1000)
             except (OSError, asyncio.TimeoutError) as exc:
                 raise errors.NetworkExceptionError(f"data port {address}: {exc}") from None  # type: ignore[attr-defined]
             self._conn = (address, reader, writer)

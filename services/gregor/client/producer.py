@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import grpc
 
+from gregor.common.tls import from_client_config
 from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
     record_size,
@@ -380,7 +381,7 @@ class Producer:
         self.config = producer_config(config, **kwargs)
         cfg = self.config
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
                                         metadata_max_age_ms=cfg["metadata.max.age.ms"])
         # partitioner.class: a custom partitioner decides every record without a partition (no sticky

@@ -14,7 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
-from gregor.common import errors
+from gregor.common import errors, tls
+from gregor.common.tls import TlsConfig
 from gregor.common.metrics import LATENCY_BUCKETS_S
 
 log = logging.getLogger(__name__)
@@ -103,9 +104,10 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[s
     return health_servicer
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    """An insecure aio channel with Gregor's message limits."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+def channel(target: str, security: "TlsConfig | None" = None) -> grpc.aio.Channel:
+    """An aio channel with Gregor's message limits; TLS when `security` (default: the process's TLS config,
+    gregor.common.tls) says security.protocol=SSL."""
+    return tls.channel(target, CHANNEL_OPTIONS, security)
 
 
 async def wait_for_shutdown(name: str, stopped: "asyncio.Future[Any] | None" = None) -> int:

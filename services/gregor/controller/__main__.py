@@ -18,6 +18,7 @@ from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfi
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, AuthorizerConfig, config_from_namespace
 from gregor.common.properties import load_properties, parse_bool, settle
+from gregor.common.tls import TlsConfig, split_properties
 
 log = logging.getLogger("gregor.controller")
 
@@ -35,6 +36,7 @@ class ControllerArgs:
     delete_topic_enable: bool = True
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
+    tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port, etcd and the channels to brokers
     authorizer: AuthorizerConfig = AuthorizerConfig()
 
 
@@ -80,7 +82,8 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     try:
-        settle(a, load_properties(a.config, a.override), CONTROLLER_KEYS, "controller")
+        security, props = split_properties(load_properties(a.config, a.override))
+        settle(a, props, CONTROLLER_KEYS, "controller")
         metrics_topic = MetricsTopicConfig.from_namespace(a)
         authorizer = config_from_namespace(a)
     except InvalidConfigError as exc:
@@ -98,7 +101,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
-                                              a.leader_imbalance_check_interval_seconds), metrics_topic,
+                                              a.leader_imbalance_check_interval_seconds), metrics_topic, security,
                           authorizer)
 
 
@@ -117,11 +120,13 @@ async def run(args: ControllerArgs) -> int:
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.controller.controller import Controller
     from gregor.controller.server import ControllerAdminServicer, ControllerServicer
+    from gregor.common.tls import add_port, configure
     from gregor.rpc.v1 import controller_pb2_grpc
 
+    configure(args.tls)  # etcd and the channels to the brokers
     etcd = EtcdClient(args.etcd, cluster=args.cluster)
     server = make_server()
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = add_port(server, f"{args.host}:{args.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.

@@ -13,6 +13,7 @@ from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, config_from_namespace
 from gregor.common.properties import load_properties, settle
+from gregor.common.tls import split_properties
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
 from gregor.coordinator.txn_coordinator import TxnConfig
@@ -68,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "transaction.max.timeout.ms": t.max_timeout_ms,
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": t.abort_timed_out_interval_ms}
     try:  # the file, then each --override on top; --etcd / --cluster over both
-        props = load_properties(a.config, a.override)
+        a.tls, props = split_properties(load_properties(a.config, a.override))
         settle(a, props, {"etcd.endpoints": ("etcd", str, None), "cluster.id": ("cluster", str, "gregor"),
                           **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS, **AUTHORIZER_KEYS}, "coordinator")
         a.metrics_topic = MetricsTopicConfig.from_namespace(a)
@@ -125,11 +126,13 @@ async def run(a: argparse.Namespace) -> int:
     from gregor.coordinator.server import GroupCoordinatorServicer
     from gregor.coordinator.txn_coordinator import TransactionCoordinator
     from gregor.coordinator.txn_server import TransactionCoordinatorServicer
+    from gregor.common.tls import add_port, configure
     from gregor.rpc.v1 import coordinator_pb2_grpc, transaction_pb2_grpc
 
+    configure(a.tls)  # etcd and the channels to the brokers
     etcd = EtcdClient(a.etcd, cluster=a.cluster)
     server = make_server()
-    port = server.add_insecure_port(f"{a.host}:{a.port}")
+    port = add_port(server, f"{a.host}:{a.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {a.host}:{a.port}")
     coordinator = GroupCoordinator(a.coordinator_id, etcd, a.host, port, a.config, bootstrap=a.bootstrap)

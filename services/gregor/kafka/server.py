@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from typing import TYPE_CHECKING
 
@@ -39,20 +40,22 @@ UNSUPPORTED = Counter("gregor_kafka_unsupported_requests_total",
 
 
 def parse_listener(value: str) -> tuple[str, str, int] | None:
-    """The Kafka listener of a `listeners` value (`PLAINTEXT://host:port[,...]`): (name, host, port)."""
+    """The Kafka listener of a `listeners` value (`PLAINTEXT://host:port[,...]` or `SSL://host:port`):
+    (name, host, port). SSL listeners use the broker's ssl.* keys (gregor.common.tls)."""
     for item in filter(None, (s.strip() for s in value.split(","))):
         name, sep, rest = item.partition("://")
         if not sep:
             raise ValueError(f"listener {item!r} is not NAME://host:port")
         host, _, port = rest.rpartition(":")
-        if name.upper() in ("PLAINTEXT", "KAFKA"):
+        if name.upper() in ("PLAINTEXT", "KAFKA", "SSL"):
             return name.upper(), host or "0.0.0.0", int(port)
     return None
 
 
 class KafkaListener:
     def __init__(self, broker: "Broker", host: str, port: int, advertised_host: str,
-                 max_request_bytes: int) -> None:
+                 max_request_bytes: int, ssl_context: "ssl.SSLContext | None" = None,
+                 security_protocol: str = "PLAINTEXT") -> None:
         self.broker = broker
         self.host = host
         self.port = port
@@ -62,9 +65,11 @@ class KafkaListener:
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self.advertised_port = port
+        self.ssl_context = ssl_context
+        self.security_protocol = security_protocol  # PLAINTEXT or SSL: the listener's name in `endpoints`
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
         self.advertised_port = self.port
         return self.port
@@ -150,10 +155,19 @@ async def start_listener(broker: "Broker") -> KafkaListener:
         from gregor.common import errors
 
         raise errors.error_for(errors.Code.INVALID_CONFIG,
-                               f"listeners={cfg.listeners!r} names no PLAINTEXT:// (Kafka) listener")
-    _, host, port = bind
+                               f"listeners={cfg.listeners!r} names no PLAINTEXT:// or SSL:// (Kafka) listener")
+    name, host, port = bind
+    protocol = "SSL" if name == "SSL" else "PLAINTEXT"
+    if protocol == "SSL" and not cfg.tls.keystore:
+        from gregor.common import errors
+
+        raise errors.error_for(errors.Code.INVALID_CONFIG, "an SSL:// listener needs ssl.keystore.location and "
+                               "ssl.truststore.location (docs/security.md)")
+    if protocol == "PLAINTEXT" and cfg.tls.enabled:
+        log.warning("security.protocol=SSL but the Kafka listener %s is plain text", cfg.listeners)
     adv_host = adv[1] if adv and adv[1] not in ("", "0.0.0.0") else (host if host not in ("", "0.0.0.0") else cfg.host)
-    listener = KafkaListener(broker, host, port, adv_host, cfg.socket_request_max_bytes)
+    listener = KafkaListener(broker, host, port, adv_host, cfg.socket_request_max_bytes,
+                             cfg.tls.server_ssl_context() if protocol == "SSL" else None, protocol)
     await listener.start()
     if adv and adv[2]:
         listener.advertised_port = adv[2]

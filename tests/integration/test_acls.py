@@ -12,6 +12,7 @@ prefix `ok-` and Write on the transactional id `tx-ok`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -103,7 +104,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def topics(cluster: LocalCluster) -> dict[str, int]:
     """The test topics (Create on the Cluster lets ANONYMOUS create them), each with its leader broker id."""
-    import asyncio
 
     async def create() -> dict[str, int]:
         async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
@@ -212,26 +212,52 @@ async def test_metadata_hides_unauthorized_topics(cluster: LocalCluster, topics:
         assert named["app-orders"].error == 0 and named["app-orders"].partitions
 
 
-async def test_an_acl_change_takes_effect_within_a_second_on_every_broker(
+async def test_an_acl_change_takes_effect_within_a_second_on_every_service(
         cluster: LocalCluster, topics: dict[str, int]) -> None:
-    brokers = cluster.by_role("broker")
-    acl = AclBinding(ANON, "*", ResourceType.TOPIC, "late", PatternType.LITERAL, Operation.DESCRIBE, Permission.ALLOW)
+    """Every broker (Metadata: Describe on the topic), the controller (DescribeConfigs on the topic) and the
+    coordinator (DescribeGroups: Describe on the group) follow one CreateAcls, then one DeleteAcls, each
+    within a second of the call's answer, all watched at once."""
+    from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 
-    async def visible(b: Any) -> bool:
-        return (await metadata(b.grpc, ["late"])).topics[0].error == 0
+    acls = [AclBinding(ANON, "*", ResourceType.TOPIC, "late", PatternType.LITERAL, op, Permission.ALLOW)
+            for op in (Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS)]
+    acls.append(AclBinding(ANON, "*", ResourceType.GROUP, "late-group", PatternType.LITERAL, Operation.DESCRIBE,
+                           Permission.ALLOW))
 
-    for b in brokers:
-        assert not await visible(b)
-    async with AdminClient({"bootstrap.servers": brokers[0].grpc}) as admin:
-        await admin.create_acls([acl])  # the Admin API: forwarded by broker 0 to the controller, into etcd
-        for b in brokers:
-            await until(lambda b=b: visible(b), PROPAGATION_S, f"the new ACL on broker {b.id}", interval_s=0.01)
-        deleted = await admin.delete_acls([AclFilter(principal=ANON, resource_type=ResourceType.TOPIC,
-                                                     resource_name="late", pattern_type="Literal")])
-        assert deleted == [acl]
-        for b in brokers:
-            await until(lambda b=b: not_(visible(b)), PROPAGATION_S, f"the removal on broker {b.id}",
-                        interval_s=0.01)
+    async def broker_allows(address: str) -> bool:
+        return (await metadata(address, ["late"])).topics[0].error == 0
+
+    async def controller_allows(address: str) -> bool:
+        async with channel(address) as ch:
+            r = await controller_pb2_grpc.AdminServiceStub(ch).DescribeConfigs(
+                controller_pb2.DescribeConfigsRequest(topics=["late"]), timeout=10)
+        return r.results[0].error.code != errors.Code.TOPIC_AUTHORIZATION_FAILED
+
+    async def coordinator_allows(address: str) -> bool:
+        async with channel(address) as ch:
+            r = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).DescribeGroups(
+                coordinator_pb2.DescribeGroupsRequest(group_ids=["late-group"]), timeout=10)
+        return r.groups[0].error.code != errors.Code.GROUP_AUTHORIZATION_FAILED
+
+    services = [(f"broker {b.id}", broker_allows, b.grpc) for b in cluster.by_role("broker")]
+    services += [("the controller", controller_allows, cluster.by_role("controller")[0].grpc),
+                 ("the coordinator", coordinator_allows, cluster.by_role("coordinator")[0].grpc)]
+
+    async def everywhere(allowed: bool, what: str) -> None:
+        async def one(name: str, check: Any, address: str) -> float:
+            async def holds() -> bool:
+                return await check(address) == allowed
+            return await until(holds, PROPAGATION_S, f"{what} on {name}", interval_s=0.01)
+        await asyncio.gather(*(one(*s) for s in services))
+
+    await everywhere(False, "no ACL yet")
+    async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
+        await admin.create_acls(acls)  # the Admin API: forwarded by a broker to the controller, into etcd
+        await everywhere(True, "the new ACLs")
+        deleted = await admin.delete_acls([AclFilter(principal=ANON, resource_name=n, pattern_type="Literal")
+                                           for n in ("late", "late-group")])
+        assert sorted(deleted, key=str) == sorted(acls, key=str)
+        await everywhere(False, "the removal")
 
 
 async def not_(aw: Any) -> bool:

@@ -108,7 +108,7 @@ class DataPortFetcher(GrpcFetcher):
         super().__init__(metadata, cfg)
         self._conn: Optional[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = None
         # TLS to the data port as to the gRPC port (the broker reads and encrypts; no sendfile under TLS).
-        self._ssl = client_ssl(metadata.security)
+        self._ssl = client_ssl(getattr(metadata, "security", None))
 
     async def _connect(self, tp: TopicPartition) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
         leader, _ = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import time
@@ -132,6 +133,12 @@ def principal_from_subject(subject: str | None, rules: str = DEFAULT_RULES) -> s
     """`User:<mapped subject>`, or `User:ANONYMOUS` without a certificate (Kafka's PLAINTEXT principal)."""
     if not subject:
         return ANONYMOUS
+    return _mapped(subject, rules)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mapped(subject: str, rules: str) -> str:
+    """The rules applied to a subject, once per (subject, rules): a request never re-parses them."""
     return principal_for(subject, parse_rules(rules))
 
 

@@ -90,7 +90,10 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=20000, help="records produced per round")
     ap.add_argument("--size", type=int, default=1024, help="bytes per record")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="CI size (run_all.py --quick): 2000 records, 1 round")
     a = ap.parse_args()
+    if a.quick:
+        a.records, a.rounds = 2000, 1
 
     from gregor.cli.local_cluster import LocalCluster
     from gregor.client import AdminClient

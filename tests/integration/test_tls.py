@@ -24,7 +24,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import grpc
 import pytest
@@ -365,7 +365,7 @@ async def test_rotating_broker_certificates_with_rolling_restarts_fails_no_produ
             await asyncio.to_thread(stop_process, broker, signal.SIGTERM)
             back = await asyncio.to_thread(restart_broker, cluster, broker)
             assert served_certificate(back.data, good(cluster)) == new_der
-            await until(lambda: len(load.acked) > sent + 50, 30, "acks after the restart")
+            await until(lambda: len(load.acked) > sent + 50, 60, "acks after the restart")
             cluster.save()
             # A rolling restart's rule: the next broker goes only once nothing is under-replicated (the
             # restarted one fetched its way back into every ISR, over TLS with its new certificate).
@@ -395,3 +395,62 @@ async def check_consumed(load: AckedLoad, cluster: LocalCluster) -> None:
                 got[(rec.topic, rec.partition)][rec.offset] = rec.value
     for value, (partition, offset) in load.acked.items():
         assert got[(TOPIC, partition)].get(offset) == value, (value, partition, offset)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "data"])
+def test_the_spark_source_reads_with_kafka_ssl_options(cluster: LocalCluster, transport: str) -> None:
+    """The Spark source's read path (options -> planned ranges -> Arrow batches), without a JVM: Spark's
+    kafka.security.protocol / kafka.ssl.* options reach every connection it opens."""
+    from gregor_spark.cluster import GregorCluster
+    from gregor_spark.options import parse_source
+    from gregor_spark.ranges import plan, read_range
+
+    def plan_batch(o: Any) -> list[Any]:
+        c = GregorCluster.of(o)
+        try:
+            return plan(c, o)
+        finally:
+            c.close()
+
+    async def fill() -> None:
+        async with Producer(cluster.client_config()) as p:
+            for i in range(20):
+                await p.send(TOPIC, b"spark-%d" % i, partition=i % 2)
+            await p.flush()
+    asyncio.run(fill())
+    options = {"subscribe": TOPIC, "bootstrap": cluster.bootstrap, "fetch.transport": transport,
+               **{f"kafka.{k}": v for k, v in cluster.client_config().items() if k != "bootstrap.servers"}}
+    opts = parse_source(options, streaming=False)
+    assert dict(opts.security)["security.protocol"] == "SSL"
+    ranges = plan_batch(opts)
+    rows = sum(b.num_rows for r in ranges for b in read_range(r))
+    assert rows == sum(r.size for r in ranges) >= 20
+    if transport == "grpc":  # without the options the brokers refuse the source (after its request timeout)
+        plain = parse_source({k: v for k, v in options.items() if not k.startswith("kafka.")}, streaming=False)
+        with pytest.raises(Exception, match="UNAVAILABLE|NETWORK_EXCEPTION"):
+            plan_batch(plain)
+
+
+def test_a_three_member_etcd_speaks_tls_to_its_peers(tmp_path: Path) -> None:
+    """`--tls --etcd-members 3`: the members find each other over https (peer client-certificate auth) and
+    the services keep working through them."""
+    c = LocalCluster.up(str(tmp_path / "etcd3"), brokers=1, controllers=1, etcd_members=3, tls=True)
+    try:
+        assert len(c.by_role("etcd")) == 3
+        log = open(c.by_role("etcd")[0].log).read()
+        assert "http://" not in " ".join(a for a in open(f"/proc/{c.by_role('etcd')[0].pid}/cmdline").read().split("\0")
+                                        if "urls" in a or a.startswith("gregor-etcd")), log[-500:]
+
+        async def check() -> None:
+            async with EtcdClient(c.etcd_endpoints, security=good(c), request_timeout_s=3) as etcd:
+                for i in range(3):  # every member answers over TLS
+                    one_member = EtcdClient(f"https://{c.by_role('etcd')[i].grpc}", security=good(c))
+                    try:
+                        assert await one_member.get(etcd.key("brokers", "ids", 0)) is not None
+                    finally:
+                        await one_member.close()
+            async with AdminClient(c.client_config()) as admin:
+                await admin.create_topic("three", 1, 1)
+        asyncio.run(check())
+    finally:
+        tear_down(c)

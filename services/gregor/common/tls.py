@@ -33,7 +33,7 @@ import functools
 import logging
 import re
 import ssl
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import grpc
@@ -233,14 +233,6 @@ def default() -> TlsConfig:
 
 def effective(config: Optional[TlsConfig]) -> TlsConfig:
     return _default if config is None else config
-
-
-def scheme(config: Optional[TlsConfig] = None) -> str:
-    return "https" if effective(config).enabled else "http"
-
-
-def without_client_auth(config: TlsConfig) -> TlsConfig:
-    return replace(config, client_auth="none")
 
 
 # -- wiring helpers -------------------------------------------------------------------------------------------

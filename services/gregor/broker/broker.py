@@ -20,6 +20,7 @@ from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quot
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors, uuid
+from gregor.common.authz import Authz, AuthorizerConfig, user_name
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
@@ -27,6 +28,7 @@ from gregor.common.tls import add_port
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
+AUTHORIZER_SYNC_WAIT_S = 10.0  # how long start() waits for the first read of the ACLs
 
 
 class Broker:
@@ -44,6 +46,8 @@ class Broker:
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
         self.quotas = BrokerQuotas()  # client quotas (broker/quota_manager.py), configs from etcd
+        rules = self.config.ssl_principal_mapping_rules
+        self.quotas.principal_of = lambda conn: user_name(conn, rules)  # the TLS principal's user, or ANONYMOUS
         watch_quotas(self.quotas)
         watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
         register_build_info("broker")
@@ -53,6 +57,8 @@ class Broker:
         self.membership: ClusterMembership | None = None
         self.coordinator_lookup: CoordinatorLookup | None = None  # FindCoordinator's etcd view (cluster mode)
         self._etcd: Any = None
+        self._authz_etcd: Any = None  # the ACL cache's own etcd client (the authorizer is up before we register)
+        self.authz = Authz()  # off until start() reads authorizer.class.name
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
@@ -116,6 +122,7 @@ class Broker:
             for name, entry in sorted(self.topic_store.topics.items()):
                 self.open_topic(name, entry)
         self.log_manager.start()
+        await self._start_authorizer()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
         services = [broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name, "gregor.rpc.v1.AdminService"]
         if self.cluster_mode:
@@ -129,7 +136,7 @@ class Broker:
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
-        if self.config.data_port >= 0:
+        if self.config.data_port >= 0 and not self.authz.enabled:  # the data port has no authentication yet
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
                                             send_timeout_ms=self.config.data_port_send_timeout_ms,
@@ -148,6 +155,24 @@ class Broker:
         log.info("broker %d serving gRPC on %s:%d, data port %s, metrics %d", self.config.broker_id,
                  self.config.host, self.grpc_port, self.data_port.port if self.data_port else "off",
                  self.metrics_port)
+
+    async def _start_authorizer(self) -> None:
+        """authorizer.class.name set: follow the ACLs in etcd; serve once they are read (fail closed till then)."""
+        config = AuthorizerConfig.from_properties({
+            "authorizer.class.name": self.config.authorizer_class_name, "super.users": self.config.super_users,
+            "allow.everyone.if.no.acl.found": str(self.config.allow_everyone_if_no_acl_found).lower(),
+            "ssl.principal.mapping.rules": self.config.ssl_principal_mapping_rules})
+        if not config.enabled:
+            return
+        if self.cluster_mode:
+            from gregor.common.etcd import EtcdClient
+
+            self._authz_etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id)
+        self.authz = Authz.create(config, self._authz_etcd)
+        self.authz.start()
+        if not await self.authz.wait_synced(AUTHORIZER_SYNC_WAIT_S):
+            log.warning("broker %d: the ACLs are not read from etcd yet; only super users are allowed until then",
+                        self.config.broker_id)
 
     async def _register(self) -> None:
         """Register in etcd once serving, so the controller's first requests find us listening."""
@@ -228,6 +253,9 @@ class Broker:
         unwatch_quotas(self.quotas)
         if self._etcd is not None:
             await self._etcd.close()
+        await self.authz.stop()
+        if self._authz_etcd is not None:
+            await self._authz_etcd.close()
         self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER
         for stream in list(self.produce_streams):
             stream.close()

@@ -37,7 +37,6 @@ from prometheus_client import Counter
 from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
-from gregor.common.quotas import ANONYMOUS
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
@@ -81,7 +80,8 @@ class DataPortServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        quota = self.quotas.connection(ANONYMOUS, "") if self.quotas is not None else None
+        quota = (self.quotas.connection(self.quotas.principal_of(writer.transport), "")
+                 if self.quotas is not None else None)
         try:
             while True:
                 try:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 from gregor.broker.replica_manager import collect_produce, produce_pending
 from gregor.common import errors
+from gregor.common.authz import with_denials
 from gregor.common.rpc import RequestRecorder
 from gregor.rpc.v1 import broker_pb2
 
@@ -56,11 +57,14 @@ class ProduceStreamHandler:
     """One ProduceStream: a reader task appends each request as it arrives; answers leave through a queue."""
 
     def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler]",
-                 quota: "StreamQuota | None" = None) -> None:
+                 quota: "StreamQuota | None" = None,
+                 authorize: "Callable[[broker_pb2.ProducePartitionsRequest], Mapping[str, errors.GregorError]] | None"
+                 = None) -> None:
         self.replicas = replicas
         # Client quotas: a throttled request's answer carries throttle_time_ms and the stream (Kafka's
         # channel) reads nothing more until the throttle time has passed (broker/quota_manager.py).
         self._quota = quota
+        self._authorize = authorize  # the authorizer's denials per topic (None: the authorizer is off)
         self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
         self._waiting: set[asyncio.Task[None]] = set()
         self._requests = RequestRecorder("BrokerService", STREAM_API)
@@ -111,8 +115,12 @@ class ProduceStreamHandler:
     def _handle(self, request: broker_pb2.ProducePartitionsRequest, start: float) -> None:
         throttle_ms = 0
         try:
-            results = self.replicas.start_produce_partitions(
-                [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+            parts = [(d.topic, d.partition, d.records) for d in request.partitions]
+            if self._authorize is None:
+                results = self.replicas.start_produce_partitions(parts, request.acks, request.timeout_ms)
+            else:
+                results = with_denials(parts, self._authorize(request), lambda ps: self.replicas.start_produce_partitions(
+                    ps, request.acks, request.timeout_ms))
             if self._quota is not None and self._quota.quotas.enabled:
                 throttle_ms = self._throttle(request, start)
         except errors.GregorError as err:

@@ -144,6 +144,13 @@ class ClusterTls:
             out["ssl.client.auth"] = "required"
         return out
 
+    def principal(self, name: str) -> str:
+        """The principal of certificate `name` under ssl.principal.mapping.rules=DEFAULT: User:<subject>."""
+        from gregor.common.certs import subject_of
+
+        with open(self.path(f"{name}.crt"), "rb") as f:
+            return "User:" + subject_of(f.read())
+
     def client_props(self) -> dict[str, str]:
         return self.props(CLIENT_CERT, server=False)
 
@@ -423,7 +430,7 @@ class LocalCluster:
            coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None,
            prometheus: bool = False, scrape_interval_s: float | None = None,
            controller_overrides: dict[str, str] | None = None, tls: bool = False,
-           certs_dir: str | None = None) -> "LocalCluster":
+           certs_dir: str | None = None, authorizer: dict[str, str] | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
@@ -432,6 +439,8 @@ class LocalCluster:
         tls (or certs_dir): mTLS everywhere, with the certificates of certs_dir (default DIR/certs, made
         when missing): etcd on https with client-certificate auth (peers too), every gRPC port, data port
         and Kafka listener (SSL://) with ssl.client.auth=required; no plain-text port is opened.
+        authorizer holds the authorizer's keys (authorizer_properties()), given to every broker, controller and
+        coordinator.
         """
         os.makedirs(data_dir, exist_ok=True)
         if os.path.exists(os.path.join(data_dir, "cluster.json")):
@@ -444,10 +453,21 @@ class LocalCluster:
             raise ClusterError("need at least one broker and a non-negative number of controllers")
         if coordinators and not controllers:
             raise ClusterError("group coordinators need cluster mode: pass --controllers 1 (or more)")
-        overrides = dict(broker_overrides or {})
+        if authorizer and not controllers:
+            raise ClusterError("the authorizer needs cluster mode (the ACLs live in etcd): pass --controllers 1")
+        security = ClusterTls.ensure(certs_dir or os.path.join(data_dir, "certs")) if (tls or certs_dir) else None
+        if authorizer and security:
+            # The operator (the CLI's client certificate) and the services' own calls to each other are super
+            # users, as Kafka's inter-broker principal usually is; the gateway is not (grant it ACLs).
+            operators = [security.principal(n) for n in (CLIENT_CERT, "broker", "controller", "coordinator")]
+            extra = [u for u in authorizer.get("super.users", "").split(";") if u and u != "User:ANONYMOUS"]
+            authorizer = {**authorizer, "super.users": ";".join(dict.fromkeys(operators + extra))}
+        overrides = {**(authorizer or {}), **(broker_overrides or {})}
+        if authorizer:
+            controller_overrides = {**authorizer, **(controller_overrides or {})}
+            coordinator_overrides = {**authorizer, **(coordinator_overrides or {})}
         if lease_ttl_ms is not None and controllers:
             overrides.setdefault("broker.session.timeout.ms", str(lease_ttl_ms))
-        security = ClusterTls.ensure(certs_dir or os.path.join(data_dir, "certs")) if (tls or certs_dir) else None
         cluster = cls(data_dir, tls=security)
         if security:
             host = "127.0.0.1"
@@ -546,3 +566,9 @@ def start_coordinator(data_dir: str, coordinator_id: int, etcd_endpoint: str, ho
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
     return Process("coordinator", coordinator_id, proc.pid, info["grpc"], info["metrics"], log_path, coordinator_dir)
+
+
+def authorizer_properties(super_users: list[str], allow_everyone_if_no_acl_found: bool = False) -> dict[str, str]:
+    """The authorizer's keys for every service of a local cluster (docs/security.md)."""
+    return {"authorizer.class.name": "gregor", "super.users": ";".join(super_users),
+            "allow.everyone.if.no.acl.found": str(allow_everyone_if_no_acl_found).lower()}

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import click
 
+from gregor.cli.acls import acls_group
 from gregor.cli.analytics import analytics
 from gregor.cli.certs import certs_group
 from gregor.cli.chaos import chaos_group
@@ -66,6 +67,7 @@ cli.add_command(controller_group)
 cli.add_command(dashboards_group)
 cli.add_command(certs_group)
 cli.add_command(chaos_group)
+cli.add_command(acls_group)
 
 try:  # `gregor cluster ...` lives with the local-cluster launcher
     from gregor.cli.cluster import cluster

@@ -211,6 +211,29 @@ class AdminClient:
                                   [BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
                                    for b in resp.brokers])
 
+    # ------------------------------------------------------------ ACLs (Kafka's Admin createAcls/describeAcls/deleteAcls)
+    async def create_acls(self, acls: Iterable[Any]) -> None:
+        """Store acl.AclBinding values (idempotent)."""
+        from gregor.common.authz import binding_to_pb
+
+        req = controller_pb2.CreateAclsRequest(acls=[binding_to_pb(a) for a in acls])
+        await self._call(lambda s: s.CreateAcls(req, timeout=self.timeout_s))
+
+    async def describe_acls(self, acl_filter: Any) -> list[Any]:
+        """The acl.AclBinding values an authz.AclFilter matches."""
+        from gregor.common.authz import binding_from_pb, filter_to_pb
+
+        resp = await self._call(lambda s: s.DescribeAcls(filter_to_pb(acl_filter), timeout=self.timeout_s))
+        return [binding_from_pb(a) for a in resp.acls]
+
+    async def delete_acls(self, filters: Iterable[Any]) -> list[Any]:
+        """Delete what any authz.AclFilter matches; the acl.AclBinding values deleted."""
+        from gregor.common.authz import binding_from_pb, filter_to_pb
+
+        req = controller_pb2.DeleteAclsRequest(filters=[filter_to_pb(f) for f in filters])
+        resp = await self._call(lambda s: s.DeleteAcls(req, timeout=self.timeout_s))
+        return [binding_from_pb(a) for a in resp.deleted]
+
 
 def _quota_entity(user: Optional[str], client_id: Optional[str]) -> controller_pb2.QuotaEntity:
     entity = controller_pb2.QuotaEntity()

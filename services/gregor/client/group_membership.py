@@ -49,6 +49,10 @@ Code = errors.Code
 COORDINATOR_GONE = frozenset({Code.NOT_COORDINATOR, Code.COORDINATOR_NOT_AVAILABLE, Code.NETWORK_EXCEPTION,
                               Code.REQUEST_TIMED_OUT, Code.BROKER_NOT_AVAILABLE})
 RETRY_COORDINATOR = COORDINATOR_GONE | {Code.COORDINATOR_LOAD_IN_PROGRESS}
+# FindCoordinator answers no retry can change: a bad group id, or the authorizer refusing the group (Kafka's
+# GroupAuthorizationException is fatal to the consumer).
+FATAL_FIND_COORDINATOR = frozenset({Code.INVALID_GROUP_ID, Code.INVALID_REQUEST, Code.GROUP_AUTHORIZATION_FAILED,
+                                    Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
 # Errors that end this member's generation: its partitions are lost.
 GENERATION_GONE = frozenset({Code.UNKNOWN_MEMBER_ID, Code.ILLEGAL_GENERATION, Code.FENCED_INSTANCE_ID})
 
@@ -111,7 +115,7 @@ async def find_coordinator(metadata: "ClusterMetadata", group_id: str, overrides
             err = call_error(exc)
             if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 unimplemented += 1
-            if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+            if err.code in FATAL_FIND_COORDINATOR:
                 raise err from None
             if best is None or (err.code == Code.COORDINATOR_NOT_AVAILABLE
                                 and best.code != Code.COORDINATOR_NOT_AVAILABLE):
@@ -296,7 +300,7 @@ class GroupMember:
                 log.info("group %s: coordinator %s at %s", self.group_id, cid, self.coordinator)
                 break
             except errors.GregorError as err:
-                if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+                if err.code in FATAL_FIND_COORDINATOR:
                     raise
                 if getattr(err, "unimplemented", False) and not self._warned_no_coordinator:
                     self._warned_no_coordinator = True

@@ -285,8 +285,11 @@ class ClusterMetadata:
             parts = self.partitions_for(topic)
             if len(parts) > partition:
                 return parts
+            info = self.topics.get(topic)
+            if info is not None and info.error == errors.Code.TOPIC_AUTHORIZATION_FAILED:
+                # Kafka's waitOnMetadata: an unauthorized topic fails the send at once (no wait for it to appear).
+                raise errors.error_for(info.error, f"not authorized to access topic {topic!r}", topic=topic)
             if time.monotonic() >= deadline:
-                info = self.topics.get(topic)
                 code = info.error if info is not None and info.error else errors.Code.UNKNOWN_TOPIC_OR_PARTITION
                 what = f"partition {partition} of topic {topic!r} with partition count {len(parts)}" if parts \
                     else f"topic {topic!r}"

@@ -216,6 +216,12 @@ class BrokerConfig:
     metrics_topic_enable: bool = False
     metrics_topic_interval_ms: int = 10000  # metrics.topic.interval.ms: one sample batch per interval
     metrics_topic_replication_factor: int = 1  # metrics.topic.replication.factor, used when the broker creates it
+    # The authorizer (issue 23, docs/security.md): any non-empty authorizer.class.name turns it on (the ACLs
+    # live in etcd); super.users is `User:a;User:b`; allow.everyone.if.no.acl.found is false as in Kafka.
+    authorizer_class_name: str = ""
+    super_users: str = ""
+    allow_everyone_if_no_acl_found: bool = False
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules: certificate subject -> user name
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
     # security.protocol / ssl.*: TLS on the gRPC port, the data port, the Kafka listener and every channel
     # the broker opens (gregor.common.tls, docs/security.md).

@@ -18,6 +18,7 @@ One section per record kind; nothing else in services/ builds a key or parses a 
 - `coordinators/ids/<id>`: a live coordinator (lease-bound)
 - `coordinators/partitions/<p>`, `coordinators/txn-partitions/<p>`: the coordinator serving that
   __consumer_offsets / __transaction_state partition (lease-bound; the value is its id)
+- `acls/<ResourceType>/<PatternType>/<name>/<id>`: one ACL binding (Kafka's /kafka-acl)
 
 Versioning rules: every JSON value carries Kafka's `"version"` field, readers accept what older
 writers stored (a missing optional field reads as unknown) and ignore fields they do not know.
@@ -28,15 +29,17 @@ partition epoch E compares the key's version against E + 1 (absent key: 0).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
-
 from urllib.parse import quote, unquote
+
 
 from gregor.common import uuid
 from gregor.common.quotas import DEFAULT, QuotaEntity
+from gregor.common.acl import AclBinding
 
 
 class KeySpace(Protocol):
@@ -519,3 +522,39 @@ class CoordinatorsZNode:
     @staticmethod
     def decode_claim(value: bytes) -> int:
         return int(value)
+
+
+# -- ACLs (issue 23) -----------------------------------------------------------
+
+class AclZNode:
+    """`acls/<ResourceType>/<PatternType>/<name>/<id>`: one ACL binding per key (Kafka's /kafka-acl and
+    /kafka-acl-extended/prefixed, one key per binding instead of one JSON list per resource so that adding
+    and removing are idempotent puts and deletes that never race).
+
+    `<name>` is the resource name percent-encoded (group and transactional ids may hold '/'); `<id>` is a
+    digest of the binding, so adding the same ACL twice writes the same key. The value is the binding as
+    JSON (`AclBinding.to_json`, plus Kafka's `"version":1`). Every service watches `acls/`.
+    """
+
+    VERSION = 1
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "acls")
+
+    @staticmethod
+    def key(etcd: KeySpace, acl: AclBinding) -> bytes:
+        digest = hashlib.sha256(acl.to_json().encode()).hexdigest()[:32]
+        return etcd.key("acls", acl.resource_type.value, acl.pattern_type.value,
+                        quote(acl.resource_name, safe=""), digest)
+
+    @staticmethod
+    def encode(acl: AclBinding) -> bytes:
+        return _json({"version": AclZNode.VERSION, **json.loads(acl.to_json())})
+
+    @staticmethod
+    def decode(value: bytes) -> AclBinding:
+        """The stored binding; ValueError (or KeyError) for a malformed value."""
+        raw = _object(value)
+        raw.pop("version", None)
+        return AclBinding.from_json(json.dumps(raw)).validate()

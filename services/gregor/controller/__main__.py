@@ -16,6 +16,7 @@ from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, 
                                          LeaderBalanceConfig)
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, AuthorizerConfig, config_from_namespace
 from gregor.common.properties import load_properties, parse_bool, settle
 from gregor.common.tls import TlsConfig, split_properties
 
@@ -36,6 +37,7 @@ class ControllerArgs:
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
     tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port, etcd and the channels to brokers
+    authorizer: AuthorizerConfig = AuthorizerConfig()
 
 
 # Properties-file keys (Kafka's names where Kafka has one): key -> (argparse dest, parser, default).
@@ -49,6 +51,7 @@ CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "leader.imbalance.check.interval.seconds": ("leader_imbalance_check_interval_seconds", float,
                                                 LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT),
     **METRICS_TOPIC_KEYS,  # metrics.topic.*: publish our samples to __gregor_metrics (docs/metrics.md)
+    **AUTHORIZER_KEYS,  # authorizer.class.name, super.users, allow.everyone.if.no.acl.found (docs/security.md)
 }
 
 
@@ -82,6 +85,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
         security, props = split_properties(load_properties(a.config, a.override))
         settle(a, props, CONTROLLER_KEYS, "controller")
         metrics_topic = MetricsTopicConfig.from_namespace(a)
+        authorizer = config_from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -97,7 +101,8 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
-                                              a.leader_imbalance_check_interval_seconds), metrics_topic, security)
+                                              a.leader_imbalance_check_interval_seconds), metrics_topic, security,
+                          authorizer)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -109,6 +114,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(args: ControllerArgs) -> int:
     from gregor.common.metrics_reporter import MetricsReporter, etcd_bootstrap
+    from gregor.common.authz import Authz
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -126,8 +132,12 @@ async def run(args: ControllerArgs) -> int:
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
     controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
                             delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance)
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
-    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
+    authz = Authz.create(args.authorizer, etcd)
+    authz.start()
+    if not await authz.wait_synced(10.0):
+        log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller, authz), server)
+    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller, authz), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
     register_build_info("controller")
@@ -149,6 +159,7 @@ async def run(args: ControllerArgs) -> int:
     # Revoke the lease first: the standby takes over while we finish shutting down.
     await controller.stop()
     await server.stop(1.0)
+    await authz.stop()
     await etcd.close()
     return code
 

@@ -11,6 +11,7 @@ import sys
 
 from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
+from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, config_from_namespace
 from gregor.common.properties import load_properties, settle
 from gregor.common.tls import split_properties
 from gregor.coordinator.coordinator import CoordinatorConfig
@@ -70,8 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     try:  # the file, then each --override on top; --etcd / --cluster over both
         a.tls, props = split_properties(load_properties(a.config, a.override))
         settle(a, props, {"etcd.endpoints": ("etcd", str, None), "cluster.id": ("cluster", str, "gregor"),
-                          **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS}, "coordinator")
+                          **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS, **AUTHORIZER_KEYS}, "coordinator")
         a.metrics_topic = MetricsTopicConfig.from_namespace(a)
+        a.authorizer = config_from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -116,6 +118,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(a: argparse.Namespace) -> int:
     from gregor.common.metrics_reporter import MetricsReporter
+    from gregor.common.authz import Authz
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -133,11 +136,16 @@ async def run(a: argparse.Namespace) -> int:
     if port == 0:
         raise OSError(f"cannot bind gRPC port {a.host}:{a.port}")
     coordinator = GroupCoordinator(a.coordinator_id, etcd, a.host, port, a.config, bootstrap=a.bootstrap)
-    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator), server)
+    authz = Authz.create(a.authorizer, etcd)
+    authz.start()
+    if not await authz.wait_synced(10.0):
+        log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
+    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator, authz),
+                                                                       server)
     # The transaction coordinator lives beside the group coordinator (txn_coordinator.py says why).
     transactions = TransactionCoordinator(coordinator, a.txn_config)
     transaction_pb2_grpc.add_TransactionCoordinatorServiceServicer_to_server(
-        TransactionCoordinatorServicer(transactions), server)
+        TransactionCoordinatorServicer(transactions, authz), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService",
                                        "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
@@ -158,6 +166,7 @@ async def run(a: argparse.Namespace) -> int:
     await transactions.stop()
     await coordinator.stop()
     await server.stop(1.0)
+    await authz.stop()
     await etcd.close()
     return code
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
@@ -136,10 +137,14 @@ class AdminApis:
 
     async def delete_records(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         topics = []
+        authz = self.h.broker.authz
         for t in req.topics:
             parts = []
             for p in t.partitions:
                 try:
+                    if authz.enabled:  # Kafka: Delete on the topic
+                        authz.require(az.connection_caller(), Operation.DELETE, ResourceType.TOPIC, str(t.name),
+                                      "DeleteRecords", topic=str(t.name))
                     low = self._delete_records(str(t.name), int(p.partition_index), int(p.offset))
                     parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
                                              low_watermark=low, error_code=NONE))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -20,15 +21,17 @@ import grpc
 from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
-from gregor.kafka import codec
+from gregor.kafka import acl_handlers, codec
 from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
 from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
+from gregor.broker.replica_manager import collect_produce
 from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -71,6 +74,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     60: (0, 1),   # DescribeCluster
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
+    29: (1, 3),   # DescribeAcls (kafka/acl_handlers.py)
+    30: (1, 3),   # CreateAcls
+    31: (1, 3),   # DeleteAcls
     **TXN_SUPPORTED,  # the transaction APIs (kafka/txn_handlers.py)
     **ADMIN_SUPPORTED,  # DeleteRecords, ElectLeaders, IncrementalAlterConfigs (kafka/admin_handlers.py)
 }
@@ -107,6 +113,8 @@ class KafkaHandlers:
             20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
             37: self.create_partitions, 42: self.delete_groups,
+            29: functools.partial(acl_handlers.describe_acls, self), 30: functools.partial(acl_handlers.create_acls, self),
+            31: functools.partial(acl_handlers.delete_acls, self),
         }
         self.txn = TxnApis(self)
         self._table.update(self.txn.table())
@@ -168,6 +176,8 @@ class KafkaHandlers:
             names = [str(t.name) for t in req.topics if t.name is not None]
         want_none = req.topics is not None and not req.topics and header.api_version > 0
         md = self.broker.metadata_response(names)
+        if self.broker.authz.enabled:  # unauthorized topics hidden (all topics) or TOPIC_AUTHORIZATION_FAILED
+            self.broker_servicer().filter_metadata(md, bool(names), az.connection_caller())
         nodes = await self.kafka_brokers()
         brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
                    for i, (h, p, r) in sorted(nodes.items())]
@@ -195,7 +205,14 @@ class KafkaHandlers:
         acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
         results: list[Any]
         try:
-            results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+            if self.broker.authz.enabled:  # Kafka: Write on the transactional id, then on each topic
+                denied = az.produce_denials(self.broker.authz, az.connection_caller(),
+                                            str(getattr(req, "transactional_id", None) or ""), [t for t, _, _ in parts])
+                rm = self.broker.replica_manager
+                results = await collect_produce(az.with_denials(parts, denied, lambda ps: rm.start_produce_partitions(
+                    ps, acks, timeout_ms)))
+            else:
+                results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
         except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
             results = [err] * len(parts)
         if acks == 0:
@@ -215,6 +232,7 @@ class KafkaHandlers:
 
     async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
                          isolation: int) -> Any:
+        self._require_topic(Operation.READ, tp[0], "Fetch")
         return await self.broker.replica_manager.handle_fetch(
             tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
             isolation_level=isolation)
@@ -286,6 +304,7 @@ class KafkaHandlers:
             parts = []
             for p in t.partitions:
                 try:
+                    self._require_topic(Operation.DESCRIBE, str(t.name), "ListOffsets")
                     offset, ts, epoch = self.broker.replica_manager.list_offsets(
                         str(t.name), int(p.partition_index), codec.to_ms(p.timestamp),
                         int(getattr(p, "current_leader_epoch", -1)), isolation)
@@ -301,6 +320,10 @@ class KafkaHandlers:
         if req.transactional_id:
             return await self.txn.init_producer_id(header, req, mod)
         try:
+            authz = self.broker.authz
+            if authz.enabled and not authz.can_write_idempotently(
+                    az.connection_caller(), list(self.broker.metadata_cache.partitions), "InitProducerId"):
+                authz.require_cluster(az.connection_caller(), Operation.IDEMPOTENT_WRITE, "InitProducerId")
             pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
         except errors.GregorError as err:
             return codec.build(mod.InitProducerIdResponse, error_code=int(err.code), producer_id=-1,
@@ -308,6 +331,10 @@ class KafkaHandlers:
         return codec.build(mod.InitProducerIdResponse, error_code=NONE, producer_id=pid, producer_epoch=0)
 
     _servicer: Any = None
+
+    def _require_topic(self, operation: Operation, topic: str, api: str) -> None:
+        if self.broker.authz.enabled:
+            self.broker.authz.require(az.connection_caller(), operation, ResourceType.TOPIC, topic, api, topic=topic)
 
     def broker_servicer(self) -> Any:
         if self._servicer is None:
@@ -323,7 +350,8 @@ class KafkaHandlers:
 
         if not self.broker.cluster_mode:
             raise errors.error_for(Code.INVALID_REQUEST, "admin APIs over Kafka need a cluster (controller)")
-        return await forward_to_controller(self.broker, api, request, None)
+        return await forward_to_controller(self.broker, api, request, None,
+                                           az.forwarded_metadata(self.broker.authz, az.connection_caller()))
 
     async def create_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         topics = [controller_pb2.CreatableTopic(
@@ -408,7 +436,8 @@ class KafkaHandlers:
     async def group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=az.forwarded_metadata(
+                self.broker.authz, az.connection_caller()))
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
@@ -624,6 +653,10 @@ class KafkaHandlers:
                     entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
+            elif rtype == RESOURCE_BROKER and self.broker.authz.enabled and not self.broker.authz.check(
+                    az.connection_caller(), Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, "kafka-cluster",
+                    "DescribeConfigs"):  # Kafka: a broker's configs need DescribeConfigs on the Cluster
+                code = int(Code.CLUSTER_AUTHORIZATION_FAILED)
             elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
                 for f in dataclasses.fields(self.broker.config):
                     value = getattr(self.broker.config, f.name)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Histogram
 
 from gregor.broker.quota_manager import KAFKA_FETCH, KAFKA_PRODUCE, StreamQuota, throttle_kafka_response
-from gregor.common.quotas import ANONYMOUS
+from gregor.common.authz import set_connection_caller
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 from gregor.kafka.admin_handlers import ADMIN_API_NAMES
@@ -34,8 +34,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
              22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
-             42: "DeleteGroups", 60: "DescribeCluster", **TXN_API_NAMES,
-             **ADMIN_API_NAMES}
+             42: "DeleteGroups", 60: "DescribeCluster", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls",
+             **TXN_API_NAMES, **ADMIN_API_NAMES}
 REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
 REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
                             "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])
@@ -97,8 +97,10 @@ class KafkaListener:
         self._conns.add(task)
         peer = writer.get_extra_info("peername")
         # Client quotas (broker/quota_manager.py): a throttled response mutes this connection.
-        quota = self.broker.quotas.connection(ANONYMOUS, "")
+        quota = self.broker.quotas.connection(self.broker.quotas.principal_of(writer.transport), "")
         try:
+            if not set_connection_caller(self.broker.authz, writer.transport, peer):  # its principal (ACLs)
+                return
             while True:
                 try:
                     (size,) = _I32.unpack(await reader.readexactly(4))

@@ -24,7 +24,7 @@ import grpc
 
 from gregor.broker.coordinator_lookup import KEY_TYPE_TRANSACTION
 from gregor.broker.txn_markers import describe_producers
-from gregor.common import errors
+from gregor.common import authz as az, errors
 from gregor.common.coordinator_ownership import partition_for
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as tpb, transaction_pb2_grpc
@@ -96,11 +96,15 @@ class TxnApis:
         _, host, port, _ = await lookup.find(transactional_id, KEY_TYPE_TRANSACTION)
         return f"{host}:{port}"
 
+    def _caller(self) -> tuple[tuple[str, str], ...] | None:
+        """The Kafka client's principal for the coordinator's ACL checks (None with the authorizer off)."""
+        return az.forwarded_metadata(self.h.broker.authz, az.connection_caller())
+
     async def call(self, transactional_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         """One TransactionCoordinatorService call to the owner of transactional_id; a GregorError on failure."""
         stub = self._stub(await self._owner(transactional_id))
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=self._caller())
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
@@ -258,7 +262,7 @@ class TxnApis:
         for info in list(lookup.live.values()):  # any instance lists them all; the next one if it fails
             try:
                 resp = await self._stub(f"{info['host']}:{info['port']}").ListTransactions(
-                    tpb.ListTransactionsRequest(), timeout=15)
+                    tpb.ListTransactionsRequest(), timeout=15, metadata=self._caller())
                 return list(resp.transactions)
             except grpc.RpcError as exc:
                 last = errors.from_rpc_error(exc)

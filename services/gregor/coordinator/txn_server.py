@@ -59,7 +59,8 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
         if any(o.offset < 0 for o in request.offsets):
             raise errors.error_for(errors.Code.INVALID_REQUEST, "a committed offset must not be negative")
         await self.c.txn_offset_commit(p.transactional_id, p.producer_id, p.producer_epoch, request.group_id,
-                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets})
+                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets},
+                                       request.generation_id, request.member_id, request.group_instance_id)
         return pb.TxnOffsetCommitResponse()
 
     @rpc_method("TransactionCoordinatorService")

@@ -2,11 +2,12 @@
 
 Hypothesis generates programs of begin / send / flush / commit / abort / send_offsets_to_transaction /
 close-and-reopen / a fencing second instance / a broker or coordinator bounce (SIGKILL + restart, one
-per program), run through the async Producer or the blocking SyncProducer. A small model predicts which calls raise, which futures succeed and,
-at the end of each program, exactly what read_committed and read_uncommitted consumers see. Where a fault
-makes an outcome uncertain (a send in flight during a broker bounce, a commit that failed after a fault)
-the model allows both outcomes, as Jepsen's `unknown`. A failure prints the shrunk program as calls of
-the rules below (their names say what each step does), replayable as it stands.
+per program), run through the async Producer or the blocking SyncProducer. A small model predicts which
+calls raise, which futures succeed and, at the end of each program, exactly what read_committed and
+read_uncommitted consumers see. Where a fault makes an outcome uncertain (a send in flight during a broker
+bounce, a commit that failed after a fault) the model allows both outcomes, as Jepsen's `unknown`. A
+failure prints the shrunk program as calls of the rules below (their names say what each step does),
+replayable as it stands.
 """
 
 from __future__ import annotations

@@ -500,8 +500,8 @@ class TransactionCoordinator:
             except grpc.RpcError as exc:
                 err = errors.from_rpc_error(exc)
                 if err.code == Code.NOT_COORDINATOR:
-                    # The group's coordinator, not ours: the producer must not re-find the transaction coordinator
-                    # for it, only retry (Kafka's client re-finds the group coordinator).
+                    # The group's shard moved, not the transaction's: NOT_COORDINATOR would tell the producer
+                    # that we are not its transaction coordinator. Retriable all the same.
                     raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
                                            f"group {group_id}'s coordinator moved: {err.message}") from None
                 raise err from None

@@ -214,14 +214,20 @@ class TransactionManager:
         group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", "")
         generation = -1 if isinstance(group_metadata, str) else int(getattr(group_metadata, "generation_id", -1))
         member = "" if isinstance(group_metadata, str) else str(getattr(group_metadata, "member_id", ""))
+        instance = "" if isinstance(group_metadata, str) else str(getattr(group_metadata, "group_instance_id", None)
+                                                                  or "")
         try:
             await self._call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(producer=self._producer(),
                                                                           group_id=group_id))
             self.offsets_added = True
             await self._call("TxnOffsetCommit", pb.TxnOffsetCommitRequest(
                 producer=self._producer(), group_id=group_id, generation_id=generation, member_id=member,
+                group_instance_id=instance,
                 offsets=[pb.TxnOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(offsets.items())]))
         except errors.GregorError as exc:
+            # KIP-447: ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID say the consumer is no longer
+            # the group's member (Kafka's CommitFailedException / FencedInstanceIdException): abortable, as any
+            # other failure here; the transaction can only be aborted.
             if self.state is S.IN_TRANSACTION:
                 self.state, self.error = S.ABORTABLE_ERROR, exc
             raise

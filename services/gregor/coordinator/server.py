@@ -158,6 +158,15 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         return pb.OffsetCommitResponse(results=results)
 
     @rpc_method("GroupCoordinatorService")
+    async def ValidateTxnOffsetCommit(self, request: pb.ValidateTxnOffsetCommitRequest,
+                                      context: Ctx) -> pb.ValidateTxnOffsetCommitResponse:
+        """KIP-447: the transaction coordinator asks before it keeps a transaction's offsets of this group."""
+        self.c.check_owner(request.group_id)
+        self.m.validate_txn_offset_commit(request.group_id, request.generation_id, request.member_id,
+                                          request.group_instance_id)
+        return pb.ValidateTxnOffsetCommitResponse()
+
+    @rpc_method("GroupCoordinatorService")
     async def OffsetFetch(self, request: pb.OffsetFetchRequest, context: Ctx) -> pb.OffsetFetchResponse:
         self._group(context, Operation.DESCRIBE, request.group_id, "OffsetFetch")
         self.c.check_owner(request.group_id)

@@ -83,7 +83,8 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
         self._require(context, "TxnOffsetCommit", p.transactional_id, groups=(request.group_id,),
                       topics=tuple(o.topic for o in request.offsets), topic_op=Operation.READ)
         await self.c.txn_offset_commit(p.transactional_id, p.producer_id, p.producer_epoch, request.group_id,
-                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets})
+                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets},
+                                       request.generation_id, request.member_id, request.group_instance_id)
         return pb.TxnOffsetCommitResponse()
 
     @rpc_method("TransactionCoordinatorService")

@@ -203,18 +203,16 @@ class TxnApis:
 
     async def txn_offset_commit(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         """Sent by Kafka's clients to the group's coordinator (this broker): relayed to the transactional id's
-        coordinator, which keeps the offsets with the transaction until it commits. The group's generation
-        and member id (v3, KIP-447) go along; committed_leader_epoch has no place in the gRPC request."""
+        coordinator, which keeps the offsets with the transaction until it commits. The group's generation,
+        member id and group.instance.id (v3, KIP-447) go along, so the coordinator fences a zombie member; committed_leader_epoch has no place in the gRPC request."""
         grpc_req = tpb.TxnOffsetCommitRequest(
             producer=self._producer(req.transactional_id, req.producer_id, req.producer_epoch),
             group_id=str(req.group_id), generation_id=int(getattr(req, "generation_id", -1)),
             member_id=str(getattr(req, "member_id", "") or ""),
+            group_instance_id=str(getattr(req, "group_instance_id", None) or ""),
             offsets=[tpb.TxnOffset(topic=str(t.name), partition=int(p.partition_index),
                                    offset=int(p.committed_offset), metadata=p.committed_metadata or "")
                      for t in req.topics for p in t.partitions])
-        instance = getattr(req, "group_instance_id", None)
-        if instance and "group_instance_id" in tpb.TxnOffsetCommitRequest.DESCRIPTOR.fields_by_name:
-            setattr(grpc_req, "group_instance_id", str(instance))
         code = NONE
         try:
             await self.call(str(req.transactional_id), "TxnOffsetCommit", grpc_req)

@@ -120,9 +120,9 @@ $(VENV)/.spark: pyproject.toml $(VENV)/.deps
 
 # Apache Kafka's jars (its Java tools: tests/e2e/test_kafka_java_tools.py, bench-vs-kafka) and Spark's own Kafka
 # source and sink (spark-sql-kafka-0-10 for the installed pyspark: tests/spark/test_spark_kafka_format.py), from
-# Maven Central through mvn into ~/.cache/gregor ($$GREGOR_CACHE overrides); a no-op once cached. From an empty
-# cache and an empty ~/.m2: about 15 s for Kafka's 92 jars and 80 s for spark-sql-kafka's poms and 4 jars on the
-# loaded 2-core machine.
+# Maven Central through mvn into ~/.cache/gregor ($$GREGOR_CACHE overrides); a no-op once cached (1.3 s). Measured
+# on the shared 2-core machine: Kafka's 92 jars 13 s from an empty ~/.m2; spark-sql-kafka-0-10 (4 jars, but Maven
+# resolves Spark's whole POM tree for them) 87 s; both from an empty cache and ~/.m2 under load 14: 268 s.
 kafka-jars: setup spark-deps
 	@command -v mvn >/dev/null || { echo "mvn not found: install Maven (e.g. apt-get install maven) to fetch Kafka's jars" >&2; exit 1; }
 	$(PY) bench/kafka_dist.py --spark

@@ -8,9 +8,11 @@ settings plus the cell's) at a bootstrap address: Gregor's brokers' Kafka listen
 Rounds alternate which system goes first; each round starts fresh clusters.
 
 Cells (Kafka's tools on both systems unless said):
-  single   one broker (Kafka: one combined KRaft node; Gregor: etcd + one standalone broker):
+  single   one broker (Kafka: one combined KRaft node; Gregor: etcd, a controller, one broker, a group
+           coordinator: the roles Kafka's one node plays):
            produce acks=1 (1 partition), consume.
-  rf3      three brokers (Kafka: a KRaft controller + 3 brokers; Gregor: etcd, a controller, 3 brokers),
+  rf3      three brokers (Kafka: a KRaft controller + 3 brokers; Gregor: etcd, a controller, 3 brokers, a
+           group coordinator),
            topics with replication factor 3 and min.insync.replicas=2: produce acks=all (1 and 8 partitions),
            a fixed rate of 1,000 rec/s acks=all (p50/p99), EndToEndLatency one record at a time (acks=all).
   path     Gregor only, rf3: the same acks=all load through `gregor perf produce` (the gRPC client) and through
@@ -113,8 +115,10 @@ class Gregor:
     def start(self, brokers: int) -> str:
         from gregor.cli.local_cluster import LocalCluster
 
+        # A controller and a group coordinator even for one broker: Kafka's single node is its own controller
+        # and group coordinator, and ConsumerPerformance consumes in a group.
         self.cluster = LocalCluster.up(str(self.base / f"gregor-{brokers}-{time.monotonic_ns()}"), brokers=brokers,
-                                       controllers=1 if brokers > 1 else 0)
+                                       controllers=1, coordinators=1)
         return str(self.cluster.to_json()["kafka_bootstrap"])
 
     def stop(self) -> None:

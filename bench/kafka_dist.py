@@ -231,8 +231,13 @@ def spark_kafka_jars(spark_version: str, cache_dir: Optional[Path] = None) -> li
 
 
 def _cluster_id() -> str:
-    """A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid` prints).
+    Like Kafka's Uuid.randomUuid, never one starting with "-": kafka-storage's argument parser would take it
+    for an option (`-t -ps...` failed one run in 64)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass

@@ -250,7 +250,10 @@ def path_rows(paths: list[Round]) -> str:
         rounds.append({"system": "kafka", "values": {k[6:]: v for k, v in p.values.items() if k.startswith("kafka:")},
                        "load": {k[6:]: v for k, v in p.load.items() if k.startswith("kafka:")}})
     table = format_table(build_rows(rounds, PATH_METRICS))
-    return table.replace("| gregor", "| gRPC client").replace("| kafka", "| Kafka listener")
+    table = table.replace("Gregor median", "gRPC client median").replace("Kafka median", "Kafka listener median")
+    table = table.replace("Gregor/Kafka", "gRPC/Kafka listener")
+    return "\n".join(line.replace("| Gregor |", "| gRPC |").replace("| Kafka |", "| Kafka listener |")
+                     for line in table.splitlines())
 
 
 def main() -> None:

@@ -183,14 +183,27 @@ class KafkaHandlers:
     # ---- Produce / Fetch / ListOffsets / InitProducerId ---------------------------------------
 
     async def produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        return await self.start_produce(header, req, mod)
+
+    def start_produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Awaitable[Any]:
+        """Append every partition now, synchronously and in the order requests arrive; the awaitable waits for
+        the acks (acks=-1: the ISR) and builds the response. The listener reads a connection's next Produce
+        while this one's acks are pending, and answers in order (pipelining, as a client's max.in.flight)."""
         parts = [(str(t.name), int(p.index), bytes(p.records or b"")) for t in req.topic_data
                  for p in t.partition_data]
         acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
-        results: list[Any]
+        started: list[Any]
         try:
-            results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+            started = self.broker.replica_manager.start_produce_partitions(parts, acks, timeout_ms)
         except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
-            results = [err] * len(parts)
+            started = [err] * len(parts)
+        return self._produce_response(parts, acks, started, mod)
+
+    async def _produce_response(self, parts: list[tuple[str, int, bytes]], acks: int, started: list[Any],
+                                mod: Any) -> Any:
+        from gregor.broker.replica_manager import collect_produce
+
+        results = await collect_produce(started)
         if acks == 0:
             return None
         by_topic: dict[str, list[Any]] = {}

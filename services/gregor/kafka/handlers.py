@@ -200,21 +200,33 @@ class KafkaHandlers:
     # ---- Produce / Fetch / ListOffsets / InitProducerId ---------------------------------------
 
     async def produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        return await self.start_produce(header, req, mod)
+
+    def start_produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Awaitable[Any]:
+        """Append every partition now, synchronously and in the order requests arrive; the awaitable waits for
+        the acks (acks=-1: the ISR) and builds the response. The listener reads a connection's next Produce
+        while this one's acks are pending, and answers in order (pipelining, as a client's max.in.flight)."""
         parts = [(str(t.name), int(p.index), bytes(p.records or b"")) for t in req.topic_data
                  for p in t.partition_data]
         acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
-        results: list[Any]
+        started: list[Any]
         try:
             if self.broker.authz.enabled:  # Kafka: Write on the transactional id, then on each topic
                 denied = az.produce_denials(self.broker.authz, az.connection_caller(),
                                             str(getattr(req, "transactional_id", None) or ""), [t for t, _, _ in parts])
                 rm = self.broker.replica_manager
-                results = await collect_produce(az.with_denials(parts, denied, lambda ps: rm.start_produce_partitions(
-                    ps, acks, timeout_ms)))
+                started = az.with_denials(parts, denied, lambda ps: rm.start_produce_partitions(ps, acks, timeout_ms))
             else:
-                results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+                started = self.broker.replica_manager.start_produce_partitions(parts, acks, timeout_ms)
         except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
-            results = [err] * len(parts)
+            started = [err] * len(parts)
+        return self._produce_response(parts, acks, started, mod)
+
+    async def _produce_response(self, parts: list[tuple[str, int, bytes]], acks: int, started: list[Any],
+                                mod: Any) -> Any:
+        from gregor.broker.replica_manager import collect_produce
+
+        results = await collect_produce(started)
         if acks == 0:
             return None
         by_topic: dict[str, list[Any]] = {}
@@ -359,21 +371,43 @@ class KafkaHandlers:
             assignments={int(a.partition_index): controller_pb2.ReplicaList(broker_ids=list(a.broker_ids))
                          for a in t.assignments},
             configs={str(c.name): str(c.value) for c in t.configs if c.value is not None}) for t in req.topics]
-        results: dict[str, tuple[int, str | None, int, int]] = {}
+        results: dict[str, tuple[int, str | None, int, int, bytes]] = {}
         try:
             resp = await self.admin("CreateTopics", controller_pb2.CreateTopicsRequest(
                 topics=topics, validate_only=bool(getattr(req, "validate_only", False))))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
-                results[r.name] = (code, r.error.message if code else None, r.num_partitions, r.replication_factor)
+                results[r.name] = (code, r.error.message if code else None, r.num_partitions, r.replication_factor,
+                                   r.topic_id)
         except errors.GregorError as err:
             for t in topics:
-                results[t.name] = (int(err.code), err.message, -1, -1)
-        return codec.build(mod.CreateTopicsResponse, topics=[
-            codec.build(mod.CreatableTopicResult, name=t.name, topic_id=ZERO_UUID, error_code=results[t.name][0],
-                        error_message=results[t.name][1], num_partitions=results[t.name][2] or -1,
-                        replication_factor=results[t.name][3] or -1, configs=None)
-            for t in topics])
+                results[t.name] = (int(err.code), err.message, -1, -1, b"")
+        # v5+: a created topic's result carries its configs (Kafka's Java admin client reads them and fails
+        # on a null list when num_partitions is known); created topics' configs come from the controller.
+        configs: dict[str, list[Any]] = {}
+        created = [t.name for t in topics if results[t.name][0] == NONE and results[t.name][4]]
+        if header.api_version >= 5 and created:
+            try:
+                described = await self.admin("DescribeConfigs",
+                                              controller_pb2.DescribeConfigsRequest(topics=created))
+                for tc in described.results:
+                    if not tc.HasField("error"):
+                        configs[tc.topic] = [codec.build(mod.CreatableTopicConfigs, name=e.name, value=e.value,
+                                                         read_only=False, config_source=5 if e.is_default else 1,
+                                                         is_sensitive=False) for e in tc.entries]
+            except errors.GregorError as err:
+                log.warning("kafka: CreateTopics could not describe the new topics' configs: %s", err)
+
+        def result(t: Any) -> Any:
+            code, message, partitions, rf, topic_id = results[t.name]
+            ok = code == NONE
+            return codec.build(mod.CreatableTopicResult, name=t.name, topic_id=kafka_uuid(topic_id),
+                               error_code=code, error_message=message,
+                               num_partitions=partitions if ok and partitions else -1,
+                               replication_factor=rf if ok and rf else -1,
+                               configs=configs.get(t.name, []) if ok else None)
+
+        return codec.build(mod.CreateTopicsResponse, topics=[result(t) for t in topics])
 
     async def delete_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         names = ([str(t.name) for t in req.topics] if header.api_version >= 6 else [str(n) for n in req.topic_names])

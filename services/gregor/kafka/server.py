@@ -1,9 +1,12 @@
 """The broker's Kafka-protocol listener: one asyncio server, requests on a connection handled one at a time.
 
-Kafka's network layer mutes a connection while one of its requests is in flight and answers
-in order; so does this listener. That keeps an idempotent producer's pipelined Produce
-requests (max.in.flight 5) appending in the order they were sent. Produce with acks=0 gets
-no response at all.
+Requests of a connection are read and their effects applied in the order they came, and answered
+in that order, so an idempotent producer's pipelined Produce requests (max.in.flight 5) append in
+the order they were sent. Unlike Kafka, which mutes a connection until its one request in flight
+is answered, a Produce's acks (acks=all: the ISR catching up) are awaited while the connection's
+next Produce is read and appended: with acks=all one request at a time would cap a connection at
+one replication round trip per request. Any other request waits until everything before it is
+answered and is handled alone. Produce with acks=0 gets no response at all.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import asyncio
 import logging
 import ssl
 import struct
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
+from kio.static.constants import EntityType
 from prometheus_client import Counter, Histogram
 
 from gregor.broker.quota_manager import KAFKA_FETCH, KAFKA_PRODUCE, StreamQuota, throttle_kafka_response
@@ -29,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I32 = struct.Struct(">i")
+PRODUCE = 0
+# Produce requests of one connection appended and waiting for their acks at once; Kafka's clients send at most
+# max.in.flight.requests.per.connection (5 by default), so this bounds a misbehaving client only.
+MAX_PIPELINED_PRODUCE = 32
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
@@ -92,12 +102,18 @@ class KafkaListener:
         await self.handlers.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests in order. A Produce is appended at once and its answer queued while its acks are
+        pending, so the next pipelined Produce is read and appended meanwhile (a client's max.in.flight);
+        any other request first waits until every queued answer is written, then is handled alone. Answers
+        leave in the order the requests came."""
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
         peer = writer.get_extra_info("peername")
         # Client quotas (broker/quota_manager.py): a throttled response mutes this connection.
         quota = self.broker.quotas.connection(self.broker.quotas.principal_of(writer.transport), "")
+        answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_PIPELINED_PRODUCE)
+        sender = asyncio.create_task(self._send_in_order(answers, writer, peer, task))
         try:
             if not set_connection_caller(self.broker.authz, writer.transport, peer):  # its principal (ACLs)
                 return
@@ -110,6 +126,12 @@ class KafkaListener:
                     log.warning("kafka: closing %s: request of %d bytes exceeds socket.request.max.bytes", peer, size)
                     return
                 frame = await reader.readexactly(size)
+                pipelined = self._start_produce(frame, quota)
+                if pipelined is not None:
+                    await answers.put(asyncio.create_task(pipelined))  # waits while MAX_PIPELINED_PRODUCE are queued
+                    await quota.channel.wait()
+                    continue
+                await answers.join()  # everything before this request is answered
                 out = await self._handle(frame, peer, quota)
                 if out is not None:
                     writer.write(out)
@@ -125,7 +147,54 @@ class KafkaListener:
             log.exception("kafka: closing %s after an unexpected error", peer)
         finally:
             self._conns.discard(task)
+            sender.cancel()
+            while not answers.empty():
+                answers.get_nowait().cancel()
+            await asyncio.gather(sender, return_exceptions=True)
             writer.close()
+
+    def _start_produce(self, frame: bytes, quota: StreamQuota | None = None) -> Coroutine[Any, Any, bytes | None] | None:
+        """A supported Produce: appended now; the awaitable gives its encoded answer (None for acks=0).
+        Anything else: None (handled in order by _handle)."""
+        header, pos = codec.read_header(frame)
+        supported = SUPPORTED.get(header.api_key)
+        if header.api_key != PRODUCE or supported is None or not supported[0] <= header.api_version <= supported[1]:
+            return None
+        request = codec.parse_body(frame, pos, header)
+        REQUESTS.labels("Produce").inc()
+        started = time.perf_counter()
+        mod = codec.module(header.api_key, header.api_version, EntityType.response)
+        pending = self.handlers.start_produce(header, request, mod)
+
+        async def answer() -> bytes | None:
+            body = await pending
+            REQUEST_SECONDS.labels("Produce").observe(time.perf_counter() - started)
+            if quota is not None and quota.quotas.enabled:
+                body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
+            return None if body is None else codec.encode_response(header, body)
+        return answer()
+
+    async def _send_in_order(self, answers: "asyncio.Queue[asyncio.Task[bytes | None]]",
+                             writer: asyncio.StreamWriter, peer: object, reader_task: "asyncio.Task[None]") -> None:
+        """Write the queued Produce answers in order. If one cannot be written or its handler failed, the
+        connection is over: the reading side is cancelled (it may be waiting on this queue) and cleans up."""
+        try:
+            while True:
+                queued = await answers.get()
+                try:
+                    out = await queued
+                    if out is not None:
+                        writer.write(out)
+                        await writer.drain()
+                finally:
+                    answers.task_done()
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError:
+            reader_task.cancel()
+        except Exception:  # a handler bug: the client sees a closed connection and retries
+            log.exception("kafka: closing %s after an unexpected error in a Produce", peer)
+            reader_task.cancel()
 
     async def _handle(self, frame: bytes, peer: object, quota: StreamQuota | None = None) -> bytes | None:
         header, pos = codec.read_header(frame)

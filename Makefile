@@ -180,11 +180,13 @@ profile-acks-all: setup
 
 # The chaos suite (tests/e2e/chaos, docs/chaos.md), as root: without DURATION the CI schedule (every fault
 # kind once, 150 s, the CI topology); with DURATION a random schedule that long on the issue's full
-# topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). Output in $(CHAOS_OUT).
+# topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). TLS=1: mTLS everywhere
+# (certificates per node, etcd over https with client-certificate auth). Output in $(CHAOS_OUT).
 CHAOS_OUT ?= chaos-out
 chaos: setup chaos-deps
 	$(PY) -m tests.e2e.chaos.run --duration $(or $(DURATION),150) $(if $(DURATION),,--every-kind-once) \
-	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) --out $(CHAOS_OUT)
+	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) \
+	    $(if $(TLS),--tls) --out $(CHAOS_OUT)
 # NetfilterQueue (the `chaos` extra) for the user-space netem on kernels without sch_netem; it compiles
 # against Debian's libnetfilter-queue-dev, installed here when missing (the suite runs as root anyway).
 chaos-deps: $(VENV)/.chaos

@@ -186,6 +186,26 @@ def test_cli_produces_and_consumes_with_the_clusters_settings(cluster: LocalClus
     assert out.returncode != 0 and "UNAVAILABLE" in out.stderr
 
 
+async def test_a_user_quota_applies_to_the_certificates_principal(cluster: LocalCluster) -> None:
+    """Client quotas key on the TLS principal's user (Kafka's `users/<user>` entity), not ANONYMOUS."""
+    assert cluster.tls is not None
+    user = cluster.tls.principal("client").split(":", 1)[1]  # the certificate's subject (DEFAULT rules)
+    async with AdminClient(cluster.client_config()) as admin:
+        await admin.alter_client_quotas(user, None, {"producer_byte_rate": "20000"}, [])
+    try:
+        async with Producer({**cluster.client_config(), "acks": "1", "client.id": "tls-quota",
+                             "linger.ms": 0}) as p:
+            async def throttled() -> bool:
+                for _ in range(20):
+                    await p.send(TOPIC, b"q" * 4000, partition=0)
+                await p.flush()
+                return p.metrics()["produce-throttle-time-max"] > 0
+            await until(throttled, 30, "the producer throttled under its user's quota")
+    finally:
+        async with AdminClient(cluster.client_config()) as admin:
+            await admin.alter_client_quotas(user, None, {}, ["producer_byte_rate"])
+
+
 async def test_gateway_produces_over_tls(cluster: LocalCluster) -> None:
     async with GatewayClient(cluster.by_role("gateway")[0].grpc, security=good(cluster)) as gw:
         results = await gw.produce(TOPIC, [record(b"gw-%d" % i) for i in range(5)], partition=1)

@@ -231,25 +231,16 @@ class BrokerQuotas:
             self._task = None
 
     async def _watch(self) -> None:
-        from gregor.common.etcd import EtcdError, WatchCompacted
+        from gregor.common.etcd import follow_prefix
 
-        etcd = self._etcd
-        prefix = QuotaConfigZNode.watch_prefix(etcd)
-        while True:
-            try:
-                res = await etcd.get_prefix(prefix)
-                self.configs.replace_all({})
-                for kv in res.kvs:
-                    self._apply(kv.key, kv.value)
-                self.enabled = bool(self.configs.entities)
-                self.synced.set()
-                async for ev in etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(ev.key, ev.value if ev.type == "put" else None)
-            except WatchCompacted:
-                continue
-            except EtcdError as exc:
-                log.warning("quotas: reading %r from etcd failed (%s); retrying", prefix, exc)
-                await asyncio.sleep(RETRY_S)
+        def loaded(_revision: int) -> None:
+            self.enabled = bool(self.configs.entities)
+            self.synced.set()
+
+        await follow_prefix(self._etcd, QuotaConfigZNode.watch_prefix(self._etcd),
+                            reset=lambda: self.configs.replace_all({}),
+                            apply=lambda key, value, _rev: self._apply(key, value), loaded=loaded,
+                            what="quotas", retry_s=RETRY_S)
 
     def _apply(self, key: bytes, value: Optional[bytes]) -> None:
         entity = QuotaConfigZNode.entity(self._etcd, key)

@@ -200,26 +200,28 @@ class AclCache:
             log.warning("authorizer: ignoring malformed ACL %r: %s", key, exc)
 
     async def _follow(self) -> None:
-        from gregor.common.etcd import EtcdError, WatchCompacted
+        from gregor.common.etcd import follow_prefix
         from gregor.common.etcd_layout import AclZNode
 
-        prefix = AclZNode.prefix(self.etcd)
-        while True:
-            try:
-                res = await self.etcd.get_prefix(prefix)
-                self.acls = {}
-                for kv in res.kvs:
-                    self._apply(kv.key, kv.value)
-                self._swap(res.revision)
-                self.synced.set()
-                async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(ev.key, ev.value if ev.type == "put" else None)
-                    self._swap(ev.mod_revision)
-            except WatchCompacted:
-                continue
-            except EtcdError as exc:
-                log.warning("authorizer: reading the ACLs from etcd failed (%s); retrying", exc)
-                await asyncio.sleep(RETRY_S)
+        loading = True  # while the snapshot is applied, one swap at its end; then one per watched change
+
+        def reset() -> None:
+            nonlocal loading
+            loading, self.acls = True, {}
+
+        def apply(key: bytes, value: bytes | None, revision: int) -> None:
+            self._apply(key, value)
+            if not loading:
+                self._swap(revision)
+
+        def loaded(revision: int) -> None:
+            nonlocal loading
+            loading = False
+            self._swap(revision)
+            self.synced.set()
+
+        await follow_prefix(self.etcd, AclZNode.prefix(self.etcd), reset=reset, apply=apply, loaded=loaded,
+                            what="authorizer (ACLs)", retry_s=RETRY_S)
 
 
 @dataclass

@@ -185,6 +185,29 @@ class WatchEvent:
     version: int
 
 
+async def follow_prefix(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[], None],
+                        apply: Callable[[bytes, bytes | None, int], None], loaded: Callable[[int], None],
+                        what: str, retry_s: float = 0.5) -> None:
+    """Keep a cache of every key under prefix (Kafka's metadata caches over ZooKeeper watches): read them all
+    (reset(), then apply(key, value, revision) each, then loaded(revision)), then watch from the next revision
+    (apply(key, value or None when deleted, revision)); a compacted watch starts over with a fresh read; an
+    etcd error is logged and retried after retry_s. Runs until cancelled, on the caller's event loop."""
+    while True:
+        try:
+            res = await etcd.get_prefix(prefix)
+            reset()
+            for kv in res.kvs:
+                apply(kv.key, kv.value, res.revision)
+            loaded(res.revision)
+            async for ev in etcd.watch_prefix(prefix, res.revision + 1):
+                apply(ev.key, ev.value if ev.type == "put" else None, ev.mod_revision)
+        except WatchCompacted:
+            continue
+        except EtcdError as exc:
+            log.warning("%s: reading %r from etcd failed (%s); retrying", what, prefix, exc)
+            await asyncio.sleep(retry_s)
+
+
 def prefix_range_end(prefix: bytes) -> bytes:
     """The range end covering every key that starts with prefix (etcd's clientv3.GetPrefixRangeEnd)."""
     end = bytearray(prefix)

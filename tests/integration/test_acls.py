@@ -401,3 +401,26 @@ def test_kafka_admin_clients_manage_acls_over_the_kafka_listener(cluster: LocalC
                AclPermissionType.ALLOW)  # Write is not an operation of a Group
     with pytest.raises(Exception, match="INVALID_REQUEST|not valid"):
         list(admin.create_acls([bad]).values())[0].result(timeout=WAIT_S)
+
+
+def test_find_coordinator_on_the_kafka_listener_needs_describe_on_the_group_or_transactional_id(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """Kafka's FindCoordinator checks Describe on the key's resource: a group or transactional id the caller
+    may not describe gets GROUP_ / TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Read on `ok-*` implies Describe)."""
+    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+    from kio.static.primitive import i8
+
+    from tests.e2e.test_kafka_protocol import RawClient
+
+    raw = RawClient(str(cluster.to_json()["kafka_bootstrap"]).split(",")[0])
+
+    def codes(key_type: int, *keys: str) -> dict[str, int]:
+        resp = raw.call(FindCoordinatorRequest(key_type=i8(key_type), coordinator_keys=keys))
+        return {str(c.key): int(c.error_code.value) for c in resp.coordinators}
+    try:
+        assert codes(0, "ok-group", "nope-group") == {"ok-group": 0,
+                                                      "nope-group": int(errors.Code.GROUP_AUTHORIZATION_FAILED)}
+        assert codes(1, "tx-ok", "tx-nope") == {
+            "tx-ok": 0, "tx-nope": int(errors.Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)}
+    finally:
+        raw.close()

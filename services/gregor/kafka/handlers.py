@@ -432,7 +432,15 @@ class KafkaHandlers:
         keys = list(req.coordinator_keys) if header.api_version >= 4 else [req.key]
         host, port, me = self.listener.advertised_host, self.listener.advertised_port, self.broker.config.broker_id
 
+        authz = self.broker.authz
+
         async def answer(key: str) -> tuple[int, str | None]:
+            if authz.enabled and key_type in (0, 1):  # Kafka: Describe on the group / transactional id
+                resource = ResourceType.GROUP if key_type == 0 else ResourceType.TRANSACTIONAL_ID
+                try:
+                    authz.require(az.connection_caller(), Operation.DESCRIBE, resource, str(key), "FindCoordinator")
+                except errors.GregorError as err:
+                    return int(err.code), str(err)
             if key_type == 0:
                 return NONE, None
             if key_type == 1:  # TRANSACTION: this broker too, relaying to the id's transaction coordinator

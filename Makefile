@@ -16,9 +16,9 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-scaling profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-same-client bench-scaling profile-acks-all clean distclean sim
 .PHONY: chaos chaos-clean chaos-deps
-.PHONY: examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
+.PHONY: kafka-jars examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
 help:
 	@echo "make setup   install everything into $(VENV) (idempotent)"
@@ -33,6 +33,7 @@ help:
 	@echo "make chaos [DURATION=600 SEED=n COUNTS=full|ci]  Jepsen-style faults across network namespaces (root)"
 	@echo "make kind-up image-load helm-install chaos-kind kind-down   the kind pipeline (needs Docker)"
 	@echo "make bench-vs-kafka [QUICK=1]  Gregor vs Apache Kafka side by side (needs java, mvn)"
+	@echo "make kafka-jars  Apache Kafka's jars and spark-sql-kafka-0-10 from Maven Central into ~/.cache/gregor (make test needs them)"
 
 setup: $(VENV)/.deps $(RPC_OUT)/.stamp $(VENV)/.native
 	@test -x $(GREGOR) && echo "setup done: $(GREGOR)"
@@ -66,7 +67,7 @@ $(VENV)/.native: $(NATIVE_SRC) $(VENV)/.deps
 run: setup
 	DATA_DIR=$(DATA_DIR) GREGOR=$(GREGOR) bash scripts/demo.sh
 
-test: setup examples chart-tools kube-tools prometheus spark-deps chaos-deps test-native stubtest typecheck test-python
+test: setup examples chart-tools kube-tools prometheus spark-deps chaos-deps kafka-jars test-native stubtest typecheck test-python
 
 # The edit-test loop: pure-logic unit tests, the seeded simulation (CI's schedule count) and the Rust
 # tests; no etcd, no processes, no clusters.
@@ -101,7 +102,7 @@ test-native:
 stubtest: setup
 	$(PY) -m mypy.stubtest gregor_native._native --allowlist native/stubtest-allowlist.txt
 
-test-python: setup chart-tools kube-tools prometheus chaos-deps
+test-python: setup chart-tools kube-tools prometheus chaos-deps kafka-jars
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 # The Node.js gateway client (examples/node): its pinned packages, from the npm registry (package-lock.json).
@@ -116,6 +117,15 @@ $(VENV)/.spark: pyproject.toml $(VENV)/.deps
 	@command -v java >/dev/null || { echo "java not found: Spark 4 needs a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
 	$(PIP) install -q --disable-pip-version-check -e '.[dev,spark]'
 	touch $@
+
+# Apache Kafka's jars (its Java tools: tests/e2e/test_kafka_java_tools.py, bench-vs-kafka) and Spark's own Kafka
+# source and sink (spark-sql-kafka-0-10 for the installed pyspark: tests/spark/test_spark_kafka_format.py), from
+# Maven Central through mvn into ~/.cache/gregor ($$GREGOR_CACHE overrides); a no-op once cached (1.3 s). Measured
+# on the shared 2-core machine: Kafka's 92 jars 13 s from an empty ~/.m2; spark-sql-kafka-0-10 (4 jars, but Maven
+# resolves Spark's whole POM tree for them) 87 s; both from an empty cache and ~/.m2 under load 14: 268 s.
+kafka-jars: setup spark-deps
+	@command -v mvn >/dev/null || { echo "mvn not found: install Maven (e.g. apt-get install maven) to fetch Kafka's jars" >&2; exit 1; }
+	$(PY) bench/kafka_dist.py --spark
 
 # A local cluster (3 brokers publishing __gregor_metrics, a Prometheus), a generated workload with a
 # broker bounce, every Spark job, and $(ANALYTICS_OUT)/report.html; the cluster is stopped afterwards.
@@ -136,9 +146,16 @@ analytics: setup spark-deps prometheus
 bench: setup
 	$(PY) bench/run_all.py
 
-# Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds
+# Gregor vs Apache Kafka (jars from Maven Central, cached): QUICK=1 for the quick form, REPEAT=N rounds. Each
+# system with its own tools (bench_vs_kafka.py), then Kafka's own tools against both (bench_same_client.py:
+# Gregor's Kafka listener vs Apache Kafka, and Gregor's gRPC path vs its Kafka path).
 bench-vs-kafka: setup
 	$(PY) bench/bench_vs_kafka.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/bench_same_client.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# Only the same-client cells (Kafka's ProducerPerformance / ConsumerPerformance / EndToEndLatency on both systems)
+bench-same-client: setup
+	$(PY) bench/bench_same_client.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 # The gregor Spark source vs the Python consumer and Spark's own Kafka source on Apache Kafka (jars from
 # Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.
@@ -153,6 +170,12 @@ bench-scaling: setup
 	$(if $(QUICK),,$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT)))
 	$(PY) bench/bench_partitions.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
+# 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
+# to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
+.PHONY: bench-partition-fds
+bench-partition-fds: setup
+	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
+
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"
@@ -160,11 +183,13 @@ profile-acks-all: setup
 
 # The chaos suite (tests/e2e/chaos, docs/chaos.md), as root: without DURATION the CI schedule (every fault
 # kind once, 150 s, the CI topology); with DURATION a random schedule that long on the issue's full
-# topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). Output in $(CHAOS_OUT).
+# topology (3 etcd, 2 controllers, 3 brokers, 2 coordinators, 2 gateways). TLS=1: mTLS everywhere
+# (certificates per node, etcd over https with client-certificate auth). Output in $(CHAOS_OUT).
 CHAOS_OUT ?= chaos-out
 chaos: setup chaos-deps
 	$(PY) -m tests.e2e.chaos.run --duration $(or $(DURATION),150) $(if $(DURATION),,--every-kind-once) \
-	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) --out $(CHAOS_OUT)
+	    $(if $(SEED),--seed $(SEED)) --counts $(or $(COUNTS),$(if $(DURATION),full,ci)) \
+	    $(if $(TLS),--tls) --out $(CHAOS_OUT)
 # NetfilterQueue (the `chaos` extra) for the user-space netem on kernels without sch_netem; it compiles
 # against Debian's libnetfilter-queue-dev, installed here when missing (the suite runs as root anyway).
 chaos-deps: $(VENV)/.chaos

@@ -29,42 +29,9 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS_DIR  # noqa: E402
-from kafka_dist import KafkaCluster, cache_root, ensure_kafka  # noqa: E402
+from kafka_dist import KafkaCluster, ensure_kafka, spark_kafka_jars  # noqa: E402
 
 RECORD_SIZE = 1024
-SPARK_KAFKA_POM = """<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>gregor.bench</groupId><artifactId>spark-kafka</artifactId><version>1</version><packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>org.apache.spark</groupId><artifactId>spark-sql-kafka-0-10_2.13</artifactId>
-      <version>{spark}</version></dependency>
-  </dependencies>
-</project>
-"""
-
-
-def spark_kafka_jars(spark_version: str) -> list[str]:
-    """spark-sql-kafka-0-10 and its runtime deps (kafka-clients, commons-pool2, token provider) from Maven
-    Central through mvn, cached; Spark's own jars are `provided` there and come from pyspark."""
-    home = cache_root() / "spark-kafka" / spark_version
-    libs = home / "libs"
-    if not (home / "complete").exists():
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "pom.xml").write_text(SPARK_KAFKA_POM.format(spark=spark_version))
-        shutil.rmtree(libs, ignore_errors=True)
-        subprocess.run(["mvn", "-B", "-q", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
-                        f"-DoutputDirectory={libs}", "-DincludeScope=runtime"], check=True, stdin=subprocess.DEVNULL)
-        (home / "complete").write_text(spark_version)
-    # Leave out what pyspark already ships (scala-library, slf4j, lz4, snappy, spark-tags, ...): two
-    # versions of one library on the classpath is a conflict, not a dependency.
-    import re
-
-    import pyspark
-
-    artifact = re.compile(r"^(.*?)-\d[\w.\-]*\.jar$")
-    shipped = {artifact.sub(r"\1", p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return sorted(str(p) for p in libs.glob("*.jar") if artifact.sub(r"\1", p.name) not in shipped)
 
 
 def best(rounds: int, fn: Callable[[], tuple[int, int]]) -> tuple[float, tuple[int, int]]:

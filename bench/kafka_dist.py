@@ -13,6 +13,12 @@ API
     backend (log4j2 through ``log4j-slf4j2-impl``) into ``~/.cache/gregor/kafka/<version>/libs``
     (``$GREGOR_CACHE`` overrides ``~/.cache/gregor``) once; later calls only read the cache.
     Raises ``KafkaError`` with Maven's output when the fetch fails or ``java``/``mvn`` is missing.
+``spark_kafka_jars(spark_version) -> list[str]``
+    Spark's own Kafka source and sink (``spark-sql-kafka-0-10_2.13`` of that Spark version) and its runtime
+    deps (kafka-clients, commons-pool2, the token provider) in ``~/.cache/gregor/spark-kafka/<version>/libs``,
+    fetched the same way; the jar paths to pass as ``spark.jars``, less what pyspark already ships.
+``python bench/kafka_dist.py [--spark]`` (``make kafka-jars``) fills both caches, so tests and benchmarks
+    on a fresh machine find them; a no-op once cached.
 ``KafkaDist``: ``.version``, ``.lib_dir``, ``.classpath``;
     ``.command(main_class, *args, heap="256m", jvm_opts=()) -> list[str]`` a ``java -cp`` command;
     ``.run(main_class, *args, timeout=..., heap=...) -> CompletedProcess`` runs one to completion
@@ -181,9 +187,57 @@ def ensure_kafka(version: str = KAFKA_VERSION, cache_dir: Optional[Path] = None)
     return KafkaDist(version, lib_dir)
 
 
+_SPARK_KAFKA_POM = """<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>gregor.bench</groupId><artifactId>spark-kafka</artifactId><version>1</version><packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.spark</groupId><artifactId>spark-sql-kafka-0-10_2.13</artifactId>
+      <version>{spark}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+def spark_kafka_jars(spark_version: str, cache_dir: Optional[Path] = None) -> list[str]:
+    """spark-sql-kafka-0-10 and its runtime deps (kafka-clients, commons-pool2, token provider) from Maven
+    Central through mvn, cached; Spark's own jars are `provided` there and come from pyspark."""
+    home = (cache_dir or cache_root() / "spark-kafka") / spark_version
+    libs = home / "libs"
+    if not (home / "complete").exists():
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise KafkaError("mvn not found on PATH: install Maven (Debian: maven) to fetch spark-sql-kafka-0-10")
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "pom.xml").write_text(_SPARK_KAFKA_POM.format(spark=spark_version))
+        shutil.rmtree(libs, ignore_errors=True)
+        cmd = [mvn, "-B", "-q", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
+               f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              text=True, timeout=FETCH_TIMEOUT_S)
+        if proc.returncode != 0 or not any(libs.glob("spark-sql-kafka-0-10_*.jar")):
+            raise KafkaError(f"fetching spark-sql-kafka-0-10 {spark_version} from Maven Central failed "
+                             f"({' '.join(cmd)}):\n{proc.stdout[-4000:]}")
+        (home / "complete").write_text(spark_version)
+    # Leave out what pyspark already ships (scala-library, slf4j, lz4, snappy, spark-tags, ...): two
+    # versions of one library on the classpath is a conflict, not a dependency.
+    import re
+
+    import pyspark
+
+    artifact = re.compile(r"^(.*?)-\d[\w.\-]*\.jar$")
+    shipped = {artifact.sub(r"\1", p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(p) for p in libs.glob("*.jar") if artifact.sub(r"\1", p.name) not in shipped)
+
+
 def _cluster_id() -> str:
-    """A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka Uuid: 16 random bytes, URL-safe base64 without padding (what `kafka-storage random-uuid` prints).
+    Like Kafka's Uuid.randomUuid, never one starting with "-": kafka-storage's argument parser would take it
+    for an option (`-t -ps...` failed one run in 64)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass
@@ -398,3 +452,25 @@ def proc_status_kib(pid: int, key: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def main() -> None:
+    """`make kafka-jars`: fill the caches the Java-tool tests, the Spark Kafka test and the benchmarks read."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--spark", action="store_true", help="also spark-sql-kafka-0-10 for the installed pyspark")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    dist = ensure_kafka()
+    print(f"Kafka {dist.version}: {dist.lib_dir} ({len(list(dist.lib_dir.glob('*.jar')))} jars)")
+    if args.spark:
+        import pyspark
+
+        jars = spark_kafka_jars(pyspark.__version__)
+        print(f"spark-sql-kafka-0-10 {pyspark.__version__}: {len(jars)} jars beside pyspark's")
+    print(f"in {time.monotonic() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -110,7 +110,9 @@ def schema() -> dict[str, Any]:
                                       "whenUnsatisfiable": {"type": "string",
                                                             "enum": ["ScheduleAnyway", "DoNotSchedule"]}}),
             "tls": closed({"enabled": BOOL, "existingSecret": STR, "mountPath": STR,
-                           "certManager": closed({"enabled": BOOL, "issuerRef": OBJ, "duration": STR})}),
+                           "clientAuth": {"type": "string", "enum": ["required", "requested", "none"]},
+                           "certManager": closed({"enabled": BOOL, "issuerRef": OBJ, "duration": STR,
+                                                  "renewBefore": STR})}),
             "etcd": role({"client": PORT, "peer": PORT, "metrics": PORT}, min_replicas=1,
                          enabled=BOOL,
                          image=closed({"registry": STR, "repository": STR, "tag": STR,
@@ -129,7 +131,7 @@ def schema() -> dict[str, Any]:
                                    service=closed({"type": {"type": "string",
                                                             "enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                                                    "annotations": OBJ}),
-                                   preStop=closed({"enabled": BOOL})),
+                                   preStop=closed({"enabled": BOOL}), raiseOpenFileLimit=BOOL),
             # Open: `gregor-coordinator --config` owns its key list (group.*, offsets.*, transaction.*) and
             # refuses an unknown key at start; tests/deploy runs its parser over the rendered properties file.
             "coordinators": gregor_role({"grpc": PORT}, leaseTtlMs=POSITIVE, config=kafka_config(owned=ETCD_OWNED)),

@@ -283,7 +283,7 @@ impl Log {
             // replaces whose ABORT marker it still holds.
             let mut aborted = Vec::new();
             for old in olds {
-                if let Some(seg) = self.segments.remove(old) {
+                if let Some(mut seg) = self.segments.remove(old) {
                     aborted.extend(seg.txn_index.entries().iter().filter(|t| !built.dropped_markers.contains(&t.last_offset)));
                     seg.delete_files()?;
                 }

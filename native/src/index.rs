@@ -4,12 +4,21 @@
 //! append cost several percent of append throughput, and after a crash the
 //! active segment's indexes are rebuilt from the .log anyway.
 //!
+//! An index holds no file descriptor: lookups use the in-memory copy, so the
+//! file is opened only to load it and, briefly, to write a group, cut it or
+//! fsync it. A replica then costs one descriptor per segment (its `.log`),
+//! as in Kafka, not three (issue 24: 10,000 partitions at RF 3 on 3 brokers
+//! ran into a 20,000-descriptor limit at 6,659 replicas per broker).
+//! Writes go to the file loaded (same device and inode): once the segment's
+//! files are deleted, or replaced by a new segment at the same base, a
+//! pending tail is dropped instead of landing in someone else's file.
+//!
 //! Offset index entry (8 bytes): relative_offset u32 | position u32.
 //! Time index entry (12 bytes): timestamp i64 | relative_offset u32.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// One fixed-size index entry.
@@ -76,32 +85,57 @@ const WRITE_BATCH: usize = 64;
 #[derive(Debug)]
 pub struct Index<E: Entry> {
     path: PathBuf,
-    file: File,
+    /// (device, inode) of the file loaded: writes go to that file only.
+    id: (u64, u64),
     entries: Vec<E>,
     /// How many leading entries are in the file; the rest are pending.
     written: usize,
+    /// Written since the last fdatasync.
+    unsynced: bool,
+    /// The segment's files were deleted: nothing is written any more (the
+    /// inode check alone misses a new file that reuses the inode number).
+    detached: bool,
     max_entries: usize,
 }
 
 impl<E: Entry> Index<E> {
-    /// Opens (creating if missing) and loads the file. Returns `Ok(None)` in
-    /// the second slot when the content is damaged (size not a multiple of
-    /// the entry size or keys going backwards), so the caller rebuilds it.
+    /// Opens (creating if missing), loads and closes the file. Returns
+    /// `Ok(None)` in the second slot when the content is damaged (size not a
+    /// multiple of the entry size or keys going backwards), so the caller
+    /// rebuilds it.
     pub fn open(path: &Path, max_index_bytes: usize) -> io::Result<(Self, bool)> {
         let existed = path.exists();
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        let len = file.metadata()?.len() as usize;
-        let mut idx = Index { path: path.to_owned(), file, entries: Vec::new(), written: 0, max_entries: 0 };
+        let meta = file.metadata()?;
+        let len = meta.len() as usize;
+        let id = (meta.dev(), meta.ino());
+        let mut idx = Index { path: path.to_owned(), id, entries: Vec::new(), written: 0, unsynced: false, detached: false, max_entries: 0 };
         idx.set_max_bytes(max_index_bytes);
         if !existed || !len.is_multiple_of(E::SIZE) {
             return Ok((idx, false));
         }
         let mut raw = vec![0u8; len];
-        idx.file.read_exact_at(&mut raw, 0)?;
+        file.read_exact_at(&mut raw, 0)?;
         idx.entries = raw.chunks_exact(E::SIZE).map(E::decode).collect();
         idx.written = idx.entries.len();
         let ok = idx.entries.windows(2).all(|w| w[0].key() <= w[1].key());
         Ok((idx, ok))
+    }
+
+    /// The file loaded, opened for writing; None once it is gone (deleted, or
+    /// another file now has its name).
+    fn reopen(&self) -> io::Result<Option<File>> {
+        if self.detached {
+            return Ok(None);
+        }
+        match OpenOptions::new().write(true).open(&self.path) {
+            Ok(f) => {
+                let m = f.metadata()?;
+                Ok(((m.dev(), m.ino()) == self.id).then_some(f))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn set_max_bytes(&mut self, max_index_bytes: usize) {
@@ -139,13 +173,22 @@ impl<E: Entry> Index<E> {
         Ok(())
     }
 
+    /// Called once the segment's files are deleted: the index stays readable
+    /// in memory and never writes again.
+    pub fn detach(&mut self) {
+        self.detached = true;
+    }
+
     /// Writes the pending entries with one pwrite.
     pub fn write_pending(&mut self) -> io::Result<()> {
         if self.written >= self.entries.len() {
             return Ok(());
         }
-        let raw: Vec<u8> = self.entries[self.written..].iter().flat_map(|e| e.encode()).collect();
-        self.file.write_all_at(&raw, (self.written * E::SIZE) as u64)?;
+        if let Some(file) = self.reopen()? {
+            let raw: Vec<u8> = self.entries[self.written..].iter().flat_map(|e| e.encode()).collect();
+            file.write_all_at(&raw, (self.written * E::SIZE) as u64)?;
+            self.unsynced = true;
+        }
         self.written = self.entries.len();
         Ok(())
     }
@@ -162,23 +205,38 @@ impl<E: Entry> Index<E> {
         self.entries.truncate(n);
         self.written = self.written.min(n);
         self.write_pending()?;
-        self.file.set_len((n * E::SIZE) as u64)
+        if let Some(file) = self.reopen()? {
+            file.set_len((n * E::SIZE) as u64)?;
+            self.unsynced = true;
+        }
+        Ok(())
     }
 
     /// Replaces the whole content (used when rebuilding).
     pub fn reset(&mut self, entries: Vec<E>) -> io::Result<()> {
-        let raw: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
-        self.file.set_len(0)?;
-        self.file.write_all_at(&raw, 0)?;
+        if let Some(file) = self.reopen()? {
+            let raw: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
+            file.set_len(0)?;
+            file.write_all_at(&raw, 0)?;
+            self.unsynced = true;
+        }
         self.written = entries.len();
         self.entries = entries;
         Ok(())
     }
 
-    /// Writes the pending entries, then fdatasync.
+    /// Writes the pending entries, then fdatasync (if anything was written
+    /// since the last one).
     pub fn sync(&mut self) -> io::Result<()> {
         self.write_pending()?;
-        self.file.sync_data()
+        if !self.unsynced {
+            return Ok(());
+        }
+        if let Some(file) = self.reopen()? {
+            file.sync_data()?;
+        }
+        self.unsynced = false;
+        Ok(())
     }
 }
 
@@ -190,7 +248,7 @@ impl<E: Entry> Drop for Index<E> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn oe(o: u32, p: u32) -> OffsetEntry {
@@ -251,6 +309,53 @@ mod tests {
         let (idx, ok) = Index::<OffsetEntry>::open(&p, 1 << 20).unwrap();
         assert!(ok);
         assert_eq!(idx.entries().iter().map(|e| e.relative_offset).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 7]);
+    }
+
+    /// Descriptors of this process open on files under `dir` (paths are
+    /// unique per test, so tests running in parallel do not disturb it).
+    pub(crate) fn fds_under(dir: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.starts_with(dir))
+            .count()
+    }
+
+    #[test]
+    fn an_index_holds_no_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("n.index");
+        let (mut idx, _) = Index::<OffsetEntry>::open(&p, 1 << 20).unwrap();
+        assert_eq!(fds_under(dir.path()), 0);
+        for i in 0..(WRITE_BATCH as u32 * 2 + 1) {
+            idx.append(oe(i, i)).unwrap();
+        }
+        idx.sync().unwrap();
+        idx.truncate_where(|e| e.relative_offset < 10).unwrap();
+        assert_eq!(fds_under(dir.path()), 0);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 80);
+        assert_eq!(idx.floor(7), Some(oe(7, 7)));
+    }
+
+    #[test]
+    fn a_deleted_or_replaced_file_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.index");
+        let (mut old, _) = Index::<OffsetEntry>::open(&p, 1 << 20).unwrap();
+        old.append(oe(1, 1)).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        old.sync().unwrap();
+        old.detach();
+        assert!(!p.exists(), "a deleted index is not recreated");
+        // A new segment at the same base: the old one's pending tail stays out of it.
+        old.append(oe(2, 2)).unwrap();
+        let (mut new, _) = Index::<OffsetEntry>::open(&p, 1 << 20).unwrap();
+        new.append(oe(5, 50)).unwrap();
+        drop(old);
+        drop(new);
+        let (idx, ok) = Index::<OffsetEntry>::open(&p, 1 << 20).unwrap();
+        assert!(ok);
+        assert_eq!(idx.entries(), &[oe(5, 50)]);
     }
 
     #[test]

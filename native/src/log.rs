@@ -498,7 +498,7 @@ impl Log {
             if active_base == base {
                 return Ok(base);
             }
-            let seg = self.segments.remove(&active_base).expect("active segment");
+            let mut seg = self.segments.remove(&active_base).expect("active segment");
             seg.delete_files()?;
         } else {
             self.active_mut().on_become_inactive()?;

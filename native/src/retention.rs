@@ -22,7 +22,7 @@ impl Log {
         // first of them is emptied instead of deleted.
         let keep_first = doomed.len() == self.segments.len();
         for base in doomed.iter().skip(keep_first as usize) {
-            let seg = self.segments.remove(base).expect("listed segment");
+            let mut seg = self.segments.remove(base).expect("listed segment");
             seg.delete_files()?;
         }
         self.segments.values_mut().next_back().expect("a segment").truncate_to(offset)?;
@@ -41,7 +41,7 @@ impl Log {
 
     /// Deletes every segment and starts empty at `offset`; clears the cache.
     pub fn truncate_fully_and_start_at(&mut self, offset: i64, now_ms: i64) -> Result<()> {
-        for (_, seg) in std::mem::take(&mut self.segments) {
+        for (_, mut seg) in std::mem::take(&mut self.segments) {
             seg.delete_files()?;
         }
         let (index_bytes, interval) = (self.config.segment_index_bytes.max(0) as usize, self.config.index_interval_bytes.max(0) as u64);
@@ -133,7 +133,7 @@ impl Log {
             if !pred(self, seg) {
                 break;
             }
-            let seg = self.segments.remove(&base).expect("first segment");
+            let mut seg = self.segments.remove(&base).expect("first segment");
             seg.delete_files()?;
             n += 1;
         }

@@ -518,8 +518,12 @@ impl Segment {
         Ok(())
     }
 
-    /// Removes the files; open slices keep reading through their Arc<File>.
-    pub fn delete_files(&self) -> Result<()> {
+    /// Removes the files; open slices keep reading through their Arc<File>,
+    /// and the indexes stop writing (a new segment may take their names).
+    pub fn delete_files(&mut self) -> Result<()> {
+        self.offset_index.detach();
+        self.time_index.detach();
+        self.txn_index.detach();
         for p in [&self.log_path, &self.offset_index.path().to_owned(), &self.time_index.path().to_owned()] {
             match fs::remove_file(p) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),

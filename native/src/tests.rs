@@ -1477,3 +1477,39 @@ fn marker_at_or_above_the_cleaner_bound_is_never_touched() {
     log.clean(clean_cfg(T0 + 201_000)).unwrap();
     assert_eq!(marker_at(&log, 2), None);
 }
+
+/// Issue 24: a replica costs one descriptor per segment (its .log); the
+/// offset and time indexes are opened only to load and to write.
+#[test]
+fn a_log_holds_one_descriptor_per_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(4, T0, 50).len() as i64;
+    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, index_interval_bytes: 0, ..Default::default() });
+    for i in 0..10 {
+        log.append_as_leader(&batch_with(4, T0 + i, 50), 0, T0).unwrap();
+    }
+    let segments = log.segments_info().len();
+    assert!(segments >= 3, "{segments} segments");
+    assert_eq!(crate::index::tests::fds_under(dir.path()), segments);
+    // Aborted transactions in a sealed and the active segment: their .txnindex holds no descriptor either.
+    for last in [2, log.log_end_offset() - 1] {
+        let t = AbortedTxn { producer_id: 7, first_offset: last - 1, last_offset: last, last_stable_offset: last };
+        assert!(log.append_aborted_txn(t).unwrap());
+    }
+    assert_eq!(crate::index::tests::fds_under(dir.path()), segments);
+    assert_eq!(log.collect_aborted_txns(0, i64::MAX).len(), 2);
+    log.flush_at(T0).unwrap();
+    log.truncate_to(5, T0).unwrap();
+    let segments = log.segments_info().len();
+    assert_eq!(crate::index::tests::fds_under(dir.path()), segments);
+    assert_eq!(read_all(&log, 0).last().map(|b| b.1), Some(3));
+    log.close().unwrap();
+    drop(log);
+    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
+    assert_eq!(crate::index::tests::fds_under(dir.path()), log.segments_info().len());
+    assert_eq!(read_all(&log, 0).len(), 1);
+    assert_eq!(log.collect_aborted_txns(0, i64::MAX).len(), 1, "the marker kept by the truncation");
+    log.truncate_fully_and_start_at(0, T0).unwrap();
+    log.append_as_leader(&batch_with(4, T0, 50), 0, T0).unwrap();
+    assert_eq!(crate::index::tests::fds_under(dir.path()), 1);
+}

@@ -8,7 +8,8 @@
 //! first offset i64 | last offset i64 (the marker's) | last stable offset i64
 //! (the partition's LSO once the abort completed). Entries are few (one per
 //! aborted transaction), so every append is written at once and the whole
-//! file is mirrored in memory.
+//! file is mirrored in memory. Like the offset and time indexes it holds no
+//! descriptor: the file is opened for each write, cut or fsync (issue 24).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -58,27 +59,33 @@ impl AbortedTxn {
 #[derive(Debug)]
 pub struct TxnIndex {
     path: PathBuf,
-    file: Option<File>,
     entries: Vec<AbortedTxn>,
+    /// Written since the last fdatasync.
+    unsynced: bool,
+    /// The segment's files were deleted: nothing is written any more.
+    detached: bool,
 }
 
 impl TxnIndex {
-    /// Opens the index if its file exists (the file is created by the first
+    /// Loads the index if its file exists (the file is created by the first
     /// append). A torn tail (a partial entry after a crash) is cut off; an
     /// entry of another version makes the file corrupt.
     pub fn open(path: PathBuf) -> Result<Self> {
         let data = match fs::read(&path) {
             Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TxnIndex { path, file: None, entries: Vec::new() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TxnIndex::empty(path)),
             Err(e) => return Err(e.into()),
         };
         let whole = data.len() / ENTRY_SIZE * ENTRY_SIZE;
         let entries = data[..whole].chunks_exact(ENTRY_SIZE).map(AbortedTxn::decode).collect::<Result<Vec<_>>>()?;
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
         if whole != data.len() {
-            file.set_len(whole as u64)?;
+            OpenOptions::new().write(true).open(&path)?.set_len(whole as u64)?;
         }
-        Ok(TxnIndex { path, file: Some(file), entries })
+        Ok(TxnIndex { entries, ..TxnIndex::empty(path) })
+    }
+
+    fn empty(path: PathBuf) -> Self {
+        TxnIndex { path, entries: Vec::new(), unsynced: false, detached: false }
     }
 
     /// A new, empty index (a stale file of the same name is removed).
@@ -87,7 +94,7 @@ impl TxnIndex {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e.into()),
             _ => {}
         }
-        Ok(TxnIndex { path, file: None, entries: Vec::new() })
+        Ok(TxnIndex::empty(path))
     }
 
     pub fn path(&self) -> &Path {
@@ -102,11 +109,25 @@ impl TxnIndex {
         self.entries.last().map(|e| e.last_offset)
     }
 
-    fn file(&mut self) -> io::Result<&File> {
-        if self.file.is_none() {
-            self.file = Some(OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.path)?);
+    /// The file opened for writing (created if `create`); None if it is absent
+    /// and not to be created, or the segment's files were deleted.
+    fn file(&mut self, create: bool) -> io::Result<Option<File>> {
+        if self.detached {
+            return Ok(None);
         }
-        Ok(self.file.as_ref().expect("opened above"))
+        match OpenOptions::new().write(true).create(create).truncate(false).open(&self.path) {
+            Ok(f) => {
+                self.unsynced = true;
+                Ok(Some(f))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Called once the segment's files are deleted: nothing is written again.
+    pub fn detach(&mut self) {
+        self.detached = true;
     }
 
     /// Appends an entry; one already indexed (a marker re-applied while the
@@ -118,7 +139,9 @@ impl TxnIndex {
             }
         }
         let pos = (self.entries.len() * ENTRY_SIZE) as u64;
-        self.file()?.write_all_at(&txn.encode(), pos)?;
+        if let Some(f) = self.file(true)? {
+            f.write_all_at(&txn.encode(), pos)?;
+        }
         self.entries.push(txn);
         Ok(true)
     }
@@ -126,13 +149,10 @@ impl TxnIndex {
     /// Replaces every entry (the cleaner merges the indexes of the segments it joins).
     pub fn reset(&mut self, entries: Vec<AbortedTxn>) -> Result<()> {
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.encode()).collect();
-        if entries.is_empty() && self.file.is_none() {
-            self.entries = entries;
-            return Ok(());
+        if let Some(file) = self.file(!entries.is_empty())? {
+            file.set_len(0)?;
+            file.write_all_at(&bytes, 0)?;
         }
-        let file = self.file()?;
-        file.set_len(0)?;
-        file.write_all_at(&bytes, 0)?;
         self.entries = entries;
         Ok(())
     }
@@ -144,7 +164,7 @@ impl TxnIndex {
             return Ok(());
         }
         self.entries.truncate(keep);
-        if let Some(f) = &self.file {
+        if let Some(f) = self.file(false)? {
             f.set_len((keep * ENTRY_SIZE) as u64)?;
         }
         Ok(())
@@ -156,10 +176,14 @@ impl TxnIndex {
         out.extend(self.entries.iter().filter(|e| e.last_offset >= fetch_offset && e.first_offset < upper));
     }
 
-    pub fn sync(&self) -> Result<()> {
-        if let Some(f) = &self.file {
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.unsynced {
+            return Ok(());
+        }
+        if let Some(f) = self.file(false)? {
             f.sync_data()?;
         }
+        self.unsynced = false;
         Ok(())
     }
 

@@ -18,6 +18,7 @@ from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, make_fetcher
 from gregor.client.metadata import ClusterMetadata, list_offset
 from gregor.common import errors
+from gregor.common.tls import from_client_config
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 from gregor_spark.options import EARLIEST, LATEST, GregorSourceError, SourceOptions, TopicPartition
@@ -29,20 +30,24 @@ class GregorCluster:
     """Metadata, offsets and fetches of one cluster; not thread-safe (one per thread / task)."""
 
     def __init__(self, bootstrap: str, *, transport: str = "grpc", read_committed: bool = False,
-                 request_timeout_ms: int = 30000, max_partition_fetch_bytes: int = 4 * 1024 * 1024) -> None:
+                 request_timeout_ms: int = 30000, max_partition_fetch_bytes: int = 4 * 1024 * 1024,
+                 security: Optional[dict[str, str]] = None) -> None:
         self.loop = asyncio.new_event_loop()
         # max.partition.fetch.bytes 4 MiB: a bulk reader wants large answers (Kafka's default 1 MiB is for poll loops).
         self.cfg = consumer_config({"bootstrap.servers": bootstrap, "request.timeout.ms": request_timeout_ms,
                                     "max.partition.fetch.bytes": max_partition_fetch_bytes,
-                                    "fetch.max.wait.ms": 0})
-        self.metadata = ClusterMetadata(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms)
+                                    "fetch.max.wait.ms": 0, **(security or {})})
+        self.security = from_client_config(self.cfg)  # kafka.security.protocol / kafka.ssl.* options
+        self.metadata = ClusterMetadata(parse_bootstrap(bootstrap), request_timeout_ms=request_timeout_ms,
+                                        security=self.security)
         self.isolation = common_pb2.READ_COMMITTED if read_committed else common_pb2.READ_UNCOMMITTED
         self.fetcher = make_fetcher(transport, self.metadata, self.cfg)
         self.timeout_ms = request_timeout_ms
 
     @classmethod
     def of(cls, opts: SourceOptions) -> "GregorCluster":
-        return cls(opts.bootstrap, transport=opts.fetch_transport, read_committed=opts.isolation_read_committed)
+        return cls(opts.bootstrap, transport=opts.fetch_transport, read_committed=opts.isolation_read_committed,
+                   security=dict(opts.security))
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -64,7 +69,7 @@ class GregorCluster:
         return {name: topic_id for name, (_parts, topic_id) in self._describe().items()}
 
     def _describe(self) -> dict[str, tuple[list[int], bytes]]:
-        md = ClusterMetadata(self.metadata.bootstrap, request_timeout_ms=self.timeout_ms)
+        md = ClusterMetadata(self.metadata.bootstrap, request_timeout_ms=self.timeout_ms, security=self.security)
         try:
             self.run(md.refresh())
             return {name: ([p.partition for p in t.partitions], t.topic_id)

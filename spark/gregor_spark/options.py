@@ -72,6 +72,9 @@ class SourceOptions:
     timestamp_strategy_latest: bool = False  # startingOffsetsByTimestampStrategy=latest
     fetch_transport: str = "grpc"
     fetch_timeout_ms: int = DEFAULT_FETCH_TIMEOUT_MS
+    # kafka.security.protocol, kafka.ssl.truststore.location, ... (Spark's kafka.-prefixed consumer options):
+    # TLS to the brokers, as the Gregor client takes them (gregor.common.tls).
+    security: tuple[tuple[str, str], ...] = ()
 
     def matches(self, topic: str) -> bool:
         """Whether a topic is part of this source (subscribe / subscribePattern)."""
@@ -236,7 +239,21 @@ def parse_source(options: Mapping[str, str], *, streaming: bool) -> SourceOption
         timestamp_strategy_latest=ts_strategy == "latest",
         fetch_transport=transport,
         fetch_timeout_ms=_positive(opts, "kafkaConsumer.pollTimeoutMs") or DEFAULT_FETCH_TIMEOUT_MS,
+        security=security_options(options),
     )
+
+
+def security_options(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The kafka.security.protocol / kafka.ssl.* options, prefix removed (keys as the client spells them)."""
+    from gregor.common.tls import CLIENT_TLS_KEYS
+
+    out = []
+    for key, value in options.items():
+        name = key[len("kafka."):] if key.lower().startswith("kafka.") else ""
+        match = next((k for k in CLIENT_TLS_KEYS if k.lower() == name.lower()), None)
+        if match:
+            out.append((match, value))
+    return tuple(sorted(out))
 
 
 def _check_batch_offsets(starting: OffsetSpec, ending: OffsetSpec) -> None:

@@ -64,6 +64,8 @@ class RangePartition(InputPartition):
     # The topic id (KIP-516) the offsets were planned on; every fetch carries it, so a topic deleted
     # and re-created meanwhile fails the task (UNKNOWN_TOPIC_ID) instead of reading the new one.
     topic_id: bytes = b""
+    # kafka.security.protocol / kafka.ssl.* options (without the prefix): TLS to the brokers.
+    security: tuple[tuple[str, str], ...] = ()
 
     @property
     def size(self) -> int:
@@ -140,7 +142,8 @@ def rate_limit(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition,
 def read_range(r: RangePartition, cluster: Optional[GregorCluster] = None) -> Iterator[pa.RecordBatch]:
     """Arrow batches of one range: fetch whole batches, decode them in Rust, wrap the buffers."""
     own = cluster is None
-    c = cluster or GregorCluster(r.bootstrap, transport=r.transport, read_committed=r.read_committed)
+    c = cluster or GregorCluster(r.bootstrap, transport=r.transport, read_committed=r.read_committed,
+                                  security=dict(r.security))
     tp = (r.topic, r.partition)
     try:
         pos = r.start
@@ -201,4 +204,5 @@ def plan(cluster: GregorCluster, opts: SourceOptions) -> list[RangePartition]:
 def partition_of(opts: SourceOptions, tp: TopicPartition, start: int, end: int,
                  topic_id: bytes = b"") -> RangePartition:
     return RangePartition(tp[0], tp[1], start, end, opts.bootstrap, opts.fetch_transport,
-                          opts.isolation_read_committed, opts.include_headers, opts.fail_on_data_loss, topic_id)
+                          opts.isolation_read_committed, opts.include_headers, opts.fail_on_data_loss, topic_id,
+                          opts.security)

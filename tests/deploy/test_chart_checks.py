@@ -127,7 +127,7 @@ def test_a_wrong_field_fails_the_kubernetes_schema() -> None:
     (("brokers.replica=3",), "'replica' not allowed"),
     (("brokers.podAntiAffinityPreset=always",), "podAntiAffinityPreset"),
     (("externalEtcd.endpoints={etcd:2379}",), "externalEtcd/endpoints"),
-    (("tls.enabled=true",), "no TLS listener yet"),
+    (("tls.enabled=true",), "set tls.existingSecret"),
     (("etcd.enabled=false",), "set externalEtcd.endpoints"),
     (("brokers.replicas=2",), "default.replication.factor (3) exceeds brokers.replicas (2)"),
     # Chart-written keys of a role's properties file (etcd.endpoints, cluster.id, bootstrap.servers).

@@ -7,6 +7,9 @@ PDB, a probe or an etcd endpoint from the templates makes one of them fail.
 from __future__ import annotations
 
 import hashlib
+import os
+import resource
+import subprocess
 from typing import Any
 
 import pytest
@@ -316,7 +319,18 @@ def test_every_role_parser_accepts_the_rendered_command_line_and_properties(ci_f
     from gregor.gateway.__main__ import parse_args as gateway_args
 
     manifests = render(ci_file)
-    assert containers(workload(manifests, "broker"))[0]["command"] == ["gregor-broker"]
+    command = containers(workload(manifests, "broker"))[0]["command"]
+    # brokers.raiseOpenFileLimit (default on): the soft ulimit -n raised to the hard one, then the same argv.
+    assert command == ["sh", "-c", 'ulimit -n "$(ulimit -Hn)" && exec gregor-broker "$@"', "gregor-broker"]
+    fake = tmp_path / "gregor-broker"
+    fake.write_text('#!/bin/sh\necho "$(ulimit -n) $*"\n')
+    fake.chmod(0o755)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    run = subprocess.run([*command, "--broker-id=2", "--x=a b"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    assert run.stdout.split(" ", 1) == [str(hard) if hard != resource.RLIM_INFINITY else "unlimited",
+                                        "--broker-id=2 --x=a b\n"]
     cfg, _ = broker_args(role_args(manifests, "broker", tmp_path))
     assert (cfg.broker_id, cfg.host, cfg.broker_rack, cfg.port) == (2, "10.0.0.7", "zone-b", 9092)
     assert cfg.etcd_endpoints == role_properties(manifests, "broker", tmp_path)["etcd.endpoints"]

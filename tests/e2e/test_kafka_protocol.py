@@ -563,3 +563,44 @@ def test_kafka_python_deletes_group_offsets(cluster: LocalCluster) -> None:
     rows = json.loads(desc.stdout)["partitions"]
     assert sorted((r["topic"], r["partition"], r["current_offset"]) for r in rows
                   if r["current_offset"] is not None and r["current_offset"] >= 0) == [(topic, 1, 4)], rows
+
+
+def test_pipelined_acks_all_produce_requests_are_answered_in_order(cluster: LocalCluster) -> None:
+    """Five acks=all Produce requests and an ApiVersions sent back to back on one connection (as a client's
+    max.in.flight does): the listener appends the Produce requests while earlier ones wait for their ISR,
+    and every answer comes back in request order, offsets in the order the batches were sent."""
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.produce.v9 import request as pr
+    from kio.schema.produce.v9.response import ProduceResponse
+    from kio.schema.types import TopicName
+    from kio.serial import entity_reader
+    from kio.static.primitive import Records, i16
+
+    from gregor.common.records import build_batch
+
+    topic = create_topic(cluster, partitions=1, rf=2)
+    address, _ = leader_address(cluster, topic)
+    raw = RawClient(address)
+    try:
+        for i in range(5):
+            batch = build_batch([(b"k", f"pipelined-{i}".encode(), [], int(time.time() * 1000))] * 3)
+            raw.send(pr.ProduceRequest(transactional_id=None, acks=i16(-1), timeout=i32Timedelta.parse(
+                timedelta(seconds=20)), topic_data=(pr.TopicProduceData(name=TopicName(topic), partition_data=(
+                    pr.PartitionProduceData(index=i32(0), records=Records(batch)),)),)))
+        raw.send(ApiVersionsRequest(client_software_name="raw", client_software_version="1"))
+        answers = []
+        for corr in range(1, 7):
+            size = struct.unpack(">i", raw._recv(4))[0]
+            data = raw._recv(size)
+            assert struct.unpack_from(">i", data, 0)[0] == corr  # in request order
+            if corr <= 5:
+                answers.append(entity_reader(ProduceResponse)(memoryview(data), 5)[0])
+    finally:
+        raw.close()
+    parts = [a.responses[0].partition_responses[0] for a in answers]
+    assert [p.error_code.value for p in parts] == [0] * 5
+    assert [p.base_offset for p in parts] == [0, 3, 6, 9, 12]
+    out = cli(cluster, "consume", topic, "--from-beginning", "--max-messages", "15", "--timeout-ms", "20000",
+              "--output", "json")
+    assert [json.loads(line)["value"] for line in out.stdout.splitlines()] == \
+        [f"pipelined-{i}" for i in range(5) for _ in range(3)]

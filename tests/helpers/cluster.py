@@ -17,7 +17,8 @@ from gregor.cli.local_cluster import (LocalCluster, Process, _process_dir, _spaw
                                       start_etcd, stop_process)
 
 __all__ = ["AckedLoad", "LocalCluster", "Process", "broker_process", "etcd_endpoints", "etcd_process",
-           "replica_log_bytes", "replica_values", "restart_broker", "running_cluster", "start_controller_with",
+           "replica_log_bytes", "replica_values", "restart_broker", "restart_coordinator",
+           "bounce_coordinator", "running_cluster", "start_controller_with",
            "stop_process", "tear_down", "with_controller_flags"]
 
 
@@ -105,10 +106,34 @@ def restart_broker(cluster: LocalCluster, victim: Process, overrides: dict[str, 
     """Start a (killed) broker again with the same id and data dir; it replaces the old entry in cluster."""
     from gregor.cli.local_cluster import start_broker
 
+    if cluster.tls:  # a --tls cluster's broker comes back with its certificate and SSL:// listener
+        overrides = {**cluster.role_props("broker"), "listeners": "SSL://127.0.0.1:0", **(overrides or {})}
     back = start_broker(victim.data_dir.rsplit("/", 1)[0], victim.id, overrides=overrides,
-                        etcd_endpoint=etcd_endpoints(cluster))
+                        etcd_endpoint=cluster.etcd_endpoints)
     cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
     return back
+
+
+def restart_coordinator(cluster: LocalCluster, victim: Process, lease_ttl_ms: int | None = None,
+                        overrides: dict[str, str] | None = None) -> Process:
+    """Start a (killed) group/transaction coordinator again with the same id, on the same port (clients
+    configured with coordinator.bootstrap.servers keep their address); it replaces the old entry in cluster.
+    Its shards come back once the dead process's etcd lease expires (lease_ttl_ms) and it reloads them."""
+    from gregor.cli.local_cluster import start_coordinator
+
+    port = int(victim.grpc.rsplit(":", 1)[1])
+    back = start_coordinator(cluster.data_dir, victim.id, etcd_endpoints(cluster), lease_ttl_ms=lease_ttl_ms,
+                             overrides=overrides, port=port)
+    cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
+    return back
+
+
+def bounce_coordinator(cluster: LocalCluster, lease_ttl_ms: int | None = None,
+                       overrides: dict[str, str] | None = None, which: int = 0) -> Process:
+    """SIGKILL one group/transaction coordinator (the which-th by id) and start it again (restart_coordinator)."""
+    victim = sorted(cluster.by_role("coordinator"), key=lambda p: p.id)[which]
+    stop_process(victim, signal.SIGKILL)
+    return restart_coordinator(cluster, victim, lease_ttl_ms=lease_ttl_ms, overrides=overrides)
 
 
 def replica_log_bytes(broker: Process, topic: str, partition: int) -> list[tuple[str, bytes]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from gregor.client.consumer import Consumer
 from gregor.client.loop_thread import LoopThread
@@ -11,11 +11,12 @@ from gregor.client.loop_thread import LoopThread
 class LoopConsumer:
     """Owns the Consumer (`self.c`) and its loop thread (`self.lt`); `_sync` runs a plain call on the loop."""
 
-    def __init__(self, cfg: dict[str, Any], name: str = "test-async-consumer") -> None:
+    def __init__(self, cfg: dict[str, Any], name: str = "test-async-consumer",
+                 factory: Callable[[dict[str, Any]], Consumer] = Consumer) -> None:
         self.lt = LoopThread(name)
 
         async def make() -> Consumer:
-            return Consumer(cfg)
+            return factory(cfg)
         self.c: Consumer = self.lt.run(make())
 
     def _sync(self, fn: Any, *args: Any) -> Any:

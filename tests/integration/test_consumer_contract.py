@@ -15,6 +15,7 @@ listener is a coroutine awaiting the Consumer's methods on the loop, as an async
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -24,6 +25,7 @@ import pytest
 from gregor.client.consumer import Consumer, ConsumerRecord, SyncConsumer
 from gregor.common import errors
 from tests.helpers.loop_consumer import LoopConsumer
+from tests.helpers.wait import until, wait_for
 from tests.helpers.cluster import LocalCluster, tear_down
 from tests.integration.test_consumer_groups import config, create_topic, produce
 
@@ -44,8 +46,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 class AsyncDriver(LoopConsumer):
     """The asyncio Consumer, called from a blocking test through a loop of the test's own."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        super().__init__(cfg, "test-async-consumer")
+    def __init__(self, cfg: dict[str, Any], factory: Any = Consumer) -> None:
+        super().__init__(cfg, "test-async-consumer", factory)
 
     def subscribe(self, topics: list[str], listener: Any = None) -> None:
         self._sync(lambda: self.c.subscribe(topics, listener=listener))
@@ -289,3 +291,79 @@ def test_sync_consumer_refuses_poll_and_close_from_a_listener(cluster: LocalClus
     finally:
         c.close()
     assert len(seen) == 3 and all(isinstance(e, errors.InvalidRequestError) for e in seen)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- position() and the partition's one reset
+_IN_POSITION: contextvars.ContextVar[bool] = contextvars.ContextVar("in_position", default=False)
+
+
+class SlowPositionConsumer(Consumer):
+    """A Consumer whose ListOffsets answers arrive in the order that exposes a second reset.
+
+    Only latency is added, around real ListOffsets calls to the real leader: the fetch task's reset is
+    held until position() has been called, and a ListOffsets that position() itself issues is held
+    until the partition has fetched records (as a slow answer on a loaded network would be). A
+    consumer with one reset per partition issues no ListOffsets from position() at all."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__(cfg)
+        self.list_offsets_calls: list[tuple[TP, bool]] = []  # (partition, issued by position())
+        self.position_called = asyncio.Event()
+
+    async def position(self, tp: TP) -> int:
+        self.position_called.set()
+        token = _IN_POSITION.set(True)
+        try:
+            return await super().position(tp)
+        finally:
+            _IN_POSITION.reset(token)
+
+    async def _list_offsets(self, tp: TP, timestamp_ms: int) -> tuple[int, int]:
+        from_position = _IN_POSITION.get()
+        self.list_offsets_calls.append((tp, from_position))
+        state = self.subscriptions.states.get(tp)
+        if not from_position:
+            await asyncio.wait_for(self.position_called.wait(), 30)
+        elif state is not None:
+            await until(lambda: state.buffer or state.position not in (None, 0), 30,
+                        "the fetch task fetched records")
+        return await super()._list_offsets(tp, timestamp_ms)
+
+
+class SlowPositionSync(SyncConsumer):
+    @staticmethod
+    async def _make(config: Any, kwargs: dict[str, Any]) -> Consumer:
+        return SlowPositionConsumer(dict(config))
+
+
+@pytest.mark.parametrize("facade", FACADES)
+def test_position_during_the_fetch_tasks_reset_does_not_reset_again(cluster: LocalCluster, facade: str) -> None:
+    """position() on an assigned partition whose fetch task is resetting it (auto.offset.reset) waits for that
+    reset instead of starting a second one: one ListOffsets, and every record is returned exactly once.
+    Before the fix, position()'s own reset landed after the fetch had advanced and rewound it (records twice)."""
+    topic = f"position-reset-{facade}"
+    topic_with_records(cluster, topic, 1, 10)
+    tp = (topic, 0)
+    cfg = {"bootstrap.servers": cluster.bootstrap, "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100}
+    c: Any
+    if facade == "sync":
+        c = SlowPositionSync(cfg)
+        inner: SlowPositionConsumer = c._consumer
+    else:
+        c = AsyncDriver(cfg, SlowPositionConsumer)
+        inner = c.c
+    try:
+        c.assign([tp])
+        wait_for(lambda: inner.list_offsets_calls, 30, "the fetch task's reset is in flight")
+        assert c.position(tp) == 0
+        got: list[ConsumerRecord] = []
+        for _ in range(100):
+            got += c.poll(100)
+            if c.position(tp) >= 10 and len(got) >= 10:
+                break
+        for _ in range(3):  # a rewound fetch would still be delivering
+            got += c.poll(100)
+        assert [r.offset for r in got] == list(range(10)), [r.offset for r in got]
+        assert inner.list_offsets_calls == [(tp, False)]  # one reset, the fetch task's; position() waited for it
+    finally:
+        c.close()

@@ -14,9 +14,14 @@ import pytest
 
 from gregor.cli.local_cluster import LocalCluster, start_coordinator, stop_process
 from gregor.client.admin import AdminClient
+from gregor.client.consumer import Consumer
+from gregor.common.coordinator_ownership import partition_for
+from gregor.common.etcd import EtcdClient
+from gregor.common.etcd_layout import CoordinatorsZNode
 from gregor.common import errors
 from gregor.rpc.v1 import coordinator_pb2 as pb
 from tests.helpers.cluster import tear_down
+from tests.helpers.wait import until
 from tests.integration.coordinator_client import Member, call, join_and_sync, stub
 
 T = TypeVar("T")
@@ -330,5 +335,51 @@ async def test_new_coordinator_takes_over_half_the_partitions_with_their_offsets
                 assert r.coordinator_id == 1 and r.partition % 2 == 1
                 m.stub = s1
                 await m.heartbeat()  # the group was handed over with its members: no rejoin needed
+    finally:
+        tear_down(c)
+
+
+async def test_sigkilled_coordinator_restarted_before_its_lease_expires_claims_its_shards_anew(tmp_path: Any) -> None:
+    """A coordinator SIGKILLed and started again with the same id finds its previous incarnation's claims (still
+    bound to the dead lease). It must not serve them under that lease: once the lease expired the claims were gone
+    and FindCoordinator answered COORDINATOR_NOT_AVAILABLE for those partitions for good. It waits for the old
+    lease to expire and claims every shard on its own lease; groups on every offsets partition keep working."""
+    lease_ttl_ms = 6000  # long enough for the restart to finish before the dead lease expires
+    c = LocalCluster.up(str(tmp_path / "same-id"), brokers=1, controllers=1, coordinators=1,
+                        lease_ttl_ms=lease_ttl_ms, coordinator_overrides=OVERRIDES)
+    try:
+        partitions = int(OVERRIDES["offsets.topic.num.partitions"])
+        groups: dict[int, str] = {}
+        for i in range(200):  # one group id on every offsets partition
+            groups.setdefault(partition_for(f"g-same-id-{i}", partitions), f"g-same-id-{i}")
+        assert len(groups) == partitions
+
+        async def commit_all(offset: int) -> None:
+            for g in groups.values():
+                async with Consumer({"bootstrap.servers": c.bootstrap, "group.id": g, "enable.auto.commit": False,
+                                     "default.api.timeout.ms": 30000}) as consumer:
+                    await consumer.commit_sync({("t", 0): offset})
+                    assert await consumer.committed([("t", 0)]) == {("t", 0): offset}
+        await commit_all(1)
+        async with EtcdClient(c.to_json()["etcd"], cluster="gregor") as etcd:
+            before = await etcd.get(CoordinatorsZNode.id_key(etcd, 0))
+            assert before is not None
+            old = c.by_role("coordinator")[0]
+            stop_process(old, signal.SIGKILL)
+            c.processes.remove(old)
+            etcd_endpoints = ",".join(p.grpc for p in c.by_role("etcd"))
+            new = start_coordinator(c.data_dir, 0, etcd_endpoints, lease_ttl_ms=lease_ttl_ms, overrides=OVERRIDES,
+                                    port=int(old.grpc.rsplit(":", 1)[1]))
+            c.processes.append(new)
+            registration = await etcd.get(CoordinatorsZNode.id_key(etcd, 0))
+            assert registration is not None and registration.lease != before.lease
+
+            async def claimed_on_the_new_lease() -> bool:
+                res = await etcd.get_prefix(CoordinatorsZNode.prefix(etcd))
+                claims = [kv for kv in res.kvs if (key := CoordinatorsZNode.parse(etcd, kv.key)) is not None
+                          and key.kind == CoordinatorsZNode.OFFSETS_CLAIMS]
+                return len(claims) == partitions and all(kv.lease == registration.lease for kv in claims)
+            await until(claimed_on_the_new_lease, 60, "every offsets partition claimed on the restarted lease")
+        await commit_all(2)  # FindCoordinator finds the restarted instance for every partition
     finally:
         tear_down(c)

@@ -18,13 +18,14 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from gregor.client import AdminClient, Consumer, Producer
 from gregor.client.admin import NewTopic
 from gregor.client.config import ConfigError
+from gregor.client.transaction_manager import TransactionAbortableError
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from gregor.common.rpc import channel
@@ -431,3 +432,111 @@ async def test_a_commit_that_timed_out_is_retried_and_lands(cluster: LocalCluste
             os.kill(coordinator.pid, signal.SIGCONT)
         await p.commit_transaction()
     assert sorted(await values(b, "tx-retry", "read_committed", want=4)) == [b"r%d" % i for i in range(4)]
+
+
+# ---------------------------------------------------------------- KIP-447: zombie consumers are fenced
+async def test_a_consumer_that_lost_its_partitions_cannot_commit_offsets_in_a_transaction(cluster: LocalCluster) -> None:
+    """KIP-447: send_offsets_to_transaction carries the consumer's generation, member id and group.instance.id,
+    and the group's coordinator refuses a member that is no longer current; its transaction can only abort
+    and none of its offsets become the group's. The current member's transactional commit goes through."""
+    b = broker_of(cluster)
+    inp, out, group = "kip447-in", "kip447-out", "kip447"
+    await create(b, inp, 2)
+    await create(b, out, 1)
+    cfg = {"bootstrap.servers": b, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+           "heartbeat.interval.ms": 300, "session.timeout.ms": 6000, "fetch.max.wait.ms": 100}
+    a, c2 = Consumer(cfg), Consumer(cfg)
+    try:
+        a.subscribe([inp])
+
+        async def a_has_both() -> bool:
+            await a.poll(100)
+            return len(a.assignment()) == 2
+        await until(a_has_both, 60, "the first member is assigned both partitions")
+        stale = a.group_metadata()  # what a zombie of `a` holds: both partitions, this generation
+        c2.subscribe([inp])
+
+        async def one_each() -> bool:
+            await asyncio.gather(a.poll(100), c2.poll(100))
+            return len(a.assignment()) == 1 and len(c2.assignment()) == 1
+        await until(one_each, 60, "a second member took one of the partitions")
+        current = a.group_metadata()
+        assert current.generation_id > stale.generation_id and current.member_id == stale.member_id
+        mine = a.assignment()[0]
+        async with txn_producer(b, "kip447-p") as p:
+            await p.init_transactions()
+            # The old generation: refused, abortable (commit raises), nothing of it is committed.
+            await p.begin_transaction()
+            await p.send(out, b"zombie")
+            with pytest.raises(errors.IllegalGenerationError):  # type: ignore[attr-defined]
+                await p.send_offsets_to_transaction({(inp, 0): 5, (inp, 1): 5}, stale)
+            with pytest.raises(TransactionAbortableError):
+                await p.commit_transaction()
+            await p.abort_transaction()
+            # The member as it is now: committed with the transaction.
+            await p.begin_transaction()
+            await p.send(out, b"current")
+            await p.send_offsets_to_transaction({mine: 3}, a.group_metadata())
+            await p.commit_transaction()
+            # A member that left the group (its id is gone): UNKNOWN_MEMBER_ID.
+            gone = c2.group_metadata()
+            await c2.close()
+            await p.begin_transaction()
+            with pytest.raises(errors.UnknownMemberIdError):  # type: ignore[attr-defined]
+                await p.send_offsets_to_transaction({(inp, 0): 9, (inp, 1): 9}, gone)
+            await p.abort_transaction()
+    finally:
+        await c2.close()
+        await a.close()
+
+    async def offsets() -> dict[int, int | None]:
+        async with Consumer({"bootstrap.servers": b, "group.id": group, "enable.auto.commit": False}) as c:
+            got = await c.committed([(inp, 0), (inp, 1)])
+            return {tp[1]: o for tp, o in got.items()}
+    want = {mine[1]: 3, 1 - mine[1]: None}
+    await until(_equals(offsets, want), 15, f"committed offsets {want}")
+    assert await values(b, out, "read_committed", 1, want=1) == [b"current"]
+
+
+def _equals(probe: Any, want: Any) -> Any:
+    async def check() -> bool:
+        return await probe() == want
+    return check
+
+
+async def test_a_replaced_static_member_cannot_commit_offsets_in_a_transaction(cluster: LocalCluster) -> None:
+    """KIP-447 with static membership: once another consumer joins with the same group.instance.id, the old
+    member id is fenced (FENCED_INSTANCE_ID) even with the current generation."""
+    b = broker_of(cluster)
+    inp, group = "kip447-static-in", "kip447-static"
+    await create(b, inp, 1)
+    cfg = {"bootstrap.servers": b, "group.id": group, "group.instance.id": "worker-1", "enable.auto.commit": False,
+           "heartbeat.interval.ms": 300, "session.timeout.ms": 6000, "fetch.max.wait.ms": 100}
+    old = Consumer(cfg)
+    new = Consumer(cfg)
+    try:
+        old.subscribe([inp])
+
+        async def assigned(c: Consumer) -> bool:
+            await c.poll(100)
+            return bool(c.assignment())
+        await until(lambda: assigned(old), 60, "the first instance is assigned")
+        zombie = old.group_metadata()
+        new.subscribe([inp])
+        await until(lambda: assigned(new), 60, "the replacement instance is assigned")
+        assert new.group_metadata().member_id != zombie.member_id
+        async with txn_producer(b, "kip447-static-p") as p:
+            await p.init_transactions()
+            await p.begin_transaction()
+            with pytest.raises(errors.FencedInstanceIdError):  # type: ignore[attr-defined]
+                await p.send_offsets_to_transaction({(inp, 0): 1}, zombie)
+            await p.abort_transaction()
+            await p.begin_transaction()
+            await p.send_offsets_to_transaction({(inp, 0): 1}, new.group_metadata())
+            await p.commit_transaction()
+    finally:
+        await new.close()
+        try:
+            await old.close()
+        except errors.GregorError:
+            pass  # the fenced instance's leave is refused: it is a zombie

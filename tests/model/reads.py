@@ -33,12 +33,9 @@ async def _read(bootstrap: str, topic: str, isolation: str, partitions: int, tim
     async with Consumer({"bootstrap.servers": bootstrap, "isolation.level": isolation,
                          "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100}) as consumer:
         ends = await consumer.end_offsets(tps)
+        # No explicit seek: position() below waits for the partition's one auto.offset.reset (it used to
+        # start a second one, racing the fetch task's, and records came twice; issue 19).
         consumer.assign(tps)
-        # An explicit position: position() on a partition still without one races the fetch task's own
-        # auto.offset.reset (both reset; the later one rewinds a fetch that already advanced, and records
-        # come twice), a consumer bug reported with issue 19. Fresh topics start at offset 0.
-        for tp in tps:
-            consumer.seek(tp, 0)
         deadline = time.monotonic() + timeout_s
         while True:
             for r in sorted(await consumer.poll(200), key=lambda r: (r.partition, r.offset)):

@@ -2,7 +2,8 @@
 
 Members (the asyncio Consumer or the blocking SyncConsumer, eager `range` or `cooperative-sticky`)
 join, poll, commit (commit_sync / commit_async / auto-commit / commit_sync inside
-on_partitions_revoked), unsubscribe and close, over a topic pre-filled with known records to which
+on_partitions_revoked), unsubscribe and close, and the coordinator is SIGKILLed and restarted (at most
+once per program), over a topic pre-filled with known records to which
 more are sometimes produced. A small model checks after every step:
 
 - committed offsets never go backwards;
@@ -19,8 +20,10 @@ Profiles: `ci` (default, a bounded number of programs) and `long` (20x), chosen 
 GREGOR_MODEL_PROFILE=long (the `make test-model-long` target runs tests/model/). A shrunk failure
 prints the program as Hypothesis steps (state.join(...), state.poll(...), ...) that replay it.
 
-EOS programs have one member at a time: the transaction coordinator does not fence a
-TxnOffsetCommit from an old generation (KIP-447), so a zombie member could double-process.
+EOS programs have one member at a time: a TxnOffsetCommit from an old generation is refused (KIP-447
+zombie fencing; a refused member aborts and shuts down), but OffsetFetch does not yet wait for a
+transaction's pending offsets (KIP-447's require_stable, UNSTABLE_OFFSET_COMMIT), so a member taking
+over a partition could start before its previous owner's committed offsets are applied.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -40,9 +44,12 @@ from gregor.client import SyncProducer
 from gregor.client.consumer import Consumer, ConsumerRecord, SyncConsumer
 from gregor.common import errors
 from tests.helpers.loop_consumer import LoopConsumer
-from tests.helpers.cluster import LocalCluster, tear_down
+from tests.helpers.cluster import LocalCluster, bounce_coordinator, tear_down
 from tests.integration.test_consumer_groups import bootstrap, config, create_topic
 from tests.integration.test_transactions import TXN_OVERRIDES
+
+ZOMBIE = (errors.IllegalGenerationError, errors.UnknownMemberIdError,  # type: ignore[attr-defined]
+          errors.FencedInstanceIdError)  # type: ignore[attr-defined]
 
 CI_EXAMPLES, STEPS = 3, 12
 settings.register_profile("ci", max_examples=CI_EXAMPLES, stateful_step_count=STEPS, deadline=None,
@@ -166,6 +173,8 @@ class GroupModel(RuleBasedStateMachine):
         self.group = ""
         self.observer: Optional[SyncConsumer] = None
         self._names = itertools.count()
+        self.bounced = False
+        self.txn_offsets: dict[int, int] = {}  # eos: the offsets of the last committed transaction per partition
 
     MODE = "commits"
 
@@ -238,7 +247,15 @@ class GroupModel(RuleBasedStateMachine):
         m.producer.begin_transaction()
         for r in recs:
             m.producer.send(OUT_TOPIC, f"{self.group}|{r.partition}|{r.offset}".encode(), partition=0)
-        m.producer.send_offsets_to_transaction(offsets, m.facade.group_metadata())
+        try:
+            m.producer.send_offsets_to_transaction(offsets, m.facade.group_metadata())
+        except ZOMBIE:
+            # KIP-447: this member is no longer the group's current one (e.g. the coordinator's restart outlived
+            # its session): its offsets are refused and the transaction can only abort. It shuts down, as an
+            # application does on CommitFailedException; a new member starts from the committed offsets.
+            m.producer.abort_transaction()
+            self._close(m)
+            return
         if abort == 0:  # the application fails mid-batch: abort and crash; a new member takes over
             m.producer.abort_transaction()
             self._close(m)
@@ -246,6 +263,8 @@ class GroupModel(RuleBasedStateMachine):
         m.producer.commit_transaction()
         for r in recs:
             self.processed[r.partition].add(r.offset)
+        for (_, p), off in offsets.items():
+            self.txn_offsets[p] = off
 
     @precondition(lambda self: bool(self.members) and self.mode == "commits")
     @rule(i=st.integers(0, 2), sync=st.booleans())
@@ -270,6 +289,16 @@ class GroupModel(RuleBasedStateMachine):
         for _ in range(n):
             PRODUCER.send(IN_TOPIC, b"more", partition=partition)
         PRODUCER.flush()
+
+    @precondition(lambda self: not self.bounced)
+    @rule()
+    def bounce_coordinator(self) -> None:
+        """SIGKILL the group/transaction coordinator and start it again (same id and port; once per program).
+        Groups, committed offsets and transactions come back from __consumer_offsets and __transaction_state;
+        members rediscover it. Commits refused meanwhile are typed errors the model does not count on; the
+        invariants stay as they are: commits never go back, never past delivery, nothing lost."""
+        self.bounced = True
+        bounce_coordinator(self.cluster, lease_ttl_ms=3000, overrides=TXN_OVERRIDES)
 
     def _close(self, m: Member) -> None:
         self.members.remove(m)
@@ -303,6 +332,8 @@ class GroupModel(RuleBasedStateMachine):
                 self._close(m)
             if self.observer is None:
                 return
+            if self.mode == "eos":
+                self._wait_for_transactional_offsets()
             self.commits_never_go_back_nor_past_delivery()
             self.observer.close()
             self.observer = None
@@ -313,6 +344,21 @@ class GroupModel(RuleBasedStateMachine):
                     m.facade.close()
                 except Exception:
                     pass
+
+    def _wait_for_transactional_offsets(self) -> None:
+        """The group's committed offsets become exactly those of the last committed transaction per partition.
+        They are applied when the transaction's markers are written, after commit_transaction() returned (as
+        Kafka materializes them at the marker), so they are awaited, bounded; offsets lost or never applied
+        fail here."""
+        assert self.observer is not None
+        want = {tp: self.txn_offsets.get(tp[1]) for tp in TPS}
+        got: dict[TP, Optional[int]] = {}
+        for _ in range(150):
+            got = self.observer.committed(TPS)
+            if got == want:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the committed transactions' offsets {want} are not the group's: {got}")
 
     def _check_end(self) -> None:
         # At least once: from the committed positions on, a new member of the group reads what is left.

@@ -1,12 +1,13 @@
 """Model-based tests of the transactional producer against a real cluster (issue 19 item 3).
 
 Hypothesis generates programs of begin / send / flush / commit / abort / send_offsets_to_transaction /
-close-and-reopen / a fencing second instance / a broker bounce (SIGKILL + restart), run through the async
-Producer or the blocking SyncProducer. A small model predicts which calls raise, which futures succeed and,
-at the end of each program, exactly what read_committed and read_uncommitted consumers see. Where a fault
-makes an outcome uncertain (a send in flight during a broker bounce, a commit that failed after a fault)
-the model allows both outcomes, as Jepsen's `unknown`. A failure prints the shrunk program as calls of
-the rules below (their names say what each step does), replayable as it stands.
+close-and-reopen / a fencing second instance / a broker or coordinator bounce (SIGKILL + restart, one
+per program), run through the async Producer or the blocking SyncProducer. A small model predicts which
+calls raise, which futures succeed and, at the end of each program, exactly what read_committed and
+read_uncommitted consumers see. Where a fault makes an outcome uncertain (a send in flight during a broker
+bounce, a commit that failed after a fault) the model allows both outcomes, as Jepsen's `unknown`. A
+failure prints the shrunk program as calls of the rules below (their names say what each step does),
+replayable as it stands.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gregor.common import errors
-from tests.helpers.cluster import LocalCluster, restart_broker, stop_process
+from tests.helpers.cluster import LocalCluster, bounce_coordinator, restart_broker, stop_process
+from tests.integration.test_transactions import TXN_OVERRIDES
 from tests.model.conftest import MODEL_SETTINGS
 from tests.model.facades import FACADES, Facade, Offset
 from tests.model.reads import (PARTITIONS, create_topic, end_open_transaction, fresh, group_offsets, read,
@@ -28,7 +30,7 @@ from tests.model.reads import (PARTITIONS, create_topic, end_open_transaction, f
 
 FENCED = (errors.ProducerFencedError, errors.InvalidProducerEpochError)  # type: ignore[attr-defined]
 INVALID_STATE = errors.InvalidTxnStateError  # type: ignore[attr-defined]
-MAX_BOUNCES = 1  # per program: a bounce costs seconds (kill, restart, leader election)
+MAX_BOUNCES = 1  # per program, broker or coordinator: a bounce costs seconds (kill, restart, election/lease)
 CLUSTER: Optional[LocalCluster] = None
 
 
@@ -211,6 +213,16 @@ class TransactionalProducerModel(RuleBasedStateMachine):
         restart_broker(self.c, victim, overrides={"replica.lag.time.max.ms": "3000"})
         if self.txn is not None:
             self.txn.uncertain = True
+
+    @precondition(lambda self: self.bounces < MAX_BOUNCES)
+    @rule()
+    def bounce_coordinator(self) -> None:
+        """SIGKILL the group/transaction coordinator and start it again (same id and port). Its state is in
+        __transaction_state and __consumer_offsets (acks=all): the restarted instance reloads it once the dead
+        one's lease expires, and the producer's coordinator calls retry meanwhile (max.block.ms). Nothing
+        becomes uncertain: an open transaction carries on, and its commit or abort must land whole."""
+        self.bounces += 1
+        bounce_coordinator(self.c, lease_ttl_ms=3000, overrides=TXN_OVERRIDES)  # tests/model/conftest.py's cluster
 
     # ------------------------------------------------------------------ the end of a program
     def teardown(self) -> None:

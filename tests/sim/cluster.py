@@ -1,19 +1,24 @@
 """A seeded, in-memory cluster of one partition's replicas and two controllers, driving production code.
 
-What is production code here: each broker's ReplicationState (gregor.broker.replication_state); each follower's
-FollowerFetchState (gregor.broker.fetcher_state, the fetch session, backoff, error handling and the
-truncation rounds ReplicaFetcher uses), speaking the multi-partition ReplicaFetch session protocol
-(full and incremental requests on a stream, a new session per stream); the ISR write rule
-(isr_manager.isr_after_proposal); the controllers' election, state machines and request batches, with
-their etcd writes through controller.requests.perform_partition_state_writes and apply_writes_outcome
-(the fake store loses compares on purpose, so the re-run path runs under faults).
+What is production code here: each broker's ReplicationState (gregor.broker.replication_state) and the
+effect runner the broker uses (replication_state.dispatch_effects), with DelayedProduce's rule
+(ReplicationState.acks_all_outcome); each follower's FollowerFetchState (gregor.broker.fetcher_state, the
+fetch session, backoff, error handling and the truncation rounds ReplicaFetcher uses), speaking the
+multi-partition ReplicaFetch session protocol (full and incremental requests on a stream, a new session per
+stream) to the leader's ReplicaFetchSession (gregor.broker.replica_fetch_server: what a request does to the
+session and which partitions have news); the ISR write rule (isr_manager.isr_after_proposal); the
+controllers' election, state machines and request batches, with their etcd writes through
+controller.requests.perform_partition_state_writes and apply_writes_outcome (the fake store loses compares
+on purpose, so the re-run path runs under faults).
 
-What is a fake: the in-memory log (for the native log), messages with random delays (for gRPC), a dict
-with compare-and-swap (for etcd), an integer clock, and the IO glue that moves messages between those
-and the production objects (the leader's side of a session is a dict per stream here, not
-replica_fetch.ReplicaFetchSession, and ReplicaManager.run_effects' dispatch is mirrored in run_effects).
-Nothing here decides a broker's leadership, ISR, HW, truncation or what a fetch names; the one
-exception is the `truncation="hw"` mutant, the pre-0.11 rule kept to show that the invariants bite.
+What is a fake: the in-memory log (for the native log, with LeaderView/SimRead standing in for Partition and
+FetchResult where the session reads them), messages with random delays (for gRPC), a dict with
+compare-and-swap (for etcd), an integer clock, and the IO glue that moves messages between those and the
+production objects (the EffectRunner methods, the follower's request/answer plumbing around
+FollowerFetchState and ReplicationState). Not modelled: the fetch purgatory (an answer without news goes
+out empty at once instead of waiting replica.fetch.wait.max.ms). Nothing here decides a broker's
+leadership, ISR, HW, truncation, what a fetch names or what a session answers; the one exception is the
+`truncation="hw"` mutant, the pre-0.11 rule kept to show that the invariants bite.
 """
 
 from __future__ import annotations
@@ -21,18 +26,17 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field, replace
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from gregor.broker.fetcher_state import FollowerFetchState, PartitionFetchState
 from gregor.broker.isr_manager import isr_after_proposal
+from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession
 from gregor.broker.limits import REPLICA_FETCH_SESSION_REFRESH_PARTS
 from gregor.broker.replication_state import (
-    CompleteDelayed,
     ControlRequestFence,
     Effect,
     FetchMode,
-    HighWatermarkChanged,
     ProposeIsr,
     ReplicationState,
     Role,
@@ -40,6 +44,7 @@ from gregor.broker.replication_state import (
     StartLogAt,
     StopFetcher,
     TruncateLog,
+    dispatch_effects,
 )
 from gregor.common import errors
 from gregor.common import isr as isr_logic
@@ -86,6 +91,55 @@ class InvariantViolation(AssertionError):
 
 
 @dataclass
+class SimSlice:
+    """The records of one read (native.FileSlice's length, for the session's news rule)."""
+
+    length: int
+
+
+@dataclass
+class SimRead:
+    """ReplicaManager.read's FetchResult for the in-memory log: what the fetch session looks at, and the records."""
+
+    slice: SimSlice
+    high_watermark: int
+    records: tuple[tuple[int, int], ...]
+    log_start_offset: int = 0
+
+
+class SimLog:
+    """The part of native.Log the fetch session reads: the log start (the simulated log never moves it)."""
+
+    log_start_offset = 0
+
+
+class LeaderView:
+    """The broker's partition as the production fetch session sees a Partition (replica_fetch_server), one per broker."""
+
+    key = TP
+    log = SimLog()
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.broker.leo
+
+    @property
+    def is_leader(self) -> bool:
+        return self.broker.rs.is_leader
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.broker.rs.leader_epoch
+
+    @property
+    def high_watermark(self) -> int:
+        return self.broker.rs.high_watermark
+
+
+@dataclass
 class Broker:
     """One replica: an in-memory log (with its epoch cache) driving the production ReplicationState.
 
@@ -116,11 +170,13 @@ class Broker:
     inflight_parts: dict[TopicPartition, tuple[PartitionFetchState, int]] = field(default_factory=dict)
     inflight_truncation: tuple[PartitionFetchState, int] | None = None  # (state, asked epoch)
     out_of_range_hw: int | None = None  # the leader's HW from its OFFSET_OUT_OF_RANGE (ListOffsets latest)
-    # The leader side of the fetch sessions (replica_fetch.ReplicaFetchSession): (follower, stream) -> parts.
-    sessions: dict[tuple[int, int], dict[TopicPartition, FetchPart]] = field(default_factory=dict)
+    # The leader side of the fetch sessions: the production ReplicaFetchSession per (follower, stream).
+    sessions: dict[tuple[int, int], ReplicaFetchSession] = field(default_factory=dict)
     last_shrink_check_ms: int = 0
+    view: LeaderView = field(init=False)
 
     def __post_init__(self) -> None:
+        self.view = LeaderView(self)
         self.reset_volatile()
 
     def reset_volatile(self) -> None:
@@ -322,7 +378,8 @@ class Simulation:
         self.injected_conflicts = 0
         self.isr_races = 0  # controller writes that lost their compare to a leader's ISR write
         self.write_retries = 0
-        self.fetches = {"full": 0, "incremental": 0}
+        # Follower requests by kind; "no_news": leader answers the production session left empty (nothing moved).
+        self.fetches = {"full": 0, "incremental": 0, "no_news": 0}
         self.leader_by_epoch: dict[int, int] = {}
         self.max_hw: dict[int, int] = {}
         self.steps = 0
@@ -520,36 +577,41 @@ class Simulation:
     # -- broker side: the drivers of ReplicationState ---------------------------------------------
 
     def run_effects(self, b: Broker, effects: list[Effect]) -> None:
-        """ReplicaManager.run_effects: carry out what the ReplicationState decided."""
-        for e in b.apply_log_effects(effects):
-            if isinstance(e, StartFetcher):
-                # ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader.
-                if b.fetcher is None or b.fetcher_leader != e.leader_id:
-                    b.stop_fetcher()
-                    b.fetcher = FollowerFetchState(
-                        refresh_after=self.cfg.replica_lag_time_max_ms / REPLICA_FETCH_SESSION_REFRESH_PARTS,
-                        backoff=self.cfg.replica_fetch_backoff_ms)
-                    b.fetcher_leader = e.leader_id
-                b.fetcher.add(TP, e.leader_epoch)
-                b.out_of_range_hw = None
-                if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
-                    b.truncate_to(b.hw)
-                    b.rs.finish_truncation(b.leo)
-            elif isinstance(e, StopFetcher):
-                if b.fetcher is not None:
-                    b.fetcher.drop(TP)
-            elif isinstance(e, ProposeIsr):
-                self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
-            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
-                self.complete_delayed(b)
+        """What ReplicaManager.run_effects does: the log effects on the log, the rest through the production
+        dispatch_effects, which calls the four EffectRunner methods below (the simulation's IO for them)."""
+        dispatch_effects(b, b.apply_log_effects(effects), self)
+
+    def start_fetcher(self, b: Broker, e: StartFetcher) -> None:
+        """ReplicaFetcherManager.add_partition: the partition joins the fetcher for its leader."""
+        if b.fetcher is None or b.fetcher_leader != e.leader_id:
+            b.stop_fetcher()
+            b.fetcher = FollowerFetchState(
+                refresh_after=self.cfg.replica_lag_time_max_ms / REPLICA_FETCH_SESSION_REFRESH_PARTS,
+                backoff=self.cfg.replica_fetch_backoff_ms)
+            b.fetcher_leader = e.leader_id
+        b.fetcher.add(TP, e.leader_epoch)
+        b.out_of_range_hw = None
+        if self.cfg.truncation == "hw":  # the pre-0.11 mutant: truncate to the HW, skip leader epochs
+            b.truncate_to(b.hw)
+            b.rs.finish_truncation(b.leo)
+
+    def stop_fetcher(self, b: Broker) -> None:
+        if b.fetcher is not None:
+            b.fetcher.drop(TP)
+
+    def propose_isr(self, b: Broker, e: ProposeIsr) -> None:
+        """IsrManager.write_isr: the proposal travels to the (fake) etcd."""
+        self.network.send(self.clock.now_ms, b.id, STORE, IsrWrite(e), reliable=True)
 
     def complete_delayed(self, b: Broker) -> None:
-        """DelayedProduce: acked once the HW passes the offset; a broker that stopped leading answers an error."""
-        if not b.rs.is_leader:
-            b.pending_acks = {}
-            return
-        for offset in [o for o in b.pending_acks if o < b.hw]:
-            self.acked[offset] = b.pending_acks.pop(offset)
+        """The DelayedProduce purgatory: each parked acks=all append ends as the production rule
+        (ReplicationState.acks_all_outcome) says: acked once the HW passed it, failed if leadership moved first."""
+        for offset in list(b.pending_acks):
+            outcome = b.rs.acks_all_outcome(offset)
+            if outcome is True:
+                self.acked[offset] = b.pending_acks.pop(offset)
+            elif outcome is False:
+                del b.pending_acks[offset]
 
     def handle_control(self, b: Broker, req: Any) -> None:
         """BrokerControlServicer: fence, then LeaderAndIsr / StopReplica through the ReplicationState."""
@@ -602,14 +664,10 @@ class Simulation:
     # -- the follower: ReplicaFetcher's IO over FollowerFetchState --------------------------------------------
 
     def current(self, b: Broker, st: PartitionFetchState) -> bool:
-        """ReplicaFetcher._current: still a follower of this leader at this epoch (else the partition leaves)."""
-        rs, fetcher = b.rs, b.fetcher
-        assert fetcher is not None
-        if (rs.role is not Role.FOLLOWER or rs.leader_id != b.fetcher_leader or rs.leader_epoch != st.leader_epoch
-                or not fetcher.current(TP, st)):
-            fetcher.drop(TP, st)
-            return False
-        return True
+        """ReplicaFetcher._current: the production rule (FollowerFetchState.keep over
+        ReplicationState.is_current_follower); a partition no longer followed at st's epoch leaves the fetcher."""
+        assert b.fetcher is not None
+        return b.fetcher.keep(TP, st, b.rs.is_current_follower(b.fetcher_leader, st.leader_epoch))
 
     def fetcher_tick(self, b: Broker, now: int) -> None:
         """One fetcher step: a timed-out exchange fails its partitions (REQUEST_TIMED_OUT, the stream resets);
@@ -695,59 +753,74 @@ class Simulation:
             self.finish_truncation(b, st)
 
     def handle_replica_fetch(self, b: Broker, follower: int, f: ReplicaFetch) -> ReplicaFetchAnswer:
-        """The leader's ReplicaFetch (replica_fetch.replica_fetch with its session): a full request replaces the
-        stream's session, an incremental one updates the parts it names; each session part is read like
-        ReplicaManager.handle_fetch for a follower. A part answered with an error leaves the session until named."""
+        """The leader's ReplicaFetch through the production ReplicaFetchSession (replica_fetch_server): a full
+        request replaces the stream's session, an incremental one updates the parts it names, and the answer
+        carries only the session's partitions with news. Not modelled: parking an answer without news (the
+        DelayedSessionFetch purgatory); it goes out empty at once."""
         key = (follower, f.stream_id)
         if f.incremental and key not in b.sessions:
             return ReplicaFetchAnswer(f.req_id, (), "NETWORK_EXCEPTION")  # no such stream here: it ended
         if not f.incremental:
             for old in [k for k in b.sessions if k[0] == follower]:
                 del b.sessions[old]
-            b.sessions[key] = {}
+            b.sessions[key] = ReplicaFetchSession()
         session = b.sessions[key]
-        for part in f.parts:
-            session[part.tp] = part
-        self.check_session_covers_fetch(follower, f, session)
+        parts = [ReplicaFetchPart(p.tp.topic, p.tp.partition, p.offset, p.current_leader_epoch,
+                                  self.cfg.fetch_records_max) for p in f.parts]
+        # LeaderView and SimRead stand in for Partition and FetchResult (the attributes the session reads).
+        listed = session.apply_request(parts, f.incremental, lambda part: self.open_for_follower(  # type: ignore
+            b, follower, f.broker_epoch, part))
+        self.check_session_covers_fetch(follower, f, session, listed)
+        hosted = {TP: b.view} if b.alive else {}
+        answered = session.news(listed, hosted)  # type: ignore[arg-type]
+        session.sent(answered)
+        if not answered:
+            self.fetches["no_news"] += 1
         answers = []
-        for tp, part in list(session.items()):
-            answer = self.read_for_follower(b, follower, f.broker_epoch, part)
-            if answer.error:
-                del session[tp]
+        for entry, outcome in answered:
+            part = entry.part
+            tp = TopicPartition(part.topic, part.partition)
+            if isinstance(outcome, errors.GregorError):
+                answers.append(PartAnswer(tp, part.fetch_offset, (), b.hw, b.leo, outcome.name))
             else:
-                # The session remembers where the follower is: the next incremental fetch continues from there.
-                session[tp] = replace(part, offset=part.offset + len(answer.records))
-            answers.append(answer)
+                read: SimRead = outcome  # type: ignore[assignment]
+                answers.append(PartAnswer(tp, part.fetch_offset, read.records, read.high_watermark, b.leo))
         return ReplicaFetchAnswer(f.req_id, tuple(answers))
 
-    def check_session_covers_fetch(self, follower: int, f: ReplicaFetch, session: dict[TopicPartition, FetchPart]
-                                   ) -> None:
+    def check_session_covers_fetch(self, follower: int, f: ReplicaFetch, session: ReplicaFetchSession,
+                                   listed: dict[tuple[str, int], Any]) -> None:
         """Invariant fetch_session_covers_fetch: the follower's current request leaves every partition it is
         fetching in the leader's session (else that partition silently stops replicating until the next full
         request: the leader answers an errored part once and forgets it until it is named again)."""
         fb = self.brokers[follower]
         if f.req_id != fb.inflight_id or f.stream_id != fb.stream_id:
             return  # a late request of an earlier exchange or stream
-        missing = sorted(str(tp) for tp in fb.inflight_parts if tp not in session)
+        missing = sorted(str(tp) for tp in fb.inflight_parts
+                         if tp not in session.entries
+                         or (tp not in listed and isinstance(session.entries[tp].slot, errors.GregorError)))
         if missing:
             self.violate("fetch_session_covers_fetch",
                          f"broker {follower} fetches {missing} but its {'incremental' if f.incremental else 'full'} "
                          f"request left them out of leader {self.brokers[follower].fetcher_leader}'s session")
 
-    def read_for_follower(self, b: Broker, follower: int, broker_epoch: int, part: FetchPart) -> PartAnswer:
-        """ReplicaManager.handle_fetch for a follower: broker epoch, leader epoch, range; then the state machine."""
+    def open_for_follower(self, b: Broker, follower: int, broker_epoch: int,
+                          part: ReplicaFetchPart) -> tuple[LeaderView, Callable[[], SimRead], SimRead]:
+        """handle_replica_fetch's open_part for the in-memory log: broker epoch, leader epoch and range checks
+        (ReplicaManager.read), the first read, and the follower's fetch recorded in the ReplicationState."""
         rs = b.rs
-        try:
-            rs.check_follower_fetch(follower, broker_epoch, self.live_epoch(follower))
+        rs.check_follower_fetch(follower, broker_epoch, self.live_epoch(follower))
+
+        def read() -> SimRead:
             rs.check_leader(part.current_leader_epoch)
-        except errors.GregorError as err:
-            return PartAnswer(part.tp, part.offset, (), 0, 0, err.name)
-        if part.offset > b.leo:
-            return PartAnswer(part.tp, part.offset, (), b.hw, b.leo, "OFFSET_OUT_OF_RANGE")
-        records = tuple(b.log[part.offset : part.offset + self.cfg.fetch_records_max])
+            if part.fetch_offset > b.leo:
+                raise errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, f"{part.fetch_offset} > LEO {b.leo}")
+            records = tuple(b.log[part.fetch_offset : part.fetch_offset + part.max_bytes])
+            return SimRead(SimSlice(len(records)), b.hw, records)
+
+        result = read()
         b.heard_from.add(follower)
-        self.run_effects(b, rs.on_follower_fetch(follower, part.offset, broker_epoch, b.leo, self.clock.now_ms))
-        return PartAnswer(part.tp, part.offset, records, b.hw, b.leo)
+        self.run_effects(b, rs.on_follower_fetch(follower, part.fetch_offset, broker_epoch, b.leo, self.clock.now_ms))
+        return b.view, read, result
 
     def live_epoch(self, broker_id: int) -> int | None:
         """The broker epoch the controller last saw registered (the metadata cache's live brokers)."""

@@ -26,7 +26,7 @@ from gregor.controller.state import (
     ReplicaState,
 )
 from tests.sim.cluster import Simulation, SimConfig
-from tests.sim.test_controller_failover_isr import TP, _context
+from tests.sim.test_controller_failover_isr import TP, controller_context
 from tests.sim.test_replication_sim import run_schedule
 
 BOUNCE_DURING_FAILOVER = [(77, "restart_torn", 1, 0), (77, "controller_failover", 0, 0)]
@@ -34,7 +34,7 @@ BOUNCE_DURING_FAILOVER = [(77, "restart_torn", 1, 0), (77, "controller_failover"
 
 def _running(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:
     """An active controller's context with the replica and partition states of the given brokers."""
-    ctx = _context(lai, live)
+    ctx = controller_context(lai, live)
     rsm.initialize_replica_states(ctx)
     psm.initialize_partition_states(ctx)
     return ctx
@@ -60,7 +60,7 @@ def test_sim_leader_bounced_during_controller_failover_leads_no_more_at_its_epoc
 
 def test_failover_elects_again_when_the_leader_registered_anew() -> None:
     # Leader 2 was elected at broker epoch 20 and is registered at 25 now.
-    ctx = _context(LeaderAndIsr(2, 4, (2, 1, 3), controller_epoch=6, partition_epoch=9, leader_broker_epoch=20),
+    ctx = controller_context(LeaderAndIsr(2, 4, (2, 1, 3), controller_epoch=6, partition_epoch=9, leader_broker_epoch=20),
                    {1: 10, 2: 25, 3: 30})
     actions = ControllerActions()
     assert on_controller_failover(ctx, actions) == {2}
@@ -77,7 +77,7 @@ def test_failover_elects_again_when_the_leader_registered_anew() -> None:
 
 
 def test_failover_with_the_bounced_leader_as_only_isr_member_bumps_its_epoch() -> None:
-    ctx = _context(LeaderAndIsr(2, 4, (2,), controller_epoch=6, partition_epoch=9, leader_broker_epoch=20),
+    ctx = controller_context(LeaderAndIsr(2, 4, (2,), controller_epoch=6, partition_epoch=9, leader_broker_epoch=20),
                    {1: 10, 2: 25, 3: 30})
     actions = ControllerActions()
     on_controller_failover(ctx, actions)
@@ -89,7 +89,7 @@ def test_failover_with_the_bounced_leader_as_only_isr_member_bumps_its_epoch() -
 
 def test_unknown_or_matching_leader_broker_epoch_is_no_bounce() -> None:
     for recorded in (UNKNOWN_BROKER_EPOCH, 20):  # a state from before the field; the same registration
-        ctx = _context(LeaderAndIsr(2, 4, (2, 1, 3), 6, 9, leader_broker_epoch=recorded), {1: 10, 2: 20, 3: 30})
+        ctx = controller_context(LeaderAndIsr(2, 4, (2, 1, 3), 6, 9, leader_broker_epoch=recorded), {1: 10, 2: 20, 3: 30})
         actions = ControllerActions()
         assert on_controller_failover(ctx, actions) == set()
         assert actions.writes == [] and ctx.partition_leadership_info[TP].leader_epoch == 4

@@ -24,7 +24,7 @@ from tests.sim.cluster import Simulation
 TP = TopicPartition("t", 0)
 
 
-def _context(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:
+def controller_context(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:
     ctx = ControllerContext(live_broker_epochs=live, epoch=7)
     ctx.all_topics.add("t")
     ctx.update_partition_replica_assignment(TP, (1, 2, 3))
@@ -34,7 +34,7 @@ def _context(lai: LeaderAndIsr, live: dict[int, int]) -> ControllerContext:
 
 def test_failover_removes_dead_followers_from_isr() -> None:
     # Leader 2 is alive; follower 1 died while no controller was active.
-    ctx = _context(LeaderAndIsr(2, 4, (1, 2, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
+    ctx = controller_context(LeaderAndIsr(2, 4, (1, 2, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
     actions = ControllerActions()
     on_controller_failover(ctx, actions)
     lai = ctx.partition_leadership_info[TP]
@@ -51,7 +51,7 @@ def test_failover_removes_dead_followers_from_isr() -> None:
 
 
 def test_failover_with_dead_leader_elects_from_the_shrunk_isr() -> None:
-    ctx = _context(LeaderAndIsr(1, 4, (1, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
+    ctx = controller_context(LeaderAndIsr(1, 4, (1, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
     actions = ControllerActions()
     on_controller_failover(ctx, actions)
     lai = ctx.partition_leadership_info[TP]
@@ -63,7 +63,7 @@ def test_failover_with_dead_leader_elects_from_the_shrunk_isr() -> None:
 
 def test_failover_keeps_the_last_isr_member_when_it_is_dead() -> None:
     # The only ISR member died: unclean election off, the partition stays offline with it as the ISR.
-    ctx = _context(LeaderAndIsr(1, 4, (1,), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
+    ctx = controller_context(LeaderAndIsr(1, 4, (1,), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
     actions = ControllerActions()
     on_controller_failover(ctx, actions)
     lai = ctx.partition_leadership_info[TP]
@@ -72,7 +72,7 @@ def test_failover_keeps_the_last_isr_member_when_it_is_dead() -> None:
 
 
 def test_failover_leaves_topics_queued_for_deletion_to_the_deletion() -> None:
-    ctx = _context(LeaderAndIsr(2, 4, (1, 2, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
+    ctx = controller_context(LeaderAndIsr(2, 4, (1, 2, 3), controller_epoch=6, partition_epoch=9), {2: 20, 3: 30})
     ctx.topics_to_be_deleted.add("t")
     actions = ControllerActions()
     on_controller_failover(ctx, actions)

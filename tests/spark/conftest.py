@@ -28,12 +28,17 @@ def spark(gregor: LocalCluster) -> Iterator[Any]:
                   "GREGOR_BOOTSTRAP": gregor.bootstrap}  # the source's default bootstrap in the workers
     saved = {k: os.environ.get(k) for k in launch_env}
     os.environ.update(launch_env)
+    import pyspark
     from pyspark.sql import SparkSession
 
+    from bench.kafka_dist import spark_kafka_jars
     from gregor_spark import GregorDataSource
 
+    # Spark's own `kafka` source and sink (spark-sql-kafka-0-10, cached by `make kafka-jars`) on the classpath:
+    # tests/spark/test_spark_kafka_format.py reads and writes Gregor's Kafka listener with it.
+    jars = ",".join(spark_kafka_jars(pyspark.__version__))
     try:
-        session = (SparkSession.builder.master("local[2]").appName("gregor-tests")
+        session = (SparkSession.builder.master("local[2]").appName("gregor-tests").config("spark.jars", jars)
                    .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                    .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     finally:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from gregor.common import errors
+from gregor.common import errors, tls
 from gregor.common.config import BrokerConfig
 from gregor.common.properties import load_properties
 
@@ -49,6 +49,7 @@ async def run(config: BrokerConfig, ready_file: str | None) -> None:
     from gregor.common.runtime_metrics import start_runtime_metrics, tune_gc
 
     tune_allocator()
+    tls.configure(config.tls)  # every channel this process opens (fetchers, controller, coordinators, etcd)
     broker = Broker(config)
     await broker.start()
     tune_gc()  # startup's objects out of every collection; rare generation-2 walks (no 60-80 ms stalls under load)

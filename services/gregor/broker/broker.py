@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from gregor.broker.broker_metrics import unwatch_broker, watch_broker
+from gregor.broker.broker_metrics import open_file_descriptors, unwatch_broker, watch_broker
 from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
@@ -16,15 +16,19 @@ from gregor.broker.local_admin import LocalTopicStore
 from gregor.broker.log_manager import LogManager
 from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.produce_api import ProduceStreamHandler
+from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quotas
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors, uuid
+from gregor.common.authz import Authz, AuthorizerConfig, user_name
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
 from gregor.common.rpc import add_health_and_reflection, make_server
+from gregor.common.tls import add_port
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
+AUTHORIZER_SYNC_WAIT_S = 10.0  # how long start() waits for the first read of the ACLs
 
 
 class Broker:
@@ -41,6 +45,10 @@ class Broker:
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
+        self.quotas = BrokerQuotas()  # client quotas (broker/quota_manager.py), configs from etcd
+        rules = self.config.ssl_principal_mapping_rules
+        self.quotas.principal_of = lambda conn: user_name(conn, rules)  # the TLS principal's user, or ANONYMOUS
+        watch_quotas(self.quotas)
         watch_broker(self.replica_manager, self.log_manager.log_dirs, config.metrics_partition_level_enable)
         register_build_info("broker")
         self.cluster_mode = bool(config.etcd_endpoints)
@@ -49,6 +57,8 @@ class Broker:
         self.membership: ClusterMembership | None = None
         self.coordinator_lookup: CoordinatorLookup | None = None  # FindCoordinator's etcd view (cluster mode)
         self._etcd: Any = None
+        self._authz_etcd: Any = None  # the ACL cache's own etcd client (the authorizer is up before we register)
+        self.authz = Authz()  # off until start() reads authorizer.class.name
         self.grpc_port = config.port
         self.data_port: DataPortServer | None = None
         self.metrics_port = -1
@@ -112,6 +122,7 @@ class Broker:
             for name, entry in sorted(self.topic_store.topics.items()):
                 self.open_topic(name, entry)
         self.log_manager.start()
+        await self._start_authorizer()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
         services = [broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name, "gregor.rpc.v1.AdminService"]
         if self.cluster_mode:
@@ -121,14 +132,17 @@ class Broker:
         else:
             controller_pb2_grpc.add_AdminServiceServicer_to_server(LocalAdminServicer(self), self._server)
         add_health_and_reflection(self._server, services)
-        self.grpc_port = self._server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.grpc_port = add_port(self._server, f"{self.config.host}:{self.config.port}", self.config.tls)
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
-        if self.config.data_port >= 0:
+        if self.config.data_port >= 0 and not self.authz.enabled:  # the data port has no authentication yet
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
-                                            send_timeout_ms=self.config.data_port_send_timeout_ms)
+                                            send_timeout_ms=self.config.data_port_send_timeout_ms,
+                                            quotas=self.quotas,
+                                            ssl_context=self.config.tls.server_ssl_context()
+                                            if self.config.tls.enabled else None)
             await self.data_port.start()
         if self.config.listeners:
             from gregor.kafka.server import start_listener
@@ -142,23 +156,45 @@ class Broker:
                  self.config.host, self.grpc_port, self.data_port.port if self.data_port else "off",
                  self.metrics_port)
 
+    async def _start_authorizer(self) -> None:
+        """authorizer.class.name set: follow the ACLs in etcd; serve once they are read (fail closed till then)."""
+        config = AuthorizerConfig.from_properties({
+            "authorizer.class.name": self.config.authorizer_class_name, "super.users": self.config.super_users,
+            "allow.everyone.if.no.acl.found": str(self.config.allow_everyone_if_no_acl_found).lower(),
+            "ssl.principal.mapping.rules": self.config.ssl_principal_mapping_rules})
+        if not config.enabled:
+            return
+        if self.cluster_mode:
+            from gregor.common.etcd import EtcdClient
+
+            self._authz_etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id)
+        self.authz = Authz.create(config, self._authz_etcd)
+        self.authz.start()
+        if not await self.authz.wait_synced(AUTHORIZER_SYNC_WAIT_S):
+            log.warning("broker %d: the ACLs are not read from etcd yet; only super users are allowed until then",
+                        self.config.broker_id)
+
     async def _register(self) -> None:
         """Register in etcd once serving, so the controller's first requests find us listening."""
         from gregor.common.etcd import EtcdClient
 
-        self._etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id)
+        self._etcd = EtcdClient(self.config.etcd_endpoints, cluster=self.config.cluster_id,
+                                security=self.config.tls)
         info = {"host": self.config.host, "grpc_port": self.grpc_port,
                 "data_port": self.data_port.port if self.data_port else 0, "rack": self.config.broker_rack or None,
-                "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"]}
+                "endpoints": [f"GRPC://{self.config.host}:{self.grpc_port}"],
+                # The controller refuses a creation that would take us past it (issue 24).
+                "max_open_files": open_file_descriptors()[1]}
         if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
             info["kafka"] = self.kafka.advertised
-            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"PLAINTEXT://{self.kafka.advertised}"]
+            info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"{self.kafka.security_protocol}://{self.kafka.advertised}"]
         self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
                                             self.config.broker_session_timeout_ms)
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.
         self._start_replication()
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
         self.coordinator_lookup.start()
+        self.quotas.start(self._etcd)
         await self.membership.start()
         if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
             from gregor.common.metrics_reporter import MetricsReporter
@@ -213,8 +249,13 @@ class Broker:
             await self.membership.close()  # deregister: the controller runs onBrokerFailure for what is left
         if self.coordinator_lookup is not None:
             await self.coordinator_lookup.stop()
+        await self.quotas.stop()
+        unwatch_quotas(self.quotas)
         if self._etcd is not None:
             await self._etcd.close()
+        await self.authz.stop()
+        if self._authz_etcd is not None:
+            await self._authz_etcd.close()
         self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER
         for stream in list(self.produce_streams):
             stream.close()

@@ -9,6 +9,7 @@ default; metrics.partition.level.enable=true adds a partition label (one series 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 from typing import TYPE_CHECKING, Iterator
 
@@ -44,6 +45,8 @@ class BrokerStateCollector:
         yield offline
         yield from self._log_families(partitions)
         yield from self._disk_families(log_dirs)
+        if sources:
+            yield from self._file_families()
 
     def _log_families(self, partitions: list["Partition"]) -> Iterator[Metric]:
         labels = ["topic", "partition"] if self.partition_level else ["topic"]
@@ -92,6 +95,30 @@ class BrokerStateCollector:
             total.add_metric([os.path.abspath(d)], usage.total)
         yield free
         yield total
+
+    @staticmethod
+    def _file_families() -> Iterator[Metric]:
+        """Open descriptors against the soft RLIMIT_NOFILE (`ulimit -n`): a replica holds one per segment,
+        plus one per connection; at the limit every new segment, socket and file fails (issue 24)."""
+        opened, limit = open_file_descriptors()
+        now = GaugeMetricFamily("gregor_broker_open_file_descriptors",
+                                "File descriptors the broker process has open (a replica holds one per segment)")
+        now.add_metric([], opened)
+        yield now
+        top = GaugeMetricFamily("gregor_broker_open_file_descriptors_max",
+                                "The broker process's open-file limit (soft RLIMIT_NOFILE, ulimit -n)")
+        top.add_metric([], limit)
+        yield top
+
+
+def open_file_descriptors() -> tuple[int, int]:
+    """(descriptors open now, soft open-file limit) of this process; the limit is -1 when unlimited."""
+    try:
+        opened = len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself holds
+    except OSError:
+        opened = -1
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return opened, -1 if soft == resource.RLIM_INFINITY else int(soft)
 
 
 COLLECTOR = BrokerStateCollector()

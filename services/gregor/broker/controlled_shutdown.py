@@ -26,7 +26,7 @@ async def run(config: BrokerConfig) -> bool:
     from gregor.broker.cluster_membership import ClusterMembership
     from gregor.common.etcd import EtcdClient
 
-    etcd = EtcdClient(config.etcd_endpoints, cluster=config.cluster_id)
+    etcd = EtcdClient(config.etcd_endpoints, cluster=config.cluster_id, security=config.tls)
     membership = ClusterMembership(etcd, config.broker_id, {}, config.broker_session_timeout_ms)
     try:
         kv = await etcd.get(membership.key)

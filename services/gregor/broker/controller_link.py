@@ -43,7 +43,8 @@ async def allocate_producer_ids(broker: "Broker") -> tuple[int, int]:
     return resp.producer_id_start, resp.producer_id_len
 
 
-async def forward_to_controller(broker: "Broker", api: str, request: Any, remaining: float | None) -> Any:
+async def forward_to_controller(broker: "Broker", api: str, request: Any, remaining: float | None,
+                                metadata: Any = None) -> Any:
     """Relay an AdminService call to the active controller; `remaining` is the caller's deadline in seconds."""
     deadline = time.monotonic() + min(remaining if remaining is not None else FORWARD_TIMEOUT_S,
                                       FORWARD_TIMEOUT_S)
@@ -54,7 +55,8 @@ async def forward_to_controller(broker: "Broker", api: str, request: Any, remain
             assert membership is not None
             _, ch = await membership.controller_channel()
             stub = controller_pb2_grpc.AdminServiceStub(ch)
-            return await getattr(stub, api)(request, timeout=max(0.1, deadline - time.monotonic()))
+            return await getattr(stub, api)(request, timeout=max(0.1, deadline - time.monotonic()),
+                                            metadata=metadata)
         except grpc.RpcError as exc:
             last = errors.from_rpc_error(exc)
             if last.code not in (errors.Code.NOT_CONTROLLER, errors.Code.NETWORK_EXCEPTION):

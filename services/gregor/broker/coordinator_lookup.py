@@ -32,7 +32,7 @@ from gregor.broker.limits import (
     LOOKUP_RETRY_S as RETRY_S,
 )
 from gregor.common import errors
-from gregor.common.etcd import EtcdClient, EtcdError, WatchCompacted
+from gregor.common.etcd import EtcdClient, EtcdError, follow_prefix
 from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode, TopicZNode
 from gregor.common.coordinator_ownership import (
     OFFSETS_TOPIC, TXN_TOPIC, apply_coordinator_key, desired_owner, partition_for,
@@ -70,21 +70,12 @@ class CoordinatorLookup:
             self._task = None
 
     async def _watch(self) -> None:
-        prefix = CoordinatorsZNode.prefix(self.etcd)
-        while True:
-            try:
-                res = await self.etcd.get_prefix(prefix)
-                self.live, self.claims, self.txn_claims = {}, {}, {}
-                for kv in res.kvs:
-                    self._apply(CoordinatorsZNode.parse(self.etcd, kv.key), kv.value)
-                self._synced.set()
-                async for ev in self.etcd.watch_prefix(prefix, res.revision + 1):
-                    self._apply(CoordinatorsZNode.parse(self.etcd, ev.key), ev.value if ev.type == "put" else None)
-            except WatchCompacted:
-                continue
-            except EtcdError as exc:
-                log.warning("coordinator lookup: reading %r from etcd failed (%s); retrying", prefix, exc)
-                await asyncio.sleep(RETRY_S)
+        def reset() -> None:
+            self.live, self.claims, self.txn_claims = {}, {}, {}
+
+        await follow_prefix(self.etcd, CoordinatorsZNode.prefix(self.etcd), reset=reset,
+                            apply=lambda key, value, _rev: self._apply(CoordinatorsZNode.parse(self.etcd, key), value),
+                            loaded=lambda _rev: self._synced.set(), what="coordinator lookup", retry_s=RETRY_S)
 
     def _apply(self, key: CoordinatorKey | None, value: bytes | None) -> None:
         """One `coordinators/{ids,partitions,txn-partitions}/<n>` key (value None: deleted, e.g. its lease expired)."""

@@ -13,6 +13,12 @@ one native call that releases the GIL on a worker thread of the port's own pool
 (`num.network.threads`), so slow readers never hold the threads that retention
 and flushes run on; a peer that reads nothing for `data.port.send.timeout.ms`
 is disconnected.
+
+With TLS (security.protocol=SSL) the bytes must pass through OpenSSL, so sendfile(2) cannot be used (Kafka
+loses zero-copy the same way; kernel TLS is not used): the slice is read into memory by one native call that
+releases the GIL (`FileSlice.read`), and the header and records are written to the TLS stream. That is one
+copy out of the page cache plus encryption per fetch; `gregor_broker_data_port_tls_bytes_total` counts
+these bytes (bench/bench_tls.py measures the cost).
 Concurrency: one asyncio task per connection, requests on a connection served in order.
 """
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -33,12 +40,15 @@ from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
-    from gregor.broker.replica_manager import ReplicaManager
+    from gregor.broker.quota_manager import BrokerQuotas, StreamQuota
+    from gregor.broker.replica_manager import FetchResult, ReplicaManager
 
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct(">I")
 ZERO_COPY_BYTES = Counter("gregor_broker_zero_copy_bytes_total", "Record bytes sent with sendfile on the data port")
+TLS_BYTES = Counter("gregor_broker_data_port_tls_bytes_total",
+                    "Record bytes sent on the data port through TLS (read and encrypted, no sendfile)")
 BAD_FRAMES = Counter("gregor_broker_data_port_bad_frames_total", "Malformed frames received on the data port")
 
 
@@ -46,16 +56,19 @@ class DataPortServer:
     """Raw TCP fetch server over the ReplicaManager (event-loop owned)."""
 
     def __init__(self, replica_manager: "ReplicaManager", host: str, port: int, threads: int = 3,
-                 send_timeout_ms: int = 30000) -> None:
+                 send_timeout_ms: int = 30000, quotas: "BrokerQuotas | None" = None,
+                 ssl_context: "ssl.SSLContext | None" = None) -> None:
         self.replicas = replica_manager
+        self.quotas = quotas  # client quotas: consumer_byte_rate of the client named in each FetchRequest
         self.host = host
         self.port = port
         self.send_timeout_ms = send_timeout_ms
         self._senders = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="data-port-send")
         self._server: asyncio.base_events.Server | None = None
+        self.ssl_context = ssl_context  # TLS (security.protocol=SSL): no sendfile, see the module doc
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -67,6 +80,8 @@ class DataPortServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
+        quota = (self.quotas.connection(self.quotas.principal_of(writer.transport), "")
+                 if self.quotas is not None else None)
         try:
             while True:
                 try:
@@ -81,20 +96,36 @@ class DataPortServer:
                 except (DecodeError, asyncio.IncompleteReadError) as exc:
                     await self._reject(writer, f"not a FetchRequest: {exc}")
                     return
-                await self._fetch(request, writer, sock.fileno())
+                await self._fetch(request, writer, sock.fileno(), quota)
+                if quota is not None:
+                    await quota.channel.wait()  # a throttled fetch mutes the connection (KIP-219)
         except (ConnectionError, OSError):
             return
         finally:
             writer.close()
 
-    async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int) -> None:
+    async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int,
+                     quota: "StreamQuota | None" = None) -> None:
+        consumer = quota is not None and quota.quotas.enabled and not request.HasField("replica_id")
+        if consumer:
+            assert quota is not None
+            quota.client_id = request.client_id
+            request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
         try:
             result = await handle_fetch_request(self.replicas, request)
         except errors.GregorError as err:
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
             return
+        throttle = quota.record_fetch(result.slice.length) if consumer and quota is not None else 0
+        if throttle:  # answered without records, as Kafka answers a throttled fetch
+            await self._write_header(writer, broker_pb2.DataFetchResponseHeader(
+                response=fetch_response(result, throttle_time_ms=throttle), records_length=0))
+            return
         header = broker_pb2.DataFetchResponseHeader(
             response=fetch_response(result), records_length=result.slice.length).SerializeToString()
+        if self.ssl_context is not None:
+            await self._send_tls(result, writer, header)
+            return
         await writer.drain()  # nothing of ours may sit in the transport buffer before the raw send
         sent = await asyncio.get_running_loop().run_in_executor(
             self._senders, result.slice.send_to, fd, FRAME.pack(len(header)) + header, self.send_timeout_ms)
@@ -103,6 +134,16 @@ class DataPortServer:
             # The segment shrank under the read (truncation): the peer was promised records_length
             # bytes and the framing cannot recover, so end the connection; the client reconnects.
             raise ConnectionResetError(f"sent {sent} of {result.slice.length} promised bytes")
+
+    async def _send_tls(self, result: "FetchResult", writer: asyncio.StreamWriter, header: bytes) -> None:
+        """The TLS path: the records read off the segment (GIL released) and written through the TLS stream."""
+        records = await asyncio.get_running_loop().run_in_executor(self._senders, result.slice.read)
+        writer.write(FRAME.pack(len(header)) + header)
+        writer.write(records)
+        await asyncio.wait_for(writer.drain(), self.send_timeout_ms / 1000)
+        TLS_BYTES.inc(len(records))
+        if len(records) < result.slice.length:
+            raise ConnectionResetError(f"read {len(records)} of {result.slice.length} promised bytes")
 
     async def _reject(self, writer: asyncio.StreamWriter, why: str) -> None:
         BAD_FRAMES.inc()

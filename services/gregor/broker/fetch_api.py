@@ -25,10 +25,10 @@ async def handle_fetch_request(replicas: "ReplicaManager", request: broker_pb2.F
         isolation_level=int(request.isolation_level), topic_id=request.topic_id)
 
 
-def fetch_response(result: "FetchResult", records: bytes = b"") -> broker_pb2.FetchResponse:
+def fetch_response(result: "FetchResult", records: bytes = b"", throttle_time_ms: int = 0) -> broker_pb2.FetchResponse:
     """The FetchResponse of a result; the data port sends the records raw after it, so it passes none."""
     return broker_pb2.FetchResponse(
         high_watermark=result.high_watermark, last_stable_offset=result.last_stable_offset,
         log_start_offset=result.log_start_offset, records=records, leader_epoch=result.leader_epoch,
         aborted_transactions=[broker_pb2.AbortedTransaction(producer_id=pid, first_offset=first)
-                              for pid, first in result.aborted_transactions])
+                              for pid, first in result.aborted_transactions], throttle_time_ms=throttle_time_ms)

@@ -82,6 +82,15 @@ class FollowerFetchState(Generic[K]):
     def current(self, key: K, st: PartitionFetchState) -> bool:
         return self.partitions.get(key) is st
 
+    def keep(self, key: K, st: PartitionFetchState, follows: bool) -> bool:
+        """Go on fetching key under st? Only while the replica still follows this fetcher's leader at st's epoch
+        (follows: ReplicationState.is_current_follower) and st is still the state held for key; else key is
+        dropped (a LeaderAndIsr moved it; the new one, if any, was added under a new state)."""
+        if follows and self.partitions.get(key) is st:
+            return True
+        self.drop(key, st)
+        return False
+
     def ready(self, now: float) -> list[tuple[K, PartitionFetchState]]:
         """The partitions not backing off, in insertion order."""
         return [(key, st) for key, st in list(self.partitions.items()) if st.backoff_until <= now]

@@ -20,6 +20,7 @@ from gregor.broker.producer_state import (
 )
 from gregor.broker.replication_state import (
     Effect,
+    FetchMode,
     HighWatermarkChanged,
     LeaderAndIsrOutcome,
     ProposeIsr,
@@ -27,7 +28,7 @@ from gregor.broker.replication_state import (
     StartLogAt,
     TruncateLog,
 )
-from gregor.broker.txn_markers import READ_COMMITTED, index_aborted, partition_lso
+from gregor.broker.txn_markers import LSO_LAG, READ_COMMITTED, index_aborted
 from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
 from gregor.common.config import is_compacted, recompression_target
@@ -116,12 +117,14 @@ class Partition:
         return self.state.partition_epoch
 
     @property
-    def replicas(self) -> list[int]:
-        return self.state.replicas
+    def replicas(self) -> tuple[int, ...]:
+        """A copy, like isr: the ReplicationState is the replica list's one writer."""
+        return tuple(self.state.replicas)
 
     @property
-    def isr(self) -> set[int]:
-        return self.state.isr
+    def isr(self) -> frozenset[int]:
+        """A copy: the ReplicationState is the ISR's one writer."""
+        return frozenset(self.state.isr)
 
     @property
     def high_watermark(self) -> int:
@@ -175,6 +178,10 @@ class Partition:
         """Follow leader_id at leader_epoch; False if that epoch is not newer than ours."""
         return self.apply_leader_and_isr(leader_id, leader_epoch, isr, replicas).applied
 
+    def acks_all_outcome(self, last_offset: int) -> bool | None:
+        """True once the HW passed last_offset, False if leadership moved first, None while waiting."""
+        return self.state.acks_all_outcome(last_offset)
+
     def stop(self) -> list[Effect]:
         """StopReplica: waiters wake up to NOT_LEADER_OR_FOLLOWER."""
         return self.state.on_stop_replica()
@@ -202,10 +209,9 @@ class Partition:
         return self.state.on_isr_write_result(leader_epoch, isr, partition_epoch, self.log.log_end_offset,
                                               now_ms(), self._live(), outcome_unknown)
 
-    def maybe_increment_leader_hw(self, now: int | None = None) -> bool:
-        """Seed 000's maybeIncrementLeaderHW (decided by the ReplicationState); True if the HW moved."""
-        return bool(self.state.on_local_append(self.log.log_end_offset, now_ms() if now is None else now,
-                                               self._live()))
+    def maybe_increment_leader_hw(self, now: int | None = None) -> list[Effect]:
+        """Seed 000's maybeIncrementLeaderHW (decided by the ReplicationState): HighWatermarkChanged if it moved."""
+        return self.state.on_local_append(self.log.log_end_offset, now_ms() if now is None else now, self._live())
 
     def check_topic_id(self, topic_id: bytes) -> None:
         """UNKNOWN_TOPIC_ID when a request names another topic id than this replica's (KIP-516): the
@@ -222,7 +228,36 @@ class Partition:
         """Raise NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH unless we lead at that epoch."""
         self.state.check_leader(current_leader_epoch)
 
+    def check_offsets_available(self) -> None:
+        """OFFSET_NOT_AVAILABLE while a new leader's HW is below its term's start (KIP-207)."""
+        self.state.check_offsets_available()
+
     # -- follower side -----------------------------------------------------------------------
+    def follows(self, leader_id: int, leader_epoch: int) -> bool:
+        """Do we still follow leader_id at leader_epoch? (a fetcher's work for an older term is dropped)"""
+        return self.state.is_current_follower(leader_id, leader_epoch)
+
+    @property
+    def is_truncating(self) -> bool:
+        """A follower that must truncate by leader epoch before its next fetch (seed 002)."""
+        return self.state.fetch_mode is FetchMode.TRUNCATING
+
+    def restart_truncation(self) -> None:
+        """OFFSET_OUT_OF_RANGE from the leader, or a failed append: truncate again before the next fetch."""
+        self.state.restart_truncation()
+
+    def finish_truncation(self) -> None:
+        """Truncation rounds are over: fetch from the LEO."""
+        self.state.finish_truncation(self.log.log_end_offset)
+
+    def reset_to_leader_log_range(self, leader_log_start: int, leader_hw: int) -> Effect | None:
+        """Still out of range after epoch truncation: start over at the leader's log start, or cut what lies past
+        its HW (the ReplicationState decides; the log effect is applied here and returned for the log line)."""
+        effect = self.state.on_leader_log_range(leader_log_start, leader_hw, self.log.log_end_offset)
+        if effect is not None:
+            self.apply_log_effects([effect])
+        return effect
+
     def truncation_query(self) -> int | None:
         """The epoch to ask the leader about before fetching; None after a HW truncation (no epochs)."""
         q = self.state.truncation_query(self.log.latest_epoch(), self.log.log_end_offset)
@@ -247,9 +282,11 @@ class Partition:
             self.append_records_to_follower(records)
         return self.state.on_follower_fetched(leader_hw, self.log.log_end_offset)
 
-    def append_records_to_leader(self, records: bytes, required_acks: int,
-                                 is_marker: bool = False) -> native.AppendInfo | DuplicateAppendInfo:
-        """Validate and append as leader; offsets are assigned in the native engine.
+    def append_records_to_leader(self, records: bytes, required_acks: int, is_marker: bool = False
+                                 ) -> tuple[native.AppendInfo | DuplicateAppendInfo, list[Effect]]:
+        """Validate and append as leader; offsets are assigned in the native engine. Returns the append and its
+        effects (the HW of a one-replica ISR moves: Kafka's appendRecordsToLeader returning leaderHWIncremented),
+        which the caller runs like every other Partition event's (ReplicaManager.after_leader_append).
 
         Idempotent batches are checked against the ProducerStateManager first
         (header fields only): a duplicate answers its original offsets without
@@ -266,14 +303,13 @@ class Partition:
         if batches is not None:
             duplicate = psm.check_leader_append(batches)
             if duplicate is not None:
-                return DuplicateAppendInfo(duplicate.first_offset, duplicate.last_offset)
+                return DuplicateAppendInfo(duplicate.first_offset, duplicate.last_offset), []
         try:
             info = self.log.append_as_leader(records, self.leader_epoch, now_ms())
         except Exception as exc:
             raise native_error(exc, self.topic, self.partition) from exc
         self._update_producer_state(batches, info.first_offset)
-        self.maybe_increment_leader_hw()
-        return info
+        return info, self.maybe_increment_leader_hw()
 
     def _recompress(self, records: bytes) -> bytes:
         """Leader only: batches not in the topic's compression.type rewritten into it (Kafka's LogValidator).
@@ -352,12 +388,17 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """The LSO (seed 003): below the oldest open transaction, or the HW when none is open."""
-        return partition_lso(self)
+        """The LSO (the ReplicationState's rule, fed the producer state's first unstable offset); as leader it
+        also updates the LSO-lag gauge."""
+        hw = self.high_watermark
+        lso = self.state.last_stable_offset(self.producer_state_manager().first_unstable_offset(hw))
+        if self.is_leader:
+            LSO_LAG.labels(topic=self.topic, partition=str(self.partition)).set(hw - lso)
+        return lso
 
     def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:
-        """Followers read up to the LEO; consumers below the high watermark (the ReplicationState's rule),
-        read_committed consumers below the LSO."""
+        """Followers read up to the LEO; consumers below the high watermark, read_committed consumers below
+        the LSO (the ReplicationState's rules)."""
         if not is_follower and isolation_level == READ_COMMITTED:
             return self.last_stable_offset
         return self.state.fetch_upper_bound(is_follower, self.log.log_end_offset)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 from gregor.broker.replica_manager import collect_produce, produce_pending
 from gregor.common import errors
-from gregor.common.rpc import REQUEST_LATENCY, REQUESTS
+from gregor.common.authz import with_denials
+from gregor.common.rpc import RequestRecorder
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
+    from gregor.broker.quota_manager import StreamQuota
     from gregor.broker.replica_manager import ProduceResult, ReplicaManager
 
 log = logging.getLogger(__name__)
@@ -54,12 +56,18 @@ def produce_partitions_response(request: broker_pb2.ProducePartitionsRequest,
 class ProduceStreamHandler:
     """One ProduceStream: a reader task appends each request as it arrives; answers leave through a queue."""
 
-    def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler]") -> None:
+    def __init__(self, replicas: "ReplicaManager", open_streams: "set[ProduceStreamHandler]",
+                 quota: "StreamQuota | None" = None,
+                 authorize: "Callable[[broker_pb2.ProducePartitionsRequest], Mapping[str, errors.GregorError]] | None"
+                 = None) -> None:
         self.replicas = replicas
+        # Client quotas: a throttled request's answer carries throttle_time_ms and the stream (Kafka's
+        # channel) reads nothing more until the throttle time has passed (broker/quota_manager.py).
+        self._quota = quota
+        self._authorize = authorize  # the authorizer's denials per topic (None: the authorizer is off)
         self._out: asyncio.Queue[broker_pb2.ProducePartitionsResponse | None] = asyncio.Queue()
         self._waiting: set[asyncio.Task[None]] = set()
-        self._latency = REQUEST_LATENCY.labels(service="BrokerService", api=STREAM_API)
-        self._counters: dict[str, Any] = {}
+        self._requests = RequestRecorder("BrokerService", STREAM_API)
         self._open_streams = open_streams  # the broker's open streams, closed when it stops
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
@@ -91,8 +99,11 @@ class ProduceStreamHandler:
     async def _read(self, request_iterator: Any) -> None:
         try:
             try:
+                quota = self._quota
                 async for request in request_iterator:
                     self._handle(request, time.perf_counter())
+                    if quota is not None and quota.quotas.enabled:
+                        await quota.channel.wait()  # the channel stays muted for the throttle time
             except asyncio.CancelledError:
                 if not self._closing:
                     raise
@@ -102,9 +113,16 @@ class ProduceStreamHandler:
             self._out.put_nowait(None)
 
     def _handle(self, request: broker_pb2.ProducePartitionsRequest, start: float) -> None:
+        throttle_ms = 0
         try:
-            results = self.replicas.start_produce_partitions(
-                [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
+            parts = [(d.topic, d.partition, d.records) for d in request.partitions]
+            if self._authorize is None:
+                results = self.replicas.start_produce_partitions(parts, request.acks, request.timeout_ms)
+            else:
+                results = with_denials(parts, self._authorize(request), lambda ps: self.replicas.start_produce_partitions(
+                    ps, request.acks, request.timeout_ms))
+            if self._quota is not None and self._quota.quotas.enabled:
+                throttle_ms = self._throttle(request, start)
         except errors.GregorError as err:
             self._reject(request, err, start)
             return
@@ -113,14 +131,25 @@ class ProduceStreamHandler:
             self._reject(request, errors.GregorError(f"{type(exc).__name__}: {exc}"), start)
             return
         if not produce_pending(results):
-            self._answer(produce_partitions_response(request, results), start, "NONE")
+            response = produce_partitions_response(request, results)
+            response.throttle_time_ms = throttle_ms
+            self._answer(response, start, "NONE")
             return
-        task = asyncio.ensure_future(self._finish(request, results, start))
+        task = asyncio.ensure_future(self._finish(request, results, start, throttle_ms))
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)
 
-    async def _finish(self, request: broker_pb2.ProducePartitionsRequest, results: list[Any], start: float) -> None:
-        self._answer(produce_partitions_response(request, await collect_produce(results)), start, "NONE")
+    def _throttle(self, request: broker_pb2.ProducePartitionsRequest, start: float) -> int:
+        """Record the request's bytes and append time against the client's quotas; the longer throttle."""
+        assert self._quota is not None
+        produce = self._quota.record_produce(sum(len(d.records) for d in request.partitions))
+        return max(produce, self._quota.record_request_time(time.perf_counter() - start))
+
+    async def _finish(self, request: broker_pb2.ProducePartitionsRequest, results: list[Any], start: float,
+                      throttle_ms: int = 0) -> None:
+        response = produce_partitions_response(request, await collect_produce(results))
+        response.throttle_time_ms = throttle_ms
+        self._answer(response, start, "NONE")
 
     def _reject(self, request: broker_pb2.ProducePartitionsRequest, err: errors.GregorError, start: float) -> None:
         self._answer(broker_pb2.ProducePartitionsResponse(correlation_id=request.correlation_id,
@@ -128,8 +157,4 @@ class ProduceStreamHandler:
 
     def _answer(self, response: broker_pb2.ProducePartitionsResponse, start: float, code: str) -> None:
         self._out.put_nowait(response)
-        self._latency.observe(time.perf_counter() - start)
-        counter = self._counters.get(code)
-        if counter is None:
-            counter = self._counters[code] = REQUESTS.labels(service="BrokerService", api=STREAM_API, code=code)
-        counter.inc()
+        self._requests.record(start, code)

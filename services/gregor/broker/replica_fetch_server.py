@@ -8,8 +8,9 @@ the fetch purgatory (DelayedFetch) until min_bytes are there over all partitions
 fails, or max_wait_ms passes: an idle follower then costs one request per max_wait_ms per leader.
 
 Each partition is read and recorded as the follower's progress exactly like a single-partition
-follower Fetch (ReplicaManager._read / _on_follower_fetch); errors are per partition, so one moved
-partition does not fail the others.
+follower Fetch (ReplicaManager.read / on_follower_fetch); errors are per partition, so one moved
+partition does not fail the others. The session's rules (ReplicaFetchSession: apply_request, news, sent)
+are IO-free: tests/sim drives the same class over its in-memory log.
 """
 
 from __future__ import annotations
@@ -83,6 +84,30 @@ class ReplicaFetchSession:
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, int], _SessionEntry] = {}
+
+    def apply_request(self, parts: list[ReplicaFetchPart], incremental: bool,
+                      open_part: Callable[[ReplicaFetchPart], "tuple[Partition, Callable[[], FetchResult], FetchResult]"]
+                      ) -> dict[tuple[str, int], Outcome]:
+        """One request of the session (IO-free; the broker and tests/sim drive it): a full request replaces the
+        session's partitions, an incremental one updates those it names. open_part validates and reads one named
+        partition (recording the follower's fetch): the partition, how to read it again, and the first read; or it
+        raises the partition's error. Returns what each named partition got, for news()."""
+        if not incremental:
+            self.entries = {}
+        listed: dict[tuple[str, int], Outcome] = {}
+        for part in parts:
+            key = (part.topic, part.partition)
+            slot: Union[_Watched, errors.GregorError]
+            try:
+                p, read, listed[key] = open_part(part)
+                slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
+            except errors.GregorError as err:
+                slot = listed[key] = err
+            prev = self.entries.get(key)
+            entry = self.entries[key] = _SessionEntry(part, slot)
+            if prev is not None:
+                entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
+        return listed
 
     def news(self, listed: dict[tuple[str, int], Outcome],
              hosted: "dict[tuple[str, int], Partition]") -> list[tuple[_SessionEntry, Outcome]]:
@@ -181,39 +206,28 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
                                f"min_bytes={min_bytes} max_wait_ms={max_wait_ms}")
     if session is None:
         session = ReplicaFetchSession()
-    if not incremental:
-        session.entries = {}
     live_epoch = rm.live_broker_epoch(replica_id)
-    listed: dict[tuple[str, int], Outcome] = {}
-    for part in parts:
-        key = (part.topic, part.partition)
-        slot: Union[_Watched, errors.GregorError]
-        try:
-            where = {"topic": part.topic, "partition": part.partition}
-            if part.max_bytes <= 0:
-                raise errors.error_for(errors.Code.INVALID_FETCH_SIZE, f"max_bytes={part.max_bytes}", **where)
-            if part.fetch_offset < 0:
-                raise errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, f"negative fetch offset {part.fetch_offset}",
-                                       **where)
-            p = rm.get_partition(part.topic, part.partition)
-            p.check_topic_id(part.topic_id)
-            p.check_follower_broker_epoch(replica_id, broker_epoch, live_epoch)
-            max_bytes = min(part.max_bytes, rm.config.fetch_max_bytes)
 
-            def read(p: "Partition" = p, part: ReplicaFetchPart = part, max_bytes: int = max_bytes) -> "FetchResult":
-                return rm._read(p, part.fetch_offset, max_bytes, True, part.current_leader_epoch)
+    def open_part(part: ReplicaFetchPart) -> "tuple[Partition, Callable[[], FetchResult], FetchResult]":
+        where = {"topic": part.topic, "partition": part.partition}
+        if part.max_bytes <= 0:
+            raise errors.error_for(errors.Code.INVALID_FETCH_SIZE, f"max_bytes={part.max_bytes}", **where)
+        if part.fetch_offset < 0:
+            raise errors.error_for(errors.Code.OFFSET_OUT_OF_RANGE, f"negative fetch offset {part.fetch_offset}",
+                                   **where)
+        p = rm.get_partition(part.topic, part.partition)
+        p.check_topic_id(part.topic_id)
+        p.check_follower_broker_epoch(replica_id, broker_epoch, live_epoch)
+        max_bytes = min(part.max_bytes, rm.config.fetch_max_bytes)
 
-            result = read()
-            rm._on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
-            slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
-            listed[key] = result
-        except errors.GregorError as err:
-            slot = err
-            listed[key] = err
-        prev = session.entries.get(key)
-        entry = session.entries[key] = _SessionEntry(part, slot)
-        if prev is not None:
-            entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
+        def read() -> "FetchResult":
+            return rm.read(p, part.fetch_offset, max_bytes, True, part.current_leader_epoch)
+
+        result = read()
+        rm.on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
+        return p, read, result
+
+    listed = session.apply_request(parts, incremental, open_part)
     answered = session.news(listed, rm.partitions)
     if not answered and max_wait_ms > 0 and session.entries:
         op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1), rm.partitions)

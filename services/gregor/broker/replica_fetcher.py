@@ -29,7 +29,6 @@ from gregor.broker.limits import (
     REPLICA_FETCH_BACKOFF_S,
     FETCH_RPC_TIMEOUT_S,
 )
-from gregor.broker.replication_state import FetchMode
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
@@ -200,7 +199,7 @@ class ReplicaFetcher:
         batch, truncating = [], []
         for key, st in todo:  # one pass when nothing truncates: this runs once per fetch
             if (p := self._current(rm, key, st)) is not None:
-                if p.state.fetch_mode is FetchMode.TRUNCATING:
+                if p.is_truncating:
                     truncating.append((key, st, p))
                 else:
                     batch.append((key, st, p, p.log_end_offset))
@@ -210,7 +209,7 @@ class ReplicaFetcher:
         batch = []  # the partitions may have changed while truncation was out
         for key, st in todo:
             p = self._current(rm, key, st)
-            if p is not None and p.state.fetch_mode is not FetchMode.TRUNCATING and st.backoff_until <= loop.time():
+            if p is not None and not p.is_truncating and st.backoff_until <= loop.time():
                 batch.append((key, st, p, p.log_end_offset))
         return batch
 
@@ -223,7 +222,7 @@ class ReplicaFetcher:
             # The ReplicationState may already say FETCHING while the log cut it asked for failed (or the
             # ListOffsets after it did): truncate again before any fetch from the untruncated LEO.
             if (cur := self._current(rm, key, st)) is not None:
-                cur.state.restart_truncation()
+                cur.restart_truncation()
             if isinstance(exc, grpc.aio.AioRpcError):
                 self._on_error(rm, key, st, errors.from_rpc_error(exc), loop)
                 return
@@ -248,7 +247,7 @@ class ReplicaFetcher:
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
             log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
             self.state.on_apply_failed(key, st, loop.time())
-            p.state.restart_truncation()
+            p.restart_truncation()
             return 0
         return max(0, part.high_watermark - p.log_end_offset)
 
@@ -260,18 +259,15 @@ class ReplicaFetcher:
             log.info("%s-%d: out of range at the leader; truncating again", key[0], key[1])
             p = self._current(rm, key, st)
             if p is not None:
-                p.state.restart_truncation()
+                p.restart_truncation()
         elif outcome.unexpected:
             log.warning("%s-%d: fetch from leader %d failed: %s", key[0], key[1], self.leader_id, err)
 
     def _current(self, rm: "ReplicaManager", key: tuple[str, int], st: PartitionFetchState) -> "Partition | None":
         """The partition if we still follow this leader at this epoch, else None (and drop it)."""
         p = rm.partitions.get(key)
-        if (p is None or p.is_leader or p.leader_id != self.leader_id or p.leader_epoch != st.leader_epoch
-                or not self.state.current(key, st)):
-            self.state.drop(key, st)
-            return None
-        return p
+        follows = p is not None and p.follows(self.leader_id, st.leader_epoch)
+        return p if self.state.keep(key, st, follows) else None
 
     async def _truncate(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, p: "Partition",
                         st: PartitionFetchState) -> None:
@@ -290,7 +286,7 @@ class ReplicaFetcher:
                 break
         if st.out_of_range and not await self._reset_out_of_range(rm, stub, p, st):
             return
-        p.state.finish_truncation(p.log_end_offset)
+        p.finish_truncation()
         self.state.truncation_finished(st)
 
     async def _reset_out_of_range(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
@@ -305,11 +301,10 @@ class ReplicaFetcher:
             timeout=FETCH_RPC_TIMEOUT_S)
         if self._current(rm, p.key, st) is None:
             return False
-        effect = p.state.on_leader_log_range(earliest.offset, latest.offset, p.log_end_offset)
+        effect = p.reset_to_leader_log_range(earliest.offset, latest.offset)
         if effect is not None:
             log.info("%s-%d: out of range at the leader (log start %d, HW %d): %s", p.topic, p.partition,
                      earliest.offset, latest.offset, effect)
-            p.apply_log_effects([effect])
         return True
 
 

@@ -24,13 +24,11 @@ from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
 from gregor.broker.replication_state import (
-    CompleteDelayed,
     ControlRequestFence,
     Effect,
-    HighWatermarkChanged,
     ProposeIsr,
     StartFetcher,
-    StopFetcher,
+    dispatch_effects,
 )
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
@@ -137,21 +135,21 @@ class DelayedProduce(DelayedOperation[ProduceResult]):
         self.info = info
 
     def try_complete(self) -> bool:
-        p = self.partition
-        if not p.is_leader or p.high_watermark > self.info.last_offset:
+        if self.partition.acks_all_outcome(self.info.last_offset) is not None:
             return self.force_complete()
         return False
 
     def on_complete(self) -> ProduceResult:
         p = self.partition
         where = {"topic": p.topic, "partition": p.partition}
-        if p.high_watermark > self.info.last_offset:
+        outcome = p.acks_all_outcome(self.info.last_offset)
+        if outcome:
             if len(p.isr) < p.min_insync_replicas:
                 raise errors.error_for(errors.Code.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                                        "ISR shrank below min.insync.replicas after the append", **where)
             return ProduceResult(self.info.first_offset, self.info.last_offset, p.log.log_start_offset,
                                  isinstance(self.info, DuplicateAppendInfo))
-        if not p.is_leader:
+        if outcome is False:
             raise errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "leadership moved before replication",
                                    leader_id=p.leader_id, leader_epoch=p.leader_epoch, **where)
         raise errors.error_for(errors.Code.REQUEST_TIMED_OUT,
@@ -355,26 +353,28 @@ class ReplicaManager:
         return failed
 
     def run_effects(self, p: Partition, effects: Iterable[Effect]) -> None:
-        """Carry out what the partition's ReplicationState decided: fetchers, ISR writes, purgatory wake-ups."""
-        wake = False
-        for e in effects:
-            if isinstance(e, StartFetcher):
-                # Followers truncate by leader epoch, then fetch from the leader (seed 002).
-                if self.fetchers is not None:
-                    self.fetchers.add_partition(p)
-            elif isinstance(e, StopFetcher):
-                if self.fetchers is not None:
-                    self.fetchers.remove_partitions([p.key])
-            elif isinstance(e, ProposeIsr):
-                if self.isr_manager is not None:
-                    self.isr_manager.write_isr(p, e)
-                else:  # standalone: nobody to write to; the proposal is dropped
-                    self.run_effects(p, p.on_isr_write_result(e.leader_epoch, None, e.partition_epoch))
-            elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
-                wake = True
-        if wake:
-            # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
-            self.on_high_watermark_change(p)
+        """Carry out what the partition's ReplicationState decided: fetchers, ISR writes, purgatory wake-ups
+        (dispatch_effects, the runner the simulation uses too, calls the four methods below)."""
+        dispatch_effects(p, effects, self)
+
+    def start_fetcher(self, p: Partition, effect: StartFetcher) -> None:
+        # Followers truncate by leader epoch, then fetch from the leader (seed 002).
+        if self.fetchers is not None:
+            self.fetchers.add_partition(p)
+
+    def stop_fetcher(self, p: Partition) -> None:
+        if self.fetchers is not None:
+            self.fetchers.remove_partitions([p.key])
+
+    def propose_isr(self, p: Partition, effect: ProposeIsr) -> None:
+        if self.isr_manager is not None:
+            self.isr_manager.write_isr(p, effect)
+        else:  # standalone: nobody to write to; the proposal is dropped
+            self.run_effects(p, p.on_isr_write_result(effect.leader_epoch, None, effect.partition_epoch))
+
+    def complete_delayed(self, p: Partition) -> None:
+        # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
+        self.on_high_watermark_change(p)
 
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""
@@ -451,10 +451,24 @@ class ReplicaManager:
             if acks != -1:
                 out.append(_produce_result(p, info))
                 continue
-            op = DelayedProduce(max(timeout_ms, 0), p, info)
-            self.produce_purgatory.try_complete_else_watch(op, [p.key])
-            out.append(op.future if not op.future.done() else _settled(op.future))
+            out.append(self.wait_for_replication(p, info, timeout_ms))
         return out
+
+    def wait_for_replication(self, p: Partition, info: "native.AppendInfo | DuplicateAppendInfo",
+                             timeout_ms: int) -> "asyncio.Future[ProduceResult] | ProduceResult | errors.GregorError":
+        """acks=all after an append as leader: the result now if the HW already passed it (or it failed),
+        else a future the DelayedProduce purgatory completes (produce and WriteTxnMarkers alike)."""
+        op = DelayedProduce(max(timeout_ms, 0), p, info)
+        self.produce_purgatory.try_complete_else_watch(op, [p.key])
+        return op.future if not op.future.done() else _settled(op.future)
+
+    def after_leader_append(self, p: Partition, effects: list[Effect]) -> None:
+        """An append as leader happened (produce or marker): run its effects (the HW of a one-replica ISR may
+        have moved, which wakes both purgatories), else wake the parked fetches (followers see the new data)."""
+        if effects:
+            self.run_effects(p, effects)
+        else:
+            self.fetch_purgatory.check_and_complete(p.key)
 
     def _append_for_produce(self, topic: str, partition: int, records: bytes,
                             acks: int) -> tuple[Partition, "native.AppendInfo | DuplicateAppendInfo"]:
@@ -464,7 +478,7 @@ class ReplicaManager:
                 raise errors.error_for(errors.Code.CORRUPT_MESSAGE, "produce request carries no record batch",
                                        topic=topic, partition=partition)
             p = self.get_partition(topic, partition)
-            info = p.append_records_to_leader(records, acks)
+            info, effects = p.append_records_to_leader(records, acks)
         except errors.GregorError as err:
             FAILED_PRODUCE.labels(error=err.name).inc()
             raise
@@ -472,8 +486,7 @@ class ReplicaManager:
             DUPLICATE_BATCHES.labels(topic=topic).inc()
         BYTES_IN.labels(topic=topic).inc(info.valid_bytes)
         MESSAGES_IN.labels(topic=topic).inc(info.num_records)
-        self.fetch_purgatory.check_and_complete(p.key)
-        self.produce_purgatory.check_and_complete(p.key)
+        self.after_leader_append(p, effects)
         return p, info
 
     def on_high_watermark_change(self, p: Partition) -> None:
@@ -482,8 +495,9 @@ class ReplicaManager:
         self.fetch_purgatory.check_and_complete(p.key)
 
     # ------------------------------------------------------------------ fetch
-    def _read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
-              current_leader_epoch: int, isolation_level: int = 0) -> FetchResult:
+    def read(self, p: Partition, fetch_offset: int, max_bytes: int, is_follower: bool,
+             current_leader_epoch: int, isolation_level: int = 0) -> FetchResult:
+        """One partition's fetch read (leader checks, bounds, LSO and aborted transactions); no waiting."""
         p.check_leader(current_leader_epoch)
         sl = p.read_slice(fetch_offset, max_bytes, is_follower, isolation_level)
         lso = p.last_stable_offset if not is_follower else p.high_watermark
@@ -512,11 +526,11 @@ class ReplicaManager:
                 p.check_follower_broker_epoch(replica_id, replica_broker_epoch, self.live_broker_epoch(replica_id))
 
             def read() -> FetchResult:
-                return self._read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch, isolation_level)
+                return self.read(p, fetch_offset, max_bytes, is_follower, current_leader_epoch, isolation_level)
 
             result = read()
             if is_follower:
-                self._on_follower_fetch(p, replica_id, fetch_offset, replica_broker_epoch)
+                self.on_follower_fetch(p, replica_id, fetch_offset, replica_broker_epoch)
             if max_wait_ms == 0 or result.slice.length >= max(min_bytes, 1):
                 BYTES_OUT.labels(topic=topic).inc(result.slice.length)
                 return result
@@ -541,7 +555,7 @@ class ReplicaManager:
         endpoint = cache.live_brokers.get(broker_id) if cache is not None else None
         return endpoint.broker_epoch if endpoint is not None else None
 
-    def _on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
+    def on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
         """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
         self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
 
@@ -563,7 +577,7 @@ class ReplicaManager:
         upper = p.fetch_upper_bound(False, isolation_level)
         if timestamp_ms == -2:
             return p.log.log_start_offset, -1, p.leader_epoch
-        p.state.check_offsets_available()
+        p.check_offsets_available()
         if timestamp_ms == -1:
             return upper, -1, p.leader_epoch
         if timestamp_ms < 0:

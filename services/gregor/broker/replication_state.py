@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from gregor.common import errors
 from gregor.common.isr import (
@@ -105,6 +106,41 @@ class CompleteDelayed:
 
 
 Effect = TruncateLog | StartLogAt | ProposeIsr | HighWatermarkChanged | StartFetcher | StopFetcher | CompleteDelayed
+
+
+R = TypeVar("R", contravariant=True)
+
+
+class EffectRunner(Protocol[R]):
+    """What carries out a replica's non-log effects: the broker's ReplicaManager, or the simulated broker's IO."""
+
+    def start_fetcher(self, replica: R, effect: StartFetcher) -> None: ...
+
+    def stop_fetcher(self, replica: R) -> None: ...
+
+    def propose_isr(self, replica: R, effect: ProposeIsr) -> None: ...
+
+    def complete_delayed(self, replica: R) -> None: ...
+
+
+def dispatch_effects(replica: R, effects: Iterable[Effect], runner: EffectRunner[R]) -> None:
+    """The one effect runner (the broker's and the simulation's): fetcher, ISR-write and purgatory effects in order,
+    the purgatories woken once after the others. Log effects are the log owner's (Partition.apply_log_effects) and
+    must be applied before: one reaching here is a bug, never silently dropped."""
+    wake = False
+    for e in effects:
+        if isinstance(e, StartFetcher):
+            runner.start_fetcher(replica, e)
+        elif isinstance(e, StopFetcher):
+            runner.stop_fetcher(replica)
+        elif isinstance(e, ProposeIsr):
+            runner.propose_isr(replica, e)
+        elif isinstance(e, (HighWatermarkChanged, CompleteDelayed)):
+            wake = True
+        else:
+            raise ValueError(f"{e} is a log effect: apply it to the log before running the others")
+    if wake:
+        runner.complete_delayed(replica)
 
 
 @dataclass(frozen=True)
@@ -288,9 +324,24 @@ class ReplicationState:
                                    f"ISR size {len(self.isr)} is below min.insync.replicas {min_insync_replicas}",
                                    **self._where())
 
+    def last_stable_offset(self, first_unstable_offset: int | None) -> int:
+        """Kafka's LSO (seed 003): the first offset of the oldest undecided (or unreplicated) transaction, capped
+        at the HW; the HW when no transaction is open. first_unstable_offset: the producer state's."""
+        if first_unstable_offset is None:
+            return self.high_watermark
+        return min(first_unstable_offset, self.high_watermark)
+
     def fetch_upper_bound(self, is_follower: bool, log_end_offset: int) -> int:
-        """Followers read up to the LEO; consumers only below the high watermark (seed 003)."""
+        """Followers read up to the LEO; consumers only below the high watermark (seed 003), read_committed
+        consumers below last_stable_offset."""
         return log_end_offset if is_follower else self.high_watermark
+
+    def acks_all_outcome(self, last_offset: int) -> bool | None:
+        """An acks=all append ending at last_offset (DelayedProduce, seed 004): True once the HW passed it,
+        False when leadership moved first (NOT_LEADER_OR_FOLLOWER), None while it waits."""
+        if self.high_watermark > last_offset:
+            return True
+        return None if self.is_leader else False
 
     def on_local_append(self, log_end_offset: int, now_ms: int,
                         live_broker_epochs: Mapping[int, int] | None = None) -> list[Effect]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
@@ -13,9 +14,13 @@ from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProduce
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
+from gregor.broker.replica_manager import collect_produce
 from gregor.common import errors, uuid
+from gregor.common.acl import Operation, ResourceType
+from gregor.common.authz import FORWARDED_HOST_HEADER, FORWARDED_PRINCIPAL_HEADER, produce_denials, with_denials
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
-from gregor.common.rpc import rpc_method
+from gregor.common.quota_admin import altered, entity_of, entry_pb, number
+from gregor.common.rpc import RequestRecorder, rpc_method, rpc_stream
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from gregor.rpc.v1 import coordinator_pb2
 
@@ -43,7 +48,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.replicas = broker.replica_manager
+        self.authz = broker.authz
         self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
+        self._replica_fetches = RequestRecorder("BrokerService", "ReplicaFetch")  # each request of the streams
 
     def producer_id_manager(self) -> "RpcProducerIdManager | LocalProducerIdManager":
         """Blocks from the controller in cluster mode, a local persistent block file when standalone."""
@@ -62,6 +69,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             raise errors.error_for(errors.Code.INVALID_REQUEST,
                                    "a transactional InitProducerId goes to the transaction coordinator "
                                    "(FindCoordinator key_type TRANSACTION), not to a broker")
+        if self.authz.enabled and not self.authz.can_write_idempotently(
+                self.authz.caller_of(context), list(self.broker.metadata_cache.partitions), "InitProducerId"):
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.IDEMPOTENT_WRITE, "InitProducerId")
         pid = await self.producer_id_manager().generate_producer_id()
         return broker_pb2.InitProducerIdResponse(producer_id=pid, producer_epoch=0)
 
@@ -69,6 +79,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def FindCoordinator(self, request: coordinator_pb2.FindCoordinatorRequest,
                               context: Ctx) -> coordinator_pb2.FindCoordinatorResponse:
         """Kafka's FindCoordinator (key_type GROUP), answered from etcd (broker/coordinator_lookup.py)."""
+        if self.authz.enabled:  # Kafka: Describe on the group or the transactional id
+            rtype = ResourceType.TRANSACTIONAL_ID if request.key_type == 1 else ResourceType.GROUP
+            self.authz.require(self.authz.caller_of(context), Operation.DESCRIBE, rtype, request.group_id,
+                               "FindCoordinator")
         lookup = self.broker.coordinator_lookup
         if lookup is None:
             why = ("this broker is still starting" if self.broker.cluster_mode else
@@ -80,32 +94,75 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Produce(self, request: broker_pb2.ProduceRequest, context: Ctx) -> broker_pb2.ProduceResponse:
+        if self.authz.enabled:
+            denied = produce_denials(self.authz, self.authz.caller_of(context), request.transactional_id,
+                                     [request.topic])
+            if denied:
+                raise denied[request.topic]
+        quota = await self.broker.quotas.unary(context)
         result = await self.replicas.handle_produce(request.topic, request.partition, request.records,
                                                     request.acks, request.timeout_ms)
-        return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks))
+        return broker_pb2.ProduceResponse(**produce_result_fields(result, request.acks),
+                                          throttle_time_ms=quota.record_produce(len(request.records)) if quota else 0)
 
     @rpc_method("BrokerService")
     async def ProducePartitions(self, request: broker_pb2.ProducePartitionsRequest,
                                 context: Ctx) -> broker_pb2.ProducePartitionsResponse:
-        results = await self.replicas.handle_produce_partitions(
-            [(d.topic, d.partition, d.records) for d in request.partitions], request.acks, request.timeout_ms)
-        return produce_partitions_response(request, results)
+        parts = [(d.topic, d.partition, d.records) for d in request.partitions]
+        if self.authz.enabled:
+            denied = produce_denials(self.authz, self.authz.caller_of(context), request.transactional_id,
+                                     [t for t, _, _ in parts])
+        quota = await self.broker.quotas.unary(context)
+        if self.authz.enabled:
+            results = await collect_produce(with_denials(parts, denied, lambda ps: self.replicas.start_produce_partitions(
+                ps, request.acks, request.timeout_ms)))
+        else:
+            results = await self.replicas.handle_produce_partitions(parts, request.acks, request.timeout_ms)
+        response = produce_partitions_response(request, results)
+        if quota is not None:
+            response.throttle_time_ms = quota.record_produce(sum(len(d.records) for d in request.partitions))
+        return response
 
+    @rpc_stream("BrokerService")
     async def ProduceStream(self, request_iterator: Any, context: Ctx) -> Any:
         """A producer's pipelined produce stream: appends in arrival order, answers as each is done."""
-        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams)
+        caller = self.authz.caller_of(context) if self.authz.enabled else None
+        stream = ProduceStreamHandler(self.replicas, self.broker.produce_streams, self.broker.quotas.stream(context),
+                                      (lambda r: produce_denials(self.authz, caller, r.transactional_id,
+                                                                 [d.topic for d in r.partitions]))
+                                      if caller is not None else None)
         async for response in stream.serve(request_iterator):
             yield response
 
     @rpc_method("BrokerService")
     async def Fetch(self, request: broker_pb2.FetchRequest, context: Ctx) -> broker_pb2.FetchResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.READ, ResourceType.TOPIC, request.topic,
+                               "Fetch", topic=request.topic)
+        quota = None if request.HasField("replica_id") else await self.broker.quotas.unary(context)
+        if quota is not None:
+            request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
         result = await handle_fetch_request(self.replicas, request)
+        throttle = quota.record_fetch(result.slice.length) if quota is not None else 0
+        if throttle:  # Kafka answers a throttled fetch without records
+            return fetch_response(result, throttle_time_ms=throttle)
         return fetch_response(result, records=result.slice.read())
 
+    @rpc_stream("BrokerService")
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
-        """A follower's fetch stream, which is also its fetch session: one response per request, in order."""
+        """A follower's fetch stream, which is also its fetch session: one response per request, in order.
+        Each request is timed and counted like a unary call (api="ReplicaFetch"); an error for the whole
+        request ends the stream with its status."""
         session = ReplicaFetchSession()
+        requests = self._replica_fetches
+        if self.authz.enabled:  # a follower's fetch: ClusterAction on the Cluster (Kafka)
+            try:
+                self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, "ReplicaFetch")
+            except errors.GregorError as err:
+                await errors.abort_with(context, err)
+                return
         async for request in request_iterator:
+            start = time.perf_counter()
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
                                       q.topic_id)
                      for q in request.partitions]
@@ -115,13 +172,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
                     request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
             except errors.GregorError as err:
-                await errors.abort_with(context, err)
-                return
+                requests.record(start, err.name)
+                raise  # rpc_stream: the stream ends with the error's status
+            requests.record(start, "NONE")
             yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,
                           context: Ctx) -> broker_pb2.ListOffsetsResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.DESCRIBE, ResourceType.TOPIC, request.topic,
+                               "ListOffsets", topic=request.topic)
         offset, ts, epoch = self.replicas.list_offsets(
             request.topic, request.partition, request.timestamp_ms,
             request.current_leader_epoch if request.HasField("current_leader_epoch") else -1,
@@ -132,6 +193,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     async def WriteTxnMarkers(self, request: broker_pb2.WriteTxnMarkersRequest,
                               context: Ctx) -> broker_pb2.WriteTxnMarkersResponse:
         """Kafka's WriteTxnMarkers: every (marker, partition) written concurrently, errors per partition."""
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, "WriteTxnMarkers")
         jobs = [(m, tp) for m in request.markers for tp in m.partitions]
         outcomes = await asyncio.gather(*(write_marker(
             self.replicas, tp.topic, tp.partition,
@@ -153,6 +216,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     @rpc_method("BrokerService")
     async def DescribeProducers(self, request: broker_pb2.DescribeProducersRequest,
                                 context: Ctx) -> broker_pb2.DescribeProducersResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.READ, ResourceType.TOPIC, request.topic,
+                               "DescribeProducers", topic=request.topic)
         rows = describe_producers(self.replicas.get_partition(request.topic, request.partition))
         return broker_pb2.DescribeProducersResponse(producers=[broker_pb2.ProducerStateDescription(
             producer_id=pid, producer_epoch=epoch, last_sequence=seq, last_timestamp=ts, coordinator_epoch=ce,
@@ -160,11 +226,32 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     @rpc_method("BrokerService")
     async def Metadata(self, request: broker_pb2.MetadataRequest, context: Ctx) -> broker_pb2.MetadataResponse:
-        return self.broker.metadata_response(list(request.topics))
+        response = self.broker.metadata_response(list(request.topics))
+        if self.authz.enabled:
+            self.filter_metadata(response, bool(request.topics), self.authz.caller_of(context))
+        return response
+
+    def filter_metadata(self, response: broker_pb2.MetadataResponse, named: bool, caller: Any) -> None:
+        """Kafka's Metadata: a topic without Describe is left out of an all-topics answer and answered
+        TOPIC_AUTHORIZATION_FAILED (no partitions, no id) when asked for by name."""
+        keep = []
+        for t in response.topics:
+            if self.authz.check(caller, Operation.DESCRIBE, ResourceType.TOPIC, t.name, "Metadata", audit=named):
+                keep.append(t)
+            elif named:
+                keep.append(broker_pb2.TopicMetadata(name=t.name, error=errors.Code.TOPIC_AUTHORIZATION_FAILED))
+        del response.topics[:]
+        response.topics.extend(keep)
 
     @rpc_method("BrokerService")
     async def OffsetForLeaderEpoch(self, request: broker_pb2.OffsetForLeaderEpochRequest,
                                    context: Ctx) -> broker_pb2.OffsetForLeaderEpochResponse:
+        if self.authz.enabled:  # Kafka: Describe on the topic for a consumer, ClusterAction for a follower
+            caller = self.authz.caller_of(context)
+            if not self.authz.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, "kafka-cluster",
+                                    "OffsetForLeaderEpoch", audit=False):
+                self.authz.require(caller, Operation.DESCRIBE, ResourceType.TOPIC, request.topic,
+                                   "OffsetForLeaderEpoch", topic=request.topic)
         epoch, end_offset = self.replicas.offset_for_leader_epoch(
             request.topic, request.partition, request.leader_epoch,
             request.current_leader_epoch if request.HasField("current_leader_epoch") else None)
@@ -279,21 +366,61 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             cluster_id=self.broker.config.cluster_id, controller_id=-1, controller_epoch=-1,
             brokers=[self.broker.endpoint()])
 
+    @rpc_method("AdminService")
+    async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
+                                   context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
+        return _local_quotas_describe(self.broker, request)
+
+    @rpc_method("AdminService")
+    async def AlterClientQuotas(self, request: controller_pb2.AlterClientQuotasRequest,
+                                context: Ctx) -> controller_pb2.AlterClientQuotasResponse:
+        return _local_quotas_alter(self.broker, request)
+
+
+def _local_quotas_describe(broker: "Broker", request: controller_pb2.DescribeClientQuotasRequest
+                           ) -> controller_pb2.DescribeClientQuotasResponse:
+    """A standalone broker's quotas live in its memory only (no etcd): they last until it stops."""
+    configs = broker.quotas.configs
+    if request.HasField("entity"):
+        e = entity_of(request.entity)
+        found = configs.describe(e.user, e.client_id)
+    else:
+        found = configs.describe()
+    return controller_pb2.DescribeClientQuotasResponse(entries=[entry_pb(e, c) for e, c in found])
+
+
+def _local_quotas_alter(broker: "Broker", request: controller_pb2.AlterClientQuotasRequest
+                        ) -> controller_pb2.AlterClientQuotasResponse:
+    entity = entity_of(request.entity)
+    configs = altered(broker.quotas.configs.entities.get(entity, {}), request)
+    if not request.validate_only:
+        broker.quotas.set_entity(entity, {k: number(v) for k, v in configs.items()})
+    return controller_pb2.AlterClientQuotasResponse(result=entry_pb(entity, configs))
+
 
 def _config_str(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
-    """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata."""
+    """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata.
+
+    Each needs ClusterAction on the Cluster (Kafka's inter-broker requests).
+    """
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.replicas = broker.replica_manager
+        self.authz = broker.authz
+
+    def _cluster_action(self, context: Ctx, api: str) -> None:
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, api)
 
     @rpc_method("BrokerControlService")
     async def LeaderAndIsr(self, request: broker_pb2.LeaderAndIsrRequest,
                            context: Ctx) -> broker_pb2.LeaderAndIsrResponse:
+        self._cluster_action(context, "LeaderAndIsr")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         configs = {t: dict(c.entries) for t, c in request.topic_configs.items()}
         failed = self.replicas.become_leader_or_follower(request.partition_states, configs, request.live_leaders)
@@ -304,6 +431,7 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
     @rpc_method("BrokerControlService")
     async def StopReplica(self, request: broker_pb2.StopReplicaRequest,
                           context: Ctx) -> broker_pb2.StopReplicaResponse:
+        self._cluster_action(context, "StopReplica")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         self.replicas.stop_replicas([(tp.topic, tp.partition) for tp in request.partitions],
                                     request.delete_partitions)
@@ -312,6 +440,7 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
     @rpc_method("BrokerControlService")
     async def UpdateMetadata(self, request: broker_pb2.UpdateMetadataRequest,
                              context: Ctx) -> broker_pb2.UpdateMetadataResponse:
+        self._cluster_action(context, "UpdateMetadata")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         self.broker.metadata_cache.update_metadata(request.controller_id, request.live_brokers,
                                                    request.partition_states, request.deleted_topics)
@@ -339,7 +468,11 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         self.broker = broker
 
     async def forward(self, api: str, request: Any, context: Ctx) -> Any:
-        return await forward_to_controller(self.broker, api, request, context.time_remaining())
+        metadata = None
+        if self.broker.authz.enabled:  # KIP-590's envelope: the controller authorizes our caller, not us
+            caller = self.broker.authz.caller_of(context)
+            metadata = ((FORWARDED_PRINCIPAL_HEADER, caller.principal), (FORWARDED_HOST_HEADER, caller.host))
+        return await forward_to_controller(self.broker, api, request, context.time_remaining(), metadata)
 
     CreateTopics = _forwarded("CreateTopics")
     DeleteTopics = _forwarded("DeleteTopics")
@@ -348,3 +481,8 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     AlterConfigs = _forwarded("AlterConfigs")
     ElectLeaders = _forwarded("ElectLeaders")
     DescribeCluster = _forwarded("DescribeCluster")
+    DescribeClientQuotas = _forwarded("DescribeClientQuotas")
+    AlterClientQuotas = _forwarded("AlterClientQuotas")
+    CreateAcls = _forwarded("CreateAcls")
+    DescribeAcls = _forwarded("DescribeAcls")
+    DeleteAcls = _forwarded("DeleteAcls")

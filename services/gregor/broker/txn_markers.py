@@ -4,10 +4,13 @@ The transaction coordinator ends a transaction by sending WriteTxnMarkers to the
 leader of every partition the transaction wrote to; the leader appends a
 COMMIT or ABORT control batch for the producer (fenced by the coordinator epoch
 and the producer epoch, checked against the partition's producer state before
-anything is written) and waits for it to be replicated like an acks=all
-produce. The producer state then knows the transaction is decided: the LSO
-moves past it once the marker is below the high watermark, and an ABORT goes
-into the segment's `.txnindex` so read_committed consumers can drop its records.
+anything is written) and waits for it to be replicated through the produce path's
+own wake-up and acks=all wait (ReplicaManager.after_leader_append and
+wait_for_replication). The producer state then knows the transaction is decided:
+the LSO moves past it once the marker is below the high watermark, and an ABORT
+goes into the segment's `.txnindex` so read_committed consumers can drop its records.
+The LSO rule itself is ReplicationState.last_stable_offset; Partition feeds it the
+producer state's first unstable offset.
 
 Kept apart from Partition/ReplicaManager (which only call in here) so the
 replica state machine can take it over unchanged.
@@ -15,8 +18,9 @@ replica state machine can take it over unchanged.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable
 
 from prometheus_client import Counter, Gauge
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 
     from gregor.broker.partition import Partition
     from gregor.broker.producer_state import CompletedTxn
+    from gregor.broker.replication_state import Effect
     from gregor.broker.replica_manager import ReplicaManager
 
 LSO_LAG = Gauge("gregor_broker_last_stable_offset_lag",
@@ -38,22 +43,6 @@ MARKERS_WRITTEN = Counter("gregor_broker_txn_markers_total", "Transaction marker
                           ["topic", "result"])
 READ_UNCOMMITTED = 0  # Kafka's IsolationLevel ids (common.proto's IsolationLevel)
 READ_COMMITTED = 1
-
-
-def last_stable_offset(first_unstable_offset: Optional[int], high_watermark: int) -> int:
-    """Kafka's LSO: the first offset of the oldest undecided (or unreplicated) transaction, else the HW."""
-    if first_unstable_offset is None:
-        return high_watermark
-    return min(first_unstable_offset, high_watermark)
-
-
-def partition_lso(partition: "Partition") -> int:
-    """The partition's LSO from its producer state and HW (and the LSO-lag gauge updated)."""
-    hw = partition.high_watermark
-    lso = last_stable_offset(partition.producer_state_manager().first_unstable_offset(hw), hw)
-    if partition.is_leader:
-        LSO_LAG.labels(topic=partition.topic, partition=str(partition.partition)).set(hw - lso)
-    return lso
 
 
 def index_aborted(log: "native.Log", completed: Iterable["CompletedTxn"]) -> None:
@@ -73,7 +62,7 @@ class MarkerRequest:
     commit: bool
 
 
-def append_marker(partition: "Partition", marker: MarkerRequest) -> "native.AppendInfo":
+def append_marker(partition: "Partition", marker: MarkerRequest) -> "tuple[native.AppendInfo, list[Effect]]":
     """Validate and append one marker as leader; raises before writing anything if it is fenced.
 
     INVALID_PRODUCER_EPOCH for a producer epoch below the partition's, and
@@ -88,8 +77,8 @@ def append_marker(partition: "Partition", marker: MarkerRequest) -> "native.Appe
     psm.check_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
     batch = encode_marker_batch(marker.producer_id, marker.producer_epoch, marker.commit, marker.coordinator_epoch,
                                 now_ms())
-    info = partition.append_records_to_leader(batch, -1, is_marker=True)
-    return info  # type: ignore[return-value]  # a marker is never an idempotent duplicate
+    info, effects = partition.append_records_to_leader(batch, -1, is_marker=True)
+    return info, effects  # type: ignore[return-value]  # a marker is never an idempotent duplicate
 
 
 def describe_producers(partition: "Partition") -> list[tuple[int, int, int, int, int, int]]:
@@ -110,15 +99,15 @@ def aborted_transactions(partition: "Partition", fetch_offset: int, upper_offset
 
 async def write_marker(replicas: "ReplicaManager", topic: str, partition: int, marker: MarkerRequest,
                        timeout_ms: int) -> int:
-    """WriteTxnMarkers for one partition: append as leader, wake waiters, wait for the ISR; the marker's offset."""
-    from gregor.broker.replica_manager import DelayedProduce  # replica_manager imports partition, which imports us
-
+    """WriteTxnMarkers for one partition: append as leader, then the produce path's wake-ups and acks=all wait
+    (ReplicaManager.after_leader_append / wait_for_replication); the marker's offset."""
     p = replicas.get_partition(topic, partition)
-    info = append_marker(p, marker)
-    replicas.fetch_purgatory.check_and_complete(p.key)
-    replicas.produce_purgatory.check_and_complete(p.key)
-    op = DelayedProduce(max(timeout_ms, 0), p, info)
-    replicas.produce_purgatory.try_complete_else_watch(op, [p.key])
-    await op.future
+    info, effects = append_marker(p, marker)
+    replicas.after_leader_append(p, effects)
+    waiting = replicas.wait_for_replication(p, info, timeout_ms)
+    if isinstance(waiting, errors.GregorError):
+        raise waiting
+    if isinstance(waiting, asyncio.Future):
+        await waiting
     MARKERS_WRITTEN.labels(topic=topic, result="commit" if marker.commit else "abort").inc()
     return info.last_offset

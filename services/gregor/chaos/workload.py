@@ -2,7 +2,11 @@
 (history.py), then a final read of everything once the faults have healed.
 
     python -m gregor.chaos.workload --bootstrap B [--gateway G] --seconds S --history H \
-        [--healed-file F] [--partitions 2]
+        [--healed-file F] [--partitions 2] [--client-config client.properties]
+
+--client-config is a Kafka client properties file (e.g. security.protocol=SSL and the ssl.* keys of a
+cluster with mTLS): its keys go into every SDK client's config, and its TLS keys become the process's
+default (gregor.common.tls), which the gateway channels use.
 
 Clients (each a `process` in the history; a client that has to be rebuilt after an error takes a new name):
   sdk-<n>     idempotent acks=all Producer (asyncio SDK), one outstanding send per partition; sdk-1
@@ -58,7 +62,8 @@ class Workload:
         self.seq = itertools.count()
         self.rng = random.Random(a.seed)
         self.cfg: dict[str, Any] = {"bootstrap.servers": a.bootstrap, "request.timeout.ms": 5000,
-                                    "metadata.max.age.ms": 2000, "retry.backoff.ms": 100}
+                                    "metadata.max.age.ms": 2000, "retry.backoff.ms": 100,
+                                    **getattr(a, "client_props", {})}
 
     def value(self, process: str) -> str:
         return f"{process}:{next(self.seq)}"
@@ -176,7 +181,9 @@ class Workload:
         from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
         process = f"gw-{n}"
-        async with grpc.aio.insecure_channel(address) as channel:
+        from gregor.common.rpc import channel as rpc_channel
+
+        async with rpc_channel(address) as channel:  # TLS per the process's settings (gregor.common.tls)
             stub = gateway_pb2_grpc.ProducerGatewayServiceStub(channel)
             while not self.stop.is_set():
                 partition = next(self.seq) % self.a.partitions
@@ -201,13 +208,13 @@ class Workload:
 
     async def gateway_transactions(self, n: int, address: str) -> None:
         """Transactions through the gateway's TransactionalProduceStream (one stream, one producer)."""
-        import grpc  # type: ignore[import-untyped]
+        from gregor.common.rpc import channel as rpc_channel
 
         generation = 0
         while not self.stop.is_set():
             process = f"gwtxn-{n}" + (f".{generation}" if generation else "")
             try:
-                async with grpc.aio.insecure_channel(address) as channel:
+                async with rpc_channel(address) as channel:  # TLS per the process's settings
                     await self._gateway_txn_stream(channel, process, f"chaos-gw-txn-{n}")
                     return
             except Exception as exc:  # noqa: BLE001 - a broken stream or a failed call: a new stream
@@ -566,7 +573,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sdk-producers", type=int, default=2)
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client-config", default="",
+                    help="client properties file merged into every client's config (e.g. security.protocol=SSL, "
+                         "ssl.truststore.location, ssl.keystore.location, ssl.key.location)")
     a = ap.parse_args(argv)
+    a.client_props = {}
+    if a.client_config:
+        from gregor.common import tls
+        from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+        from gregor.common.properties import read_properties
+
+        try:
+            a.client_props = read_properties(a.client_config)
+            tls.configure(tls.TlsConfig.from_properties(a.client_props))  # the gateway channels
+        except (OSError, InvalidConfigError) as exc:
+            ap.error(f"--client-config {a.client_config}: {exc}")
     asyncio.run(Workload(a).run())
     return 0
 

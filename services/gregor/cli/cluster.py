@@ -48,11 +48,23 @@ def cluster() -> None:
               help="also start a real Prometheus scraping every process (role prometheus; `make prometheus` builds it)")
 @click.option("--scrape-interval", "scrape_interval_s", type=click.FloatRange(min=0.1), default=None,
               help="with --prometheus: scrape and rule evaluation interval in seconds (default 5)")
+@click.option("--authorizer", is_flag=True,
+              help="turn on Kafka's ACL authorizer on every service, with this CLI's principal as super user "
+                   "(docs/security.md)")
+@click.option("--super-user", "super_users", multiple=True, metavar="User:NAME",
+              help="with --authorizer: another super user (repeatable)")
+@click.option("--tls", is_flag=True,
+              help="mTLS everywhere: certificates made in DIR/certs (or taken from --certs), etcd with client-"
+                   "certificate auth, every port TLS-only; client settings in DIR/client.properties")
+@click.option("--certs", "certs_dir", type=click.Path(file_okay=False), default=None,
+              help="with --tls: use (and complete) the certificates of this directory (gregor certs create)")
 @click.pass_context
 def up(ctx: click.Context, data_dir: str | None, standalone: bool, brokers: int | None, controllers: int | None,
        lease_ttl_ms: int | None, coordinators: int | None, gateways: int | None, broker_props: tuple[str, ...],
        gateway_prop_items: tuple[str, ...] = (), coordinator_prop_items: tuple[str, ...] = (),
-       etcd_members: int = 1, prometheus: bool = False, scrape_interval_s: float | None = None) -> None:
+       etcd_members: int = 1, prometheus: bool = False, scrape_interval_s: float | None = None,
+       authorizer: bool = False, super_users: tuple[str, ...] = (),
+       tls: bool = False, certs_dir: str | None = None) -> None:
     """Start etcd and the services, wait until healthy, write DIR/cluster.json and print it.
 
     The defaults are DESIGN.md's cluster: 3 brokers, 2 controllers, 1 group coordinator, 1 gateway.
@@ -89,12 +101,21 @@ def up(ctx: click.Context, data_dir: str | None, standalone: bool, brokers: int 
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--broker-property")
         overrides[key] = value
+    authorizer_props = None
+    if authorizer:
+        from gregor.cli.local_cluster import authorizer_properties
+        from gregor.common.authz import cli_principal
+
+        # Kafka bootstraps through super.users: the operator (this CLI's principal) may do everything,
+        # including adding the first ACLs. Without TLS every connection is User:ANONYMOUS.
+        authorizer_props = authorizer_properties([cli_principal(), *super_users])
     try:
         c = LocalCluster.up(_data_dir(ctx, data_dir), brokers=brokers, broker_overrides=overrides,
                             controllers=controllers, lease_ttl_ms=lease_ttl_ms, gateways=gateways,
                             gateway_props=gateway_props, coordinators=coordinators,
                             coordinator_overrides=coordinator_props, etcd_members=etcd_members,
-                            prometheus=prometheus, scrape_interval_s=scrape_interval_s)
+                            prometheus=prometheus, scrape_interval_s=scrape_interval_s, tls=tls or bool(certs_dir),
+                            certs_dir=certs_dir, authorizer=authorizer_props)
     except ClusterError as exc:
         raise click.ClickException(str(exc))
     click.echo(json.dumps(c.to_json(), indent=2))

@@ -94,6 +94,14 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
+def print_table(rows: list[list[Any]], header: list[str]) -> None:
+    """Left-aligned columns as kafka-consumer-groups.sh and kafka-transactions.sh print them."""
+    cells = [header] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for r in cells:
+        click.echo(" ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
 def text(data: Optional[bytes]) -> Optional[str]:
     """Record bytes as the UTF-8 text the command line shows (invalid bytes replaced)."""
     return None if data is None else data.decode("utf-8", errors="replace")

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import click
 
-from gregor.cli.common import emit_json, obj, run
+from gregor.cli.common import emit_json, obj, print_table, run
 from gregor.cli.consume import coordinator_servers, progress
 from gregor.client.consumer import Consumer
 from gregor.client.group_admin import GroupAdmin, GroupDescription
@@ -19,14 +19,6 @@ INACTIVE_STATES = ("Empty", "Dead")
 
 def _config(ctx: click.Context) -> dict[str, Any]:
     return {"bootstrap.servers": obj(ctx).bootstrap(), "coordinator.bootstrap.servers": coordinator_servers(ctx)}
-
-
-def _table(rows: list[list[Any]], header: list[str]) -> None:
-    """Left-aligned columns as kafka-consumer-groups.sh prints them."""
-    cells = [header] + [["-" if v is None else str(v) for v in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    for r in cells:
-        click.echo(" ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
 
 
 @click.group()
@@ -73,7 +65,7 @@ def list_(ctx: click.Context, with_state: bool) -> None:
     if obj(ctx).json:
         emit_json([{"group": g.group_id, "state": g.state, "protocol_type": g.protocol_type} for g in listed])
     elif with_state:
-        _table([[g.group_id, g.state] for g in listed], ["GROUP", "STATE"])
+        print_table([[g.group_id, g.state] for g in listed], ["GROUP", "STATE"])
     else:
         for g in listed:
             click.echo(g.group_id)
@@ -137,7 +129,7 @@ def describe(ctx: click.Context, group: Optional[str], group_opt: Optional[str],
         if as_json:
             emit_json(info)
         else:
-            _table([[desc.group_id, desc.coordinator, desc.protocol or "", desc.state, len(desc.members)]],
+            print_table([[desc.group_id, desc.coordinator, desc.protocol or "", desc.state, len(desc.members)]],
                    ["GROUP", "COORDINATOR", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"])
         return
     if members:
@@ -153,13 +145,13 @@ def describe(ctx: click.Context, group: Optional[str], group_opt: Optional[str],
         header = ["GROUP", "CONSUMER-ID", "GROUP-INSTANCE-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
         table = [[r["group"], r["consumer_id"], r["group_instance_id"], r["host"], r["client_id"], r["partitions"]]
                  + ([_assignment_text(m.assignment)] if verbose else []) for r, m in zip(out, desc.members)]
-        _table(table, header + (["ASSIGNMENT"] if verbose else []))
+        print_table(table, header + (["ASSIGNMENT"] if verbose else []))
         return
     if as_json:
         emit_json({"group": desc.group_id, "state": desc.state, "partitions": rows})
         return
     _group_state_note(group, desc.state)
-    _table([[r["group"], r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
+    print_table([[r["group"], r["topic"], r["partition"], r["current_offset"], r["log_end_offset"], r["lag"],
              r["consumer_id"], r["host"], r["client_id"]] for r in rows],
            ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "HOST",
             "CLIENT-ID"])
@@ -291,7 +283,7 @@ def reset_offsets(ctx: click.Context, group: Optional[str], group_opt: Optional[
         emit_json({"group": group, "executed": execute,
                    "partitions": [{"topic": t, "partition": p, "new_offset": o} for (t, p), o in sorted(plan.items())]})
         return
-    _table([[group, t, p, o] for (t, p), o in sorted(plan.items())], ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"])
+    print_table([[group, t, p, o] for (t, p), o in sorted(plan.items())], ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"])
 
 
 @groups.command()

@@ -102,7 +102,7 @@ def leader_election(ctx: click.Context, election_type: str, topic: Optional[str]
 
     async def go() -> controller_pb2.ElectLeadersResponse:
         async with AdminClient({"bootstrap.servers": obj(ctx).bootstrap()}) as a:
-            return await a._call(lambda s: s.ElectLeaders(request, timeout=a.timeout_s))
+            return await a.elect_leaders(request)
 
     response = run(go())
     succeeded: list[dict[str, Any]] = []

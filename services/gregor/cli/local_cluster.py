@@ -102,18 +102,93 @@ def _wait_ready(proc: subprocess.Popen[bytes], ready_file: str, log_path: str) -
     raise ClusterError(f"process did not become ready within {READY_TIMEOUT_S:.0f} s; see {log_path}")
 
 
+SERVICE_CERTS = ("broker", "controller", "coordinator", "gateway", "etcd")
+CLIENT_CERT = "client"  # the certificate cluster.json's client.properties gives the CLI and the SDK
+
+
+@dataclass(frozen=True)
+class ClusterTls:
+    """`gregor cluster up --tls`: the certificates of a local mTLS cluster, in one directory made by
+    gregor.common.certs (ca.crt, NAME.crt/NAME.key per service, client.crt for the CLI and SDK)."""
+
+    certs_dir: str
+
+    @classmethod
+    def ensure(cls, certs_dir: str) -> "ClusterTls":
+        """Use the certificates in certs_dir; make a CA and whatever certificate is missing (signed by the
+        CA there) when there are none."""
+        from pathlib import Path
+
+        from gregor.common import certs
+
+        out = Path(certs_dir)
+        if not (out / "ca.crt").exists():
+            if (out / "ca.key").exists():
+                raise ClusterError(f"{certs_dir} has ca.key but no ca.crt")
+            certs.create_ca(out)
+        for name in (*SERVICE_CERTS, CLIENT_CERT):
+            if not (out / f"{name}.crt").exists() or not (out / f"{name}.key").exists():
+                if not (out / "ca.key").exists():
+                    raise ClusterError(f"{certs_dir} has no {name}.crt/{name}.key and no ca.key to make them")
+                certs.issue(out, name)
+        return cls(os.path.abspath(certs_dir))
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.certs_dir, name)
+
+    def props(self, name: str, server: bool = True) -> dict[str, str]:
+        """The security.protocol / ssl.* keys of a process using certificate `name` (gregor.common.tls)."""
+        out = {"security.protocol": "SSL", "ssl.truststore.location": self.path("ca.crt"),
+               "ssl.keystore.location": self.path(f"{name}.crt"), "ssl.key.location": self.path(f"{name}.key")}
+        if server:
+            out["ssl.client.auth"] = "required"
+        return out
+
+    def principal(self, name: str) -> str:
+        """The principal of certificate `name` under ssl.principal.mapping.rules=DEFAULT: User:<subject>."""
+        from gregor.common.certs import subject_of
+
+        with open(self.path(f"{name}.crt"), "rb") as f:
+            return "User:" + subject_of(f.read())
+
+    def client_props(self) -> dict[str, str]:
+        return self.props(CLIENT_CERT, server=False)
+
+    def config(self, name: str = CLIENT_CERT) -> Any:
+        from gregor.common.tls import TlsConfig
+
+        return TlsConfig.from_properties(self.props(name, server=False))
+
+    def etcd_flags(self) -> list[str]:
+        """etcd serving TLS with client-certificate auth, to clients and to its peers."""
+        return ["--cert-file", self.path("etcd.crt"), "--key-file", self.path("etcd.key"), "--client-cert-auth",
+                "--trusted-ca-file", self.path("ca.crt"), "--peer-cert-file", self.path("etcd.crt"),
+                "--peer-key-file", self.path("etcd.key"), "--peer-client-cert-auth",
+                "--peer-trusted-ca-file", self.path("ca.crt")]
+
+
+def _etcd_healthy(host: str, port: int, security: ClusterTls | None) -> bool:
+    scheme = "https" if security else "http"
+    ctx = security.config().client_ssl_context() if security else None
+    try:
+        with urllib.request.urlopen(f"{scheme}://{host}:{port}/health", timeout=1, context=ctx) as r:
+            return bool(json.load(r).get("health") == "true")
+    except OSError:
+        return False
+
+
 class _PortTaken(ClusterError):
     """etcd could not bind a port free_port() had just found free (another process took it)."""
 
 
-def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
+def start_etcd(data_dir: str, host: str = "127.0.0.1", security: ClusterTls | None = None) -> Process:
     """A single-member etcd on loopback, healthy. A port taken between free_port() and etcd's bind
     is retried with new ports (up to three tries) when the member's data dir is new."""
     member_dir = os.path.join(data_dir, "etcd-0")
     fresh = not os.path.exists(member_dir)
     for attempt in range(3):
         try:
-            return _start_etcd_once(data_dir, host)
+            return _start_etcd_once(data_dir, host, security)
         except _PortTaken:
             if not fresh or attempt == 2:
                 raise
@@ -121,15 +196,17 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1") -> Process:
     raise AssertionError("unreachable")
 
 
-def _start_etcd_once(data_dir: str, host: str) -> Process:
+def _start_etcd_once(data_dir: str, host: str, security: ClusterTls | None = None) -> Process:
     client, peer = free_port(host), free_port(host)
+    scheme = "https" if security else "http"
     name = "gregor-etcd-0"
     log_path = os.path.join(data_dir, "logs", "etcd-0.log")
     log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
     cmd = [etcd_binary(), "--name", name, "--data-dir", os.path.join(data_dir, "etcd-0"),
-           "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
-           "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-           "--initial-cluster", f"{name}=http://{host}:{peer}", "--log-level", "warn"]
+           "--listen-client-urls", f"{scheme}://{host}:{client}", "--advertise-client-urls", f"{scheme}://{host}:{client}",
+           "--listen-peer-urls", f"{scheme}://{host}:{peer}", "--initial-advertise-peer-urls", f"{scheme}://{host}:{peer}",
+           "--initial-cluster", f"{name}={scheme}://{host}:{peer}", "--log-level", "warn",
+           *(security.etcd_flags() if security else [])]
     proc = _spawn(cmd, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -139,20 +216,18 @@ def _start_etcd_once(data_dir: str, host: str) -> Process:
                 tail = f.read()
             error = _PortTaken if "address already in use" in tail else ClusterError
             raise error(f"etcd exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as r:
-                if json.load(r).get("health") == "true":
-                    break
-        except OSError:
-            time.sleep(0.1)
+        if _etcd_healthy(host, client, security):
+            break
+        time.sleep(0.1)
     else:
         proc.kill()
         raise ClusterError(f"etcd not healthy within {READY_TIMEOUT_S:.0f} s; see {log_path}")
-    return Process("etcd", 0, proc.pid, f"{host}:{client}", f"http://{host}:{client}/metrics", log_path,
-                   os.path.join(data_dir, "etcd-0"))
+    return Process("etcd", 0, proc.pid, f"{host}:{client}", f"{scheme}://{host}:{client}/metrics", log_path,
+                   os.path.join(data_dir, "etcd-0"), extra={"scheme": scheme})
 
 
-def start_etcd_cluster(data_dir: str, members: int = 3, host: str = "127.0.0.1") -> list[Process]:
+def start_etcd_cluster(data_dir: str, members: int = 3, host: str = "127.0.0.1",
+                       security: ClusterTls | None = None) -> list[Process]:
     """An etcd cluster of `members` on loopback (--initial-cluster), started together, each healthy.
 
     Process ids are 0..members-1 (data dirs DIR/etcd-<i>); the cluster survives the
@@ -160,34 +235,33 @@ def start_etcd_cluster(data_dir: str, members: int = 3, host: str = "127.0.0.1")
     """
     ports = [(free_port(host), free_port(host)) for _ in range(members)]
     names = [f"gregor-etcd-{i}" for i in range(members)]
-    initial = ",".join(f"{n}=http://{host}:{peer}" for n, (_, peer) in zip(names, ports))
+    scheme = "https" if security else "http"
+    initial = ",".join(f"{n}={scheme}://{host}:{peer}" for n, (_, peer) in zip(names, ports))
     token = f"gregor-{os.getpid()}-{time.monotonic_ns()}"
     procs = []
     for i, (name, (client, peer)) in enumerate(zip(names, ports)):
         cmd = [etcd_binary(), "--name", name, "--data-dir", os.path.join(data_dir, f"etcd-{i}"),
-               "--listen-client-urls", f"http://{host}:{client}", "--advertise-client-urls", f"http://{host}:{client}",
-               "--listen-peer-urls", f"http://{host}:{peer}", "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+               "--listen-client-urls", f"{scheme}://{host}:{client}",
+               "--advertise-client-urls", f"{scheme}://{host}:{client}",
+               "--listen-peer-urls", f"{scheme}://{host}:{peer}",
+               "--initial-advertise-peer-urls", f"{scheme}://{host}:{peer}",
                "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", token,
-               "--log-level", "warn"]
+               "--log-level", "warn", *(security.etcd_flags() if security else [])]
         procs.append(_spawn(cmd, os.path.join(data_dir, "logs", f"etcd-{i}.log")))
     out = []
     for i, (proc, (client, _)) in enumerate(zip(procs, ports)):
         log_path = os.path.join(data_dir, "logs", f"etcd-{i}.log")
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
-            try:
-                with urllib.request.urlopen(f"http://{host}:{client}/health", timeout=1) as r:
-                    if json.load(r).get("health") == "true":
-                        break
-            except OSError:
-                pass
+            if _etcd_healthy(host, client, security):
+                break
             if proc.poll() is not None or time.monotonic() > deadline:
                 for p in procs:
                     p.kill()
                 raise ClusterError(f"etcd member {i} not healthy within {READY_TIMEOUT_S:.0f} s; see {log_path}")
             time.sleep(0.1)
-        out.append(Process("etcd", i, proc.pid, f"{host}:{client}", f"http://{host}:{client}/metrics", log_path,
-                           os.path.join(data_dir, f"etcd-{i}")))
+        out.append(Process("etcd", i, proc.pid, f"{host}:{client}", f"{scheme}://{host}:{client}/metrics", log_path,
+                           os.path.join(data_dir, f"etcd-{i}"), extra={"scheme": scheme}))
     return out
 
 
@@ -255,6 +329,7 @@ class LocalCluster:
 
     data_dir: str
     processes: list[Process] = field(default_factory=list)
+    tls: ClusterTls | None = None  # `cluster up --tls`: every process and etcd speak mTLS only
 
     @property
     def path(self) -> str:
@@ -269,13 +344,36 @@ class LocalCluster:
 
     def to_json(self) -> dict[str, Any]:
         etcd = self.by_role("etcd")
-        return {"data_dir": os.path.abspath(self.data_dir), "bootstrap": self.bootstrap,
-                "etcd": ",".join(f"http://{p.grpc}" for p in etcd),
+        scheme = "https" if self.tls else "http"
+        out: dict[str, Any] = {"data_dir": os.path.abspath(self.data_dir), "bootstrap": self.bootstrap,
+                "etcd": ",".join(f"{scheme}://{p.grpc}" for p in etcd),
                 "gateways": ",".join(p.grpc for p in self.by_role("gateway")),
                 "coordinators": ",".join(p.grpc for p in self.by_role("coordinator")),
                 "prometheus": ",".join(str(p.extra.get("url", "")) for p in self.by_role("prometheus")),
                 "kafka_bootstrap": ",".join(p.kafka for p in self.by_role("broker") if p.kafka),
                 "processes": [_process_json(p) for p in self.processes]}
+        if self.tls:
+            # The CLI (`gregor --data-dir DIR ...`) and SDK users take their security settings from here.
+            out["tls"] = {"certs": self.tls.certs_dir, "client_config": self.client_properties_path,
+                          "client": self.tls.client_props()}
+        return out
+
+    @property
+    def client_properties_path(self) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), "client.properties")
+
+    def role_props(self, cert: str) -> dict[str, str]:
+        """The TLS keys of a process of this cluster using certificate `cert` (empty without --tls)."""
+        return self.tls.props(cert) if self.tls else {}
+
+    def client_config(self) -> dict[str, str]:
+        """bootstrap.servers and the security settings a client of this cluster needs."""
+        return {"bootstrap.servers": self.bootstrap, **(self.tls.client_props() if self.tls else {})}
+
+    @property
+    def etcd_endpoints(self) -> str:
+        scheme = "https" if self.tls else "http"
+        return ",".join(f"{scheme}://{p.grpc}" for p in self.by_role("etcd"))
 
     def save(self) -> None:
         """Write cluster.json and, with a Prometheus in the cluster, its file_sd targets (processes added
@@ -284,6 +382,10 @@ class LocalCluster:
         with open(tmp, "w") as f:
             json.dump(self.to_json(), f, indent=2)
         os.replace(tmp, self.path)
+        if self.tls:
+            with open(self.client_properties_path, "w") as f:
+                f.write("# gregor cluster up --tls: client settings (gregor --command-config, Kafka clients)\n")
+                f.writelines(f"{k}={v}\n" for k, v in self.tls.client_props().items())
         if self.by_role("prometheus"):
             from gregor.cli.local_prometheus import write_targets
 
@@ -318,7 +420,8 @@ class LocalCluster:
                 raw = json.load(f)
         except FileNotFoundError:
             raise ClusterError(f"no cluster at {data_dir} (missing {path}); run `gregor cluster up` first")
-        return cls(data_dir, [Process(**p) for p in raw["processes"]])
+        security = ClusterTls(raw["tls"]["certs"]) if raw.get("tls") else None
+        return cls(data_dir, [Process(**p) for p in raw["processes"]], security)
 
     @classmethod
     def up(cls, data_dir: str, brokers: int = 1, broker_overrides: dict[str, str] | None = None,
@@ -326,12 +429,18 @@ class LocalCluster:
            gateway_props: dict[str, str] | None = None, etcd_members: int = 1,
            coordinators: int = 0, coordinator_overrides: dict[str, str] | None = None,
            prometheus: bool = False, scrape_interval_s: float | None = None,
-           controller_overrides: dict[str, str] | None = None) -> "LocalCluster":
+           controller_overrides: dict[str, str] | None = None, tls: bool = False,
+           certs_dir: str | None = None, authorizer: dict[str, str] | None = None) -> "LocalCluster":
         """etcd, then `controllers` controllers and `brokers` brokers in cluster mode.
 
         With no controller, one standalone broker (today's single-broker path).
         lease_ttl_ms sets the controllers' lease TTL and the brokers'
         broker.session.timeout.ms (short values make failover tests fast).
+        tls (or certs_dir): mTLS everywhere, with the certificates of certs_dir (default DIR/certs, made
+        when missing): etcd on https with client-certificate auth (peers too), every gRPC port, data port
+        and Kafka listener (SSL://) with ssl.client.auth=required; no plain-text port is opened.
+        authorizer holds the authorizer's keys (authorizer_properties()), given to every broker, controller and
+        coordinator.
         """
         os.makedirs(data_dir, exist_ok=True)
         if os.path.exists(os.path.join(data_dir, "cluster.json")):
@@ -344,17 +453,36 @@ class LocalCluster:
             raise ClusterError("need at least one broker and a non-negative number of controllers")
         if coordinators and not controllers:
             raise ClusterError("group coordinators need cluster mode: pass --controllers 1 (or more)")
-        overrides = dict(broker_overrides or {})
+        if authorizer and not controllers:
+            raise ClusterError("the authorizer needs cluster mode (the ACLs live in etcd): pass --controllers 1")
+        security = ClusterTls.ensure(certs_dir or os.path.join(data_dir, "certs")) if (tls or certs_dir) else None
+        if authorizer and security:
+            # The operator (the CLI's client certificate) and the services' own calls to each other are super
+            # users, as Kafka's inter-broker principal usually is; the gateway is not (grant it ACLs).
+            operators = [security.principal(n) for n in (CLIENT_CERT, "broker", "controller", "coordinator")]
+            extra = [u for u in authorizer.get("super.users", "").split(";") if u and u != "User:ANONYMOUS"]
+            authorizer = {**authorizer, "super.users": ";".join(dict.fromkeys(operators + extra))}
+        overrides = {**(authorizer or {}), **(broker_overrides or {})}
+        if authorizer:
+            controller_overrides = {**authorizer, **(controller_overrides or {})}
+            coordinator_overrides = {**authorizer, **(coordinator_overrides or {})}
         if lease_ttl_ms is not None and controllers:
             overrides.setdefault("broker.session.timeout.ms", str(lease_ttl_ms))
-        cluster = cls(data_dir)
+        cluster = cls(data_dir, tls=security)
+        if security:
+            host = "127.0.0.1"
+            overrides = {**security.props("broker"), "listeners": f"SSL://{host}:0", **overrides}
+            controller_overrides = {**security.props("controller"), **(controller_overrides or {})}
+            coordinator_overrides = {**security.props("coordinator"), **(coordinator_overrides or {})}
+            gateway_props = {**security.props("gateway"), **(gateway_props or {})}
         try:
             # One etcd, or a cluster of etcd_members on loopback; every service gets all endpoints.
             if etcd_members < 1:
                 raise ClusterError("need at least one etcd member")
-            members = start_etcd_cluster(data_dir, etcd_members) if etcd_members > 1 else [start_etcd(data_dir)]
+            members = (start_etcd_cluster(data_dir, etcd_members, security=security) if etcd_members > 1
+                       else [start_etcd(data_dir, security=security)])
             cluster.processes.extend(members)
-            etcd_endpoints = ",".join(p.grpc for p in members)
+            etcd_endpoints = cluster.etcd_endpoints
             for i in range(controllers):
                 cluster.processes.append(start_controller(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms,
                                                           overrides=controller_overrides))
@@ -438,3 +566,9 @@ def start_coordinator(data_dir: str, coordinator_id: int, etcd_endpoint: str, ho
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
     return Process("coordinator", coordinator_id, proc.pid, info["grpc"], info["metrics"], log_path, coordinator_dir)
+
+
+def authorizer_properties(super_users: list[str], allow_everyone_if_no_acl_found: bool = False) -> dict[str, str]:
+    """The authorizer's keys for every service of a local cluster (docs/security.md)."""
+    return {"authorizer.class.name": "gregor", "super.users": ";".join(super_users),
+            "allow.everyone.if.no.acl.found": str(allow_everyone_if_no_acl_found).lower()}

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import click
 
+from gregor.common.tls import from_client_config
 from gregor.cli.common import (
     VariadicCommand, VariadicOption, emit_json, load_properties_file, obj, parse_kv, run,
 )
@@ -287,10 +288,8 @@ async def _perf_produce(config: dict[str, Any], topic: str, num_records: int, pa
         snapshot: dict[str, float] = {}
         if metrics is not None:
             # Kafka flushes, prints the summary and then the metrics before closing the producer.
-            acc = producer._acc
             buffer_total = int(producer.config["buffer.memory"])
-            snapshot = metrics.snapshot(monotonic() - start, buffer_total,
-                                        buffer_total - (acc.buffered_bytes if acc is not None else 0))
+            snapshot = metrics.snapshot(monotonic() - start, buffer_total, buffer_total - producer.buffered_bytes())
     stats.print_window(monotonic())
     if failures:
         raise click.ClickException(f"{failed} record(s) failed, first: {failures[0]}")
@@ -452,7 +451,8 @@ async def _coordinator_error(config: dict[str, Any]) -> Optional[str]:
     from gregor.client.metadata import ClusterMetadata
 
     metadata = ClusterMetadata(parse_bootstrap(config["bootstrap.servers"]),
-                               request_timeout_ms=int(config.get("request.timeout.ms", 30000)))
+                               request_timeout_ms=int(config.get("request.timeout.ms", 30000)),
+                               security=from_client_config(config))
     overrides = [a.strip() for a in str(config.get("coordinator.bootstrap.servers", "")).split(",") if a.strip()]
     try:
         await find_coordinator(metadata, str(config["group.id"]), overrides, 10.0)

@@ -19,8 +19,7 @@ from typing import Any, Optional
 import click
 import grpc
 
-from gregor.cli.common import emit_json, obj, run
-from gregor.cli.groups import _table
+from gregor.cli.common import emit_json, obj, print_table, run
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2
@@ -69,7 +68,7 @@ def list_(ctx: click.Context) -> None:
         emit_json([{"transactional_id": d.transactional_id, "coordinator": d.coordinator_id,
                     "producer_id": d.producer_id, "state": d.state} for d in rows])
         return
-    _table([[d.transactional_id, d.coordinator_id, d.producer_id, d.state] for d in rows],
+    print_table([[d.transactional_id, d.coordinator_id, d.producer_id, d.state] for d in rows],
            ["TransactionalId", "Coordinator", "ProducerId", "TransactionState"])
 
 
@@ -102,7 +101,7 @@ def describe(ctx: click.Context, transactional_id: str) -> None:
                    "transaction_timeout_ms": d.transaction_timeout_ms, "current_transaction_start_time_ms": start,
                    "transaction_duration_ms": duration, "topic_partitions": parts})
         return
-    _table([[d.coordinator_id, d.transactional_id, d.producer_id, d.producer_epoch, d.state,
+    print_table([[d.coordinator_id, d.transactional_id, d.producer_id, d.producer_epoch, d.state,
              d.transaction_timeout_ms, start if start >= 0 else None, duration, parts or None]],
            ["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",
             "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs", "TopicPartitions"])
@@ -158,7 +157,7 @@ def find_hanging(ctx: click.Context, broker_id: Optional[int], topic: Optional[s
     if obj(ctx).json:
         emit_json([dict(zip(header, r)) for r in rows])
     else:
-        _table(rows, header)
+        print_table(rows, header)
 
 
 @transactions.command("abort")

@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVa
 
 import grpc
 
+from gregor.common.tls import from_client_config
 from gregor.client.config import admin_config, parse_bootstrap
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import BrokerInfo, ClusterMetadata, TopicInfo, call_error
@@ -60,7 +61,7 @@ class AdminClient:
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.config = cfg = admin_config(config, **kwargs)
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"])
         self.timeout_s = cfg["request.timeout.ms"] / 1000
 
@@ -155,6 +156,12 @@ class AdminClient:
         resp = await self._call(lambda s: s.CreatePartitions(req, timeout=self.timeout_s))
         _check(resp.result.error, topic)
 
+    # ------------------------------------------------------------ leadership
+    async def elect_leaders(self, request: controller_pb2.ElectLeadersRequest
+                            ) -> controller_pb2.ElectLeadersResponse:
+        """Kafka's Admin.electLeaders: preferred or unclean elections; the per-partition results as answered."""
+        return await self._call(lambda s: s.ElectLeaders(request, timeout=self.timeout_s))
+
     # ------------------------------------------------------------ configs
     async def describe_configs(self, topics: Iterable[str] | None = None) -> dict[str, list[ConfigEntry]]:
         req = controller_pb2.DescribeConfigsRequest(topics=list(topics or []))
@@ -174,12 +181,67 @@ class AdminClient:
         _check(resp.result.error, topic)
         return [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in resp.result.entries]
 
+    # ------------------------------------------------------------ client quotas (KIP-546)
+    async def describe_client_quotas(self, user: Optional[str] = None, client_id: Optional[str] = None
+                                     ) -> list[tuple[Optional[str], Optional[str], dict[str, str]]]:
+        """(user, client id, configs) of every quota entity, or of the one named (None: not part of it;
+        "<default>": the default entity)."""
+        req = controller_pb2.DescribeClientQuotasRequest()
+        if user is not None or client_id is not None:
+            req.entity.CopyFrom(_quota_entity(user, client_id))
+        resp = await self._call(lambda s: s.DescribeClientQuotas(req, timeout=self.timeout_s))
+        return [(e.entity.user if e.entity.HasField("user") else None,
+                 e.entity.client_id if e.entity.HasField("client_id") else None, dict(e.configs))
+                for e in resp.entries]
+
+    async def alter_client_quotas(self, user: Optional[str], client_id: Optional[str],
+                                  set_: Mapping[str, str] | None = None, delete: Iterable[str] = (),
+                                  validate_only: bool = False) -> dict[str, str]:
+        """Set and/or remove an entity's quota configs; returns its configs afterwards."""
+        req = controller_pb2.AlterClientQuotasRequest(
+            entity=_quota_entity(user, client_id), set={k: str(v) for k, v in (set_ or {}).items()},
+            delete=list(delete), validate_only=validate_only)
+        resp = await self._call(lambda s: s.AlterClientQuotas(req, timeout=self.timeout_s))
+        return dict(resp.result.configs)
+
     async def describe_cluster(self) -> ClusterDescription:
         resp = await self._call(lambda s: s.DescribeCluster(controller_pb2.DescribeClusterRequest(),
                                                             timeout=self.timeout_s))
         return ClusterDescription(resp.cluster_id, resp.controller_id, resp.controller_epoch,
                                   [BrokerInfo(b.broker_id, b.host, b.grpc_port, b.data_port, b.rack)
                                    for b in resp.brokers])
+
+    # ------------------------------------------------------------ ACLs (Kafka's Admin createAcls/describeAcls/deleteAcls)
+    async def create_acls(self, acls: Iterable[Any]) -> None:
+        """Store acl.AclBinding values (idempotent)."""
+        from gregor.common.authz import binding_to_pb
+
+        req = controller_pb2.CreateAclsRequest(acls=[binding_to_pb(a) for a in acls])
+        await self._call(lambda s: s.CreateAcls(req, timeout=self.timeout_s))
+
+    async def describe_acls(self, acl_filter: Any) -> list[Any]:
+        """The acl.AclBinding values an authz.AclFilter matches."""
+        from gregor.common.authz import binding_from_pb, filter_to_pb
+
+        resp = await self._call(lambda s: s.DescribeAcls(filter_to_pb(acl_filter), timeout=self.timeout_s))
+        return [binding_from_pb(a) for a in resp.acls]
+
+    async def delete_acls(self, filters: Iterable[Any]) -> list[Any]:
+        """Delete what any authz.AclFilter matches; the acl.AclBinding values deleted."""
+        from gregor.common.authz import binding_from_pb, filter_to_pb
+
+        req = controller_pb2.DeleteAclsRequest(filters=[filter_to_pb(f) for f in filters])
+        resp = await self._call(lambda s: s.DeleteAcls(req, timeout=self.timeout_s))
+        return [binding_from_pb(a) for a in resp.deleted]
+
+
+def _quota_entity(user: Optional[str], client_id: Optional[str]) -> controller_pb2.QuotaEntity:
+    entity = controller_pb2.QuotaEntity()
+    if user is not None:
+        entity.user = user
+    if client_id is not None:
+        entity.client_id = client_id
+    return entity
 
 
 class SyncAdminClient:

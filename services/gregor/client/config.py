@@ -57,6 +57,18 @@ _COMMON = [
     _d("metadata.max.age.ms", int, 300000, "refresh metadata at least this often", _nonneg),
     _d("fetch.transport", str, "grpc", "grpc, or data for the broker's zero-copy data port (consumer only)",
        choices=("grpc", "data")),
+    # Transport security (gregor.common.tls, docs/security.md): Kafka's client keys, PEM files.
+    _d("security.protocol", str, "PLAINTEXT", "PLAINTEXT or SSL (TLS to every broker and coordinator)",
+       choices=("PLAINTEXT", "SSL")),
+    _d("ssl.truststore.location", str, "", "PEM file of the CA that signed the servers' certificates"),
+    _d("ssl.truststore.type", str, "PEM", "PEM only", choices=("PEM",)),
+    _d("ssl.keystore.location", str, "", "PEM file of this client's certificate (with its key unless "
+       "ssl.key.location): presented to servers that require client authentication"),
+    _d("ssl.keystore.type", str, "PEM", "PEM only", choices=("PEM",)),
+    _d("ssl.key.location", str, "", "PEM file of this client's private key"),
+    _d("ssl.endpoint.identification.algorithm", str, "https",
+       "https: the server's certificate must name the host connected to; empty turns the check off",
+       choices=("https", "")),
 ]
 
 PRODUCER_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in _COMMON + [

@@ -17,6 +17,7 @@ group_membership.GroupMember (seed 003, 6.4-6.5); this module owns fetching and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import re
@@ -24,6 +25,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 
+from gregor.common.tls import from_client_config
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
@@ -79,7 +81,7 @@ class Consumer:
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.config = cfg = consumer_config(config, **kwargs)
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
                                         metadata_max_age_ms=cfg["metadata.max.age.ms"])
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
@@ -97,7 +99,7 @@ class Consumer:
         self._buffered_total = 0
         self._closed = False
         # Group membership and commits (needs group.id); heartbeats start with subscribe().
-        self._group: Optional[GroupMember] = GroupMember(self, cfg) if cfg["group.id"] else None
+        self._group: Optional[GroupMember] = GroupMember(self.subscriptions, self.metadata, cfg) if cfg["group.id"] else None
 
     async def __aenter__(self) -> "Consumer":
         return self
@@ -229,8 +231,7 @@ class Consumer:
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record poll() returns (resolving a pending reset)."""
         state = self._state(tp)
-        if state.position is None:
-            await self._initial_position(tp, state)
+        await self._ensure_position(tp, state)
         assert state.position is not None
         return state.position
 
@@ -345,6 +346,9 @@ class Consumer:
         if state.task is not None:
             state.task.cancel()
             state.task = None
+        if state.resetting is not None:  # its offset is the old generation's; position() waiters look again
+            state.resetting.cancel()
+            state.resetting = None
         self._buffered_total -= state.buffered_bytes
         state.buffer.clear()
         state.buffered_bytes = 0
@@ -359,20 +363,48 @@ class Consumer:
         state.reset = reset
         self._start(tp)
 
-    async def _initial_position(self, tp: TopicPartition, state: PartitionState) -> None:
+    async def _ensure_position(self, tp: TopicPartition, state: PartitionState) -> None:
+        """Until tp has a position: start the partition's one pending reset, or wait for the one in flight.
+
+        Kafka's SubscriptionState: a partition awaiting reset is reset once, and position() waits for
+        (or performs) that same reset. Two independent resets (the fetch task's and position()'s) would
+        race: the later one rewinds a fetch that already advanced, and poll() returns records twice.
+        A reset never overwrites a position: its result applies only if the partition still has none
+        in the generation that asked (a seek in between wins)."""
+        while state.position is None:
+            if self.subscriptions.states.get((tp[0], tp[1])) is not state:
+                raise errors.InvalidRequestError(  # type: ignore[attr-defined]
+                    f"partition {tp[0]}-{tp[1]} is no longer assigned")
+            task = state.resetting
+            if task is None or task.done():
+                task = state.resetting = asyncio.ensure_future(self._initial_position(tp, state, state.generation))
+                task.add_done_callback(functools.partial(self._reset_done, state))
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if not task.cancelled() or (me is not None and me.cancelling()):
+                    raise  # we are cancelled ourselves
+                # The reset was cancelled by a seek or revocation: look at the partition again.
+
+    @staticmethod
+    def _reset_done(state: PartitionState, task: "asyncio.Task[None]") -> None:
+        if state.resetting is task:
+            state.resetting = None  # a failed reset is retried by the next caller
+        if not task.cancelled():
+            task.exception()  # its waiters raise it; never "exception was never retrieved"
+
+    async def _initial_position(self, tp: TopicPartition, state: PartitionState, gen: int) -> None:
         """A partition without a position: the group's committed offset (Kafka does this for assign() too,
-        when group.id is set), else auto.offset.reset / the pending seek_to_*."""
+        when group.id is set), else auto.offset.reset / the pending seek_to_*. Only through _ensure_position."""
         if self._group is not None and state.reset is None and not state.committed_checked:
             committed = (await self._group.committed([tp])).get(tp)
+            if state.generation != gen or state.position is not None:
+                return  # a seek or revocation came in between
             state.committed_checked = True
-            if state.position is not None:
-                return  # a concurrent caller (fetch task / position()) got there first
             if committed is not None:
                 state.position = state.fetch_offset = committed
                 return
-        await self._reset_position(tp, state)
-
-    async def _reset_position(self, tp: TopicPartition, state: PartitionState) -> None:
         strategy = state.reset
         if strategy is None:
             policy = self.config["auto.offset.reset"]
@@ -381,8 +413,9 @@ class Consumer:
                     f"no position for {tp[0]}-{tp[1]} and auto.offset.reset=none", topic=tp[0], partition=tp[1])
             strategy = EARLIEST if policy == "earliest" else LATEST
         offset = await self.list_offset(tp, strategy)
-        state.position = state.fetch_offset = offset
-        state.reset = None
+        if state.generation == gen and state.position is None:
+            state.position = state.fetch_offset = offset
+            state.reset = None
 
     async def _fetch_loop(self, tp: TopicPartition, state: PartitionState, gen: int) -> None:
         fetcher = make_fetcher(self.config["fetch.transport"], self.metadata, self.config)
@@ -394,7 +427,7 @@ class Consumer:
                     await self._with_retry(state, gen, self._pin_topic_id(tp, state))
                     continue
                 if state.position is None:
-                    await self._with_retry(state, gen, self._initial_position(tp, state))
+                    await self._with_retry(state, gen, self._ensure_position(tp, state))
                     continue
                 while state.buffered_bytes >= self.partition_bytes or self._buffered_total >= self.fetch_max_bytes:
                     self._space_freed.clear()
@@ -472,7 +505,8 @@ class Consumer:
                 state.position = None if not state.buffer else state.position
                 state.fetch_offset = None
                 if not state.buffer:
-                    await self._reset_position(tp, state)
+                    state.committed_checked = True  # out of range resets by policy, not to the committed offset
+                    await self._ensure_position(tp, state)
                 else:
                     state.fetch_offset = await self.list_offset(
                         tp, EARLIEST if self.config["auto.offset.reset"] == "earliest" else LATEST)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import dataclass
+import time
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from gregor.common.tls import client_ssl
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
+from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.rpc.v1 import broker_pb2
 
 FRAME = struct.Struct(">I")
@@ -39,6 +43,46 @@ def aborted_of(resp: broker_pb2.FetchResponse) -> tuple[tuple[int, int], ...]:
     return tuple((a.producer_id, a.first_offset) for a in resp.aborted_transactions)
 
 
+@dataclass
+class FetchThrottles:
+    """A consumer's throttled brokers (KIP-219) and Kafka's fetch-throttle-time sensor, shared by the
+    consumer's per-partition fetch loops: a broker that answered with throttle_time_ms gets no fetch
+    from this consumer until the time has passed. Concurrency: one event loop."""
+
+    until: dict[int, float] = field(default_factory=dict)  # broker id -> monotonic seconds
+    responses: int = 0
+    throttle_time_ms_total: int = 0
+    throttle_time_ms_max: int = 0
+
+    async def wait(self, broker: int) -> None:
+        delay = self.until.get(broker, 0.0) - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def record(self, broker: int, throttle_ms: int) -> None:
+        self.responses += 1
+        if throttle_ms > 0:
+            self.throttle_time_ms_total += throttle_ms
+            self.throttle_time_ms_max = max(self.throttle_time_ms_max, throttle_ms)
+            self.until[broker] = max(self.until.get(broker, 0.0), time.monotonic() + throttle_ms / 1000)
+
+    def metrics(self) -> dict[str, float]:
+        """Kafka's fetch-throttle-time-avg / -max (ms; over the consumer's life, not a window)."""
+        avg = self.throttle_time_ms_total / self.responses if self.responses else 0.0
+        return {"fetch-throttle-time-avg": avg, "fetch-throttle-time-max": float(self.throttle_time_ms_max)}
+
+
+_THROTTLES: "weakref.WeakKeyDictionary[ClusterMetadata, FetchThrottles]" = weakref.WeakKeyDictionary()
+
+
+def fetch_throttles(metadata: ClusterMetadata) -> FetchThrottles:
+    """The throttles of the consumer that owns `metadata` (one ClusterMetadata per consumer)."""
+    found = _THROTTLES.get(metadata)
+    if found is None:
+        found = _THROTTLES[metadata] = FetchThrottles()
+    return found
+
+
 class Fetcher(Protocol):
     async def fetch(self, tp: TopicPartition, offset: int, isolation: int,
                     topic_id: bytes = b"") -> FetchResult: ...
@@ -55,6 +99,10 @@ class GrpcFetcher:
         self.min_bytes = int(cfg["fetch.min.bytes"])
         self.max_wait_ms = int(cfg["fetch.max.wait.ms"])
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
+        # client.id goes with every fetch (gRPC metadata; a field on the data port): brokers' quotas key on it.
+        self.client_id = str(cfg.get("client.id") or "")
+        self.call_metadata = ((CLIENT_ID_METADATA, self.client_id),) if self.client_id else None
+        self.throttles = fetch_throttles(metadata)
 
     def request(self, tp: TopicPartition, offset: int, isolation: int, leader: int,
                 topic_id: bytes = b"") -> broker_pb2.FetchRequest:
@@ -68,7 +116,8 @@ class GrpcFetcher:
         """
         req = broker_pb2.FetchRequest(topic=tp[0], partition=tp[1], fetch_offset=offset, max_bytes=self.max_bytes,
                                       min_bytes=self.min_bytes, max_wait_ms=self.max_wait_ms,
-                                      isolation_level=isolation, topic_id=topic_id)  # type: ignore[arg-type]
+                                      isolation_level=isolation, topic_id=topic_id,  # type: ignore[arg-type]
+                                      client_id=self.client_id)
         epoch = self.current_leader_epoch(tp, leader)
         if epoch is not None:
             req.current_leader_epoch = epoch
@@ -89,10 +138,13 @@ class GrpcFetcher:
     async def fetch(self, tp: TopicPartition, offset: int, isolation: int, topic_id: bytes = b"") -> FetchResult:
         """One fetch; with topic_id (KIP-516) the leader refuses another topic under the same name."""
         leader, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+        await self.throttles.wait(leader)
         try:
-            resp = await stub.Fetch(self.request(tp, offset, isolation, leader, topic_id), timeout=self.timeout_s)
+            resp = await stub.Fetch(self.request(tp, offset, isolation, leader, topic_id), timeout=self.timeout_s,
+                                    metadata=self.call_metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             raise call_error(exc) from None
+        self.throttles.record(leader, resp.throttle_time_ms)
         return FetchResult(resp.records, resp.high_watermark, resp.log_start_offset, resp.leader_epoch,
                            aborted_of(resp), resp.last_stable_offset)
 
@@ -106,6 +158,8 @@ class DataPortFetcher(GrpcFetcher):
     def __init__(self, metadata: ClusterMetadata, cfg: Mapping[str, Any]) -> None:
         super().__init__(metadata, cfg)
         self._conn: Optional[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]] = None
+        # TLS to the data port as to the gRPC port (the broker reads and encrypts; no sendfile under TLS).
+        self._ssl = client_ssl(getattr(metadata, "security", None))
 
     async def _connect(self, tp: TopicPartition) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter]:
         leader, _ = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
@@ -119,7 +173,9 @@ class DataPortFetcher(GrpcFetcher):
         if self._conn is None:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(broker.host, broker.data_port), self.request_timeout_ms / 1000)
+                    asyncio.open_connection(broker.host, broker.data_port, ssl=self._ssl,
+                                            server_hostname=broker.host if self._ssl else None),
+                    self.request_timeout_ms / 1000)
             except (OSError, asyncio.TimeoutError) as exc:
                 raise errors.NetworkExceptionError(f"data port {address}: {exc}") from None  # type: ignore[attr-defined]
             self._conn = (address, reader, writer)
@@ -127,6 +183,7 @@ class DataPortFetcher(GrpcFetcher):
 
     async def fetch(self, tp: TopicPartition, offset: int, isolation: int, topic_id: bytes = b"") -> FetchResult:
         leader, reader, writer = await self._connect(tp)
+        await self.throttles.wait(leader)
         body = self.request(tp, offset, isolation, leader, topic_id).SerializeToString()
         try:
             writer.write(FRAME.pack(len(body)) + body)
@@ -153,6 +210,7 @@ class DataPortFetcher(GrpcFetcher):
         if header.HasField("error") and header.error.code != 0:
             raise errors.from_detail(header.error)
         r = header.response
+        self.throttles.record(leader, r.throttle_time_ms)
         return FetchResult(records, r.high_watermark, r.log_start_offset, r.leader_epoch, aborted_of(r),
                            r.last_stable_offset)
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import grpc
 
+from gregor.common.tls import from_client_config
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.group_membership import find_coordinator
 from gregor.client.metadata import ClusterMetadata, call_error
@@ -63,7 +64,7 @@ class GroupAdmin:
     def __init__(self, config: Mapping[str, Any]) -> None:
         cfg = consumer_config({k: v for k, v in config.items() if k != "group.id"})
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"])
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg))
         self.coordinators = [a.strip() for a in cfg["coordinator.bootstrap.servers"].split(",") if a.strip()]
         self.timeout_s = cfg["request.timeout.ms"] / 1000
         self.api_timeout_s = cfg["default.api.timeout.ms"] / 1000

@@ -37,7 +37,7 @@ from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
-    from gregor.client.consumer import Consumer
+    from gregor.client.subscription_state import SubscriptionState
     from gregor.client.metadata import ClusterMetadata
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,10 @@ Code = errors.Code
 COORDINATOR_GONE = frozenset({Code.NOT_COORDINATOR, Code.COORDINATOR_NOT_AVAILABLE, Code.NETWORK_EXCEPTION,
                               Code.REQUEST_TIMED_OUT, Code.BROKER_NOT_AVAILABLE})
 RETRY_COORDINATOR = COORDINATOR_GONE | {Code.COORDINATOR_LOAD_IN_PROGRESS}
+# FindCoordinator answers no retry can change: a bad group id, or the authorizer refusing the group (Kafka's
+# GroupAuthorizationException is fatal to the consumer).
+FATAL_FIND_COORDINATOR = frozenset({Code.INVALID_GROUP_ID, Code.INVALID_REQUEST, Code.GROUP_AUTHORIZATION_FAILED,
+                                    Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED})
 # Errors that end this member's generation: its partitions are lost.
 GENERATION_GONE = frozenset({Code.UNKNOWN_MEMBER_ID, Code.ILLEGAL_GENERATION, Code.FENCED_INSTANCE_ID})
 
@@ -111,7 +115,7 @@ async def find_coordinator(metadata: "ClusterMetadata", group_id: str, overrides
             err = call_error(exc)
             if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 unimplemented += 1
-            if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+            if err.code in FATAL_FIND_COORDINATOR:
                 raise err from None
             if best is None or (err.code == Code.COORDINATOR_NOT_AVAILABLE
                                 and best.code != Code.COORDINATOR_NOT_AVAILABLE):
@@ -134,9 +138,12 @@ class GroupMember:
     next poll() runs the rebalance as a task (poll never waits past its timeout for it).
     """
 
-    def __init__(self, consumer: "Consumer", cfg: Mapping[str, Any]) -> None:
-        self.consumer = consumer
-        self.metadata = consumer.metadata
+    def __init__(self, subscriptions: "SubscriptionState", metadata: "ClusterMetadata",
+                 cfg: Mapping[str, Any]) -> None:
+        # What it is given of its consumer: the assignment and positions (changed only through
+        # SubscriptionState's public methods) and the cluster metadata; nothing else of the Consumer.
+        self.subscriptions = subscriptions
+        self.metadata = metadata
         self.group_id = str(cfg["group.id"])
         self.instance_id = str(cfg["group.instance.id"])
         self.client_id = str(cfg["client.id"]) or f"consumer-{self.group_id}-{next(_CLIENT_IDS)}"  # Kafka's default
@@ -293,7 +300,7 @@ class GroupMember:
                 log.info("group %s: coordinator %s at %s", self.group_id, cid, self.coordinator)
                 break
             except errors.GregorError as err:
-                if err.code in (Code.INVALID_GROUP_ID, Code.INVALID_REQUEST):
+                if err.code in FATAL_FIND_COORDINATOR:
                     raise
                 if getattr(err, "unimplemented", False) and not self._warned_no_coordinator:
                     self._warned_no_coordinator = True
@@ -439,14 +446,14 @@ class GroupMember:
                 # As Kafka: the listener runs while the partitions are still assigned, then they go.
                 await self._commit_before_revoke(change.revoked)
                 await self._call_listener("on_partitions_revoked", change.revoked)
-                self.consumer.subscriptions.remove(change.revoked)
+                self.subscriptions.remove(change.revoked)
                 self.owned = [tp for tp in self.owned if tp not in set(change.revoked)]
                 self.need_rejoin = True  # the follow-up rebalance hands them to their new owner
             added = change.added
         else:
             added = list(assigned)
         positions = await self._committed_positions(added)
-        self.consumer.subscriptions.add_assigned(added, positions)
+        self.subscriptions.add_assigned(added, positions)
         self.owned = sorted(set(self.owned) | set(added))
         await self._call_listener("on_partitions_assigned", added)
 
@@ -465,7 +472,7 @@ class GroupMember:
         # As Kafka's onJoinPrepare: the listener runs while the partitions are still assigned (it may
         # commit their positions, read position()), then the assignment is cleared.
         await self._call_listener("on_partitions_revoked", owned)
-        self.consumer.subscriptions.remove(owned)
+        self.subscriptions.remove(owned)
         self.previous, self.owned = owned, []
 
     async def _lose_all(self) -> None:
@@ -475,7 +482,7 @@ class GroupMember:
             return
         owned = list(self.owned)
         await self._call_listener("on_partitions_lost", owned)
-        self.consumer.subscriptions.remove(owned)
+        self.subscriptions.remove(owned)
         self.previous, self.owned = [], []
 
     async def _call_listener(self, name: str, partitions: list[TopicPartition]) -> None:
@@ -543,7 +550,7 @@ class GroupMember:
             log.warning("group %s: heartbeat failed: %s", self.group_id, err)
         if silent_s * 1000 > self.session_timeout_ms:
             self.coordinator_dead("session timeout passed without a heartbeat")
-        self.consumer.subscriptions.notify()
+        self.subscriptions.notify()
 
     # ------------------------------------------------------------ pattern subscription
     async def _refresh_pattern(self) -> None:
@@ -570,7 +577,7 @@ class GroupMember:
         self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
         if self._commit_task is not None and not self._commit_task.done():
             return
-        offsets = self.consumer.subscriptions.consumed_positions()
+        offsets = self.subscriptions.consumed_positions()
         offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
         if offsets and not self.rebalancing:
             self._commit_task = asyncio.ensure_future(self._auto_commit(offsets))
@@ -585,7 +592,7 @@ class GroupMember:
         if not self.auto_commit or self.generation < 0:
             return
         wanted = set(tps)
-        offsets = {tp: o for tp, o in self.consumer.subscriptions.consumed_positions().items() if tp in wanted}
+        offsets = {tp: o for tp, o in self.subscriptions.consumed_positions().items() if tp in wanted}
         if offsets:
             try:
                 await self.commit(offsets)
@@ -697,7 +704,7 @@ class GroupMember:
                     await self._revoke_all(leaving=True)
                     await self.leave_group("the consumer is being closed")
             elif self.auto_commit:
-                offsets = self.consumer.subscriptions.consumed_positions()
+                offsets = self.subscriptions.consumed_positions()
                 offsets = {tp: o for tp, o in offsets.items() if self._last_committed.get(tp) != o}
                 if offsets:
                     await self.commit(offsets)

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import grpc
 
+from gregor.common.tls import TlsConfig
 from gregor.common import errors
 from gregor.common import rpc
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -85,10 +86,12 @@ class ClusterMetadata:
     """Brokers and topics as the last Metadata answer described them (event-loop owned)."""
 
     def __init__(self, bootstrap: Sequence[str], *, request_timeout_ms: int = 30000,
-                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000) -> None:
+                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000,
+                 security: "TlsConfig | None" = None) -> None:
         if not bootstrap:
             raise errors.InvalidConfigError("bootstrap.servers is empty")  # type: ignore[attr-defined]
         self.bootstrap = list(bootstrap)
+        self.security = security  # TLS of every channel (None: the process's, gregor.common.tls)
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.max_age_s = metadata_max_age_ms / 1000
@@ -110,7 +113,7 @@ class ClusterMetadata:
         """The pooled channel to host:port (100 MiB message limits, as the servers)."""
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = rpc.channel(address)
+            ch = self._channels[address] = rpc.channel(address, self.security)
         return ch
 
     def broker_address(self, broker_id: int) -> str:
@@ -282,8 +285,11 @@ class ClusterMetadata:
             parts = self.partitions_for(topic)
             if len(parts) > partition:
                 return parts
+            info = self.topics.get(topic)
+            if info is not None and info.error == errors.Code.TOPIC_AUTHORIZATION_FAILED:
+                # Kafka's waitOnMetadata: an unauthorized topic fails the send at once (no wait for it to appear).
+                raise errors.error_for(info.error, f"not authorized to access topic {topic!r}", topic=topic)
             if time.monotonic() >= deadline:
-                info = self.topics.get(topic)
                 code = info.error if info is not None and info.error else errors.Code.UNKNOWN_TOPIC_OR_PARTITION
                 what = f"partition {partition} of topic {topic!r} with partition count {len(parts)}" if parts \
                     else f"topic {topic!r}"

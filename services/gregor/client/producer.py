@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import itertools
 import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import grpc
 
+from gregor.common.tls import from_client_config
 from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
     record_size,
@@ -35,6 +37,7 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 log = logging.getLogger(__name__)
 _time_ns = time.time_ns  # a record's timestamp: wall-clock ms as an int with no float step
 _NO_HEADERS: tuple[tuple[str, bytes], ...] = ()  # shared by every record without headers
+_PRODUCER_IDS = itertools.count(1)  # Kafka's producer-N default client.id
 
 __all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata", "InvalidRecordTypeError"]
 
@@ -99,7 +102,12 @@ class Sender:
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
-        self._streams = ProduceStreams(lambda address: open_produce_stream(self.metadata.channel(address)))
+        # client.id (Kafka's default producer-N) goes with every stream: the brokers' client quotas key on it.
+        self.client_id = str(cfg["client.id"]) or f"producer-{next(_PRODUCER_IDS)}"
+        self._streams = ProduceStreams(
+            lambda address: open_produce_stream(self.metadata.channel(address), self.client_id))
+        # KIP-219: a broker that answered with throttle_time_ms gets no request before this (monotonic s).
+        self.throttled_until: dict[int, float] = {}
         self._request_encoder = ProduceRequestEncoder(self.acks, self.request_timeout_ms)
 
     async def run(self) -> None:
@@ -137,6 +145,12 @@ class Sender:
                 return
             if need_metadata or not acc.has_undrained():
                 delay = max(delay, 0.005) if acc.has_undrained() else 1.0
+            if self.throttled_until:  # wake when a throttled broker may be sent to again
+                clock = time.monotonic()
+                for broker in [b for b, until in self.throttled_until.items() if until <= clock]:
+                    del self.throttled_until[broker]
+                if self.throttled_until and acc.has_undrained():
+                    delay = min(delay, max(0.001, min(self.throttled_until.values()) - clock))
             try:
                 await asyncio.wait_for(acc.wakeup.wait(), delay)
             except asyncio.TimeoutError:
@@ -170,6 +184,8 @@ class Sender:
                 self.metadata.request_update()
                 continue
             if self.in_flight.get(leader, 0) >= self.max_in_flight:
+                continue
+            if leader in self.throttled_until and not self._throttle_over(leader):
                 continue
             if self.txn_gate is not None and not self.txn_gate(tp):
                 continue
@@ -208,6 +224,20 @@ class Sender:
             self.requests.add(task)
             task.add_done_callback(self.requests.discard)
         return need_metadata, bool(requests)
+
+    def _throttle_over(self, leader: int) -> bool:
+        """Whether the leader's throttle time has passed (KIP-219: the client waits it out)."""
+        if time.monotonic() < self.throttled_until[leader]:
+            return False
+        del self.throttled_until[leader]
+        return True
+
+    def _on_throttle(self, leader: int, throttle_ms: int) -> None:
+        """A response carried throttle_time_ms: no request to that broker until it has passed."""
+        self.stats.record_throttle(throttle_ms)
+        if throttle_ms > 0:
+            until = time.monotonic() + throttle_ms / 1000
+            self.throttled_until[leader] = max(until, self.throttled_until.get(leader, 0.0))
 
     def _maybe_init_producer_id(self) -> None:
         if self._init_pid_task is None or self._init_pid_task.done():
@@ -282,6 +312,7 @@ class Sender:
                                        f"no produce answer from broker {leader} within request.timeout.ms")
                 self._fail_stream(leader, err)  # Kafka closes the connection of a timed-out request
                 raise err from None
+            self._on_throttle(leader, resp.throttle_time_ms)
             if resp.HasField("error"):
                 raise errors.from_detail(resp.error)
             if len(resp.results) != len(parts):
@@ -362,10 +393,29 @@ class Sender:
 class SenderStats:
     """Plain counters of the sender, kept per produce request (never per record) and read by exporters."""
 
-    __slots__ = ("requests", "batches", "record_bytes", "wire_bytes", "retries")
+    __slots__ = ("requests", "batches", "record_bytes", "wire_bytes", "retries", "responses", "throttle_time_ms_total",
+                 "throttle_time_ms_max")
 
     def __init__(self) -> None:
         self.requests = self.batches = self.record_bytes = self.wire_bytes = self.retries = 0
+        self.responses = self.throttle_time_ms_total = self.throttle_time_ms_max = 0
+
+    def record_throttle(self, throttle_ms: int) -> None:
+        """One produce response's throttle_time_ms (0 when not throttled), as Kafka's produce-throttle-time sensor."""
+        self.responses += 1
+        self.throttle_time_ms_total += throttle_ms
+        if throttle_ms > self.throttle_time_ms_max:
+            self.throttle_time_ms_max = throttle_ms
+
+    @property
+    def produce_throttle_time_avg(self) -> float:
+        """Kafka's produce-throttle-time-avg (ms per response; over the producer's life, not a window)."""
+        return self.throttle_time_ms_total / self.responses if self.responses else 0.0
+
+    @property
+    def produce_throttle_time_max(self) -> float:
+        """Kafka's produce-throttle-time-max (ms)."""
+        return float(self.throttle_time_ms_max)
 
 
 class Producer:
@@ -380,7 +430,7 @@ class Producer:
         self.config = producer_config(config, **kwargs)
         cfg = self.config
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"],
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
                                         metadata_max_age_ms=cfg["metadata.max.age.ms"])
         # partitioner.class: a custom partitioner decides every record without a partition (no sticky
@@ -425,6 +475,13 @@ class Producer:
     def sender_stats(self) -> SenderStats:
         """The sender's per-request counters (zeros before start())."""
         return self._sender.stats if self._sender is not None else SenderStats()
+
+    def metrics(self) -> dict[str, float]:
+        """Kafka producer metrics kept here, by Kafka's names (producer-metrics group)."""
+        stats = self.sender_stats
+        return {"produce-throttle-time-avg": stats.produce_throttle_time_avg,
+                "produce-throttle-time-max": stats.produce_throttle_time_max,
+                "request-total": float(stats.requests), "record-retry-total": float(stats.retries)}
 
     def _on_sender_done(self, task: asyncio.Task[None]) -> None:
         exc = None if task.cancelled() else task.exception()
@@ -649,11 +706,18 @@ class Producer:
     async def abort_transaction(self) -> None:
         await self._transactions().abort_transaction()
 
+    def buffered_bytes(self) -> int:
+        """Bytes of records waiting in the accumulator (the part of buffer.memory in use)."""
+        return self._acc.buffered_bytes if self._acc is not None else 0
+
+    # -- TxnSender (transaction_manager.py): what the TransactionManager may use of the producer ----------
     def wakeup(self) -> None:
+        """Let the sender look at the accumulator again (partitions joined the transaction)."""
         if self._acc is not None:
             self._acc.wakeup.set()
 
     def sequences(self) -> ProducerSequences:
+        """The producer id, epoch and sequences (idempotence bookkeeping) the sender stamps batches with."""
         assert self._sender is not None and self._sender.txn is not None
         return self._sender.txn
 
@@ -681,6 +745,10 @@ class SyncProducer:
         except BaseException:
             self._loop.stop()
             raise
+
+    def metrics(self) -> dict[str, float]:
+        """Producer.metrics() (plain counters: read without the loop)."""
+        return self._producer.metrics()
 
     @staticmethod
     async def _make(config: Mapping[str, Any] | None, kwargs: dict[str, Any]) -> Producer:

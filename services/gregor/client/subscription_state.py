@@ -24,7 +24,7 @@ class PartitionState:
     """Position and prefetched records of one assigned partition."""
 
     __slots__ = ("position", "fetch_offset", "buffer", "buffered_bytes", "task", "error", "high_watermark",
-                 "log_start_offset", "generation", "reset", "committed_checked", "topic_id")
+                 "log_start_offset", "generation", "reset", "committed_checked", "topic_id", "resetting")
 
     def __init__(self) -> None:
         self.position: Optional[int] = None  # next offset poll() returns
@@ -41,6 +41,10 @@ class PartitionState:
         # The topic id (KIP-516) the position belongs to, pinned when fetching starts (None: not yet;
         # b"": the cluster sends no ids); a seek starts over.
         self.topic_id: Optional[bytes] = None
+        # The one pending position reset of this partition (Kafka's SubscriptionState keeps one per
+        # partition): the fetch task and position() both await it, neither starts a second one. A seek
+        # or revocation cancels it (its offset belongs to the old generation).
+        self.resetting: Optional[asyncio.Task[None]] = None
 
 
 class SubscriptionState:

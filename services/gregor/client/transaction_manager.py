@@ -27,7 +27,7 @@ import asyncio
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, Protocol
 
 import grpc
 
@@ -36,7 +36,8 @@ from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
 if TYPE_CHECKING:
-    from gregor.client.producer import Producer
+    from gregor.client.metadata import ClusterMetadata
+    from gregor.client.producer_sequences import ProducerSequences
 
 log = logging.getLogger(__name__)
 Code = errors.Code
@@ -63,10 +64,25 @@ class TransactionAbortableError(errors.InvalidTxnStateError):  # type: ignore[na
 S = TxnClientState
 
 
+class TxnSender(Protocol):
+    """All a TransactionManager uses of its producer (the Producer implements it): the cluster metadata, the
+    idempotence bookkeeping, waking the sender, failing queued records, and flush."""
+
+    metadata: "ClusterMetadata"
+
+    def sequences(self) -> "ProducerSequences": ...
+
+    def wakeup(self) -> None: ...
+
+    def fail_queued(self, tps: set[TopicPartition], exc: BaseException) -> None: ...
+
+    async def flush(self, timeout: Optional[float] = None) -> None: ...
+
+
 class TransactionManager:
     """One transactional producer's transaction bookkeeping and its calls to the transaction coordinator."""
 
-    def __init__(self, producer: "Producer", cfg: Mapping[str, Any]) -> None:
+    def __init__(self, producer: TxnSender, cfg: Mapping[str, Any]) -> None:
         self.producer = producer
         self.transactional_id: str = cfg["transactional.id"]
         self.timeout_ms = int(cfg["transaction.timeout.ms"])
@@ -198,14 +214,20 @@ class TransactionManager:
         group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", "")
         generation = -1 if isinstance(group_metadata, str) else int(getattr(group_metadata, "generation_id", -1))
         member = "" if isinstance(group_metadata, str) else str(getattr(group_metadata, "member_id", ""))
+        instance = "" if isinstance(group_metadata, str) else str(getattr(group_metadata, "group_instance_id", None)
+                                                                  or "")
         try:
             await self._call("AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(producer=self._producer(),
                                                                           group_id=group_id))
             self.offsets_added = True
             await self._call("TxnOffsetCommit", pb.TxnOffsetCommitRequest(
                 producer=self._producer(), group_id=group_id, generation_id=generation, member_id=member,
+                group_instance_id=instance,
                 offsets=[pb.TxnOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(offsets.items())]))
         except errors.GregorError as exc:
+            # KIP-447: ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID say the consumer is no longer
+            # the group's member (Kafka's CommitFailedException / FencedInstanceIdException): abortable, as any
+            # other failure here; the transaction can only be aborted.
             if self.state is S.IN_TRANSACTION:
                 self.state, self.error = S.ABORTABLE_ERROR, exc
             raise

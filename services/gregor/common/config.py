@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.tls import TLS_KEYS, TlsConfig
 
 LONG_MAX = 9223372036854775807
 
@@ -215,7 +216,16 @@ class BrokerConfig:
     metrics_topic_enable: bool = False
     metrics_topic_interval_ms: int = 10000  # metrics.topic.interval.ms: one sample batch per interval
     metrics_topic_replication_factor: int = 1  # metrics.topic.replication.factor, used when the broker creates it
+    # The authorizer (issue 23, docs/security.md): any non-empty authorizer.class.name turns it on (the ACLs
+    # live in etcd); super.users is `User:a;User:b`; allow.everyone.if.no.acl.found is false as in Kafka.
+    authorizer_class_name: str = ""
+    super_users: str = ""
+    allow_everyone_if_no_acl_found: bool = False
+    ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules: certificate subject -> user name
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
+    # security.protocol / ssl.*: TLS on the gRPC port, the data port, the Kafka listener and every channel
+    # the broker opens (gregor.common.tls, docs/security.md).
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], **base: Any) -> "BrokerConfig":
@@ -228,7 +238,11 @@ class BrokerConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         topic_defaults: dict[str, Any] = {}
         timed: dict[str, int] = {}  # the unit-suffixed time keys, resolved once all keys are read
+        if any(key in TLS_KEYS for key in props):
+            cfg.tls = TlsConfig.from_properties(props)
         for key, value in props.items():
+            if key in TLS_KEYS:
+                continue
             if key in _TIME_UNIT_KEYS:
                 timed[key] = _parse_int(key, value)
             elif key in BROKER_TOPIC_DEFAULT_KEYS:

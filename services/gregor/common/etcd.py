@@ -13,8 +13,10 @@ from typing import Literal
 import aetcd
 import grpc
 from aetcd import rpc
+from aetcd import watcher as aetcd_watcher
 from prometheus_client import Counter, Histogram
 
+from gregor.common import tls
 from gregor.common.metrics import LATENCY_BUCKETS_S, observe_seconds
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,29 @@ class WatchEvent:
     version: int
 
 
+async def follow_prefix(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[], None],
+                        apply: Callable[[bytes, bytes | None, int], None], loaded: Callable[[int], None],
+                        what: str, retry_s: float = 0.5) -> None:
+    """Keep a cache of every key under prefix (Kafka's metadata caches over ZooKeeper watches): read them all
+    (reset(), then apply(key, value, revision) each, then loaded(revision)), then watch from the next revision
+    (apply(key, value or None when deleted, revision)); a compacted watch starts over with a fresh read; an
+    etcd error is logged and retried after retry_s. Runs until cancelled, on the caller's event loop."""
+    while True:
+        try:
+            res = await etcd.get_prefix(prefix)
+            reset()
+            for kv in res.kvs:
+                apply(kv.key, kv.value, res.revision)
+            loaded(res.revision)
+            async for ev in etcd.watch_prefix(prefix, res.revision + 1):
+                apply(ev.key, ev.value if ev.type == "put" else None, ev.mod_revision)
+        except WatchCompacted:
+            continue
+        except EtcdError as exc:
+            log.warning("%s: reading %r from etcd failed (%s); retrying", what, prefix, exc)
+            await asyncio.sleep(retry_s)
+
+
 def prefix_range_end(prefix: bytes) -> bytes:
     """The range end covering every key that starts with prefix (etcd's clientv3.GetPrefixRangeEnd)."""
     end = bytearray(prefix)
@@ -301,6 +326,39 @@ def _never_sent(exc: grpc.aio.AioRpcError) -> bool:
         s in details for s in ("failed to connect", "connection refused", "connect failed"))
 
 
+def endpoints_use_tls(endpoints: str | Iterable[str], security: tls.TlsConfig | None = None) -> bool:
+    """etcd's convention: https:// endpoints speak TLS, http:// ones plain text; endpoints without a scheme
+    follow security.protocol (the process's by default). Mixed schemes are refused."""
+    items = [i.strip() for i in (endpoints.split(",") if isinstance(endpoints, str) else endpoints) if i.strip()]
+    schemes = {i.split("://", 1)[0].lower() for i in items if "://" in i}
+    if len(schemes) > 1:
+        raise ValueError(f"etcd endpoints mix schemes {sorted(schemes)}: use all https:// or all http://")
+    if schemes:
+        return schemes == {"https"}
+    return tls.effective(security).enabled
+
+
+class _TlsAetcdClient(aetcd.Client):  # type: ignore[misc]
+    """aetcd's client over a TLS channel: aetcd takes no credentials, so connect() is redone here with
+    grpc.aio.secure_channel and the process's certificate (etcd's --client-cert-auth checks it)."""
+
+    def __init__(self, *args: object, security: tls.TlsConfig, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._security = security
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        self.channel = tls.channel(f"{self._host}:{self._port}", list(self._options.items()), self._security)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = aetcd_watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                              metadata=self.metadata)
+        self._connected.set()
+
+
 class EtcdClient:
     """Gregor's etcd client: keys under /gregor/<cluster>/, leases, transactions and watches.
 
@@ -310,8 +368,12 @@ class EtcdClient:
     """
 
     def __init__(self, endpoints: str | Iterable[str], cluster: str = "gregor",
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, security: tls.TlsConfig | None = None) -> None:
         self.endpoints = parse_endpoints(endpoints)
+        # https:// endpoints: TLS, presenting this process's certificate (security, else the process default).
+        self._security = (tls.effective(security) if endpoints_use_tls(endpoints, security) else None)
+        if self._security is not None and not self._security.truststore:
+            raise ValueError("https:// etcd endpoints need ssl.truststore.location (the CA of etcd's certificate)")
         self.cluster = cluster
         self.prefix = f"/gregor/{cluster}/".encode()
         self.request_timeout_s = request_timeout_s
@@ -348,7 +410,9 @@ class EtcdClient:
     async def _connected(self) -> aetcd.Client:
         if self._client is None:
             host, port = self.endpoints[self._index]
-            client = aetcd.Client(host=host, port=port, timeout=self.request_timeout_s)
+            client = (aetcd.Client(host=host, port=port, timeout=self.request_timeout_s) if self._security is None
+                      else _TlsAetcdClient(host=host, port=port, timeout=self.request_timeout_s,
+                                           security=self._security))
             await client.connect()
             self._client = client
         return self._client

@@ -10,12 +10,15 @@ One section per record kind; nothing else in services/ builds a key or parses a 
 - `brokers/topics/<topic>`: a topic's replica assignment
 - `brokers/topics/<topic>/partitions/<p>/state`: a partition's leader, epochs and ISR
 - `config/topics/<topic>`: a topic's config overrides
+- `config/users/<user>`, `config/clients/<client-id>`, `config/users/<user>/clients/<client-id>`: client
+  quota configs (Kafka's ZooKeeper paths; names URL-encoded as Kafka's Sanitizer does, `<default>` literal)
 - `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
 - `isr_change_notification/isr_change_<ns>_<broker>_<seq>`: ISR changes a leader made
 - `latest_producer_id_block`: the last producer id block handed out
 - `coordinators/ids/<id>`: a live coordinator (lease-bound)
 - `coordinators/partitions/<p>`, `coordinators/txn-partitions/<p>`: the coordinator serving that
   __consumer_offsets / __transaction_state partition (lease-bound; the value is its id)
+- `acls/<ResourceType>/<PatternType>/<name>/<id>`: one ACL binding (Kafka's /kafka-acl)
 
 Versioning rules: every JSON value carries Kafka's `"version"` field, readers accept what older
 writers stored (a missing optional field reads as unknown) and ignore fields they do not know.
@@ -26,12 +29,17 @@ partition epoch E compares the key's version against E + 1 (absent key: 0).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
+from urllib.parse import quote, unquote
+
 
 from gregor.common import uuid
+from gregor.common.quotas import DEFAULT, QuotaEntity
+from gregor.common.acl import AclBinding
 
 
 class KeySpace(Protocol):
@@ -320,6 +328,63 @@ class TopicConfigZNode:
         return {str(k): str(v) for k, v in _object(value).get("config", {}).items()}
 
 
+class QuotaConfigZNode:
+    """`config/users/<user>[/clients/<client-id>]` and `config/clients/<client-id>`: an entity's client
+    quota configs (Kafka's ConfigEntityZNode for users and clients, JSON version 1, the same codec as a
+    topic's). User and client names are URL-encoded (Kafka's Sanitizer), so a name with `/` stays one
+    path segment; `<default>` is stored as is."""
+
+    @staticmethod
+    def _segment(name: str) -> str:
+        return name if name == DEFAULT else quote(name, safe="")
+
+    @staticmethod
+    def _name(segment: str) -> str:
+        return segment if segment == DEFAULT else unquote(segment)
+
+    @staticmethod
+    def key(etcd: KeySpace, entity: QuotaEntity) -> bytes:
+        seg = QuotaConfigZNode._segment
+        if entity.user is not None and entity.client_id is not None:
+            return etcd.key("config", "users", seg(entity.user), "clients", seg(entity.client_id))
+        if entity.user is not None:
+            return etcd.key("config", "users", seg(entity.user))
+        assert entity.client_id is not None  # QuotaEntity refuses an empty entity
+        return etcd.key("config", "clients", seg(entity.client_id))
+
+    @staticmethod
+    def watch_prefix(etcd: KeySpace) -> bytes:
+        """`config/`: one watch covers users and clients (topic config keys parse as no entity)."""
+        return _prefix(etcd, "config")
+
+    @staticmethod
+    def entity(etcd: KeySpace, key: bytes) -> QuotaEntity | None:
+        """The entity of a quota key, None for any other key."""
+        rel = etcd.relative(key).split("/")
+        name = QuotaConfigZNode._name
+        if len(rel) == 3 and rel[0] == "config" and rel[2]:
+            if rel[1] == "users":
+                return QuotaEntity(name(rel[2]), None)
+            if rel[1] == "clients":
+                return QuotaEntity(None, name(rel[2]))
+        if len(rel) == 5 and rel[:2] == ["config", "users"] and rel[2] and rel[3] == "clients" and rel[4]:
+            return QuotaEntity(name(rel[2]), name(rel[4]))
+        return None
+
+    @staticmethod
+    def encode(configs: Mapping[str, float]) -> bytes:
+        return _json({"version": 1, "config": {k: _number(v) for k, v in sorted(configs.items())}})
+
+    @staticmethod
+    def decode(value: bytes) -> dict[str, str]:
+        return {str(k): str(v) for k, v in _object(value).get("config", {}).items()}
+
+
+def _number(value: float) -> str:
+    """A config value as Kafka writes it: an integral number without a fraction."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
 class DeleteTopicsZNode:
     """`admin/delete_topics/<topic>`: empty; the topic is queued for deletion (Kafka's DeleteTopicsTopicZNode)."""
 
@@ -457,3 +522,39 @@ class CoordinatorsZNode:
     @staticmethod
     def decode_claim(value: bytes) -> int:
         return int(value)
+
+
+# -- ACLs (issue 23) -----------------------------------------------------------
+
+class AclZNode:
+    """`acls/<ResourceType>/<PatternType>/<name>/<id>`: one ACL binding per key (Kafka's /kafka-acl and
+    /kafka-acl-extended/prefixed, one key per binding instead of one JSON list per resource so that adding
+    and removing are idempotent puts and deletes that never race).
+
+    `<name>` is the resource name percent-encoded (group and transactional ids may hold '/'); `<id>` is a
+    digest of the binding, so adding the same ACL twice writes the same key. The value is the binding as
+    JSON (`AclBinding.to_json`, plus Kafka's `"version":1`). Every service watches `acls/`.
+    """
+
+    VERSION = 1
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "acls")
+
+    @staticmethod
+    def key(etcd: KeySpace, acl: AclBinding) -> bytes:
+        digest = hashlib.sha256(acl.to_json().encode()).hexdigest()[:32]
+        return etcd.key("acls", acl.resource_type.value, acl.pattern_type.value,
+                        quote(acl.resource_name, safe=""), digest)
+
+    @staticmethod
+    def encode(acl: AclBinding) -> bytes:
+        return _json({"version": AclZNode.VERSION, **json.loads(acl.to_json())})
+
+    @staticmethod
+    def decode(value: bytes) -> AclBinding:
+        """The stored binding; ValueError (or KeyError) for a malformed value."""
+        raw = _object(value)
+        raw.pop("version", None)
+        return AclBinding.from_json(json.dumps(raw)).validate()

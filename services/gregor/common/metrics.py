@@ -19,6 +19,8 @@ disable_created_metrics()
 # Request latency buckets in seconds: 100 µs .. 30 s, covering long polls.
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Stream lifetime buckets in seconds: 10 ms .. 1 day (a follower's ReplicaFetch stream lives as long as its leader).
+STREAM_DURATION_BUCKETS_S = (0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
 # Size buckets in bytes: 64 B .. 8 MiB in powers of four (a record batch is 16 KiB by default).
 SIZE_BUCKETS_BYTES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 8388608)
 # Count buckets (records per batch, members per group): 1 .. 10,000.

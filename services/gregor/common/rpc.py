@@ -1,4 +1,9 @@
-"""gRPC plumbing shared by every service: server options, health, reflection, error mapping, latency metrics."""
+"""gRPC plumbing shared by every service: server options, health, reflection, error mapping, latency metrics.
+
+Every servicer method goes through one of two wrappers: rpc_method (unary) or rpc_stream (streams).
+Both time and count the call and turn errors into typed statuses; a stream that answers many
+requests may also record each one as a request with RequestRecorder.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,25 @@ import functools
 import logging
 import signal
 import time
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
-from gregor.common import errors
-from gregor.common.metrics import LATENCY_BUCKETS_S
+from gregor.common import errors, tls
+from gregor.common.metrics import LATENCY_BUCKETS_S, STREAM_DURATION_BUCKETS_S
+from gregor.common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
 REQUEST_LATENCY = Histogram("gregor_request_latency_seconds", "Server-side latency per RPC",
                             ["service", "api"], buckets=LATENCY_BUCKETS_S)
 REQUESTS = Counter("gregor_requests_total", "RPCs served, by result code", ["service", "api", "code"])
+STREAM_DURATION = Histogram("gregor_stream_duration_seconds", "How long each streaming RPC stayed open",
+                            ["service", "api"], buckets=STREAM_DURATION_BUCKETS_S)
+STREAMS = Counter("gregor_streams_total", "Streaming RPCs ended, by result code", ["service", "api", "code"])
 
 # gRPC's 4 MiB default is too small for produce and fetch; Kafka's socket.request.max.bytes is 100 MiB.
 MAX_MESSAGE_BYTES = 104857600
@@ -87,6 +96,79 @@ def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp
     return wrap
 
 
+class RequestRecorder:
+    """gregor_request_latency_seconds / gregor_requests_total for the requests of one API, with the label
+    children looked up once (labels() costs ~2 µs per call): what rpc_method records per call, for the
+    requests a stream carries (ProduceStream, ReplicaFetch)."""
+
+    def __init__(self, service: str, api: str) -> None:
+        self.service, self.api = service, api
+        self.latency = REQUEST_LATENCY.labels(service=service, api=api)
+        self.counters: dict[str, Any] = {}
+
+    def record(self, start: float, code: str) -> None:
+        """One request ended with `code` ("NONE": success); start is its time.perf_counter()."""
+        self.latency.observe(time.perf_counter() - start)
+        counter = self.counters.get(code)
+        if counter is None:
+            counter = self.counters[code] = REQUESTS.labels(service=self.service, api=self.api, code=code)
+        counter.inc()
+
+
+StreamHandler = Callable[[Any, AsyncIterator[Req], grpc.aio.ServicerContext], AsyncIterator[Resp]]
+
+
+def rpc_stream(service: str) -> Callable[[StreamHandler[Req, Resp]], StreamHandler[Req, Resp]]:
+    """Decorate a streaming servicer method (an async generator): rpc_method for streams.
+
+    Each stream is timed (gregor_stream_duration_seconds{service,api}) and counted when it ends
+    (gregor_streams_total{service,api,code}: NONE, CANCELLED, ABORTED or the error's name). A
+    GregorError raised by the handler ends the stream with its gRPC status and ErrorDetail; anything
+    else is logged and ends it as UNKNOWN_SERVER_ERROR, so a bug never kills the server.
+    """
+
+    def wrap(fn: StreamHandler[Req, Resp]) -> StreamHandler[Req, Resp]:
+        api = fn.__name__
+        duration = STREAM_DURATION.labels(service=service, api=api)
+        counters: dict[str, Any] = {}
+
+        @functools.wraps(fn)
+        async def handler(self: Any, request_iterator: AsyncIterator[Req],
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[Resp]:
+            start = time.perf_counter()
+            code = "NONE"
+            responses = fn(self, request_iterator, context)
+            try:
+                async for response in responses:
+                    yield response
+            except errors.GregorError as err:
+                code = err.name
+                await errors.abort_with(context, err)
+                raise  # unreachable: abort raises
+            except (asyncio.CancelledError, GeneratorExit):
+                code = "CANCELLED"
+                raise
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                code = "ABORTED"
+                raise
+            except Exception as exc:
+                code = "UNKNOWN_SERVER_ERROR"
+                log.exception("%s.%s failed", service, api)
+                await errors.abort_with(context, errors.GregorError(f"{type(exc).__name__}: {exc}"))
+                raise
+            finally:
+                await responses.aclose()  # type: ignore[attr-defined]  # the handler's own finally runs now
+                duration.observe(time.perf_counter() - start)
+                counter = counters.get(code)
+                if counter is None:
+                    counter = counters[code] = STREAMS.labels(service=service, api=api, code=code)
+                counter.inc()
+
+        return handler
+
+    return wrap
+
+
 def make_server() -> grpc.aio.Server:
     return grpc.aio.server(options=CHANNEL_OPTIONS, maximum_concurrent_rpcs=None)
 
@@ -103,9 +185,10 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[s
     return health_servicer
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    """An insecure aio channel with Gregor's message limits."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+def channel(target: str, security: "TlsConfig | None" = None) -> grpc.aio.Channel:
+    """An aio channel with Gregor's message limits; TLS when `security` (default: the process's TLS config,
+    gregor.common.tls) says security.protocol=SSL."""
+    return tls.channel(target, CHANNEL_OPTIONS, security)
 
 
 async def wait_for_shutdown(name: str, stopped: "asyncio.Future[Any] | None" = None) -> int:

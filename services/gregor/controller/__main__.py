@@ -16,7 +16,9 @@ from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, 
                                          NEW_PARTITIONS_PER_EVENT_DEFAULT, LeaderBalanceConfig)
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
+from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, AuthorizerConfig, config_from_namespace
 from gregor.common.properties import load_properties, parse_bool, settle
+from gregor.common.tls import TlsConfig, split_properties
 
 log = logging.getLogger("gregor.controller")
 
@@ -34,6 +36,8 @@ class ControllerArgs:
     delete_topic_enable: bool = True
     leader_balance: LeaderBalanceConfig = LeaderBalanceConfig()
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
+    tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port, etcd and the channels to brokers
+    authorizer: AuthorizerConfig = AuthorizerConfig()
     new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT
 
 
@@ -50,6 +54,7 @@ CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     # Gregor's own: new partitions one controller event brings online (the rest wait for later events).
     "new.partitions.per.event": ("new_partitions_per_event", int, NEW_PARTITIONS_PER_EVENT_DEFAULT),
     **METRICS_TOPIC_KEYS,  # metrics.topic.*: publish our samples to __gregor_metrics (docs/metrics.md)
+    **AUTHORIZER_KEYS,  # authorizer.class.name, super.users, allow.everyone.if.no.acl.found (docs/security.md)
 }
 
 
@@ -83,8 +88,10 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     try:
-        settle(a, load_properties(a.config, a.override), CONTROLLER_KEYS, "controller")
+        security, props = split_properties(load_properties(a.config, a.override))
+        settle(a, props, CONTROLLER_KEYS, "controller")
         metrics_topic = MetricsTopicConfig.from_namespace(a)
+        authorizer = config_from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -102,8 +109,8 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     return ControllerArgs(a.controller_id, a.etcd, a.cluster, a.host, a.port, a.metrics_port, a.ready_file,
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
-                                              a.leader_imbalance_check_interval_seconds), metrics_topic,
-                          a.new_partitions_per_event)
+                                              a.leader_imbalance_check_interval_seconds), metrics_topic, security,
+                          authorizer, a.new_partitions_per_event)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -115,24 +122,31 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(args: ControllerArgs) -> int:
     from gregor.common.metrics_reporter import MetricsReporter, etcd_bootstrap
+    from gregor.common.authz import Authz
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.controller.controller import Controller
     from gregor.controller.server import ControllerAdminServicer, ControllerServicer
+    from gregor.common.tls import add_port, configure
     from gregor.rpc.v1 import controller_pb2_grpc
 
+    configure(args.tls)  # etcd and the channels to the brokers
     etcd = EtcdClient(args.etcd, cluster=args.cluster)
     server = make_server()
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = add_port(server, f"{args.host}:{args.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
     controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
                             delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance,
                             new_partitions_per_event=args.new_partitions_per_event)
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller), server)
-    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller), server)
+    authz = Authz.create(args.authorizer, etcd)
+    authz.start()
+    if not await authz.wait_synced(10.0):
+        log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(controller, authz), server)
+    controller_pb2_grpc.add_AdminServiceServicer_to_server(ControllerAdminServicer(controller, authz), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
     register_build_info("controller")
@@ -154,6 +168,7 @@ async def run(args: ControllerArgs) -> int:
     # Revoke the lease first: the standby takes over while we finish shutting down.
     await controller.stop()
     await server.stop(1.0)
+    await authz.stop()
     await etcd.close()
     return code
 

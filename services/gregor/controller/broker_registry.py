@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gregor.common.etcd import EtcdClient, KeyValue
@@ -52,3 +52,13 @@ def registrations(etcd: EtcdClient, kvs: Sequence[KeyValue]) -> list[BrokerRegis
 def broker_epochs(etcd: EtcdClient, kvs: Sequence[KeyValue]) -> dict[int, int]:
     """{broker id: broker epoch} from brokers/ids keys; the epoch is the key's creation revision."""
     return {r.broker_id: r.broker_epoch for r in registrations(etcd, kvs)}
+
+
+def open_file_limits(registered: Iterable[BrokerRegistration]) -> dict[int, int]:
+    """Each broker's open-file limit (`ulimit -n`) from its registration; brokers that did not say are left out."""
+    out: dict[int, int] = {}
+    for r in registered:
+        value = r.info.get("max_open_files")
+        if isinstance(value, int) and value > 0:
+            out[r.broker_id] = value
+    return out

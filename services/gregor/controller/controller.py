@@ -16,7 +16,8 @@ from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, Etcd
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
-from gregor.controller.broker_registry import BrokerRegistration, ClusterDescription, broker_epochs, registrations
+from gregor.controller.broker_registry import (BrokerRegistration, ClusterDescription, broker_epochs, open_file_limits,
+                                              registrations)
 from gregor.controller.channel_manager import ControllerChannelManager
 from gregor.controller.election import ELECTION_KINDS, OfflineElection
 from gregor.controller.elector import NO_CONTROLLER, ControllerMovedError
@@ -402,6 +403,7 @@ class Controller:
         brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}
+        self.ctx.broker_open_file_limits = open_file_limits(registered)
         await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
         snapshot = await metadata_store.load_topics(self.etcd)
         self._load_topics(snapshot)
@@ -612,6 +614,7 @@ class Controller:
         brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = {r.broker_id: r for r in registrations(self.etcd, brokers.kvs)}
         current = {b: r.broker_epoch for b, r in registered.items()}
+        self.ctx.broker_open_file_limits = open_file_limits(registered.values())
         changes = compute_broker_changes(self.ctx.live_broker_epochs, current)
         for broker_id in (*changes.dead, *changes.bounced):
             self.channels.remove_broker(broker_id)

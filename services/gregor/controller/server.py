@@ -6,9 +6,12 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
+from gregor.common.quota_admin import altered, entity_of, entry_pb
 from gregor.common.rpc import rpc_method
+from gregor.controller import client_quotas
 from gregor.controller.event_manager import RECENT_EVENTS_MAX
 from gregor.controller.leader_balance import ElectionType
 from gregor.controller.state import ControllerState, TopicPartition
@@ -24,8 +27,13 @@ Ctx: TypeAlias = grpc.aio.ServicerContext
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     """ControllerService: broker-facing requests, answered NOT_CONTROLLER by standbys."""
 
-    def __init__(self, controller: "Controller") -> None:
+    def __init__(self, controller: "Controller", authz: az.Authz | None = None) -> None:
         self.controller = controller
+        self.authz = authz or az.Authz()
+
+    def _cluster(self, context: Ctx, operation: Operation, api: str) -> None:
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), operation, api)
 
     def _require_active(self) -> None:
         if not self.controller.is_active:
@@ -36,6 +44,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     @rpc_method("ControllerService")
     async def ControlledShutdown(self, request: controller_pb2.ControlledShutdownRequest,
                                  context: Ctx) -> controller_pb2.ControlledShutdownResponse:
+        self._cluster(context, Operation.CLUSTER_ACTION, "ControlledShutdown")
         self._require_active()
         remaining = await self.controller.controlled_shutdown(request.broker_id, request.broker_epoch)
         return controller_pb2.ControlledShutdownResponse(remaining_partitions=[
@@ -44,6 +53,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     @rpc_method("ControllerService")
     async def AllocateProducerIds(self, request: controller_pb2.AllocateProducerIdsRequest,
                                   context: Ctx) -> controller_pb2.AllocateProducerIdsResponse:
+        self._cluster(context, Operation.CLUSTER_ACTION, "AllocateProducerIds")
         self._require_active()
         start, length = await self.controller.allocate_producer_ids(request.broker_id, request.broker_epoch)
         return controller_pb2.AllocateProducerIdsResponse(producer_id_start=start, producer_id_len=length)
@@ -51,6 +61,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     @rpc_method("ControllerService")
     async def DescribeControllerEvents(self, request: controller_pb2.DescribeControllerEventsRequest,
                                        context: Ctx) -> controller_pb2.DescribeControllerEventsResponse:
+        self._cluster(context, Operation.DESCRIBE, "DescribeControllerEvents")
         if request.max_processed < 0:
             raise errors.error_for(errors.Code.INVALID_REQUEST, "max_processed must be >= 0")
         c = self.controller
@@ -89,15 +100,34 @@ def _topic_configs(name: str, overrides: dict[str, str], err: errors.GregorError
 class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     """AdminService on a controller: topic operations on the active one (NOT_CONTROLLER elsewhere), DescribeCluster anywhere."""
 
-    def __init__(self, controller: "Controller") -> None:
+    def __init__(self, controller: "Controller", authz: az.Authz | None = None) -> None:
         self.controller = controller
         self.topics = TopicAdmin(controller)
+        self.authz = authz or az.Authz()
+
+    def _topic_denied(self, caller: az.Caller, operation: Operation, topic: str, api: str) -> TopicOutcome | None:
+        """The per-topic TOPIC_AUTHORIZATION_FAILED outcome when caller may not act on topic, else None."""
+        if self.authz.check(caller, operation, ResourceType.TOPIC, topic, api):
+            return None
+        return TopicOutcome(topic, error=az.denial(caller, operation, ResourceType.TOPIC, topic, topic=topic))
+
+    def _cluster(self, context: Ctx, operation: Operation, api: str) -> None:
+        if self.authz.enabled:
+            self.authz.require_cluster(self.authz.caller_of(context), operation, api)
 
     @rpc_method("AdminService")
     async def CreateTopics(self, request: controller_pb2.CreateTopicsRequest,
                            context: Ctx) -> controller_pb2.CreateTopicsResponse:
         results = []
+        caller = self.authz.caller_of(context)
+        # Kafka: Create on the Cluster covers every topic, else Create on each topic.
+        on_cluster = self.authz.check(caller, Operation.CREATE, ResourceType.CLUSTER, "kafka-cluster",
+                                      "CreateTopics", audit=False)
         for t in request.topics:
+            denied = None if on_cluster else self._topic_denied(caller, Operation.CREATE, t.name, "CreateTopics")
+            if denied is not None:
+                results.append(_result(denied))
+                continue
             new = NewTopic(t.name, t.num_partitions, t.replication_factor,
                            {p: list(r.broker_ids) for p, r in t.assignments.items()}, dict(t.configs))
             outcome = await self.controller.run_request(
@@ -113,7 +143,12 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     async def DeleteTopics(self, request: controller_pb2.DeleteTopicsRequest,
                            context: Ctx) -> controller_pb2.DeleteTopicsResponse:
         results = []
+        caller = self.authz.caller_of(context)
         for name in request.topics:
+            denied = self._topic_denied(caller, Operation.DELETE, name, "DeleteTopics")
+            if denied is not None:
+                results.append(_result(denied))
+                continue
             outcome = await self.controller.run_request(
                 "DeleteTopics", ControllerState.TOPIC_DELETION,
                 lambda name=name: self.topics.delete_topic(name))  # type: ignore[misc]
@@ -123,6 +158,9 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     @rpc_method("AdminService")
     async def CreatePartitions(self, request: controller_pb2.CreatePartitionsRequest,
                                context: Ctx) -> controller_pb2.CreatePartitionsResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.ALTER, ResourceType.TOPIC, request.topic,
+                               "CreatePartitions", topic=request.topic)
         outcome = await self.controller.run_request(
             "CreatePartitions", ControllerState.TOPIC_CHANGE,
             lambda: self.topics.create_partitions(request.topic, request.count, request.validate_only))
@@ -137,11 +175,25 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             return self.topics.describe_configs(list(request.topics))
 
         found = await self.controller.run_request("DescribeConfigs", ControllerState.IDLE, describe)
+        if self.authz.enabled:  # Kafka: DescribeConfigs on each topic; all topics: the authorized ones
+            caller = self.authz.caller_of(context)
+            kept = []
+            for f in found:
+                if self.authz.check(caller, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, f[0], "DescribeConfigs",
+                                    audit=bool(request.topics)):
+                    kept.append(f)
+                elif request.topics:
+                    kept.append((f[0], {}, az.denial(caller, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, f[0],
+                                                     topic=f[0])))
+            found = kept
         return controller_pb2.DescribeConfigsResponse(results=[_topic_configs(*f) for f in found])
 
     @rpc_method("AdminService")
     async def AlterConfigs(self, request: controller_pb2.AlterConfigsRequest,
                            context: Ctx) -> controller_pb2.AlterConfigsResponse:
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), Operation.ALTER_CONFIGS, ResourceType.TOPIC,
+                               request.topic, "AlterConfigs", topic=request.topic)
         configs = await self.controller.run_request(
             "AlterConfigs", ControllerState.IDLE,
             lambda: self.topics.alter_configs(request.topic, dict(request.set), list(request.delete),
@@ -151,6 +203,7 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     @rpc_method("AdminService")
     async def ElectLeaders(self, request: controller_pb2.ElectLeadersRequest,
                            context: Ctx) -> controller_pb2.ElectLeadersResponse:
+        self._cluster(context, Operation.ALTER, "ElectLeaders")
         unclean = request.unclean or request.election_type == controller_pb2.UNCLEAN
         partitions = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
         outcomes = await self.controller.elect_leaders(
@@ -168,3 +221,49 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         return controller_pb2.DescribeClusterResponse(
             cluster_id=self.controller.etcd.cluster, controller_id=desc.controller_id,
             controller_epoch=desc.controller_epoch, brokers=[b.endpoint() for b in desc.brokers])
+
+    @rpc_method("AdminService")
+    async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
+                                   context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
+        entity = entity_of(request.entity) if request.HasField("entity") else None
+        found = await self.controller.run_request("DescribeClientQuotas", ControllerState.IDLE,
+                                                  lambda: client_quotas.describe(self.controller, entity))
+        return controller_pb2.DescribeClientQuotasResponse(entries=[entry_pb(e, c) for e, c in found])
+
+    @rpc_method("AdminService")
+    async def AlterClientQuotas(self, request: controller_pb2.AlterClientQuotasRequest,
+                                context: Ctx) -> controller_pb2.AlterClientQuotasResponse:
+        entity = entity_of(request.entity)
+
+        async def alter() -> dict[str, float]:
+            configs = altered(await client_quotas.read_entity(self.controller, entity), request)
+            if not request.validate_only:
+                await client_quotas.write(self.controller, entity, configs)
+            return configs
+
+        configs = await self.controller.run_request("AlterClientQuotas", ControllerState.IDLE, alter)
+        return controller_pb2.AlterClientQuotasResponse(result=entry_pb(entity, configs))
+    # -- ACLs (Kafka's CreateAcls / DescribeAcls / DeleteAcls): any controller instance, straight to etcd ----
+
+    @rpc_method("AdminService")
+    async def CreateAcls(self, request: controller_pb2.CreateAclsRequest,
+                         context: Ctx) -> controller_pb2.CreateAclsResponse:
+        self._cluster(context, Operation.ALTER, "CreateAcls")
+        await az.create_acls(self.controller.etcd, [az.binding_from_pb(a) for a in request.acls])
+        return controller_pb2.CreateAclsResponse()
+
+    @rpc_method("AdminService")
+    async def DescribeAcls(self, request: controller_pb2.AclFilter,
+                           context: Ctx) -> controller_pb2.DescribeAclsResponse:
+        self._cluster(context, Operation.DESCRIBE, "DescribeAcls")
+        found = await az.describe_acls(self.controller.etcd, az.filter_from_pb(request))
+        return controller_pb2.DescribeAclsResponse(acls=[az.binding_to_pb(a) for a in found])
+
+    @rpc_method("AdminService")
+    async def DeleteAcls(self, request: controller_pb2.DeleteAclsRequest,
+                         context: Ctx) -> controller_pb2.DeleteAclsResponse:
+        self._cluster(context, Operation.ALTER, "DeleteAcls")
+        if not request.filters:
+            raise errors.error_for(errors.Code.INVALID_REQUEST, "DeleteAcls needs at least one filter")
+        deleted = await az.delete_acls(self.controller.etcd, [az.filter_from_pb(f) for f in request.filters])
+        return controller_pb2.DeleteAclsResponse(deleted=[az.binding_to_pb(a) for a in deleted])

@@ -170,6 +170,8 @@ class ControllerContext:
     """
 
     live_broker_epochs: dict[int, int] = field(default_factory=dict)
+    # Each live broker's open-file limit (soft RLIMIT_NOFILE) as it registered it; absent or -1: unlimited/unknown.
+    broker_open_file_limits: dict[int, int] = field(default_factory=dict)
     shutting_down_broker_ids: set[int] = field(default_factory=set)
     epoch: int = INITIAL_CONTROLLER_EPOCH
     epoch_version: int = INITIAL_CONTROLLER_EPOCH_VERSION

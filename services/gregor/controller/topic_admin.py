@@ -20,6 +20,7 @@ partitions created so far, and a CreatePartitions counts the ones still to come.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ NUM_PARTITIONS_DEFAULT = 1  # num.partitions: used when a request asks for -1
 DEFAULT_REPLICATION_FACTOR = 1  # default.replication.factor: used when a request asks for -1
 
 
+# Descriptors a broker keeps for other things than each replica's active segment (connections, checkpoints,
+# rolled segments) when the controller checks a creation against the broker's open-file limit (issue 24).
+OPEN_FILES_RESERVED = 1024
 MAX_PARTITIONS_PER_REQUEST = 10_000  # Kafka 4.0's per-operation limit (QuorumController.MAX_RECORDS_PER_USER_OP)
 
 
@@ -107,11 +111,14 @@ class TopicAdmin:
         if t.assignments:
             check_partitions_per_request(len(t.assignments))
             check_assignment(t.name, t.assignments, self._ctx.live_broker_ids)
-            return {p: list(r) for p, r in t.assignments.items()}
-        n = NUM_PARTITIONS_DEFAULT if t.num_partitions == -1 else t.num_partitions
-        rf = DEFAULT_REPLICATION_FACTOR if t.replication_factor == -1 else t.replication_factor
-        check_partitions_per_request(n)
-        return assign_replicas_to_brokers(n, rf, sorted(self._ctx.live_broker_ids))
+            planned = {p: list(r) for p, r in t.assignments.items()}
+        else:
+            n = NUM_PARTITIONS_DEFAULT if t.num_partitions == -1 else t.num_partitions
+            rf = DEFAULT_REPLICATION_FACTOR if t.replication_factor == -1 else t.replication_factor
+            check_partitions_per_request(n)
+            planned = assign_replicas_to_brokers(n, rf, sorted(self._ctx.live_broker_ids))
+        check_open_file_limits(self._ctx, planned)
+        return planned
 
     async def create_topic(self, t: NewTopic, validate_only: bool) -> TopicOutcome:
         """Validate, write `brokers/topics/<t>` + `config/topics/<t>` (guarded), then run TopicChange."""
@@ -155,6 +162,7 @@ class TopicAdmin:
         current = self.controller.assigned_partitions(name)
         check_partitions_per_request(count - len(current))
         added = add_partitions_assignment(current, count, sorted(self._ctx.live_broker_ids))
+        check_open_file_limits(self._ctx, added)
         rf = len(current[0])
         if not validate_only:
             etcd = self.controller.etcd
@@ -213,6 +221,30 @@ def check_partitions_per_request(n: int) -> None:
             errors.Code.POLICY_VIOLATION,
             f"Excessively large number of partitions per request: {n} > {MAX_PARTITIONS_PER_REQUEST}. "
             f"Create the topic with fewer partitions and add the rest with CreatePartitions.")
+
+
+def check_open_file_limits(ctx: Any, added: Mapping[int, Sequence[int]]) -> None:
+    """Refuse, before any replica is placed, new replicas that would take a broker past its open-file limit
+    (the `ulimit -n` it registered): each replica holds one descriptor per segment, and at the limit a broker
+    fails unrelated requests with "Too many open files" (issue 24). Counted: one per replica (its active
+    segment's .log) plus a reserve for connections, checkpoints and further segments: OPEN_FILES_RESERVED,
+    or a quarter of a smaller limit."""
+    limits: Mapping[int, int] = ctx.broker_open_file_limits
+    adding = Counter(b for replicas in added.values() for b in replicas if b in limits)
+    if not adding:
+        return
+    held = Counter(b for parts in ctx.partition_assignments.values() for replicas in parts.values()
+                   for b in replicas if b in adding)
+    for broker_id, n in sorted(adding.items()):
+        replicas, limit = held[broker_id] + n, limits[broker_id]
+        reserve = min(OPEN_FILES_RESERVED, limit // 4)
+        if replicas + reserve > limit:
+            raise errors.error_for(
+                errors.Code.POLICY_VIOLATION,
+                f"Broker {broker_id} would hold {replicas} replicas: one open file each plus "
+                f"{reserve} kept for connections and further segments is {replicas + reserve}"
+                f" > its open-file limit (ulimit -n, RLIMIT_NOFILE) of {limit}. Raise the brokers' ulimit -n "
+                f"(see docs/operations.md), add brokers, or create fewer partitions.")
 
 
 def effective_configs(overrides: Mapping[str, str]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ import sys
 
 from gregor.common.errors import GregorError, InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
+from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, config_from_namespace
 from gregor.common.properties import load_properties, settle
+from gregor.common.tls import split_properties
 from gregor.coordinator.coordinator import CoordinatorConfig
 from gregor.coordinator.group_manager import GroupConfig
 from gregor.coordinator.txn_coordinator import TxnConfig
@@ -67,10 +69,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             "transaction.max.timeout.ms": t.max_timeout_ms,
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": t.abort_timed_out_interval_ms}
     try:  # the file, then each --override on top; --etcd / --cluster over both
-        props = load_properties(a.config, a.override)
+        a.tls, props = split_properties(load_properties(a.config, a.override))
         settle(a, props, {"etcd.endpoints": ("etcd", str, None), "cluster.id": ("cluster", str, "gregor"),
-                          **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS}, "coordinator")
+                          **{k: (k, int, None) for k in keys}, **METRICS_TOPIC_KEYS, **AUTHORIZER_KEYS}, "coordinator")
         a.metrics_topic = MetricsTopicConfig.from_namespace(a)
+        a.authorizer = config_from_namespace(a)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     if not a.etcd:
@@ -115,6 +118,7 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(a: argparse.Namespace) -> int:
     from gregor.common.metrics_reporter import MetricsReporter
+    from gregor.common.authz import Authz
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
@@ -122,19 +126,26 @@ async def run(a: argparse.Namespace) -> int:
     from gregor.coordinator.server import GroupCoordinatorServicer
     from gregor.coordinator.txn_coordinator import TransactionCoordinator
     from gregor.coordinator.txn_server import TransactionCoordinatorServicer
+    from gregor.common.tls import add_port, configure
     from gregor.rpc.v1 import coordinator_pb2_grpc, transaction_pb2_grpc
 
+    configure(a.tls)  # etcd and the channels to the brokers
     etcd = EtcdClient(a.etcd, cluster=a.cluster)
     server = make_server()
-    port = server.add_insecure_port(f"{a.host}:{a.port}")
+    port = add_port(server, f"{a.host}:{a.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {a.host}:{a.port}")
     coordinator = GroupCoordinator(a.coordinator_id, etcd, a.host, port, a.config, bootstrap=a.bootstrap)
-    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator), server)
+    authz = Authz.create(a.authorizer, etcd)
+    authz.start()
+    if not await authz.wait_synced(10.0):
+        log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
+    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator, authz),
+                                                                       server)
     # The transaction coordinator lives beside the group coordinator (txn_coordinator.py says why).
     transactions = TransactionCoordinator(coordinator, a.txn_config)
     transaction_pb2_grpc.add_TransactionCoordinatorServiceServicer_to_server(
-        TransactionCoordinatorServicer(transactions), server)
+        TransactionCoordinatorServicer(transactions, authz), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService",
                                        "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
@@ -155,6 +166,7 @@ async def run(a: argparse.Namespace) -> int:
     await transactions.stop()
     await coordinator.stop()
     await server.stop(1.0)
+    await authz.stop()
     await etcd.close()
     return code
 

@@ -468,6 +468,34 @@ class GroupManager:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         return group
 
+    def validate_txn_offset_commit(self, group_id: str, generation_id: int, member_id: str,
+                                   group_instance_id: str) -> None:
+        """KIP-447, Kafka's doTxnCommitOffsets checks: is the sender of a transaction's offsets the group's
+        current member? A zombie (it missed a rebalance, left, or was replaced by its group.instance.id) is
+        refused, so a transaction of a consumer that lost its partitions cannot commit their offsets.
+        Generation -1 with no member id is the pre-KIP-447 form (a group id only): accepted, as Kafka's.
+        Unlike OffsetCommit, no REBALANCE_IN_PROGRESS: member and generation decide, nothing is written."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0 or member_id:
+                raise _err(Code.ILLEGAL_GENERATION if generation_id >= 0 else Code.UNKNOWN_MEMBER_ID,
+                           f"group {group_id} has no generation {generation_id} and no member {member_id or '-'}")
+            return
+        if group.is_(S.DEAD):
+            raise _err(Code.COORDINATOR_NOT_AVAILABLE, f"group {group_id} is being deleted or moved")
+        if group_instance_id:
+            current = group.static_members.get(group_instance_id)
+            if current is not None and current != member_id:
+                raise _err(Code.FENCED_INSTANCE_ID,
+                           f"group.instance.id {group_instance_id} now belongs to member {current}, not {member_id}")
+        if member_id and member_id not in group.members:
+            raise _err(Code.UNKNOWN_MEMBER_ID, f"group {group_id} has no member {member_id}: it left or was removed "
+                                               f"from the group")
+        if generation_id >= 0 and generation_id != group.generation_id:
+            raise _err(Code.ILLEGAL_GENERATION,
+                       f"generation {generation_id} is not group {group_id}'s current {group.generation_id}: the "
+                       f"member missed a rebalance")
+
     def transactional_commit_group(self, group_id: str, now_ms: int) -> Group:
         """The group a committed transaction's offsets go to, whatever its generation (Kafka writes them when
         the commit marker lands); an unknown group is created Empty, as a simple consumer's commit does."""

@@ -219,6 +219,15 @@ class ShardOwnership:
             claim = await self.etcd.get(self.claim_key(p))
             if claim is None or claim.value != CoordinatorsZNode.encode_claim(self.id):
                 return
+            if claim.lease != self.fence.lease_id:
+                # Our id, but a previous incarnation's lease (this instance restarted before that lease
+                # expired): not ours to serve. Serving it would leave p unclaimed once that lease expires
+                # (FindCoordinator answers COORDINATOR_NOT_AVAILABLE for p from then on, and nothing would
+                # keep a successor from claiming p beside us). Its expiry deletes the claim; the watch
+                # brings us back to claim p on our own lease.
+                log.info("%s-%d is still claimed by a previous incarnation of coordinator %d (lease %x): "
+                         "waiting for that lease to expire", self.topic, p, self.id, claim.lease)
+                return
             revision = claim.create_revision
         self.epochs[p] = revision & 0x7FFFFFFF
         self.loading.add(p)

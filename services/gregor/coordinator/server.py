@@ -7,7 +7,8 @@ from typing import TypeAlias
 
 import grpc
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import CLUSTER_NAME, Operation, ResourceType
 from gregor.common.clock import monotonic_ms
 from gregor.common.rpc import rpc_method
 from gregor.coordinator.coordinator import GroupCoordinator
@@ -37,17 +38,28 @@ def _ok() -> common_pb2.ErrorDetail:
 class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServicer):
     """GroupCoordinatorService over one GroupCoordinator instance."""
 
-    def __init__(self, coordinator: GroupCoordinator) -> None:
+    def __init__(self, coordinator: GroupCoordinator, authz: az.Authz | None = None) -> None:
         self.c = coordinator
         self.m = coordinator.manager
+        self.authz = authz or az.Authz()
+
+    def _group(self, context: Ctx, operation: Operation, group_id: str, api: str) -> None:
+        """Kafka's group checks: Read on the group to join, sync, heartbeat, leave and commit."""
+        if self.authz.enabled:
+            self.authz.require(self.authz.caller_of(context), operation, ResourceType.GROUP, group_id, api)
+
+    def _may(self, context: Ctx, operation: Operation, rtype: ResourceType, name: str, api: str) -> bool:
+        return self.authz.check(self.authz.caller_of(context), operation, rtype, name, api)
 
     @rpc_method("GroupCoordinatorService")
     async def FindCoordinator(self, request: pb.FindCoordinatorRequest, context: Ctx) -> pb.FindCoordinatorResponse:
+        self._group(context, Operation.DESCRIBE, request.group_id, "FindCoordinator")
         cid, host, port, p = self.c.find_coordinator(request.group_id)
         return pb.FindCoordinatorResponse(coordinator_id=cid, host=host, port=port, partition=p)
 
     @rpc_method("GroupCoordinatorService")
     async def JoinGroup(self, request: pb.JoinGroupRequest, context: Ctx) -> pb.JoinGroupResponse:
+        self._group(context, Operation.READ, request.group_id, "JoinGroup")
         self.c.check_owner(request.group_id)
         fut = self.m.join_group(
             request.group_id, request.member_id, request.group_instance_id, request.client_id, _peer_host(context),
@@ -67,6 +79,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
 
     @rpc_method("GroupCoordinatorService")
     async def SyncGroup(self, request: pb.SyncGroupRequest, context: Ctx) -> pb.SyncGroupResponse:
+        self._group(context, Operation.READ, request.group_id, "SyncGroup")
         self.c.check_owner(request.group_id)
         fut = self.m.sync_group(request.group_id, request.generation_id, request.member_id,
                                 request.group_instance_id, {a.member_id: a.assignment for a in request.assignments},
@@ -89,6 +102,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
 
     @rpc_method("GroupCoordinatorService")
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Ctx) -> pb.HeartbeatResponse:
+        self._group(context, Operation.READ, request.group_id, "Heartbeat")
         self.c.check_owner(request.group_id)
         self.m.heartbeat(request.group_id, request.generation_id, request.member_id, request.group_instance_id,
                          monotonic_ms())
@@ -97,6 +111,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
     @rpc_method("GroupCoordinatorService")
     async def LeaveGroup(self, request: pb.LeaveGroupRequest, context: Ctx) -> pb.LeaveGroupResponse:
         """Every listed member id and instance id leaves; a single failing member fails the call."""
+        self._group(context, Operation.READ, request.group_id, "LeaveGroup")
         self.c.check_owner(request.group_id)
         who = [(mid, "") for mid in request.member_ids] + [("", iid) for iid in request.group_instance_ids]
         if not who:
@@ -116,6 +131,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
 
     @rpc_method("GroupCoordinatorService")
     async def OffsetCommit(self, request: pb.OffsetCommitRequest, context: Ctx) -> pb.OffsetCommitResponse:
+        self._group(context, Operation.READ, request.group_id, "OffsetCommit")
         p = self.c.check_owner(request.group_id)
         group = (self.m.transactional_commit_group(request.group_id, monotonic_ms()) if request.transactional
                  else self.m.validate_offset_commit(request.group_id, request.generation_id, request.member_id,
@@ -128,6 +144,13 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
                 results.append(pb.OffsetCommitPartitionResult(topic=part.topic, partition=part.partition,
                                                               error=err.to_detail()))
                 continue
+            if self.authz.enabled and not self._may(context, Operation.READ, ResourceType.TOPIC, part.topic,
+                                                    "OffsetCommit"):
+                err = az.denial(self.authz.caller_of(context), Operation.READ, ResourceType.TOPIC, part.topic,
+                                topic=part.topic)
+                results.append(pb.OffsetCommitPartitionResult(topic=part.topic, partition=part.partition,
+                                                              error=err.to_detail()))
+                continue
             commits.append((part.topic, part.partition, part.offset, part.leader_epoch, part.metadata))
         if commits:
             await self.c.commit_offsets(group, p, commits)
@@ -135,11 +158,24 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         return pb.OffsetCommitResponse(results=results)
 
     @rpc_method("GroupCoordinatorService")
+    async def ValidateTxnOffsetCommit(self, request: pb.ValidateTxnOffsetCommitRequest,
+                                      context: Ctx) -> pb.ValidateTxnOffsetCommitResponse:
+        """KIP-447: the transaction coordinator asks before it keeps a transaction's offsets of this group."""
+        self.c.check_owner(request.group_id)
+        self.m.validate_txn_offset_commit(request.group_id, request.generation_id, request.member_id,
+                                          request.group_instance_id)
+        return pb.ValidateTxnOffsetCommitResponse()
+
+    @rpc_method("GroupCoordinatorService")
     async def OffsetFetch(self, request: pb.OffsetFetchRequest, context: Ctx) -> pb.OffsetFetchResponse:
+        self._group(context, Operation.DESCRIBE, request.group_id, "OffsetFetch")
         self.c.check_owner(request.group_id)
         group = self.m.groups.get(request.group_id)
         stored = group.offsets if group is not None else {}
         wanted = [(tp.topic, tp.partition) for tp in request.partitions] or sorted(stored)
+        if self.authz.enabled:  # Kafka: the offsets of topics the caller may not Describe are left out
+            wanted = [tp for tp in wanted if self._may(context, Operation.DESCRIBE, ResourceType.TOPIC, tp[0],
+                                                       "OffsetFetch")]
         out = []
         for tp in wanted:
             off, epoch, meta, _ts = stored.get(tp, (-1, -1, "", 0))
@@ -152,8 +188,15 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         """Every group of the cluster: this instance's own plus those of every other live instance
         (fan-out with the `gregor-list-scope: local` header, which asks one instance for its own only)."""
         if dict(context.invocation_metadata() or ()).get(LIST_SCOPE_HEADER) == "local":
+            if self.authz.enabled:  # another coordinator's fan-out
+                self.authz.require_cluster(self.authz.caller_of(context), Operation.CLUSTER_ACTION, "ListGroups")
             return pb.ListGroupsResponse(groups=self.c.list_local_groups())
         listings = await self.c.list_all_groups()
+        if self.authz.enabled and not self._may(context, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME,
+                                                "ListGroups"):  # Kafka: else the groups one may Describe
+            caller = self.authz.caller_of(context)
+            listings = [g for g in listings if self.authz.check(caller, Operation.DESCRIBE, ResourceType.GROUP,
+                                                                g.group_id, "ListGroups", audit=False)]
         return pb.ListGroupsResponse(groups=listings)
 
     @rpc_method("GroupCoordinatorService")
@@ -161,6 +204,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         out = []
         for gid in request.group_ids:
             try:
+                self._group(context, Operation.DESCRIBE, gid, "DescribeGroups")
                 self.c.check_owner(gid)
             except errors.GregorError as exc:
                 out.append(pb.GroupDescription(group_id=gid, error=exc.to_detail()))
@@ -196,6 +240,7 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         out: dict[str, common_pb2.ErrorDetail] = {}
         for gid in request.group_ids:
             try:
+                self._group(context, Operation.DELETE, gid, "DeleteGroups")
                 p = self.c.check_owner(gid)
                 group = self.m.validate_delete(gid)
                 await self.c.delete_group(group, p)

@@ -471,9 +471,40 @@ class TransactionCoordinator:
                 await self.write(new)
 
     async def txn_offset_commit(self, tid: str, pid: int, epoch: int, group_id: str,
-                                offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
+                                offsets: dict[tuple[str, int], tuple[int, str]], generation_id: int = -1,
+                                member_id: str = "", group_instance_id: str = "") -> None:
+        """Keep offsets with the transaction, once the group's coordinator has accepted their sender (KIP-447):
+        a consumer that lost its partitions in a rebalance (older generation, removed, or replaced by its
+        group.instance.id) cannot commit their offsets, so its transaction must abort. Both the gRPC and the
+        Kafka-protocol TxnOffsetCommit end here, so both are checked."""
+        md = self._current(tid)
+        tm.txn_offset_commit(md, pid, epoch, group_id, offsets, now_ms())  # producer and state checks first
+        await self._validate_group_member(group_id, generation_id, member_id, group_instance_id)
         async with self.lock(tid):
             await self.write(tm.txn_offset_commit(self._current(tid), pid, epoch, group_id, offsets, now_ms()))
+
+    async def _validate_group_member(self, group_id: str, generation_id: int, member_id: str,
+                                     group_instance_id: str) -> None:
+        """GroupCoordinatorService.ValidateTxnOffsetCommit on the group's coordinator (maybe this process)."""
+        try:
+            _, host, port, _ = self.gc.find_coordinator(group_id)
+        except errors.GregorError as exc:
+            raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                   f"no coordinator of group {group_id} to check the offsets' sender: {exc.message}")
+        req = coordinator_pb2.ValidateTxnOffsetCommitRequest(group_id=group_id, generation_id=generation_id,
+                                                             member_id=member_id, group_instance_id=group_instance_id)
+        async with channel(f"{host}:{port}") as ch:
+            try:
+                await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ValidateTxnOffsetCommit(
+                    req, timeout=self.gc.write_timeout_ms / 1000 + 1)
+            except grpc.RpcError as exc:
+                err = errors.from_rpc_error(exc)
+                if err.code == Code.NOT_COORDINATOR:
+                    # The group's shard moved, not the transaction's: NOT_COORDINATOR would tell the producer
+                    # that we are not its transaction coordinator. Retriable all the same.
+                    raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
+                                           f"group {group_id}'s coordinator moved: {err.message}") from None
+                raise err from None
 
     async def end_txn(self, tid: str, pid: int, epoch: int, commit: bool) -> None:
         async with self.lock(tid):

@@ -6,7 +6,8 @@ from typing import TypeAlias
 
 import grpc
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.common.rpc import channel, rpc_method
 from gregor.coordinator.server import LIST_SCOPE_HEADER
 from gregor.coordinator.txn_coordinator import TransactionCoordinator
@@ -32,11 +33,26 @@ def description(c: TransactionCoordinator, md: TxnMetadata) -> pb.TransactionDes
 class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinatorServiceServicer):
     """TransactionCoordinatorService over one TransactionCoordinator."""
 
-    def __init__(self, coordinator: TransactionCoordinator) -> None:
+    def __init__(self, coordinator: TransactionCoordinator, authz: az.Authz | None = None) -> None:
         self.c = coordinator
+        self.authz = authz or az.Authz()
+
+    def _require(self, context: Ctx, api: str, txn_id: str, groups: tuple[str, ...] = (),
+                 topics: tuple[str, ...] = (), topic_op: Operation = Operation.WRITE) -> None:
+        """Kafka's transaction checks: Write on the transactional id, Read on the group of offsets sent, and
+        Write (AddPartitionsToTxn) or Read (TxnOffsetCommit) on each topic."""
+        if not self.authz.enabled:
+            return
+        caller = self.authz.caller_of(context)
+        self.authz.require(caller, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id, api)
+        for g in groups:
+            self.authz.require(caller, Operation.READ, ResourceType.GROUP, g, api)
+        for t in dict.fromkeys(topics):
+            self.authz.require(caller, topic_op, ResourceType.TOPIC, t, api, topic=t)
 
     @rpc_method("TransactionCoordinatorService")
     async def InitProducerId(self, request: pb.TxnInitProducerIdRequest, context: Ctx) -> pb.TxnInitProducerIdResponse:
+        self._require(context, "InitProducerId", request.transactional_id)
         pid, epoch = await self.c.init_producer_id(request.transactional_id, request.transaction_timeout_ms)
         return pb.TxnInitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
 
@@ -46,6 +62,8 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
         p = request.producer
         if not request.partitions:
             raise errors.error_for(errors.Code.INVALID_REQUEST, "AddPartitionsToTxn names no partition")
+        self._require(context, "AddPartitionsToTxn", p.transactional_id,
+                      topics=tuple(tp.topic for tp in request.partitions))
         await self.c.add_partitions(p.transactional_id, p.producer_id, p.producer_epoch,
                                     {(tp.topic, tp.partition) for tp in request.partitions})
         return pb.AddPartitionsToTxnResponse()
@@ -53,6 +71,7 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
     @rpc_method("TransactionCoordinatorService")
     async def AddOffsetsToTxn(self, request: pb.AddOffsetsToTxnRequest, context: Ctx) -> pb.AddOffsetsToTxnResponse:
         p = request.producer
+        self._require(context, "AddOffsetsToTxn", p.transactional_id, groups=(request.group_id,))
         await self.c.add_offsets(p.transactional_id, p.producer_id, p.producer_epoch, request.group_id)
         return pb.AddOffsetsToTxnResponse()
 
@@ -61,13 +80,17 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
         p = request.producer
         if any(o.offset < 0 for o in request.offsets):
             raise errors.error_for(errors.Code.INVALID_REQUEST, "a committed offset must not be negative")
+        self._require(context, "TxnOffsetCommit", p.transactional_id, groups=(request.group_id,),
+                      topics=tuple(o.topic for o in request.offsets), topic_op=Operation.READ)
         await self.c.txn_offset_commit(p.transactional_id, p.producer_id, p.producer_epoch, request.group_id,
-                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets})
+                                       {(o.topic, o.partition): (o.offset, o.metadata) for o in request.offsets},
+                                       request.generation_id, request.member_id, request.group_instance_id)
         return pb.TxnOffsetCommitResponse()
 
     @rpc_method("TransactionCoordinatorService")
     async def EndTxn(self, request: pb.EndTxnRequest, context: Ctx) -> pb.EndTxnResponse:
         p = request.producer
+        self._require(context, "EndTxn", p.transactional_id)
         await self.c.end_txn(p.transactional_id, p.producer_id, p.producer_epoch, request.committed)
         return pb.EndTxnResponse()
 
@@ -77,6 +100,9 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
         out = []
         for tid in request.transactional_ids:
             try:
+                if self.authz.enabled:
+                    self.authz.require(self.authz.caller_of(context), Operation.DESCRIBE,
+                                       ResourceType.TRANSACTIONAL_ID, tid, "DescribeTransactions")
                 out.append(description(self.c, self.c.describe(tid)))
             except errors.GregorError as err:
                 out.append(pb.TransactionDescription(transactional_id=tid, error=err.to_detail()))
@@ -103,4 +129,8 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
                                                f"coordinator {cid} did not list its transactions: {err.message}")
                 out.extend(resp.transactions)
         out.sort(key=lambda d: d.transactional_id)
+        if self.authz.enabled:  # Kafka: the ids the caller may Describe
+            caller = self.authz.caller_of(context)
+            out = [d for d in out if self.authz.check(caller, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                                                      d.transactional_id, "ListTransactions", audit=False)]
         return pb.ListTransactionsResponse(transactions=out)

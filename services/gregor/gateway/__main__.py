@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gregor.common.metrics_reporter import MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties
+from gregor.common.tls import TlsConfig
 
 log = logging.getLogger("gregor.gateway")
 
@@ -29,6 +30,7 @@ class GatewayArgs:
     ready_file: str | None
     props: dict[str, str] = field(default_factory=dict)
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
+    tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port and its producer's channels
 
 
 def parse_args(argv: list[str]) -> GatewayArgs:
@@ -54,6 +56,9 @@ def parse_args(argv: list[str]) -> GatewayArgs:
         props = load_properties(a.config, a.props, "--producer-property")
         # metrics.topic.* are the gateway's own settings, not its producer's: taken out before the producer check.
         metrics_topic = MetricsTopicConfig.from_properties(props)
+        # security.protocol / ssl.* serve both the gateway's port and its producer; ssl.client.auth is the port's.
+        security = TlsConfig.from_properties(props)
+        props.pop("ssl.client.auth", None)
     except InvalidConfigError as exc:
         ap.error(str(exc))
     bootstrap = a.bootstrap or props.get("bootstrap.servers", "")
@@ -66,7 +71,8 @@ def parse_args(argv: list[str]) -> GatewayArgs:
         ap.error(str(exc))
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props, metrics_topic)
+    return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props, metrics_topic,
+                       security)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -85,10 +91,13 @@ async def run(args: GatewayArgs) -> int:
     from gregor.gateway.server import ProducerGatewayServicer
     from gregor.rpc.v1 import gateway_pb2_grpc
 
+    from gregor.common.tls import add_port, configure
+
     tune_allocator()
+    configure(args.tls)
     gateway = ProducerGateway(args.bootstrap, args.props)
     server = make_server()
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = add_port(server, f"{args.host}:{args.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
     gateway_pb2_grpc.add_ProducerGatewayServiceServicer_to_server(ProducerGatewayServicer(gateway), server)

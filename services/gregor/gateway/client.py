@@ -18,6 +18,7 @@ import grpc
 
 from gregor.common import errors
 from gregor.common.rpc import channel
+from gregor.common.tls import TlsConfig
 from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
@@ -38,19 +39,21 @@ def record(value: Optional[bytes], key: Optional[bytes] = None, headers: Sequenc
 class GatewayClient:
     """Produce through any of several gateways (event-loop owned; one channel per gateway)."""
 
-    def __init__(self, targets: Sequence[str] | str, retry_backoff_ms: int = 100) -> None:
+    def __init__(self, targets: Sequence[str] | str, retry_backoff_ms: int = 100,
+                 security: Optional[TlsConfig] = None) -> None:
         self.targets = [t.strip() for t in (targets.split(",") if isinstance(targets, str) else targets) if t.strip()]
         if not self.targets:
             raise errors.InvalidConfigError("no gateway address given")  # type: ignore[attr-defined]
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.current = 0
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.security = security  # TLS to the gateways (None: the process's, gregor.common.tls)
 
     def stub(self, target: Optional[str] = None) -> gateway_pb2_grpc.ProducerGatewayServiceStub:
         target = target or self.targets[self.current]
         ch = self._channels.get(target)
         if ch is None:
-            ch = self._channels[target] = channel(target)
+            ch = self._channels[target] = channel(target, self.security)
         return gateway_pb2_grpc.ProducerGatewayServiceStub(ch)
 
     def fail_over(self) -> None:

@@ -183,8 +183,7 @@ class ProducerGateway:
         await self.producer.close(timeout)
 
     def buffered_bytes(self) -> int:
-        acc = self.producer._acc
-        return acc.buffered_bytes if acc is not None else 0
+        return self.producer.buffered_bytes()
 
     def free_bytes(self) -> int:
         return self.buffer_memory - self.buffered_bytes()

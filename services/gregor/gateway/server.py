@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from typing import AsyncIterator, Optional
 
 import grpc
 
 from gregor.common import errors
-from gregor.common.rpc import REQUEST_LATENCY, REQUESTS, rpc_method
+from gregor.common.rpc import rpc_method, rpc_stream
 from gregor.gateway.gateway import InRecord, ProducerGateway, Result
 from gregor.gateway.txn_session import TxnSession
 from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -44,6 +43,11 @@ def result_proto(correlation_id: int, result: Result) -> gateway_pb2.GatewayReco
                                            error=err.to_detail() if err is not None else None)
 
 
+def _reader_failed(reader: "asyncio.Future[None]") -> errors.GregorError:
+    """The client's side of a stream failed (its reader task died): the stream ends with NETWORK_EXCEPTION."""
+    return errors.error_for(errors.Code.NETWORK_EXCEPTION, f"reading the stream failed: {reader.exception()}")
+
+
 class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
     """ProducerGatewayService: one result per record, in order for Produce, by correlation_id for ProduceStream."""
 
@@ -72,6 +76,7 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
         out = [result_proto(i, r) for i, r in enumerate(results)]
         return gateway_pb2.GatewayProduceResponse(results=out)
 
+    @rpc_stream(SERVICE)
     async def ProduceStream(self, request_iterator: AsyncIterator[gateway_pb2.GatewayRecord],
                             context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.GatewayRecordResult]:
         """Records in, results out as they complete; a bad record gets an error result, the stream goes on.
@@ -80,8 +85,6 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
         (per-record results, not flow control), so a client learns at once and may retry
         those records later or on another gateway.
         """
-        start = time.perf_counter()
-        code = "NONE"
         gw = self.gateway
         queue: asyncio.Queue[Optional[gateway_pb2.GatewayRecordResult]] = asyncio.Queue()
         window = asyncio.Semaphore(MAX_UNANSWERED)
@@ -110,22 +113,16 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                 if item is None:
                     reading = False
                     if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                        exc = reader.exception()
-                        code = "NETWORK_EXCEPTION"
-                        log.info("ProduceStream reader stopped: %s", exc)
-                        break
+                        log.info("ProduceStream reader stopped: %s", reader.exception())
+                        raise _reader_failed(reader)
                     continue
                 outstanding -= 1
                 window.release()
                 yield item
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
         finally:
             reader.cancel()
-            REQUEST_LATENCY.labels(service=SERVICE, api="ProduceStream").observe(time.perf_counter() - start)
-            REQUESTS.labels(service=SERVICE, api="ProduceStream", code=code).inc()
 
+    @rpc_stream(SERVICE)
     async def TransactionalProduceStream(self, request_iterator: AsyncIterator[gateway_pb2.GatewayTxnRequest],
                                          context: grpc.aio.ServicerContext
                                          ) -> AsyncIterator[gateway_pb2.GatewayRecordResult]:
@@ -172,6 +169,7 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
             await asyncio.gather(reader, return_exceptions=True)
             await session.close()
 
+    @rpc_stream(SERVICE)
     async def ProduceStreamBatch(self, request_iterator: AsyncIterator[gateway_pb2.GatewayRecordBatch],
                                  context: grpc.aio.ServicerContext,
                                  ) -> AsyncIterator[gateway_pb2.GatewayRecordResultBatch]:
@@ -184,8 +182,6 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
         and the buffer.memory answer are the same as ProduceStream's; the gateway stops reading
         while MAX_UNANSWERED records are unanswered (a batch may take it past that once).
         """
-        start = time.perf_counter()
-        code = "NONE"
         gw = self.gateway
         done: list[gateway_pb2.GatewayRecordResult] = []
         wake = asyncio.Event()
@@ -230,13 +226,7 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                         room.set()
                     yield gateway_pb2.GatewayRecordResultBatch(results=out)
                 if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                    code = "NETWORK_EXCEPTION"
                     log.info("ProduceStreamBatch reader stopped: %s", reader.exception())
-                    break
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
+                    raise _reader_failed(reader)
         finally:
             reader.cancel()
-            REQUEST_LATENCY.labels(service=SERVICE, api="ProduceStreamBatch").observe(time.perf_counter() - start)
-            REQUESTS.labels(service=SERVICE, api="ProduceStreamBatch", code=code).inc()

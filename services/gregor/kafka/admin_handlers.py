@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
@@ -54,7 +55,7 @@ class AdminApis:
         lists = [c for c in configs if int(c.config_operation) in (OP_APPEND, OP_SUBTRACT)]
         current: dict[str, str] = {}
         if lists:
-            resp = await self.h._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[topic]))
+            resp = await self.h.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[topic]))
             tc = resp.results[0]
             if tc.HasField("error") and tc.error.code:
                 raise errors.error_for(tc.error.code, tc.error.message)
@@ -78,7 +79,7 @@ class AdminApis:
             else:
                 raise errors.error_for(Code.INVALID_REQUEST, f"config operation {op} is not SET, DELETE, APPEND or "
                                                              f"SUBTRACT")
-        await self.h._admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+        await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
             topic=topic, set=sets, delete=deletes, validate_only=validate_only))
 
     async def incremental_alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
@@ -106,7 +107,7 @@ class AdminApis:
         asked = None if req.topic_partitions is None else [
             (str(t.topic), int(p)) for t in req.topic_partitions for p in t.partitions]
         try:
-            resp = await self.h._admin("ElectLeaders", controller_pb2.ElectLeadersRequest(
+            resp = await self.h.admin("ElectLeaders", controller_pb2.ElectLeadersRequest(
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []],
                 unclean=unclean, election_type=controller_pb2.UNCLEAN if unclean else controller_pb2.PREFERRED))
         except errors.GregorError as err:
@@ -136,10 +137,14 @@ class AdminApis:
 
     async def delete_records(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         topics = []
+        authz = self.h.broker.authz
         for t in req.topics:
             parts = []
             for p in t.partitions:
                 try:
+                    if authz.enabled:  # Kafka: Delete on the topic
+                        authz.require(az.connection_caller(), Operation.DELETE, ResourceType.TOPIC, str(t.name),
+                                      "DeleteRecords", topic=str(t.name))
                     low = self._delete_records(str(t.name), int(p.partition_index), int(p.offset))
                     parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
                                              low_watermark=low, error_code=NONE))
@@ -155,7 +160,7 @@ class AdminApis:
         asked = [(str(t.name), int(p.partition_index)) for t in req.topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
         try:
-            resp = await self.h._group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
+            resp = await self.h.group_call(str(req.group_id), "OffsetDelete", coordinator_pb2.OffsetDeleteRequest(
                 group_id=str(req.group_id),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked]))
         except errors.GregorError as err:

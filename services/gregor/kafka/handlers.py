@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -20,15 +21,17 @@ import grpc
 from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
-from gregor.common import errors
+from gregor.common import authz as az, errors
+from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
-from gregor.kafka import codec
+from gregor.kafka import acl_handlers, codec
 from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
 from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
 from gregor.kafka.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
+from gregor.broker.replica_manager import collect_produce
 from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 if TYPE_CHECKING:
@@ -71,6 +74,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     60: (0, 1),   # DescribeCluster
     37: (0, 3),   # CreatePartitions
     42: (0, 2),   # DeleteGroups
+    29: (1, 3),   # DescribeAcls (kafka/acl_handlers.py)
+    30: (1, 3),   # CreateAcls
+    31: (1, 3),   # DeleteAcls
     **TXN_SUPPORTED,  # the transaction APIs (kafka/txn_handlers.py)
     **ADMIN_SUPPORTED,  # DeleteRecords, ElectLeaders, IncrementalAlterConfigs (kafka/admin_handlers.py)
 }
@@ -107,6 +113,8 @@ class KafkaHandlers:
             20: self.delete_topics, 22: self.init_producer_id, 15: self.describe_groups, 16: self.list_groups,
             23: self.offset_for_leader_epoch, 32: self.describe_configs, 60: self.describe_cluster,
             37: self.create_partitions, 42: self.delete_groups,
+            29: functools.partial(acl_handlers.describe_acls, self), 30: functools.partial(acl_handlers.create_acls, self),
+            31: functools.partial(acl_handlers.delete_acls, self),
         }
         self.txn = TxnApis(self)
         self._table.update(self.txn.table())
@@ -168,6 +176,8 @@ class KafkaHandlers:
             names = [str(t.name) for t in req.topics if t.name is not None]
         want_none = req.topics is not None and not req.topics and header.api_version > 0
         md = self.broker.metadata_response(names)
+        if self.broker.authz.enabled:  # unauthorized topics hidden (all topics) or TOPIC_AUTHORIZATION_FAILED
+            self.broker_servicer().filter_metadata(md, bool(names), az.connection_caller())
         nodes = await self.kafka_brokers()
         brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
                    for i, (h, p, r) in sorted(nodes.items())]
@@ -190,14 +200,33 @@ class KafkaHandlers:
     # ---- Produce / Fetch / ListOffsets / InitProducerId ---------------------------------------
 
     async def produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        return await self.start_produce(header, req, mod)
+
+    def start_produce(self, header: codec.RequestHeader, req: Any, mod: Any) -> Awaitable[Any]:
+        """Append every partition now, synchronously and in the order requests arrive; the awaitable waits for
+        the acks (acks=-1: the ISR) and builds the response. The listener reads a connection's next Produce
+        while this one's acks are pending, and answers in order (pipelining, as a client's max.in.flight)."""
         parts = [(str(t.name), int(p.index), bytes(p.records or b"")) for t in req.topic_data
                  for p in t.partition_data]
         acks, timeout_ms = int(req.acks), codec.to_ms(req.timeout)
-        results: list[Any]
+        started: list[Any]
         try:
-            results = await self.broker.replica_manager.handle_produce_partitions(parts, acks, timeout_ms)
+            if self.broker.authz.enabled:  # Kafka: Write on the transactional id, then on each topic
+                denied = az.produce_denials(self.broker.authz, az.connection_caller(),
+                                            str(getattr(req, "transactional_id", None) or ""), [t for t, _, _ in parts])
+                rm = self.broker.replica_manager
+                started = az.with_denials(parts, denied, lambda ps: rm.start_produce_partitions(ps, acks, timeout_ms))
+            else:
+                started = self.broker.replica_manager.start_produce_partitions(parts, acks, timeout_ms)
         except errors.GregorError as err:  # wrong as a whole (bad acks): every partition gets the error
-            results = [err] * len(parts)
+            started = [err] * len(parts)
+        return self._produce_response(parts, acks, started, mod)
+
+    async def _produce_response(self, parts: list[tuple[str, int, bytes]], acks: int, started: list[Any],
+                                mod: Any) -> Any:
+        from gregor.broker.replica_manager import collect_produce
+
+        results = await collect_produce(started)
         if acks == 0:
             return None
         by_topic: dict[str, list[Any]] = {}
@@ -215,6 +244,7 @@ class KafkaHandlers:
 
     async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
                          isolation: int) -> Any:
+        self._require_topic(Operation.READ, tp[0], "Fetch")
         return await self.broker.replica_manager.handle_fetch(
             tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
             isolation_level=isolation)
@@ -286,6 +316,7 @@ class KafkaHandlers:
             parts = []
             for p in t.partitions:
                 try:
+                    self._require_topic(Operation.DESCRIBE, str(t.name), "ListOffsets")
                     offset, ts, epoch = self.broker.replica_manager.list_offsets(
                         str(t.name), int(p.partition_index), codec.to_ms(p.timestamp),
                         int(getattr(p, "current_leader_epoch", -1)), isolation)
@@ -301,6 +332,10 @@ class KafkaHandlers:
         if req.transactional_id:
             return await self.txn.init_producer_id(header, req, mod)
         try:
+            authz = self.broker.authz
+            if authz.enabled and not authz.can_write_idempotently(
+                    az.connection_caller(), list(self.broker.metadata_cache.partitions), "InitProducerId"):
+                authz.require_cluster(az.connection_caller(), Operation.IDEMPOTENT_WRITE, "InitProducerId")
             pid = await self.broker_servicer().producer_id_manager().generate_producer_id()
         except errors.GregorError as err:
             return codec.build(mod.InitProducerIdResponse, error_code=int(err.code), producer_id=-1,
@@ -308,6 +343,10 @@ class KafkaHandlers:
         return codec.build(mod.InitProducerIdResponse, error_code=NONE, producer_id=pid, producer_epoch=0)
 
     _servicer: Any = None
+
+    def _require_topic(self, operation: Operation, topic: str, api: str) -> None:
+        if self.broker.authz.enabled:
+            self.broker.authz.require(az.connection_caller(), operation, ResourceType.TOPIC, topic, api, topic=topic)
 
     def broker_servicer(self) -> Any:
         if self._servicer is None:
@@ -318,12 +357,13 @@ class KafkaHandlers:
 
     # ---- Admin -------------------------------------------------------------------------------
 
-    async def _admin(self, api: str, request: Any) -> Any:
+    async def admin(self, api: str, request: Any) -> Any:
         from gregor.broker.controller_link import forward_to_controller
 
         if not self.broker.cluster_mode:
             raise errors.error_for(Code.INVALID_REQUEST, "admin APIs over Kafka need a cluster (controller)")
-        return await forward_to_controller(self.broker, api, request, None)
+        return await forward_to_controller(self.broker, api, request, None,
+                                           az.forwarded_metadata(self.broker.authz, az.connection_caller()))
 
     async def create_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         topics = [controller_pb2.CreatableTopic(
@@ -331,27 +371,49 @@ class KafkaHandlers:
             assignments={int(a.partition_index): controller_pb2.ReplicaList(broker_ids=list(a.broker_ids))
                          for a in t.assignments},
             configs={str(c.name): str(c.value) for c in t.configs if c.value is not None}) for t in req.topics]
-        results: dict[str, tuple[int, str | None, int, int]] = {}
+        results: dict[str, tuple[int, str | None, int, int, bytes]] = {}
         try:
-            resp = await self._admin("CreateTopics", controller_pb2.CreateTopicsRequest(
+            resp = await self.admin("CreateTopics", controller_pb2.CreateTopicsRequest(
                 topics=topics, validate_only=bool(getattr(req, "validate_only", False))))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
-                results[r.name] = (code, r.error.message if code else None, r.num_partitions, r.replication_factor)
+                results[r.name] = (code, r.error.message if code else None, r.num_partitions, r.replication_factor,
+                                   r.topic_id)
         except errors.GregorError as err:
             for t in topics:
-                results[t.name] = (int(err.code), err.message, -1, -1)
-        return codec.build(mod.CreateTopicsResponse, topics=[
-            codec.build(mod.CreatableTopicResult, name=t.name, topic_id=ZERO_UUID, error_code=results[t.name][0],
-                        error_message=results[t.name][1], num_partitions=results[t.name][2] or -1,
-                        replication_factor=results[t.name][3] or -1, configs=None)
-            for t in topics])
+                results[t.name] = (int(err.code), err.message, -1, -1, b"")
+        # v5+: a created topic's result carries its configs (Kafka's Java admin client reads them and fails
+        # on a null list when num_partitions is known); created topics' configs come from the controller.
+        configs: dict[str, list[Any]] = {}
+        created = [t.name for t in topics if results[t.name][0] == NONE and results[t.name][4]]
+        if header.api_version >= 5 and created:
+            try:
+                described = await self.admin("DescribeConfigs",
+                                              controller_pb2.DescribeConfigsRequest(topics=created))
+                for tc in described.results:
+                    if not tc.HasField("error"):
+                        configs[tc.topic] = [codec.build(mod.CreatableTopicConfigs, name=e.name, value=e.value,
+                                                         read_only=False, config_source=5 if e.is_default else 1,
+                                                         is_sensitive=False) for e in tc.entries]
+            except errors.GregorError as err:
+                log.warning("kafka: CreateTopics could not describe the new topics' configs: %s", err)
+
+        def result(t: Any) -> Any:
+            code, message, partitions, rf, topic_id = results[t.name]
+            ok = code == NONE
+            return codec.build(mod.CreatableTopicResult, name=t.name, topic_id=kafka_uuid(topic_id),
+                               error_code=code, error_message=message,
+                               num_partitions=partitions if ok and partitions else -1,
+                               replication_factor=rf if ok and rf else -1,
+                               configs=configs.get(t.name, []) if ok else None)
+
+        return codec.build(mod.CreateTopicsResponse, topics=[result(t) for t in topics])
 
     async def delete_topics(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         names = ([str(t.name) for t in req.topics] if header.api_version >= 6 else [str(n) for n in req.topic_names])
         results: dict[str, tuple[int, str | None]] = {}
         try:
-            resp = await self._admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
+            resp = await self.admin("DeleteTopics", controller_pb2.DeleteTopicsRequest(topics=names))
             for r in resp.results:
                 code = int(r.error.code) if r.HasField("error") else NONE
                 results[r.name] = (code, r.error.message if code else None)
@@ -370,7 +432,15 @@ class KafkaHandlers:
         keys = list(req.coordinator_keys) if header.api_version >= 4 else [req.key]
         host, port, me = self.listener.advertised_host, self.listener.advertised_port, self.broker.config.broker_id
 
+        authz = self.broker.authz
+
         async def answer(key: str) -> tuple[int, str | None]:
+            if authz.enabled and key_type in (0, 1):  # Kafka: Describe on the group / transactional id
+                resource = ResourceType.GROUP if key_type == 0 else ResourceType.TRANSACTIONAL_ID
+                try:
+                    authz.require(az.connection_caller(), Operation.DESCRIBE, resource, str(key), "FindCoordinator")
+                except errors.GregorError as err:
+                    return int(err.code), str(err)
             if key_type == 0:
                 return NONE, None
             if key_type == 1:  # TRANSACTION: this broker too, relaying to the id's transaction coordinator
@@ -390,21 +460,26 @@ class KafkaHandlers:
                            node_id=me if not code else -1, host=host if not code else "",
                            port=port if not code else -1)
 
+    def channel_to(self, addr: str) -> grpc.aio.Channel:
+        """The listener's one channel to a coordinator or controller at addr (made on first use, closed with it)."""
+        ch = self._channels.get(addr)
+        if ch is None:
+            ch = self._channels[addr] = channel(addr)
+        return ch
+
     async def _group_stub(self, group_id: str) -> coordinator_pb2_grpc.GroupCoordinatorServiceStub:
         lookup = self.broker.coordinator_lookup
         if lookup is None:
             raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE, "no group coordinators (standalone broker)")
         _, host, port, _ = await lookup.find(group_id)
         addr = f"{host}:{port}"
-        ch = self._channels.get(addr)
-        if ch is None:
-            ch = self._channels[addr] = channel(addr)
-        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
+        return coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.channel_to(addr))
 
-    async def _group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
+    async def group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=az.forwarded_metadata(
+                self.broker.authz, az.connection_caller()))
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
@@ -420,7 +495,7 @@ class KafkaHandlers:
                 protocols=[coordinator_pb2.GroupProtocol(name=str(p.name), metadata=bytes(p.metadata))
                            for p in req.protocols])
             try:
-                resp = await self._group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
+                resp = await self.group_call(str(req.group_id), "JoinGroup", grpc_req, rebalance_ms / 1000 + 30)
             except errors.GregorError as err:
                 return codec.build(mod.JoinGroupResponse, error_code=int(err.code), generation_id=-1,
                                    protocol_name=None, leader="", member_id=member_id, members=[])
@@ -444,7 +519,7 @@ class KafkaHandlers:
                                                              assignment=bytes(a.assignment))
                          for a in req.assignments])
         try:
-            resp = await self._group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
+            resp = await self.group_call(str(req.group_id), "SyncGroup", grpc_req, 330.0)
         except errors.GregorError as err:
             return codec.build(mod.SyncGroupResponse, error_code=int(err.code), assignment=b"")
         return codec.build(mod.SyncGroupResponse, error_code=NONE, assignment=resp.assignment,
@@ -453,7 +528,7 @@ class KafkaHandlers:
 
     async def heartbeat(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         try:
-            await self._group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
+            await self.group_call(str(req.group_id), "Heartbeat", coordinator_pb2.HeartbeatRequest(
                 group_id=str(req.group_id), generation_id=int(req.generation_id), member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or "")))
         except errors.GregorError as err:
@@ -466,7 +541,7 @@ class KafkaHandlers:
         else:
             ids = [(str(req.member_id), "")]
         try:
-            resp = await self._group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
+            resp = await self.group_call(str(req.group_id), "LeaveGroup", coordinator_pb2.LeaveGroupRequest(
                 group_id=str(req.group_id), member_ids=[m for m, _ in ids],
                 group_instance_ids=[g for _, g in ids if g]))
         except errors.GregorError as err:
@@ -487,7 +562,7 @@ class KafkaHandlers:
             for t in req.topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetCommit", coordinator_pb2.OffsetCommitRequest(
                 group_id=str(req.group_id), generation_id=generation, member_id=str(req.member_id),
                 group_instance_id=str(getattr(req, "group_instance_id", None) or ""), partitions=parts))
             for r in resp.results:
@@ -506,7 +581,7 @@ class KafkaHandlers:
         asked = None if req.topics is None else [(str(t.name), int(i)) for t in req.topics
                                                  for i in t.partition_indexes]
         try:
-            resp = await self._group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+            resp = await self.group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
                 group_id=str(req.group_id),
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []]))
         except errors.GregorError as err:
@@ -540,9 +615,7 @@ class KafkaHandlers:
         code = NONE
         for info in list(lookup.live.values()):
             addr = f"{info['host']}:{info['port']}"
-            ch = self._channels.get(addr)
-            if ch is None:
-                ch = self._channels[addr] = channel(addr)
+            ch = self.channel_to(addr)
             try:
                 resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).ListGroups(
                     coordinator_pb2.ListGroupsRequest(), timeout=10)
@@ -559,7 +632,7 @@ class KafkaHandlers:
         out = []
         for gid in req.groups:
             try:
-                resp = await self._group_call(str(gid), "DescribeGroups",
+                resp = await self.group_call(str(gid), "DescribeGroups",
                                               coordinator_pb2.DescribeGroupsRequest(group_ids=[str(gid)]))
                 g = resp.groups[0]
                 code = int(g.error.code) if g.HasField("error") else NONE
@@ -615,13 +688,17 @@ class KafkaHandlers:
             code, message = NONE, None
             if rtype == RESOURCE_TOPIC:
                 try:
-                    resp = await self._admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
+                    resp = await self.admin("DescribeConfigs", controller_pb2.DescribeConfigsRequest(topics=[name]))
                     tc = resp.results[0]
                     if tc.HasField("error"):
                         code, message = int(tc.error.code), tc.error.message
                     entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
+            elif rtype == RESOURCE_BROKER and self.broker.authz.enabled and not self.broker.authz.check(
+                    az.connection_caller(), Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, "kafka-cluster",
+                    "DescribeConfigs"):  # Kafka: a broker's configs need DescribeConfigs on the Cluster
+                code = int(Code.CLUSTER_AUTHORIZATION_FAILED)
             elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
                 for f in dataclasses.fields(self.broker.config):
                     value = getattr(self.broker.config, f.name)
@@ -648,7 +725,7 @@ class KafkaHandlers:
                 code, message = int(Code.INVALID_REPLICA_ASSIGNMENT), "explicit assignments are not supported here"
             else:
                 try:
-                    await self._admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
+                    await self.admin("CreatePartitions", controller_pb2.CreatePartitionsRequest(
                         topic=str(t.name), count=int(t.count), validate_only=bool(req.validate_only)))
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
@@ -660,7 +737,7 @@ class KafkaHandlers:
         results = []
         for gid in req.groups_names:
             try:
-                resp = await self._group_call(str(gid), "DeleteGroups",
+                resp = await self.group_call(str(gid), "DeleteGroups",
                                               coordinator_pb2.DeleteGroupsRequest(group_ids=[str(gid)]))
                 detail = resp.errors.get(str(gid))
                 code = int(detail.code) if detail is not None else NONE

@@ -1,20 +1,29 @@
 """The broker's Kafka-protocol listener: one asyncio server, requests on a connection handled one at a time.
 
-Kafka's network layer mutes a connection while one of its requests is in flight and answers
-in order; so does this listener. That keeps an idempotent producer's pipelined Produce
-requests (max.in.flight 5) appending in the order they were sent. Produce with acks=0 gets
-no response at all.
+Requests of a connection are read and their effects applied in the order they came, and answered
+in that order, so an idempotent producer's pipelined Produce requests (max.in.flight 5) append in
+the order they were sent. Unlike Kafka, which mutes a connection until its one request in flight
+is answered, a Produce's acks (acks=all: the ISR catching up) are awaited while the connection's
+next Produce is read and appended: with acks=all one request at a time would cap a connection at
+one replication round trip per request. Any other request waits until everything before it is
+answered and is handled alone. Produce with acks=0 gets no response at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
+from kio.static.constants import EntityType
 from prometheus_client import Counter, Histogram
 
+from gregor.broker.quota_manager import KAFKA_FETCH, KAFKA_PRODUCE, StreamQuota, throttle_kafka_response
+from gregor.common.authz import set_connection_caller
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 from gregor.kafka.admin_handlers import ADMIN_API_NAMES
@@ -26,13 +35,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I32 = struct.Struct(">i")
+PRODUCE = 0
+# Produce requests of one connection appended and waiting for their acks at once; Kafka's clients send at most
+# max.in.flight.requests.per.connection (5 by default), so this bounds a misbehaving client only.
+MAX_PIPELINED_PRODUCE = 32
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
              22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
-             42: "DeleteGroups", 60: "DescribeCluster", **TXN_API_NAMES,
-             **ADMIN_API_NAMES}
+             42: "DeleteGroups", 60: "DescribeCluster", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls",
+             **TXN_API_NAMES, **ADMIN_API_NAMES}
 REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
 REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
                             "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])
@@ -41,20 +54,22 @@ UNSUPPORTED = Counter("gregor_kafka_unsupported_requests_total",
 
 
 def parse_listener(value: str) -> tuple[str, str, int] | None:
-    """The Kafka listener of a `listeners` value (`PLAINTEXT://host:port[,...]`): (name, host, port)."""
+    """The Kafka listener of a `listeners` value (`PLAINTEXT://host:port[,...]` or `SSL://host:port`):
+    (name, host, port). SSL listeners use the broker's ssl.* keys (gregor.common.tls)."""
     for item in filter(None, (s.strip() for s in value.split(","))):
         name, sep, rest = item.partition("://")
         if not sep:
             raise ValueError(f"listener {item!r} is not NAME://host:port")
         host, _, port = rest.rpartition(":")
-        if name.upper() in ("PLAINTEXT", "KAFKA"):
+        if name.upper() in ("PLAINTEXT", "KAFKA", "SSL"):
             return name.upper(), host or "0.0.0.0", int(port)
     return None
 
 
 class KafkaListener:
     def __init__(self, broker: "Broker", host: str, port: int, advertised_host: str,
-                 max_request_bytes: int) -> None:
+                 max_request_bytes: int, ssl_context: "ssl.SSLContext | None" = None,
+                 security_protocol: str = "PLAINTEXT") -> None:
         self.broker = broker
         self.host = host
         self.port = port
@@ -64,9 +79,11 @@ class KafkaListener:
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self.advertised_port = port
+        self.ssl_context = ssl_context
+        self.security_protocol = security_protocol  # PLAINTEXT or SSL: the listener's name in `endpoints`
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
         self.advertised_port = self.port
         return self.port
@@ -85,11 +102,21 @@ class KafkaListener:
         await self.handlers.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests in order. A Produce is appended at once and its answer queued while its acks are
+        pending, so the next pipelined Produce is read and appended meanwhile (a client's max.in.flight);
+        any other request first waits until every queued answer is written, then is handled alone. Answers
+        leave in the order the requests came."""
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
         peer = writer.get_extra_info("peername")
+        # Client quotas (broker/quota_manager.py): a throttled response mutes this connection.
+        quota = self.broker.quotas.connection(self.broker.quotas.principal_of(writer.transport), "")
+        answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_PIPELINED_PRODUCE)
+        sender = asyncio.create_task(self._send_in_order(answers, writer, peer, task))
         try:
+            if not set_connection_caller(self.broker.authz, writer.transport, peer):  # its principal (ACLs)
+                return
             while True:
                 try:
                     (size,) = _I32.unpack(await reader.readexactly(4))
@@ -99,10 +126,17 @@ class KafkaListener:
                     log.warning("kafka: closing %s: request of %d bytes exceeds socket.request.max.bytes", peer, size)
                     return
                 frame = await reader.readexactly(size)
-                out = await self._handle(frame, peer)
+                pipelined = self._start_produce(frame, quota)
+                if pipelined is not None:
+                    await answers.put(asyncio.create_task(pipelined))  # waits while MAX_PIPELINED_PRODUCE are queued
+                    await quota.channel.wait()
+                    continue
+                await answers.join()  # everything before this request is answered
+                out = await self._handle(frame, peer, quota)
                 if out is not None:
                     writer.write(out)
                     await writer.drain()
+                await quota.channel.wait()
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:  # the listener is stopping: end quietly (streams would log it)
@@ -113,9 +147,56 @@ class KafkaListener:
             log.exception("kafka: closing %s after an unexpected error", peer)
         finally:
             self._conns.discard(task)
+            sender.cancel()
+            while not answers.empty():
+                answers.get_nowait().cancel()
+            await asyncio.gather(sender, return_exceptions=True)
             writer.close()
 
-    async def _handle(self, frame: bytes, peer: object) -> bytes | None:
+    def _start_produce(self, frame: bytes, quota: StreamQuota | None = None) -> Coroutine[Any, Any, bytes | None] | None:
+        """A supported Produce: appended now; the awaitable gives its encoded answer (None for acks=0).
+        Anything else: None (handled in order by _handle)."""
+        header, pos = codec.read_header(frame)
+        supported = SUPPORTED.get(header.api_key)
+        if header.api_key != PRODUCE or supported is None or not supported[0] <= header.api_version <= supported[1]:
+            return None
+        request = codec.parse_body(frame, pos, header)
+        REQUESTS.labels("Produce").inc()
+        started = time.perf_counter()
+        mod = codec.module(header.api_key, header.api_version, EntityType.response)
+        pending = self.handlers.start_produce(header, request, mod)
+
+        async def answer() -> bytes | None:
+            body = await pending
+            REQUEST_SECONDS.labels("Produce").observe(time.perf_counter() - started)
+            if quota is not None and quota.quotas.enabled:
+                body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
+            return None if body is None else codec.encode_response(header, body)
+        return answer()
+
+    async def _send_in_order(self, answers: "asyncio.Queue[asyncio.Task[bytes | None]]",
+                             writer: asyncio.StreamWriter, peer: object, reader_task: "asyncio.Task[None]") -> None:
+        """Write the queued Produce answers in order. If one cannot be written or its handler failed, the
+        connection is over: the reading side is cancelled (it may be waiting on this queue) and cleans up."""
+        try:
+            while True:
+                queued = await answers.get()
+                try:
+                    out = await queued
+                    if out is not None:
+                        writer.write(out)
+                        await writer.drain()
+                finally:
+                    answers.task_done()
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError:
+            reader_task.cancel()
+        except Exception:  # a handler bug: the client sees a closed connection and retries
+            log.exception("kafka: closing %s after an unexpected error in a Produce", peer)
+            reader_task.cancel()
+
+    async def _handle(self, frame: bytes, peer: object, quota: StreamQuota | None = None) -> bytes | None:
         header, pos = codec.read_header(frame)
         supported = SUPPORTED.get(header.api_key)
         if header.api_key == codec.API_VERSIONS and (supported is None or
@@ -131,6 +212,8 @@ class KafkaListener:
         REQUESTS.labels(api).inc()
         with REQUEST_SECONDS.labels(api).time():
             body = await self.handlers.handle(header, request)
+        if quota is not None and quota.quotas.enabled and header.api_key in (KAFKA_PRODUCE, KAFKA_FETCH):
+            body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
         if body is None:
             return None  # Produce acks=0
         return codec.encode_response(header, body)
@@ -150,10 +233,19 @@ async def start_listener(broker: "Broker") -> KafkaListener:
         from gregor.common import errors
 
         raise errors.error_for(errors.Code.INVALID_CONFIG,
-                               f"listeners={cfg.listeners!r} names no PLAINTEXT:// (Kafka) listener")
-    _, host, port = bind
+                               f"listeners={cfg.listeners!r} names no PLAINTEXT:// or SSL:// (Kafka) listener")
+    name, host, port = bind
+    protocol = "SSL" if name == "SSL" else "PLAINTEXT"
+    if protocol == "SSL" and not cfg.tls.keystore:
+        from gregor.common import errors
+
+        raise errors.error_for(errors.Code.INVALID_CONFIG, "an SSL:// listener needs ssl.keystore.location and "
+                               "ssl.truststore.location (docs/security.md)")
+    if protocol == "PLAINTEXT" and cfg.tls.enabled:
+        log.warning("security.protocol=SSL but the Kafka listener %s is plain text", cfg.listeners)
     adv_host = adv[1] if adv and adv[1] not in ("", "0.0.0.0") else (host if host not in ("", "0.0.0.0") else cfg.host)
-    listener = KafkaListener(broker, host, port, adv_host, cfg.socket_request_max_bytes)
+    listener = KafkaListener(broker, host, port, adv_host, cfg.socket_request_max_bytes,
+                             cfg.tls.server_ssl_context() if protocol == "SSL" else None, protocol)
     await listener.start()
     if adv and adv[2]:
         listener.advertised_port = adv[2]

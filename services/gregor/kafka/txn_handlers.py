@@ -24,9 +24,8 @@ import grpc
 
 from gregor.broker.coordinator_lookup import KEY_TYPE_TRANSACTION
 from gregor.broker.txn_markers import describe_producers
-from gregor.common import errors
+from gregor.common import authz as az, errors
 from gregor.common.coordinator_ownership import partition_for
-from gregor.common.rpc import channel
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as tpb, transaction_pb2_grpc
 
@@ -88,10 +87,7 @@ class TxnApis:
     # ---- relay ---------------------------------------------------------------------------------
 
     def _stub(self, addr: str) -> transaction_pb2_grpc.TransactionCoordinatorServiceStub:
-        ch = self.h._channels.get(addr)
-        if ch is None:
-            ch = self.h._channels[addr] = channel(addr)
-        return transaction_pb2_grpc.TransactionCoordinatorServiceStub(ch)
+        return transaction_pb2_grpc.TransactionCoordinatorServiceStub(self.h.channel_to(addr))
 
     async def _owner(self, transactional_id: str) -> str:
         lookup = self.h.broker.coordinator_lookup
@@ -100,11 +96,15 @@ class TxnApis:
         _, host, port, _ = await lookup.find(transactional_id, KEY_TYPE_TRANSACTION)
         return f"{host}:{port}"
 
+    def _caller(self) -> tuple[tuple[str, str], ...] | None:
+        """The Kafka client's principal for the coordinator's ACL checks (None with the authorizer off)."""
+        return az.forwarded_metadata(self.h.broker.authz, az.connection_caller())
+
     async def call(self, transactional_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         """One TransactionCoordinatorService call to the owner of transactional_id; a GregorError on failure."""
         stub = self._stub(await self._owner(transactional_id))
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=self._caller())
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
@@ -203,18 +203,16 @@ class TxnApis:
 
     async def txn_offset_commit(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         """Sent by Kafka's clients to the group's coordinator (this broker): relayed to the transactional id's
-        coordinator, which keeps the offsets with the transaction until it commits. The group's generation
-        and member id (v3, KIP-447) go along; committed_leader_epoch has no place in the gRPC request."""
+        coordinator, which keeps the offsets with the transaction until it commits. The group's generation,
+        member id and group.instance.id (v3, KIP-447) go along, so the coordinator fences a zombie member; committed_leader_epoch has no place in the gRPC request."""
         grpc_req = tpb.TxnOffsetCommitRequest(
             producer=self._producer(req.transactional_id, req.producer_id, req.producer_epoch),
             group_id=str(req.group_id), generation_id=int(getattr(req, "generation_id", -1)),
             member_id=str(getattr(req, "member_id", "") or ""),
+            group_instance_id=str(getattr(req, "group_instance_id", None) or ""),
             offsets=[tpb.TxnOffset(topic=str(t.name), partition=int(p.partition_index),
                                    offset=int(p.committed_offset), metadata=p.committed_metadata or "")
                      for t in req.topics for p in t.partitions])
-        instance = getattr(req, "group_instance_id", None)
-        if instance and "group_instance_id" in tpb.TxnOffsetCommitRequest.DESCRIPTOR.fields_by_name:
-            setattr(grpc_req, "group_instance_id", str(instance))
         code = NONE
         try:
             await self.call(str(req.transactional_id), "TxnOffsetCommit", grpc_req)
@@ -262,7 +260,7 @@ class TxnApis:
         for info in list(lookup.live.values()):  # any instance lists them all; the next one if it fails
             try:
                 resp = await self._stub(f"{info['host']}:{info['port']}").ListTransactions(
-                    tpb.ListTransactionsRequest(), timeout=15)
+                    tpb.ListTransactionsRequest(), timeout=15, metadata=self._caller())
                 return list(resp.transactions)
             except grpc.RpcError as exc:
                 last = errors.from_rpc_error(exc)

@@ -93,7 +93,8 @@ class Nemesis:
     # --- looking things up ---------------------------------------------------------------------------------
 
     def _etcdctl(self, *args: str) -> str:
-        res = subprocess.run([etcdctl(), f"--endpoints={self.c.etcd_endpoints}", "--command-timeout=3s", *args],
+        res = subprocess.run([etcdctl(), f"--endpoints={self.c.etcd_endpoints}", "--command-timeout=3s",
+                              *self.c.etcdctl_flags(), *args],
                              capture_output=True, text=True, timeout=10)
         return res.stdout
 
@@ -128,7 +129,7 @@ class Nemesis:
         brokers = {int(t.split("-", 1)[1]) for t in targets or [] if t.startswith("broker-")}
         if not brokers:
             return None, []
-        keys = EtcdClient(self.c.etcd_endpoints)
+        keys = EtcdClient(self.c.etcd_endpoints, security=self.c.client_tls())
         try:
             raw = json.loads(self._etcdctl("get", keys.key("brokers", "topics").decode() + "/", "--prefix",
                                            "-w", "json") or "{}")

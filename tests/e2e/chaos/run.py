@@ -2,7 +2,12 @@
 the final read, replica and controller histories, then the checker's verdict.
 
     python -m tests.e2e.chaos.run --seed 7 --duration 600 --out chaos-out [--counts full|ci|etcd=3,...]
-                                  [--every-kind-once]
+                                  [--every-kind-once] [--kinds kill,...] [--tls]
+
+--tls: mTLS everywhere (topology.py: a CA and per-node certificates, etcd over https with client-certificate
+auth, every role with security.protocol=SSL and ssl.client.auth=required, the workload with client.crt via
+--client-config). Before the workload starts it probes that TLS is really on (tls_probe) and records the
+result in verdict.json's "tls" (plain-text and certificate-less connections refused, mTLS ones accepted).
 
 Prints the seed and the schedule first; writes OUT/history.jsonl, OUT/verdict.json, OUT/summary.txt and
 every process log under OUT/cluster/logs. Exit 0 valid, 1 an anomaly, 2 the run itself failed,
@@ -76,6 +81,84 @@ def replica_digests(cluster: ChaosCluster, partitions: int, h: HistoryWriter) ->
                              digest=digest.hexdigest(), truncated_on_open=log.recovered_bytes_truncated)
 
 
+def tls_probe(cluster: ChaosCluster) -> dict[str, Any]:
+    """Per endpoint kind (the first broker's gRPC and data ports, a controller, a coordinator, a gateway,
+    an etcd member): whether a plain-text client, a TLS client without a certificate and an mTLS client
+    (client.crt) got through. With TLS on only the last may: {"broker": {"plaintext": False,
+    "tls_no_cert": False, "mtls": True}, ...}."""
+    import socket
+    import ssl
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from gregor.common.tls import TlsConfig
+    from tests.e2e.chaos.topology import BROKER_DATA
+
+    assert cluster.security is not None
+    full = cluster.client_tls()
+    no_cert = TlsConfig.from_properties({k: v for k, v in cluster.client_properties().items()
+                                         if k not in ("ssl.keystore.location", "ssl.key.location")})
+
+    def grpc_ok(addr: str, creds: grpc.ChannelCredentials | None) -> bool:
+        ch = grpc.secure_channel(addr, creds) if creds is not None else grpc.insecure_channel(addr)
+        try:
+            grpc.channel_ready_future(ch).result(timeout=4)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            ch.close()
+
+    def socket_ok(addr: str, ctx: ssl.SSLContext | None) -> bool:
+        """The data port (Gregor's own framing): a TLS handshake with ctx after which the server neither
+        alerts nor closes (it waits for a request). Plain text is not probed here: a port that completes an
+        mTLS handshake speaks TLS, so it does not speak plain text."""
+        host, port = addr.rsplit(":", 1)
+        assert ctx is not None
+        try:
+            with socket.create_connection((host, int(port)), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname=host) as tls_sock:
+                    tls_sock.settimeout(1.5)  # TLS 1.3: a refused client certificate arrives as an alert now
+                    try:
+                        return tls_sock.recv(1) != b""
+                    except socket.timeout:
+                        return True  # accepted: the server waits for a request
+        except (OSError, ssl.SSLError):
+            return False
+
+    def etcd_ok(addr: str, scheme: str, ctx: ssl.SSLContext | None) -> bool:
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if ctx is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        try:
+            with urllib.request.build_opener(*handlers).open(f"{scheme}://{addr}/health", timeout=5) as r:
+                return r.status == 200
+        except (OSError, ValueError):
+            return False
+
+    checks: dict[tuple[str, str], Any] = {}
+    for role in ("broker", "controller", "coordinator", "gateway"):
+        addr = cluster.by_role(role)[0].addr
+        checks[(role, "plaintext")] = lambda addr=addr: grpc_ok(addr, None)
+        checks[(role, "tls_no_cert")] = lambda addr=addr: grpc_ok(addr, no_cert.channel_credentials())
+        checks[(role, "mtls")] = lambda addr=addr: grpc_ok(addr, full.channel_credentials())
+    data = f"{cluster.by_role('broker')[0].ip}:{BROKER_DATA}"
+    checks[("broker_data", "tls_no_cert")] = lambda: socket_ok(data, no_cert.client_ssl_context())
+    checks[("broker_data", "mtls")] = lambda: socket_ok(data, full.client_ssl_context())
+    etcd = cluster.by_role("etcd")[0].addr
+    checks[("etcd", "plaintext")] = lambda: etcd_ok(etcd, "http", None)
+    checks[("etcd", "tls_no_cert")] = lambda: etcd_ok(etcd, "https", no_cert.client_ssl_context())
+    checks[("etcd", "mtls")] = lambda: etcd_ok(etcd, "https", full.client_ssl_context())
+    out: dict[str, Any] = {}
+    with ThreadPoolExecutor(len(checks)) as pool:  # the refused ones each wait out a timeout
+        futures = {key: pool.submit(fn) for key, fn in checks.items()}
+        for (what, how), fut in futures.items():
+            out.setdefault(what, {})[how] = fut.result()
+    return out
+
+
 def controller_history(cluster: ChaosCluster, h: HistoryWriter) -> int:
     """Every change of `controller` and `controller_epoch` in etcd's history (watched from revision 1), one
     `controller` op per revision: the epoch and holder after that revision."""
@@ -83,7 +166,7 @@ def controller_history(cluster: ChaosCluster, h: HistoryWriter) -> int:
 
     async def collect() -> list[Any]:
         events: list[Any] = []
-        async with EtcdClient(cluster.etcd_endpoints) as etcd:
+        async with EtcdClient(cluster.etcd_endpoints, security=cluster.client_tls()) as etcd:
             prefix = etcd.key("controller")
             it = etcd.watch(prefix, start_revision=1, prefix=True).__aiter__()
             while True:
@@ -131,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every-kind-once", action="store_true", help="each fault kind once (the CI schedule)")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--kinds", default="", help="only these fault kinds (comma-separated; default all)")
+    ap.add_argument("--tls", action="store_true", help="mTLS everywhere (etcd, every role, the workload)")
     a = ap.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
     counts = FULL if a.counts == "full" else CI if a.counts == "ci" else Counts.parse(a.counts)
@@ -139,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
     faults = schedule(seed, a.duration, a.every_kind_once, kinds)
-    print(f"chaos seed {seed} (re-run: make chaos SEED={seed} DURATION={a.duration:g})", flush=True)
+    print(f"chaos seed {seed} (re-run: make chaos SEED={seed} DURATION={a.duration:g}{' TLS=1' if a.tls else ''})",
+          flush=True)
     print(f"topology {counts}", flush=True)
     print("schedule: " + json.dumps(describe(faults)), flush=True)
     if MISSING:
@@ -156,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(a.out)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    cluster = ChaosCluster(os.path.join(out, "cluster"), counts)
+    cluster = ChaosCluster(os.path.join(out, "cluster"), counts, tls=a.tls)
     rf = min(3, counts.brokers)
     cluster.coordinator_overrides = {
         "offsets.topic.replication.factor": str(rf), "offsets.topic.num.partitions": "4",
@@ -170,7 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         cluster.up()
-        print(f"cluster up in {time.monotonic() - started:.1f} s: {cluster.bootstrap}", flush=True)
+        print(f"cluster up in {time.monotonic() - started:.1f} s: {cluster.bootstrap}"
+              f"{' (mTLS)' if a.tls else ''}", flush=True)
+        client_args: list[str] = []
+        probe: dict[str, Any] | None = None
+        if a.tls:
+            probe = tls_probe(cluster)
+            print("tls probe: " + json.dumps(probe), flush=True)
+            client_config = os.path.join(out, "client.properties")
+            with open(client_config, "w") as cf:
+                cf.writelines(f"{k}={v}\n" for k, v in cluster.client_properties().items())
+            client_args = ["--client-config", client_config]
         hist_workload = os.path.join(out, "workload.jsonl")
         healed = os.path.join(out, "healed")
         wlog = os.path.join(out, "workload.log")
@@ -179,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["ip", "netns", "exec", ns_name(cluster.clients[0]), sys.executable, "-m", "gregor.cli.main", "chaos", "workload",
                  "--bootstrap", cluster.bootstrap, "--gateway", cluster.gateways, "--seconds", str(a.duration),
                  "--history", hist_workload, "--healed-file", healed, "--partitions", str(a.partitions),
-                 "--replication-factor", str(rf), "--seed", str(seed)],
+                 "--replication-factor", str(rf), "--seed", str(seed), *client_args],
                 stdout=wl, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         deadline = time.monotonic() + 180
         while "WORKLOAD STARTED" not in open(wlog, errors="replace").read():
@@ -219,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict["fault_kinds_fired"] = sorted(fired)
         verdict["fault_kinds_missing"] = MISSING
         verdict["seed"] = seed
+        verdict["tls"] = probe
         verdict["wall_s"] = round(time.monotonic() - started, 1)
         with open(os.path.join(out, "verdict.json"), "w") as vf:
             json.dump(verdict, vf, indent=2, default=str)

@@ -5,6 +5,12 @@ Roles and fixed ports (every node has its own address, so ports never clash): et
 controller 9090, broker 9092 (data plane 9093), coordinator 9094, gateway 9095. Clients run in
 namespaces of their own (`client-<n>`). Every process can be SIGKILLed, paused and restarted with
 the same command line; a broker can be restarted with a torn log tail.
+
+With tls=True (`run.py --tls`) everything speaks mTLS, as `gregor cluster up --tls` does: a CA and one
+certificate per node (CN = the node's name, its namespace address as the subjectAltName) in DATA/certs, etcd
+serving https with client-certificate auth to clients and peers, every Gregor role with the
+security.protocol=SSL / ssl.* keys and ssl.client.auth=required, and `client.crt` for the workload and the
+orchestrator's own etcd reads (client_properties()).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -21,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from gregor.cli.local_cluster import etcd_binary
+from gregor.cli.local_cluster import CLIENT_CERT, ClusterTls, etcd_binary
 from tests.e2e.chaos.netns import SMALL_FS_MARK, Network, ns_name
 
 READY_TIMEOUT_S = 90.0  # twelve cold Python processes on two shared cores
@@ -87,8 +94,11 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
 
-def _http_ok(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(url, timeout=1) as r:
             return bool(json.load(r).get("health") == "true")
@@ -109,6 +119,8 @@ class ChaosCluster:
     broker_overrides: dict[str, str] = field(default_factory=dict)
     # broker-0 gets a second log dir on a tmpfs this small (the disk-full fault fills it); 0: none.
     small_dir_mb: int = 48
+    tls: bool = False  # mTLS everywhere (the module docstring)
+    security: ClusterTls | None = None  # the certificates, made by up() when tls
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -124,6 +136,8 @@ class ChaosCluster:
                 self.net.add(f"{role}-{i}")
         for i in range(c.clients):
             self.clients.append(f"client-{i}")
+        if self.tls:
+            self._make_certs()
         etcd = [self._etcd_proc(i) for i in range(c.etcd)]
         for p in etcd:
             self._spawn(p)
@@ -138,6 +152,40 @@ class ChaosCluster:
         for i in range(c.gateways):
             self._start_new(self._gateway_proc(i))
         self.save()
+
+    def _make_certs(self) -> None:
+        """DATA/certs: ca.crt, NODE.crt/.key for every node (its namespace address as SAN) and client.crt."""
+        from pathlib import Path
+
+        from gregor.common import certs
+
+        out = Path(self.data_dir, "certs")
+        out.mkdir(parents=True, exist_ok=True)
+        certs.create_ca(out, cn="gregor-chaos-ca")
+        for name, node in self.net.nodes.items():
+            certs.issue(out, name, hosts=[node.ip])
+        certs.issue(out, CLIENT_CERT, hosts=[n.ip for n in self.net.nodes.values() if n.name.startswith("client-")])
+        self.security = ClusterTls(str(out.resolve()))
+
+    def client_properties(self) -> dict[str, str]:
+        """The client settings of this cluster (security.protocol and ssl.* with client.crt; empty without TLS)."""
+        return self.security.client_props() if self.security else {}
+
+    def client_tls(self) -> Any:
+        """The orchestrator's TlsConfig for etcd (client.crt), or None without TLS."""
+        return self.security.config() if self.security else None
+
+    def etcdctl_flags(self) -> list[str]:
+        """etcdctl's TLS flags (the client certificate), empty without TLS."""
+        if self.security is None:
+            return []
+        s = self.security
+        return [f"--cacert={s.path('ca.crt')}", f"--cert={s.path(CLIENT_CERT + '.crt')}",
+                f"--key={s.path(CLIENT_CERT + '.key')}"]
+
+    def _props(self, name: str) -> dict[str, str]:
+        """The security.protocol / ssl.* keys of process `name` (its node's certificate; empty without TLS)."""
+        return self.security.props(name) if self.security else {}
 
     def down(self) -> None:
         order = {"gateway": 0, "coordinator": 1, "broker": 2, "controller": 3, "etcd": 4}
@@ -161,6 +209,8 @@ class ChaosCluster:
     def save(self) -> None:
         with open(os.path.join(self.data_dir, "topology.json"), "w") as f:
             json.dump({"bootstrap": self.bootstrap, "etcd": self.etcd_endpoints, "gateways": self.gateways,
+                       "tls": {"certs": self.security.certs_dir, "client": self.client_properties()}
+                       if self.security else None,
                        "nodes": {n: node.ip for n, node in self.net.nodes.items()},
                        "processes": {p.name: {"role": p.role, "addr": p.addr, "pid": p.pid, "log": p.log}
                                      for p in self.procs.values()}}, f, indent=2)
@@ -176,7 +226,11 @@ class ChaosCluster:
 
     @property
     def etcd_endpoints(self) -> str:
-        return ",".join(f"http://{p.addr}" for p in self.by_role("etcd"))
+        return ",".join(f"{self.scheme}://{p.addr}" for p in self.by_role("etcd"))
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def gateways(self) -> str:
@@ -280,7 +334,8 @@ class ChaosCluster:
 
     def _wait_etcd(self, p: Proc) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _http_ok(f"http://{p.addr}/health"):
+        ctx = self.client_tls().client_ssl_context() if self.tls else None
+        while not _http_ok(f"{self.scheme}://{p.addr}/health", ctx):
             if p.popen is not None and p.popen.poll() is not None:
                 raise RuntimeError(f"{p.name} exited with {p.popen.returncode}: {_tail(p.log)}")
             if time.monotonic() > deadline:
@@ -296,13 +351,20 @@ class ChaosCluster:
         name = f"etcd-{i}"
         ip = self.net.nodes[name].ip
         d, _, log = self._dirs(name)
-        initial = ",".join(f"gregor-etcd-{j}=http://{self.net.nodes[f'etcd-{j}'].ip}:{ETCD_PEER}"
+        sc = self.scheme
+        initial = ",".join(f"gregor-etcd-{j}={sc}://{self.net.nodes[f'etcd-{j}'].ip}:{ETCD_PEER}"
                            for j in range(self.counts.etcd))
         cmd = [etcd_binary(), "--name", f"gregor-etcd-{i}", "--data-dir", os.path.join(d, "data"),
-               "--listen-client-urls", f"http://{ip}:{ETCD_CLIENT}", "--advertise-client-urls", f"http://{ip}:{ETCD_CLIENT}",
-               "--listen-peer-urls", f"http://{ip}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://{ip}:{ETCD_PEER}",
+               "--listen-client-urls", f"{sc}://{ip}:{ETCD_CLIENT}", "--advertise-client-urls", f"{sc}://{ip}:{ETCD_CLIENT}",
+               "--listen-peer-urls", f"{sc}://{ip}:{ETCD_PEER}", "--initial-advertise-peer-urls", f"{sc}://{ip}:{ETCD_PEER}",
                "--initial-cluster", initial, "--initial-cluster-state", "new",
                "--initial-cluster-token", f"gregor-chaos-{os.getpid()}", "--log-level", "warn"]
+        if self.security is not None:  # https with client-certificate auth to clients and peers (cluster up --tls)
+            s = self.security
+            cmd += ["--cert-file", s.path(f"{name}.crt"), "--key-file", s.path(f"{name}.key"), "--client-cert-auth",
+                    "--trusted-ca-file", s.path("ca.crt"), "--peer-cert-file", s.path(f"{name}.crt"),
+                    "--peer-key-file", s.path(f"{name}.key"), "--peer-client-cert-auth",
+                    "--peer-trusted-ca-file", s.path("ca.crt")]
         p = Proc(name, "etcd", i, name, ip, ETCD_CLIENT, cmd, log, d)
         self.procs[name] = p
         return p
@@ -318,13 +380,15 @@ class ChaosCluster:
     def _controller_proc(self, i: int) -> Proc:
         return self._gregor("controller", i, CONTROLLER, "gregor.controller",
                             ["--controller-id", str(i), "--etcd", self.etcd_endpoints, "--cluster", "gregor",
-                             "--lease-ttl-ms", str(LEASE_TTL_MS)])
+                             "--lease-ttl-ms", str(LEASE_TTL_MS),
+                             *_flags("--override", self._props(f"controller-{i}"))])
 
     def _broker_proc(self, i: int) -> Proc:
         d = os.path.join(self.data_dir, f"broker-{i}")
         if i == 0 and self.small_dir_mb:
             d += "," + self.small_dir
-        overrides = {"broker.session.timeout.ms": str(LEASE_TTL_MS), **self.broker_overrides}
+        overrides = {"broker.session.timeout.ms": str(LEASE_TTL_MS), **self._props(f"broker-{i}"),
+                     **self.broker_overrides}
         args = ["--broker-id", str(i), "--log-dirs", d, "--data-port", str(BROKER_DATA), "--etcd",
                 self.etcd_endpoints, "--cluster", "gregor"]
         for k, v in overrides.items():
@@ -334,14 +398,19 @@ class ChaosCluster:
     def _coordinator_proc(self, i: int) -> Proc:
         args = ["--coordinator-id", str(i), "--etcd", self.etcd_endpoints, "--cluster", "gregor",
                 "--lease-ttl-ms", str(LEASE_TTL_MS)]
-        for k, v in self.coordinator_overrides.items():
+        for k, v in {**self._props(f"coordinator-{i}"), **self.coordinator_overrides}.items():
             args += ["--override", f"{k}={v}"]
         return self._gregor("coordinator", i, COORDINATOR, "gregor.coordinator", args)
 
     def _gateway_proc(self, i: int) -> Proc:
         return self._gregor("gateway", i, GATEWAY, "gregor.gateway",
                             ["--gateway-id", str(i), "--bootstrap", self.bootstrap,
-                             "--producer-property", "enable.idempotence=true", "--producer-property", "acks=all"])
+                             "--producer-property", "enable.idempotence=true", "--producer-property", "acks=all",
+                             *_flags("--producer-property", self._props(f"gateway-{i}"))])
+
+
+def _flags(flag: str, props: dict[str, str]) -> list[str]:
+    return [x for k, v in props.items() for x in (flag, f"{k}={v}")]
 
 
 def _tail(path: str, n: int = 2000) -> str:

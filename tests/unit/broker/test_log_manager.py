@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from gregor.broker.log_manager import LogManager
 from gregor.common.config import BrokerConfig, effective_topic_configs
@@ -91,4 +92,19 @@ def test_partition_metadata_records_the_topic_id_and_another_id_is_quarantined(t
     manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
     assert manager.get_or_create_log("legacy", 0, configs, new).log_end_offset == 1
     assert read_partition_metadata(str(tmp_path / "legacy-0")) == new
+    manager.close()
+
+
+def test_new_logs_go_to_the_log_dir_with_the_fewest_open_logs(tmp_path) -> None:
+    """Kafka's placement, counted in memory (a directory scan per new partition made creating N
+    partitions O(N^2)): new logs alternate over the dirs, and a deleted log frees its dir's slot."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    manager = LogManager(BrokerConfig(log_dirs=f"{a},{b}/"))
+    configs = effective_topic_configs({})
+    dirs = [os.path.dirname(manager.get_or_create_log("t", i, configs).dir) for i in range(4)]
+    assert sorted(dirs) == sorted([str(a), str(a), str(b), str(b)]), dirs
+    manager.delete_log("t", dirs.index(str(b)))
+    assert os.path.dirname(manager.get_or_create_log("u", 0, configs).dir) == str(b)
+    # A partition already on disk stays where it is.
+    assert os.path.dirname(manager.get_or_create_log("t", 0, configs).dir) == dirs[0]
     manager.close()

@@ -26,6 +26,12 @@ class CutFailsPartition:
     def truncation_query(self) -> int:
         return 4
 
+    def restart_truncation(self) -> None:  # Partition.restart_truncation
+        self.state.restart_truncation()
+
+    def follows(self, leader_id: int, leader_epoch: int) -> bool:  # Partition.follows
+        return self.state.is_current_follower(leader_id, leader_epoch)
+
     def on_truncation_point(self, asked_epoch: int, leader_epoch: int, end_offset: int) -> bool:
         effect, completed = self.state.on_truncation_point(leader_epoch, end_offset, [(4, 0)], 12)
         assert completed and effect.offset == 8

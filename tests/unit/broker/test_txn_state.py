@@ -8,7 +8,7 @@ import gregor_native as native
 from gregor.broker.producer_state import (
     NO_TXN, ProducerStateManager, decode_snapshot, encode_snapshot, parse_batch_infos,
 )
-from gregor.broker.txn_markers import last_stable_offset
+from gregor.broker.replication_state import ReplicationState
 from gregor.client.txn_filter import committed_rows
 from gregor.common.control_records import ABORT, COMMIT, decode_marker, encode_marker_batch
 from gregor.common.records import batch_headers, build_batch
@@ -46,7 +46,9 @@ def test_open_transactions_set_the_lso_and_markers_release_it(tmp_path: str) -> 
     assert infos is not None
     assert psm.update(infos) == []
     assert psm.ongoing_txns == {1: 0, 2: 1}
-    assert last_stable_offset(psm.first_unstable_offset(3), 3) == 0
+    leader = ReplicationState(0, high_watermark=3)
+    assert leader.last_stable_offset(psm.first_unstable_offset(3)) == 0
+    assert leader.last_stable_offset(None) == 3, "no open transaction: the LSO is the HW"
     marker = parse_batch_infos(encode_marker_batch(1, 0, False, 4, 0))
     assert marker is not None
     (done,) = psm.update(marker, first_offset=3)

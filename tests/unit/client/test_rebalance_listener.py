@@ -69,7 +69,9 @@ class Recorder(ConsumerRebalanceListener):
 def member(strategy: str, events: list[tuple[str, list[Any]]], auto_commit: bool = True) -> GroupMember:
     cfg = consumer_config({"bootstrap.servers": "127.0.0.1:1", "group.id": "g",
                            "partition.assignment.strategy": strategy, "enable.auto.commit": auto_commit})
-    m = GroupMember(RecordingConsumer(events), cfg)  # type: ignore[arg-type]
+    consumer = RecordingConsumer(events)
+    m = GroupMember(consumer.subscriptions, consumer.metadata, cfg)  # type: ignore[arg-type]
+    m.consumer = consumer  # type: ignore[attr-defined]  # for the assertions on what it fetches
     m.listener = Recorder(events)
     m.generation = 3
 

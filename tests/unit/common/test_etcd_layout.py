@@ -14,7 +14,7 @@ from gregor.common.etcd_layout import (UNKNOWN_BROKER_EPOCH, BrokerIdsZNode, Con
                                        ControllerRegistration, ControllerZNode, CoordinatorKey, CoordinatorsZNode,
                                        DeleteTopicsZNode, IsrChangeNotificationZNode, PartitionState,
                                        PartitionStateZNode, ProducerIdBlock, ProducerIdBlockZNode, TopicConfigZNode,
-                                       TopicZNode)
+                                       TopicZNode, AclZNode)
 
 ETCD = EtcdClient("http://127.0.0.1:2379", cluster="c")  # no connection: only its key prefix is used
 SERVICES = pathlib.Path(__file__).resolve().parents[3] / "services" / "gregor"
@@ -153,7 +153,7 @@ def test_coordinators() -> None:
 # segments with a '/', the distinctive single-segment keys, the cluster prefix) is one too. "controller"
 # and "controller_epoch" alone are too common in messages and JSON fields to be told apart here: their keys
 # are caught by the .key() rule.
-KEY_LITERAL = re.compile(r"^/?(brokers|config|admin|coordinators|isr_change_notification)/|"
+KEY_LITERAL = re.compile(r"^/?(brokers|config|admin|coordinators|isr_change_notification|acls)/|"
                          r"^(latest_producer_id_block|isr_change_notification)$|^/gregor/")
 ALLOWED = {"common/etcd_layout.py", "common/etcd.py"}
 
@@ -171,11 +171,29 @@ def _violations(path: pathlib.Path, source: str) -> list[str]:
     return found
 
 
+def test_acl() -> None:
+    from gregor.common.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+
+    acl = AclBinding("User:CN=a,O=b", "*", ResourceType.GROUP, "team/a b", PatternType.PREFIXED, Operation.READ,
+                     Permission.ALLOW)
+    key = AclZNode.key(ETCD, acl)
+    assert key.startswith(AclZNode.prefix(ETCD) + b"Group/Prefixed/team%2Fa%20b/")  # '/' in a name stays one segment
+    assert key == AclZNode.key(ETCD, acl)  # the same binding is the same key: adding twice is idempotent
+    assert key != AclZNode.key(ETCD, AclBinding(acl.principal, acl.host, acl.resource_type, acl.resource_name,
+                                                acl.pattern_type, acl.operation, Permission.DENY))
+    assert AclZNode.decode(AclZNode.encode(acl)) == acl
+    assert b'"version": 1' in AclZNode.encode(acl)
+    with pytest.raises(ValueError):
+        AclZNode.decode(b"[]")
+    with pytest.raises(ValueError):  # an ACL Kafka would refuse (Write on a Group) is refused on read too
+        AclZNode.decode(AclZNode.encode(acl).replace(b'"Read"', b'"Write"'))
+
+
 def test_the_scan_catches_a_hand_built_key() -> None:
     """The scan below can fail: each way of building a key by hand is caught."""
     for source in ('k = self.etcd.key("brokers", "ids", 1)', 'k = etcd.relative(kv.key)',
                    'p = "brokers/topics/"', 'k = f"coordinators/ids/{n}"', 'K = "isr_change_notification"',
-                   'K = "latest_producer_id_block"', 'k = b"/gregor/c/x"'):
+                   'K = "latest_producer_id_block"', 'k = b"/gregor/c/x"', 'p = "acls/Topic/"'):
         assert _violations(pathlib.Path("x.py"), source), source
     assert not _violations(pathlib.Path("x.py"), 'log.info("controller %d moved", 1); s = "config"')
 

@@ -272,3 +272,34 @@ def test_illegal_transition_raises() -> None:
     g.transition_to(S.DEAD, 0)
     with pytest.raises(errors.GregorError):
         g.transition_to(S.EMPTY, 0)
+
+
+async def test_txn_offset_commit_sender_is_checked_by_member_and_generation_only() -> None:
+    """KIP-447 (Kafka's doTxnCommitOffsets): a zombie is refused, the group id alone (pre-447) is accepted,
+    and a rebalance in progress does not refuse the current member (no REBALANCE_IN_PROGRESS)."""
+    m = manager()
+    a, b = await stable_group(m, 2)
+    gen = m.groups["g"].generation_id
+    m.validate_txn_offset_commit("g", gen, a, "")
+    m.validate_txn_offset_commit("g", -1, "", "")  # a group id only
+    m.validate_txn_offset_commit("unknown", -1, "", "")
+    with pytest.raises(errors.IllegalGenerationError):  # type: ignore[attr-defined]
+        m.validate_txn_offset_commit("g", gen - 1, a, "")
+    with pytest.raises(errors.UnknownMemberIdError):  # type: ignore[attr-defined]
+        m.validate_txn_offset_commit("g", gen, "gone-member", "")
+    with pytest.raises(errors.IllegalGenerationError):  # type: ignore[attr-defined]
+        m.validate_txn_offset_commit("unknown", 1, "x", "")
+    join(m, 1, member_id=b)  # a rebalance starts: still the current generation until it completes
+    m.validate_txn_offset_commit("g", gen, a, "")
+
+
+async def test_txn_offset_commit_of_a_replaced_static_member_is_fenced() -> None:
+    m = manager()
+    r1 = await join(m, 0, instance="i-1")
+    old = r1.member_id
+    await join(m, 2, instance="i-1")
+    new = m.groups["g"].static_members["i-1"]
+    assert new != old
+    with pytest.raises(errors.FencedInstanceIdError):  # type: ignore[attr-defined]
+        m.validate_txn_offset_commit("g", m.groups["g"].generation_id, old, "i-1")
+    m.validate_txn_offset_commit("g", m.groups["g"].generation_id, new, "i-1")

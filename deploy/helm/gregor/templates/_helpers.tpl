@@ -81,7 +81,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $headless := include "gregor.etcd.headless" . -}}
 {{- $eps := list -}}
 {{- range $i := until (int .Values.etcd.replicas) -}}
-{{- $eps = append $eps (printf "http://%s-etcd-%d.%s.%s.svc.%s:%d" $full $i $headless $.Release.Namespace $.Values.clusterDomain (int $.Values.etcd.ports.client)) -}}
+{{- $eps = append $eps (printf "%s://%s-etcd-%d.%s.%s.svc.%s:%d" (include "gregor.etcd.scheme" $) $full $i $headless $.Release.Namespace $.Values.clusterDomain (int $.Values.etcd.ports.client)) -}}
 {{- end -}}
 {{- join "," $eps -}}
 {{- else -}}
@@ -193,29 +193,37 @@ prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
 
-{{/* gRPC probes on grpc.health.v1 (service "" = the whole server). (dict "ctx" $ "port" N) */}}
+{{/* gRPC probes on grpc.health.v1 (service "" = the whole server). (dict "ctx" $ "port" N)
+With tls.enabled the ports are TLS-only and the kubelet's gRPC probe speaks plain text: TCP probes then. */}}
+{{- define "gregor.probeAction" -}}
+{{- if .ctx.Values.tls.enabled -}}
+tcpSocket:
+  port: {{ .port }}
+{{- else -}}
+grpc:
+  port: {{ .port }}
+{{- end -}}
+{{- end -}}
+
 {{- define "gregor.grpcProbes" -}}
 {{- $p := .ctx.Values.probes -}}
 {{- if $p.startup.enabled }}
 startupProbe:
-  grpc:
-    port: {{ .port }}
+  {{- include "gregor.probeAction" . | nindent 2 }}
   periodSeconds: {{ $p.startup.periodSeconds }}
   timeoutSeconds: {{ $p.startup.timeoutSeconds }}
   failureThreshold: {{ $p.startup.failureThreshold }}
 {{- end }}
 {{- if $p.liveness.enabled }}
 livenessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- include "gregor.probeAction" . | nindent 2 }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
 {{- end }}
 {{- if $p.readiness.enabled }}
 readinessProbe:
-  grpc:
-    port: {{ .port }}
+  {{- include "gregor.probeAction" . | nindent 2 }}
   periodSeconds: {{ $p.readiness.periodSeconds }}
   timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
   failureThreshold: {{ $p.readiness.failureThreshold }}
@@ -368,4 +376,63 @@ gateway) and id (the StatefulSet ordinal: broker.id, controller and coordinator 
   targetLabel: role
 - sourceLabels: [__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index]
   targetLabel: id
+{{- end -}}
+
+
+{{/* TLS (tls.enabled): the Secret holding tls.crt, tls.key and ca.crt of a component — tls.existingSecret
+(one for every role), else the one cert-manager fills for it (<fullname>-<component>-tls).
+(dict "ctx" $ "component" NAME) */}}
+{{- define "gregor.tls.secretName" -}}
+{{- if .ctx.Values.tls.existingSecret -}}
+{{- .ctx.Values.tls.existingSecret -}}
+{{- else if .ctx.Values.tls.certManager.enabled -}}
+{{- include "gregor.fullname" .ctx }}-{{ .component }}-tls
+{{- else -}}
+{{- fail "tls.enabled: set tls.existingSecret (a Secret with tls.crt, tls.key, ca.crt) or tls.certManager.enabled" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gregor.etcd.scheme" -}}{{ if .Values.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
+
+{{/* Adds the security.protocol / ssl.* keys (docs/security.md) to a role's chart-owned properties when
+tls.enabled. Prints nothing. (dict "ctx" $ "owned" $owned "server" true|false) */}}
+{{- define "gregor.tls.owned" -}}
+{{- $t := .ctx.Values.tls -}}
+{{- if $t.enabled -}}
+{{- $_ := set .owned "security.protocol" "SSL" -}}
+{{- $_ := set .owned "ssl.truststore.location" (printf "%s/ca.crt" $t.mountPath) -}}
+{{- $_ := set .owned "ssl.keystore.location" (printf "%s/tls.crt" $t.mountPath) -}}
+{{- $_ := set .owned "ssl.key.location" (printf "%s/tls.key" $t.mountPath) -}}
+{{- if .server -}}
+{{- $_ := set .owned "ssl.client.auth" $t.clientAuth -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The TLS Secret's mount and volume (nothing without tls.enabled). */}}
+{{- define "gregor.tls.mount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "gregor.tls.volume" -}}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "gregor.tls.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* The address a role binds and advertises: its pod IP, or with tls.enabled its stable DNS name in the
+headless Service (what the certificates name: hostname verification stays on). (dict "ctx" $ "headless" NAME) */}}
+{{- define "gregor.advertisedHost" -}}
+{{- if .ctx.Values.tls.enabled -}}
+$(POD_NAME).{{ .headless }}.{{ .ctx.Release.Namespace }}.svc.{{ .ctx.Values.clusterDomain }}
+{{- else -}}
+$(POD_IP)
+{{- end -}}
 {{- end -}}

@@ -1,0 +1,306 @@
+"""The same client on both sides (issue 22, point 6): Kafka's own perf tools against Gregor's Kafka listener
+and against Apache Kafka in the same run, and Gregor's gRPC path against its Kafka path.
+
+`make bench-vs-kafka` runs it after bench_vs_kafka.py (`QUICK=1`: the quick form, a few minutes); alone:
+`python bench/bench_same_client.py [--quick] [--repeat N]`. Every cell drives ProducerPerformance,
+ConsumerPerformance or EndToEndLatency (kafka-tools 4.4.0, `java -cp`, 1 KiB records, default producer
+settings plus the cell's) at a bootstrap address: Gregor's brokers' Kafka listeners or Kafka's brokers.
+Rounds alternate which system goes first; each round starts fresh clusters.
+
+Cells (Kafka's tools on both systems unless said):
+  single   one broker (Kafka: one combined KRaft node; Gregor: etcd, a controller, one broker, a group
+           coordinator: the roles Kafka's one node plays):
+           produce acks=1 (1 partition), consume.
+  rf3      three brokers (Kafka: a KRaft controller + 3 brokers; Gregor: etcd, a controller, 3 brokers, a
+           group coordinator),
+           topics with replication factor 3 and min.insync.replicas=2: produce acks=all (1 and 8 partitions),
+           a fixed rate acks=all (1,000 rec/s; 100 with --quick; p50/p99), EndToEndLatency one record at a
+           time (acks=all).
+  path     Gregor only, rf3: the same acks=all load through `gregor perf produce` (the gRPC client) and through
+           ProducerPerformance (the Kafka listener): MB/s and the fixed-rate p99 of each, and their ratio.
+
+Writes bench/results/same_client[_quick].json and .md and prints the table (median and spread per system,
+ratio Gregor/Kafka, median load average while the cell ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.common import RESULTS_DIR, write_results  # noqa: E402
+from bench.kafka_dist import (CONSUMER_PERF, END_TO_END_LATENCY, PRODUCER_PERF, KafkaCluster, KafkaDist,  # noqa: E402
+                              ensure_kafka)
+from bench.vs_kafka_report import build_rows, format_table, parse_consume, parse_e2e, parse_produce  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD_BYTES = 1024
+TOOL_TIMEOUT_S = 600
+MIN_ISR = "2"
+
+
+class Sizes:
+    def __init__(self, quick: bool) -> None:
+        self.single_records = 20_000 if quick else 200_000
+        self.rf3_records = 10_000 if quick else 100_000
+        self.fixed_s = 8 if quick else 30
+        self.e2e_records = 200 if quick else 2000
+        # well under what the slowest side sustains, so the cell measures latency, not a queue: on the shared
+        # 2-core machine a starved producer JVM manages ~300 records/s of 1 KiB with acks=all
+        self.fixed_rate = 100 if quick else 1000
+
+
+METRICS = [  # (name, unit, better), table order
+    ("single produce acks=1 p1 (ProducerPerformance)", "MB/s", "higher"),
+    ("single consume (ConsumerPerformance)", "MB/s", "higher"),
+    ("rf3 produce acks=all p1 (ProducerPerformance)", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 (ProducerPerformance)", "MB/s", "higher"),
+    ("rf3 fixed rate acks=all p50 (ProducerPerformance)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 (ProducerPerformance)", "ms", "lower"),
+    ("rf3 e2e one at a time p50 (EndToEndLatency)", "ms", "lower"),
+    ("rf3 e2e one at a time p99 (EndToEndLatency)", "ms", "lower"),
+]
+PATH_METRICS = [  # Gregor only: gRPC client vs Kafka listener, same cluster, same load
+    ("rf3 produce acks=all p8", "MB/s", "higher"),
+    ("rf3 fixed rate acks=all p99", "ms", "lower"),
+]
+
+
+def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          env=env, timeout=TOOL_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()
+
+
+class Tools:
+    """Kafka's perf tools at one bootstrap address."""
+
+    def __init__(self, dist: KafkaDist, bootstrap: str) -> None:
+        self.dist, self.bootstrap = dist, bootstrap
+
+    def produce(self, topic: str, records: int, acks: str, throughput: int = -1) -> dict[str, Any]:
+        return parse_produce(_run(self.dist.command(
+            PRODUCER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
+            "--record-size", str(RECORD_BYTES), "--throughput", str(throughput), "--reporting-interval", "1000",
+            "--producer-props", f"acks={acks}", heap="512m")))
+
+    def consume(self, topic: str, records: int) -> dict[str, float]:
+        return parse_consume(_run(self.dist.command(
+            CONSUMER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
+            "--timeout", "60000", heap="512m")))
+
+    def e2e(self, topic: str, records: int) -> dict[str, float]:
+        return parse_e2e(_run(self.dist.command(END_TO_END_LATENCY, self.bootstrap, topic, str(records), "all",
+                                                str(RECORD_BYTES), heap="512m")))
+
+
+class Gregor:
+    name = "gregor"
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.cluster: Any = None
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT)])}
+
+    def start(self, brokers: int) -> str:
+        from gregor.cli.local_cluster import LocalCluster
+
+        # A controller and a group coordinator even for one broker: Kafka's single node is its own controller
+        # and group coordinator, and ConsumerPerformance consumes in a group.
+        self.cluster = LocalCluster.up(str(self.base / f"gregor-{brokers}-{time.monotonic_ns()}"), brokers=brokers,
+                                       controllers=1, coordinators=1)
+        return str(self.cluster.to_json()["kafka_bootstrap"])
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.down()
+            shutil.rmtree(self.cluster.data_dir, ignore_errors=True)
+            self.cluster = None
+
+    def gregor(self, *args: str) -> list[str]:
+        return _run([sys.executable, "-m", "gregor.cli.main", "--bootstrap", self.cluster.bootstrap, *args],
+                    env=self.env)
+
+    def create_topic(self, name: str, partitions: int, rf: int) -> None:
+        args = ["topics", "create", name, "--partitions", str(partitions), "--replication-factor", str(rf)]
+        self.gregor(*args, *(["--config", f"min.insync.replicas={MIN_ISR}"] if rf > 1 else []))
+
+    def grpc_produce(self, topic: str, records: int, acks: str, throughput: int = -1) -> dict[str, Any]:
+        return parse_produce(self.gregor("perf", "produce", "--topic", topic, "--num-records", str(records),
+                                         "--record-size", str(RECORD_BYTES), "--throughput", str(throughput),
+                                         "--reporting-interval", "1000", "--producer-props", f"acks={acks}"))
+
+
+class Kafka:
+    name = "kafka"
+
+    def __init__(self, dist: KafkaDist, base: Path) -> None:
+        self.dist, self.base = dist, base
+        self.cluster: Optional[KafkaCluster] = None
+
+    def start(self, brokers: int) -> str:
+        self.cluster = KafkaCluster(self.dist, self.base / f"kafka-{brokers}-{time.monotonic_ns()}", brokers=brokers)
+        self.cluster.start()
+        return self.cluster.bootstrap
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.cluster.base_dir, ignore_errors=True)
+            self.cluster = None
+
+    def create_topic(self, name: str, partitions: int, rf: int) -> None:
+        assert self.cluster is not None
+        self.cluster.create_topic(name, partitions, rf, {"min.insync.replicas": MIN_ISR} if rf > 1 else None)
+
+
+class Round:
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self.values: dict[str, float] = {}
+        self.load: dict[str, float] = {}
+        self.raw: dict[str, Any] = {}
+
+    def put(self, metric: str, value: float, raw: Any = None) -> None:
+        self.values[metric] = value
+        self.load[metric] = os.getloadavg()[0]
+        if raw is not None:
+            self.raw[metric] = raw
+        print(f"  {self.system:<12} {metric:<52} {value:,.2f}  (load {self.load[metric]:.2f})", flush=True)
+
+
+def single_round(side: Any, dist: KafkaDist, sizes: Sizes) -> Round:
+    r = Round(side.name)
+    tools = Tools(dist, side.start(1))
+    try:
+        side.create_topic("p1", 1, 1)
+        n = sizes.single_records
+        out = tools.produce("p1", n, "1")
+        r.put(METRICS[0][0], out["mb_per_sec"], out)
+        consumed = tools.consume("p1", n)
+        r.put(METRICS[1][0], consumed["mb_per_sec"], consumed)
+    finally:
+        side.stop()
+    return r
+
+
+def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes) -> tuple[Round, Optional[Round]]:
+    """Kafka's tools on either system; on Gregor also the gRPC client with the same loads (the `path` cells)."""
+    r = Round(side.name)
+    grpc = Round("gregor-grpc") if isinstance(side, Gregor) else None
+    kafka_path = Round("gregor-kafka") if isinstance(side, Gregor) else None
+    tools = Tools(dist, side.start(3))
+    try:
+        for name, parts in (("p1", 1), ("p8", 8), ("p8g", 8), ("fixed", 1), ("fixedg", 1), ("e2e", 1)):
+            side.create_topic(name, parts, 3)
+        n = sizes.rf3_records
+        out = tools.produce("p1", n, "all")
+        r.put(METRICS[2][0], out["mb_per_sec"], out)
+        out = tools.produce("p8", n, "all")
+        r.put(METRICS[3][0], out["mb_per_sec"], out)
+        fixed = tools.produce("fixed", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
+        r.put(METRICS[4][0], fixed["p50_ms"], fixed)
+        r.put(METRICS[5][0], fixed["p99_ms"])
+        e2e = tools.e2e("e2e", sizes.e2e_records)
+        r.put(METRICS[6][0], e2e["p50_ms"], e2e)
+        r.put(METRICS[7][0], e2e["p99_ms"])
+        if grpc is not None and kafka_path is not None:
+            kafka_path.put(PATH_METRICS[0][0], r.values[METRICS[3][0]])
+            kafka_path.put(PATH_METRICS[1][0], r.values[METRICS[5][0]])
+            out = side.grpc_produce("p8g", n, "all")
+            grpc.put(PATH_METRICS[0][0], out["mb_per_sec"], out)
+            out = side.grpc_produce("fixedg", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
+            grpc.put(PATH_METRICS[1][0], out["p99_ms"], out)
+            return r, _merge(grpc, kafka_path)
+    finally:
+        side.stop()
+    return r, None
+
+
+def _merge(grpc: Round, kafka_path: Round) -> Round:
+    """The path cells as one round: the gRPC client in the "gregor" column, the Kafka listener in "kafka"."""
+    merged = Round("path")
+    merged.values = {f"grpc:{k}": v for k, v in grpc.values.items()}
+    merged.values.update({f"kafka:{k}": v for k, v in kafka_path.values.items()})
+    merged.load = {**{f"grpc:{k}": v for k, v in grpc.load.items()},
+                   **{f"kafka:{k}": v for k, v in kafka_path.load.items()}}
+    merged.raw = grpc.raw
+    return merged
+
+
+def path_rows(paths: list[Round]) -> str:
+    """gRPC client vs Kafka listener on Gregor: median of each, ratio gRPC/Kafka path."""
+    rounds = []
+    for p in paths:
+        rounds.append({"system": "gregor", "values": {k[5:]: v for k, v in p.values.items() if k.startswith("grpc:")},
+                       "load": {k[5:]: v for k, v in p.load.items() if k.startswith("grpc:")}})
+        rounds.append({"system": "kafka", "values": {k[6:]: v for k, v in p.values.items() if k.startswith("kafka:")},
+                       "load": {k[6:]: v for k, v in p.load.items() if k.startswith("kafka:")}})
+    table = format_table(build_rows(rounds, PATH_METRICS))
+    table = table.replace("Gregor median", "gRPC client median").replace("Kafka median", "Kafka listener median")
+    table = table.replace("Gregor/Kafka", "gRPC/Kafka listener")
+    return "\n".join(line.replace("| Gregor |", "| gRPC |").replace("| Kafka |", "| Kafka listener |")
+                     for line in table.splitlines())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, one round (a few minutes)")
+    ap.add_argument("--repeat", type=int, help="rounds per system (default 3; 1 with --quick)")
+    ap.add_argument("--only", choices=["single", "rf3"], help="one topology only")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every round's finally stops its cluster
+    repeat = args.repeat or (1 if args.quick else 3)
+    sizes = Sizes(args.quick)
+    dist = ensure_kafka()
+    rounds: list[dict[str, Any]] = []
+    paths: list[Round] = []
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=RESULTS_DIR) as tmp:
+        base = Path(tmp)
+        for rep in range(repeat):
+            order: list[Any] = [Gregor(base), Kafka(dist, base)]
+            if rep % 2:
+                order.reverse()
+            for topo in ("single", "rf3"):
+                if args.only and topo != args.only:
+                    continue
+                for side in order:
+                    print(f"round {rep + 1}/{repeat} {topo} {side.name}", flush=True)
+                    if topo == "single":
+                        r = single_round(side, dist, sizes)
+                    else:
+                        r, path_round = rf3_round(side, dist, sizes)
+                        if path_round is not None:
+                            paths.append(path_round)
+                    rounds.append({"system": r.system, "round": rep, "topology": topo, "values": r.values,
+                                   "load": r.load, "raw": r.raw})
+    table = format_table(build_rows(rounds, METRICS))
+    text = f"{table}\n\nGregor's two paths (same rf3 cluster, same load; ratio = gRPC / Kafka listener):\n\n"
+    text += path_rows(paths) if paths else "(not run)"
+    name = "same_client_quick" if args.quick else "same_client"
+    params = {"repeat": repeat, "quick": args.quick, "record_bytes": RECORD_BYTES, 
+              "sizes": vars(sizes), "kafka_version": dist.version, "wall_s": round(time.monotonic() - t0, 1)}
+    path = write_results(name, params, rounds + [{"system": "path", "round": i, "values": p.values, "load": p.load,
+                                                  "raw": p.raw} for i, p in enumerate(paths)])
+    (RESULTS_DIR / f"{name}.md").write_text(text + "\n")
+    print(text)
+    print(f"results: {path} ({time.monotonic() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""The broker's client quotas (Kafka's ClientQuotaManager x3 and the channel throttling around them).
+
+Every broker enforces the quotas on its own, as Kafka's do: a client with a 1 MB/s produce quota may
+send 1 MB/s to *each* broker. The configs come from etcd (`config/users/...`, `config/clients/...`,
+common/etcd_layout.QuotaConfigZNode), read at start and kept current by a watch, so an
+AlterClientQuotas applies on every broker within a second.
+
+Per request (never per record) the broker records the request's bytes in the sensor of the quota that
+applies (common/quotas.py) and, over the quota, answers at once with `throttle_time_ms` and then mutes
+the client's channel for that long (KIP-219; the client also waits before its next request). A channel:
+
+- a ProduceStream is one: its reader reads no further request until the throttle time has passed;
+- a unary gRPC call has the client's HTTP/2 connection (`context.peer()`): the next call from that
+  connection waits for the end of the throttle before it is handled;
+- the data port and the Kafka listener: the TCP connection reads its next request after the delay.
+
+A throttled consumer fetch (gRPC, data port) is answered without records, as Kafka answers a throttled
+fetch, and its bytes are taken back out of the sensor; a fetch never asks more than the quota allows in
+one window (Kafka's getMaxValueInQuotaWindow). Follower fetches are never throttled (they use the
+ReplicaFetch stream, which has no hook at all).
+
+Identity: the user is the connection's principal name (`principal_of`: `ANONYMOUS` on plain text, the
+mapped certificate subject with TLS once issue 23's TLS work sets it) and the client id comes from the
+`client-id` gRPC metadata (FetchRequest.client_id on the data port, the request header on the Kafka
+listener). With no quota configured anywhere nothing is recorded (Kafka's quotasEnabled).
+
+Concurrency: event-loop owned; one watch task keeps the configs current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from gregor.common.etcd_layout import QuotaConfigZNode
+from gregor.common.quotas import (
+    ANONYMOUS, CLIENT_ID_METADATA, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS,
+    REQUEST_PERCENTAGE, QuotaConfigError, QuotaConfigs, QuotaEntity, Rate, validate_quota_configs,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0  # etcd unreachable: read again after this long
+SENSOR_EXPIRY_S = 3600.0  # Kafka drops a quota sensor idle for an hour (InactiveSensorExpirationTimeSeconds)
+SENSORS_MAX = 10_000  # bound on live sensors per quota type (distinct user/client-id pairs)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+@dataclass
+class Sensor:
+    """One quota entity's usage (Kafka's sensor `<type>-<user>:<client-id>`) and its throttle totals."""
+
+    rate: Rate = field(default_factory=lambda: Rate(QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS * 1000))
+    bound: float = 0.0
+    throttled_requests: int = 0
+    throttle_ms_total: float = 0.0
+    last_ms: float = 0.0
+
+
+class ClientQuotaManager:
+    """Kafka's ClientQuotaManager for one quota type (Produce, Fetch or Request)."""
+
+    def __init__(self, quota_type: str, config_name: str, configs: QuotaConfigs,
+                 max_throttle_ms: Optional[float] = None) -> None:
+        self.quota_type = quota_type
+        self.config_name = config_name
+        self.configs = configs
+        self.sensors: dict[tuple[str, str], Sensor] = {}
+        # Kafka caps the request quota's throttle at one window (ClientRequestQuotaManager.maxThrottleTimeMs).
+        self.max_throttle_ms = max_throttle_ms
+
+    def _sensor(self, user: str, client_id: str) -> Optional[Sensor]:
+        match = self.configs.resolve(self.config_name, user, client_id)
+        if match.bound is None:
+            return None
+        key = (match.user_tag, match.client_tag)
+        sensor = self.sensors.get(key)
+        if sensor is None:
+            if len(self.sensors) >= SENSORS_MAX:
+                self.expire(_now_ms())
+            sensor = self.sensors[key] = Sensor()
+        sensor.bound = match.bound
+        return sensor
+
+    def record_and_get_throttle_time_ms(self, user: str, client_id: str, value: float,
+                                        now_ms: Optional[float] = None) -> int:
+        """Record value (bytes, or request-time percent) and return the throttle time (0: within quota)."""
+        sensor = self._sensor(user, client_id)
+        if sensor is None:
+            return 0
+        now = _now_ms() if now_ms is None else now_ms
+        sensor.rate.record(value, now)
+        sensor.last_ms = now
+        throttle = sensor.rate.throttle_time_ms(sensor.bound, now)
+        if self.max_throttle_ms is not None:
+            throttle = min(throttle, int(self.max_throttle_ms))
+        if throttle > 0:
+            sensor.throttled_requests += 1
+            sensor.throttle_ms_total += throttle
+        return throttle
+
+    def unrecord(self, user: str, client_id: str, value: float, now_ms: Optional[float] = None) -> None:
+        """Take a recorded value back (a throttled fetch is answered empty: its bytes were never sent)."""
+        sensor = self._sensor(user, client_id)
+        if sensor is not None:
+            sensor.rate.record(-value, _now_ms() if now_ms is None else now_ms)
+
+    def max_value_in_window(self, user: str, client_id: str) -> Optional[float]:
+        """The most one request may take under the quota (None: no quota)."""
+        match = self.configs.resolve(self.config_name, user, client_id)
+        if match.bound is None:
+            return None
+        return Rate(QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS * 1000).max_value_in_window(match.bound)
+
+    def expire(self, now_ms: float) -> None:
+        """Drop sensors idle for SENSOR_EXPIRY_S (their series leave /metrics)."""
+        cutoff = now_ms - SENSOR_EXPIRY_S * 1000
+        for key in [k for k, s in self.sensors.items() if s.last_ms < cutoff]:
+            del self.sensors[key]
+
+
+@dataclass
+class ChannelThrottle:
+    """A connection's mute: requests read after `until` (monotonic seconds) only."""
+
+    until: float = 0.0
+
+    def mute(self, throttle_ms: int) -> None:
+        if throttle_ms > 0:
+            self.until = max(self.until, time.monotonic() + throttle_ms / 1000)
+
+    async def wait(self) -> None:
+        delay = self.until - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class StreamQuota:
+    """The quota view of one connection-like stream (ProduceStream, data port, Kafka connection)."""
+
+    def __init__(self, quotas: "BrokerQuotas", user: str, client_id: str) -> None:
+        self.quotas = quotas
+        self.user = user
+        self.client_id = client_id
+        self.channel = ChannelThrottle()
+
+    def record_produce(self, nbytes: int) -> int:
+        """Record a produce request's bytes; its throttle time (the channel is muted that long)."""
+        if not self.quotas.enabled:
+            return 0
+        throttle = self.quotas.produce.record_and_get_throttle_time_ms(self.user, self.client_id, nbytes)
+        self.channel.mute(throttle)
+        return throttle
+
+    def record_fetch(self, nbytes: int) -> int:
+        """Record a consumer fetch's bytes; over the quota they are taken back (the answer goes out
+        empty) and the throttle time is returned."""
+        if not self.quotas.enabled:
+            return 0
+        fetch = self.quotas.fetch
+        throttle = fetch.record_and_get_throttle_time_ms(self.user, self.client_id, nbytes)
+        if throttle > 0:
+            fetch.unrecord(self.user, self.client_id, nbytes)
+        self.channel.mute(throttle)
+        return throttle
+
+    def record_request_time(self, seconds: float) -> int:
+        """Record the handler time of a request (request_percentage); its throttle time."""
+        if not self.quotas.enabled:
+            return 0
+        throttle = self.quotas.request.record_and_get_throttle_time_ms(self.user, self.client_id, seconds * 100)
+        self.channel.mute(throttle)
+        return throttle
+
+    def fetch_max_bytes(self, requested: int) -> int:
+        """requested, capped at what the fetch quota allows in one window."""
+        if not self.quotas.enabled:
+            return requested
+        cap = self.quotas.fetch.max_value_in_window(self.user, self.client_id)
+        return requested if cap is None else max(1, min(requested, int(cap)))
+
+
+class BrokerQuotas:
+    """The broker's three quota managers, their configs from etcd and the muted gRPC connections."""
+
+    def __init__(self) -> None:
+        self.configs = QuotaConfigs()
+        self.produce = ClientQuotaManager("Produce", PRODUCER_BYTE_RATE, self.configs)
+        self.fetch = ClientQuotaManager("Fetch", CONSUMER_BYTE_RATE, self.configs)
+        self.request = ClientQuotaManager("Request", REQUEST_PERCENTAGE, self.configs,
+                                          max_throttle_ms=QUOTA_WINDOW_SIZE_SECONDS * 1000)
+        self.enabled = False
+        # The principal name of a gRPC call (TLS sets it from the certificate); plain text: ANONYMOUS.
+        self.principal_of: Callable[[Any], str] = lambda context: ANONYMOUS
+        self._peers: dict[str, ChannelThrottle] = {}
+        self._task: Optional[asyncio.Task[None]] = None
+        self._etcd: Any = None
+        self.synced = asyncio.Event()
+
+    # -- configs ---------------------------------------------------------------------------------
+
+    def set_entity(self, entity: QuotaEntity, configs: dict[str, str]) -> None:
+        """Apply one entity's stored configs (empty: removed); a malformed value is logged and skipped."""
+        try:
+            values = validate_quota_configs(configs)
+        except QuotaConfigError as exc:
+            log.warning("quotas: ignoring %s: %s", entity.describe(), exc)
+            values = {}
+        self.configs.set(entity, values)
+        self.enabled = bool(self.configs.entities)
+
+    def start(self, etcd: Any) -> None:
+        """Read the quota configs from etcd and watch them (cluster mode); returns at once."""
+        self._etcd = etcd
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="client-quotas")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _watch(self) -> None:
+        from gregor.common.etcd import follow_prefix
+
+        def loaded(_revision: int) -> None:
+            self.enabled = bool(self.configs.entities)
+            self.synced.set()
+
+        await follow_prefix(self._etcd, QuotaConfigZNode.watch_prefix(self._etcd),
+                            reset=lambda: self.configs.replace_all({}),
+                            apply=lambda key, value, _rev: self._apply(key, value), loaded=loaded,
+                            what="quotas", retry_s=RETRY_S)
+
+    def _apply(self, key: bytes, value: Optional[bytes]) -> None:
+        entity = QuotaConfigZNode.entity(self._etcd, key)
+        if entity is None:
+            return
+        try:
+            configs = QuotaConfigZNode.decode(value) if value else {}
+        except ValueError as exc:
+            log.warning("quotas: ignoring malformed %r: %s", key, exc)
+            return
+        self.set_entity(entity, configs)
+
+    # -- identity and channels -------------------------------------------------------------------
+
+    def client_id_of(self, context: Any) -> str:
+        for key, value in context.invocation_metadata() or ():
+            if key == CLIENT_ID_METADATA:
+                return str(value)
+        return ""
+
+    def stream(self, context: Any) -> StreamQuota:
+        """The quota view of a gRPC stream (its identity is read once: a stream is a connection)."""
+        return StreamQuota(self, self.principal_of(context), self.client_id_of(context))
+
+    def connection(self, user: str, client_id: str) -> StreamQuota:
+        """The quota view of a raw connection (data port, Kafka listener)."""
+        return StreamQuota(self, user, client_id)
+
+    def peer_channel(self, context: Any) -> ChannelThrottle:
+        """The throttle of the HTTP/2 connection a unary call came on."""
+        peer = context.peer()
+        channel = self._peers.get(peer)
+        if channel is None:
+            if len(self._peers) > SENSORS_MAX:  # forget connections whose mutes are long over
+                now = time.monotonic()
+                self._peers = {p: c for p, c in self._peers.items() if c.until > now}
+            channel = self._peers[peer] = ChannelThrottle()
+        return channel
+
+    async def unary(self, context: Any) -> Optional[StreamQuota]:
+        """A unary call's quota view, after its connection's mute (None with no quota anywhere)."""
+        if not self.enabled:
+            return None
+        view = self.stream(context)
+        view.channel = self.peer_channel(context)
+        await view.channel.wait()
+        return view
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def managers(self) -> Iterator[ClientQuotaManager]:
+        yield from (self.produce, self.fetch, self.request)
+
+
+class QuotaCollector(Collector):
+    """Kafka's per-entity quota metrics (type=Produce|Fetch|Request, user, client-id), read at scrape time."""
+
+    def __init__(self, quotas: BrokerQuotas) -> None:
+        self.quotas = quotas
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["type", "user", "client_id"]
+        rate = GaugeMetricFamily("gregor_client_quota_byte_rate",
+                                 "Bytes per second of a client quota entity over the quota window "
+                                 "(Kafka's byte-rate, type=Produce|Fetch)", labels=labels)
+        request = GaugeMetricFamily("gregor_client_quota_request_time_ratio",
+                                    "Request handler time of a client quota entity as a fraction of one "
+                                    "thread (Kafka's request-time / 100)", labels=labels)
+        limit = GaugeMetricFamily("gregor_client_quota_limit",
+                                  "The quota in force for the entity (bytes per second; a fraction of one "
+                                  "thread for type=Request)", labels=labels)
+        throttle = CounterMetricFamily("gregor_client_quota_throttle_time_seconds",
+                                       "Throttle time handed to the entity's requests (Kafka's throttle-time; "
+                                       "rate() over the count gives its average)", labels=labels)
+        throttled = CounterMetricFamily("gregor_client_quota_throttled_requests",
+                                        "Requests of the entity answered with a throttle time", labels=labels)
+        now = _now_ms()
+        for manager in self.quotas.managers():
+            manager.expire(now)
+            for (user, client_id), s in list(manager.sensors.items()):
+                values = [manager.quota_type, user, client_id]
+                measured = s.rate.measure(now)
+                if manager.quota_type == "Request":
+                    request.add_metric(values, measured / 100)
+                    limit.add_metric(values, s.bound / 100)
+                else:
+                    rate.add_metric(values, measured)
+                    limit.add_metric(values, s.bound)
+                throttle.add_metric(values, s.throttle_ms_total / 1000)
+                throttled.add_metric(values, s.throttled_requests)
+        yield from (rate, request, limit, throttle, throttled)
+
+
+_COLLECTORS: dict[int, QuotaCollector] = {}
+
+
+def watch_quotas(quotas: BrokerQuotas) -> None:
+    """Export this broker's quota sensors at scrape time (until unwatch_quotas)."""
+    collector = QuotaCollector(quotas)
+    REGISTRY.register(collector)
+    _COLLECTORS[id(quotas)] = collector
+
+
+def unwatch_quotas(quotas: BrokerQuotas) -> None:
+    collector = _COLLECTORS.pop(id(quotas), None)
+    if collector is not None:
+        REGISTRY.unregister(collector)
+
+
+# -- the Kafka listener ------------------------------------------------------------------------------
+
+KAFKA_PRODUCE, KAFKA_FETCH = 0, 1
+
+
+def kafka_fetch_bytes(body: Any) -> int:
+    """The record bytes of a kio FetchResponse (per partition, never per record)."""
+    return sum(len(p.records or b"") for t in body.responses for p in t.partitions)
+
+
+def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any) -> Any:
+    """Record a Kafka Produce (the request's size) or consumer Fetch (the records answered) against the
+    connection's quotas; over the quota the response carries throttle_time and, for a Fetch, no data
+    (Kafka's getThrottledResponse). The caller mutes the connection (view.channel.wait()) after writing."""
+    import dataclasses
+    import datetime
+
+    view.client_id = client_id
+    if api_key == KAFKA_PRODUCE:
+        throttle = view.record_produce(request_bytes)
+        if throttle and body is not None:
+            body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle))
+        return body
+    if api_key == KAFKA_FETCH and body is not None:
+        throttle = view.record_fetch(kafka_fetch_bytes(body))
+        if throttle:
+            body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle), responses=())
+    return body

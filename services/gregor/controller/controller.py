@@ -740,6 +740,10 @@ class Controller:
         out.update({tp.partition: list(r) for tp, (r, _) in self._creation_backlog.items() if tp.topic == topic})
         return out
 
+    def backlogged_replicas(self) -> list[list[int]]:
+        """The replica lists of every partition still waiting in the creation backlog."""
+        return [replicas for replicas, _ in self._creation_backlog.values()]
+
     def partitions_created(self, topic: str) -> asyncio.Future[None]:
         """Done once no partition of `topic` waits in the creation backlog (event task or RPC side).
 

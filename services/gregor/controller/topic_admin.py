@@ -21,7 +21,7 @@ partitions created so far, and a CreatePartitions counts the ones still to come.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,7 +117,7 @@ class TopicAdmin:
             rf = DEFAULT_REPLICATION_FACTOR if t.replication_factor == -1 else t.replication_factor
             check_partitions_per_request(n)
             planned = assign_replicas_to_brokers(n, rf, sorted(self._ctx.live_broker_ids))
-        check_open_file_limits(self._ctx, planned)
+        check_open_file_limits(self._ctx, planned, self.controller.backlogged_replicas())
         return planned
 
     async def create_topic(self, t: NewTopic, validate_only: bool) -> TopicOutcome:
@@ -162,7 +162,7 @@ class TopicAdmin:
         current = self.controller.assigned_partitions(name)
         check_partitions_per_request(count - len(current))
         added = add_partitions_assignment(current, count, sorted(self._ctx.live_broker_ids))
-        check_open_file_limits(self._ctx, added)
+        check_open_file_limits(self._ctx, added, self.controller.backlogged_replicas())
         rf = len(current[0])
         if not validate_only:
             etcd = self.controller.etcd
@@ -223,7 +223,8 @@ def check_partitions_per_request(n: int) -> None:
             f"Create the topic with fewer partitions and add the rest with CreatePartitions.")
 
 
-def check_open_file_limits(ctx: Any, added: Mapping[int, Sequence[int]]) -> None:
+def check_open_file_limits(ctx: Any, added: Mapping[int, Sequence[int]],
+                           pending: Iterable[Sequence[int]] = ()) -> None:
     """Refuse, before any replica is placed, new replicas that would take a broker past its open-file limit
     (the `ulimit -n` it registered): each replica holds one descriptor per segment, and at the limit a broker
     fails unrelated requests with "Too many open files" (issue 24). Counted: one per replica (its active
@@ -235,6 +236,8 @@ def check_open_file_limits(ctx: Any, added: Mapping[int, Sequence[int]]) -> None
         return
     held = Counter(b for parts in ctx.partition_assignments.values() for replicas in parts.values()
                    for b in replicas if b in adding)
+    # Partitions of a creation still under way (its later batches) are the brokers' replicas too.
+    held.update(b for replicas in pending for b in replicas if b in adding)
     for broker_id, n in sorted(adding.items()):
         replicas, limit = held[broker_id] + n, limits[broker_id]
         reserve = min(OPEN_FILES_RESERVED, limit // 4)

@@ -191,13 +191,14 @@ async def test_a_user_quota_applies_to_the_certificates_principal(cluster: Local
     assert cluster.tls is not None
     user = cluster.tls.principal("client").split(":", 1)[1]  # the certificate's subject (DEFAULT rules)
     async with AdminClient(cluster.client_config()) as admin:
+        await admin.create_topic("quota-tls", 1, 1)  # its own topic: the other tests read theirs from the start
         await admin.alter_client_quotas(user, None, {"producer_byte_rate": "20000"}, [])
     try:
         async with Producer({**cluster.client_config(), "acks": "1", "client.id": "tls-quota",
                              "linger.ms": 0}) as p:
             async def throttled() -> bool:
                 for _ in range(20):
-                    await p.send(TOPIC, b"q" * 4000, partition=0)
+                    await p.send("quota-tls", b"q" * 4000, partition=0)
                 await p.flush()
                 return p.metrics()["produce-throttle-time-max"] > 0
             await until(throttled, 30, "the producer throttled under its user's quota")

@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.common import RESULTS_DIR, write_results  # noqa: E402
+from bench.common import RESULTS_DIR, run_tool, write_results  # noqa: E402
 from bench.kafka_dist import (CONSUMER_PERF, END_TO_END_LATENCY, PRODUCER_PERF, KafkaCluster, KafkaDist,  # noqa: E402
                               ensure_kafka, proc_cpu_seconds, proc_status_kib)
 from bench.vs_kafka_report import (build_rows, format_table, parse_consume, parse_e2e, parse_produce,  # noqa: E402
@@ -94,12 +94,7 @@ METRICS = [  # (name, unit, better) in table order
 
 
 def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                          env=env, timeout=TOOL_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])}... exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-3000:]}")
-    return proc.stdout.splitlines()
+    return run_tool(cmd, TOOL_TIMEOUT_S, env)
 
 
 def _keep_logs(src: Path, name: str) -> None:

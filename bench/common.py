@@ -10,6 +10,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -147,3 +148,14 @@ def print_ratio(label: str, value: float, baseline: float, unit: str, *, target:
 
 def print_row(label: str, **figures: float) -> None:
     print(f"  {label:<26}" + "  ".join(f"{k}={v:,.3f}" for k, v in figures.items()), flush=True)
+
+
+def run_tool(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> list[str]:
+    """Run a benchmark tool to completion and return its stdout lines; a non-zero exit raises with the
+    tail of its output."""
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          env=env, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,10 +38,10 @@ def test_the_ci_schedule_covers_every_fault_kind() -> None:
     assert schedule(SEED, DURATION_S, True) == faults  # the same seed, the same schedule
 
 
-@pytest.mark.timeout(900)
-def test_chaos_short_schedule(tmp_path: Path) -> None:
-    out = tmp_path / "chaos"
-    proc = _run("--seed", str(SEED), "--duration", str(DURATION_S), "--every-kind-once", "--out", str(out))
+def _valid_run(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """One chaos run into out: its log and verdict, asserting it had every capability and is VALID (a failing
+    run's output is kept for CI's artifacts)."""
+    proc = _run(*args, "--out", str(out))
     log, _ = proc.communicate(timeout=880)
     assert proc.returncode != 3, f"the chaos suite lacks a capability (run it as root):\n{log}"
     verdict_path = out / "verdict.json"
@@ -49,6 +50,13 @@ def test_chaos_short_schedule(tmp_path: Path) -> None:
     if proc.returncode != 0:
         _keep(out)
     assert proc.returncode == 0 and verdict["valid"], f"{log}\n{json.dumps(verdict['anomalies'], indent=1)[:6000]}"
+    return log, verdict
+
+
+@pytest.mark.timeout(900)
+def test_chaos_short_schedule(tmp_path: Path) -> None:
+    out = tmp_path / "chaos"
+    log, verdict = _valid_run(out, "--seed", str(SEED), "--duration", str(DURATION_S), "--every-kind-once")
     assert sorted(verdict["fault_kinds_fired"]) == sorted(KINDS), log
     stats = verdict["stats"]
     assert stats["values_acknowledged"] > 0 and stats["partitions_with_final_read"] == 4
@@ -75,16 +83,8 @@ def test_chaos_tls_schedule(tmp_path: Path) -> None:
     while accepting client.crt, and the workload's clients (SDK, sync, gateway) all wrote through it."""
     assert sorted(f.kind for f in schedule(SEED, TLS_DURATION_S, True, TLS_KINDS)) == sorted(TLS_KINDS)
     out = tmp_path / "chaos"
-    proc = _run("--seed", str(SEED), "--duration", str(TLS_DURATION_S), "--every-kind-once",
-                "--kinds", ",".join(TLS_KINDS), "--tls", "--out", str(out))
-    log, _ = proc.communicate(timeout=880)
-    assert proc.returncode != 3, f"the chaos suite lacks a capability (run it as root):\n{log}"
-    verdict_path = out / "verdict.json"
-    assert verdict_path.exists(), log
-    verdict = json.loads(verdict_path.read_text())
-    if proc.returncode != 0:
-        _keep(out)
-    assert proc.returncode == 0 and verdict["valid"], f"{log}\n{json.dumps(verdict['anomalies'], indent=1)[:6000]}"
+    log, verdict = _valid_run(out, "--seed", str(SEED), "--duration", str(TLS_DURATION_S), "--every-kind-once",
+                              "--kinds", ",".join(TLS_KINDS), "--tls")
     assert sorted(verdict["fault_kinds_fired"]) == sorted(TLS_KINDS), log
     probe = verdict["tls"]
     assert probe is not None, log

@@ -43,3 +43,9 @@ LOOKUP_RETRY_S = 0.5  # pause before reading etcd again after an error
 PRODUCER_ID_PREFETCH_THRESHOLD = 0.9  # ask for the next block once this share of the current one is used
 PRODUCER_ID_BLOCK_WAIT_S = 10.0  # InitProducerId waits this long for a block before answering a retriable error
 PRODUCER_ID_BLOCK_RETRY_S = 0.2  # pause between failed block requests
+
+# -- Control requests from the controller: replica_manager.py
+# LeaderAndIsr / StopReplica are applied this many partitions at a time: one worker-thread hop lays out the
+# chunk's new logs, then the loop serves what waits before the next chunk (issue 24: a 10,000-partition
+# creation held a broker's loop for minutes and cost it its etcd session).
+LEADER_AND_ISR_CHUNK = 100

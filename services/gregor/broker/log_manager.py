@@ -90,6 +90,64 @@ def write_partition_metadata(log_dir: str, topic_id: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _rename_stray(path: str, stored: bytes) -> str:
+    """Rename a partition directory `<path>.<id hex>-stray` (a free name); returns the new path."""
+    tag = stored.hex() if len(stored) == uuid.UUID_BYTES else "unknown"
+    stray = f"{path}.{tag}{STRAY_SUFFIX}"
+    n = 0
+    while os.path.exists(stray):
+        n += 1
+        stray = f"{path}.{tag}.{n}{STRAY_SUFFIX}"
+    os.rename(path, stray)
+    return stray
+
+
+@dataclass
+class _OpenedLog:
+    """What _open_log_files did for one partition, for LogManager._adopt to register on the loop."""
+
+    key: tuple[str, int]
+    log: native.Log | None = None
+    error: Exception | None = None
+    stray: tuple[str, str, bytes] | None = None  # (directory, its -stray name, the topic id it held)
+    seconds: float = 0.0
+
+
+def _open_log_files(key: tuple[str, int], log_dirs: list[str], fewest: str, configs: dict[str, Any],
+                    topic_id: bytes) -> _OpenedLog:
+    """The file work of opening one partition's log; touches only that partition's directories, so it may
+    run on a worker thread (the native open and recovery release the GIL). The log is in the log dir that
+    already holds the partition's directory, else in `fewest`; a directory of another topic id is renamed
+    -stray first and a new log started."""
+    out = _OpenedLog(key)
+    name = f"{key[0]}-{key[1]}"
+    try:
+        path = next((os.path.join(d, name) for d in log_dirs if os.path.isdir(os.path.join(d, name))),
+                    os.path.join(fewest, name))
+        if topic_id and os.path.isdir(path):
+            try:
+                stored = read_partition_metadata(path)
+            except InconsistentTopicIdError as exc:
+                log.warning("%s; quarantining the directory", exc)
+                stored = b"?"
+            if stored and stored != topic_id:
+                out.stray = (path, _rename_stray(path, stored), stored)
+                path = os.path.join(fewest, name)
+        started = time.perf_counter()
+        opened = native.Log(path, native.LogConfig(**log_config_kwargs(configs)), now_ms())
+        out.seconds = time.perf_counter() - started
+        try:
+            if topic_id and read_partition_metadata(path) != topic_id:
+                write_partition_metadata(path, topic_id)
+        except BaseException:
+            opened.close()
+            raise
+        out.log = opened
+    except Exception as exc:
+        out.error = exc
+    return out
+
+
 class LogManager:
     """Every partition log of this broker (event-loop owned)."""
 
@@ -112,47 +170,71 @@ class LogManager:
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(self)
 
-    def _dir_for(self, topic: str, partition: int) -> str:
-        # Place new logs on the log dir with the fewest partitions, as Kafka does.
-        for d in self.log_dirs:
-            path = os.path.join(d, f"{topic}-{partition}")
-            if os.path.isdir(path):
-                return path
-        fewest = min(self.log_dirs, key=lambda d: self._logs_per_dir[os.path.normpath(d)])
-        return os.path.join(fewest, f"{topic}-{partition}")
+    def _fewest_dir(self, counts: "collections.Counter[str] | None" = None) -> str:
+        """The log dir with the fewest partitions, where Kafka places a new log."""
+        per_dir = self._logs_per_dir if counts is None else counts
+        return min(self.log_dirs, key=lambda d: per_dir[os.path.normpath(d)])
 
     def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any],
                           topic_id: bytes = b"") -> native.Log:
         """The partition's log, opened or created; with a topic id, a directory holding another topic
         id is quarantined first (renamed -stray) and a new log started, and the id is recorded in
-        partition.metadata (a log from before topic ids adopts it)."""
+        partition.metadata (a log from before topic ids adopts it). The file work runs here, on the
+        caller's thread; open_logs does it for many logs on a worker thread."""
         key = (topic, partition)
-        self.topic_configs[topic] = dict(topic_configs)
+        self.topic_configs[topic] = topic_configs
         existing = self.logs.get(key)
         if existing is not None:
             return existing
-        path = self._dir_for(topic, partition)
-        if topic_id and os.path.isdir(path):
+        return self._adopt(_open_log_files(key, self.log_dirs, self._fewest_dir(), topic_configs, topic_id))
+
+    async def open_logs(self, wanted: "list[tuple[str, int, dict[str, Any], bytes]]") -> dict[tuple[str, int], Exception]:
+        """Open or create every (topic, partition, effective configs, topic id) not open yet, the file work
+        (directories, segment files, recovery, partition.metadata) on one worker thread hop, so the event
+        loop keeps serving while thousands of new replicas are laid out (issue 24). Returns the partitions
+        that could not be opened, with why. Callers serialize (the ReplicaManager's control lock): a log is
+        never opened twice at once."""
+        counts = collections.Counter(self._logs_per_dir)
+        jobs: list[tuple[tuple[str, int], str, dict[str, Any], bytes]] = []
+        for topic, partition, configs, topic_id in wanted:
+            self.topic_configs[topic] = configs
+            if (topic, partition) in self.logs:
+                continue
+            fewest = self._fewest_dir(counts)
+            counts[os.path.normpath(fewest)] += 1
+            jobs.append(((topic, partition), fewest, configs, topic_id))
+        if not jobs:
+            return {}
+        dirs = list(self.log_dirs)
+        opened = await asyncio.to_thread(lambda: [_open_log_files(key, dirs, fewest, configs, topic_id)
+                                                  for key, fewest, configs, topic_id in jobs])
+        failed: dict[tuple[str, int], Exception] = {}
+        for o in opened:
             try:
-                stored = read_partition_metadata(path)
-            except InconsistentTopicIdError as exc:
-                log.warning("%s; quarantining the directory", exc)
-                stored = b"?"
-            if stored and stored != topic_id:
-                self.quarantine(topic, partition, path, stored)
-                path = self._dir_for(topic, partition)
-        started = time.perf_counter()
-        opened = native.Log(path, native.LogConfig(**log_config_kwargs(topic_configs)), now_ms())
-        LOG_RECOVERY_SECONDS.inc(time.perf_counter() - started)
-        LOG_RECOVERED_BYTES_TRUNCATED.inc(opened.recovered_bytes_truncated)
-        if opened.recovered_bytes_truncated:
+                self._adopt(o)
+            except Exception as exc:  # this partition only: the others of the request go on
+                failed[o.key] = exc
+        return failed
+
+    def _adopt(self, o: "_OpenedLog") -> native.Log:
+        """Register what _open_log_files did (on the loop): the quarantined directory, the opened log."""
+        if o.stray is not None:
+            self._quarantined(o.key, *o.stray)
+        if o.log is None:
+            assert o.error is not None
+            raise o.error
+        LOG_RECOVERY_SECONDS.inc(o.seconds)
+        LOG_RECOVERED_BYTES_TRUNCATED.inc(o.log.recovered_bytes_truncated)
+        if o.log.recovered_bytes_truncated:
             log.warning("recovered %s-%d: cut %d bytes of torn or corrupt tail",
-                        topic, partition, opened.recovered_bytes_truncated)
-        if topic_id and read_partition_metadata(path) != topic_id:
-            write_partition_metadata(path, topic_id)
-        self.logs[key] = opened
-        self._logs_per_dir[os.path.dirname(os.path.normpath(path))] += 1
-        return opened
+                        o.key[0], o.key[1], o.log.recovered_bytes_truncated)
+        existing = self.logs.get(o.key)
+        if existing is not None:  # opened meanwhile by another path: keep that one, never two on one dir
+            o.log.close()
+            return existing
+        self.logs[o.key] = o.log
+        self._logs_per_dir[os.path.dirname(os.path.normpath(o.log.dir))] += 1
+        return o.log
 
     def log_topic_id(self, topic: str, partition: int) -> bytes:
         """The topic id recorded in the open log's partition.metadata (b"" when none)."""
@@ -171,18 +253,15 @@ class LogManager:
         if lg is not None:
             self._logs_per_dir[os.path.dirname(os.path.normpath(lg.dir))] -= 1
             lg.close()
-        tag = stored.hex() if len(stored) == uuid.UUID_BYTES else "unknown"
-        stray = f"{path}.{tag}{STRAY_SUFFIX}"
-        n = 0
-        while os.path.exists(stray):
-            n += 1
-            stray = f"{path}.{tag}.{n}{STRAY_SUFFIX}"
-        os.rename(path, stray)
-        self.on_quarantine((topic, partition))
+        stray = _rename_stray(path, stored)
+        self._quarantined((topic, partition), path, stray, stored)
+        return stray
+
+    def _quarantined(self, key: tuple[str, int], path: str, stray: str, stored: bytes) -> None:
+        self.on_quarantine(key)
         STRAY_LOGS.inc()
         log.warning("%s-%d: the log in %s belongs to topic id %s, not the current topic; renamed to %s",
-                    topic, partition, path, uuid.to_string(stored) if tag != "unknown" else "?", stray)
-        return stray
+                    key[0], key[1], path, uuid.to_string(stored) if len(stored) == uuid.UUID_BYTES else "?", stray)
 
     def update_config(self, topic: str, topic_configs: dict[str, Any]) -> None:
         cfg = native.LogConfig(**log_config_kwargs(topic_configs))
@@ -192,13 +271,27 @@ class LogManager:
                 lg.update_config(cfg)
 
     def delete_log(self, topic: str, partition: int) -> None:
+        self.delete_detached([((topic, partition), self.detach_log(topic, partition))])
+
+    def detach_log(self, topic: str, partition: int) -> native.Log | None:
+        """Stop owning a partition's log (on the loop); delete_detached removes its files after."""
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
             self._logs_per_dir[os.path.dirname(os.path.normpath(lg.dir))] -= 1
-            lg.delete()
-            return
-        for d in self.log_dirs:
-            shutil.rmtree(os.path.join(d, f"{topic}-{partition}"), ignore_errors=True)
+        return lg
+
+    def delete_detached(self, logs: "list[tuple[tuple[str, int], native.Log | None]]") -> None:
+        """Delete detached logs' files (a worker thread may run this): the open log's own delete, else
+        whatever directory of the partition is left in any log dir."""
+        for (topic, partition), lg in logs:
+            if lg is None:
+                for d in self.log_dirs:
+                    shutil.rmtree(os.path.join(d, f"{topic}-{partition}"), ignore_errors=True)
+                continue
+            try:
+                lg.delete()
+            except Exception as exc:  # one log's failure must not keep the others of the batch
+                log.warning("deleting the log of %s-%d failed: %s", topic, partition, exc)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()

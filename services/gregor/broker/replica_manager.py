@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
-from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS
+from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS, LEADER_AND_ISR_CHUNK
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
@@ -93,6 +93,18 @@ async def collect_produce(results: list[Any]) -> list["ProduceResult | errors.Gr
             except errors.GregorError as err:
                 results[i] = err
     return results
+
+
+class _EffectiveConfigs(dict):  # type: ignore[type-arg]
+    """Topic -> effective configs; a topic the request named no configs for gets the broker defaults."""
+
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        super().__init__()
+        self._defaults = defaults
+
+    def __missing__(self, topic: str) -> dict[str, Any]:
+        configs = self[topic] = effective_topic_configs({}, self._defaults)
+        return configs
 
 
 class LeaderAndIsrState(Protocol):
@@ -207,6 +219,9 @@ class ReplicaManager:
         self._checkpoint_task: asyncio.Task[None] | None = None
         # Cluster mode: the controller's live brokers (UpdateMetadata), for follower broker-epoch checks.
         self.metadata_cache: "MetadataCache | None" = None
+        # LeaderAndIsr and StopReplica apply one at a time, in arrival order (Kafka's replicaStateChangeLock):
+        # a chunked apply yields to the loop, and another control request must not interleave with it.
+        self._control_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ replication (cluster mode)
     def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
@@ -281,11 +296,12 @@ class ReplicaManager:
         self._checkpointed_hws.pop(key, None)
 
     def create_partition(self, topic: str, partition: int, overrides: dict[str, Any],
-                         topic_id: bytes = b"") -> Partition:
+                         topic_id: bytes = b"", effective: dict[str, Any] | None = None) -> Partition:
         """The partition, opened or created. With a topic id (KIP-516), a hosted partition or a log of
         another topic id (a deleted topic's, the deletion missed) is stopped and its directory
-        quarantined, and the new topic's replica starts from an empty log."""
-        configs = effective_topic_configs(overrides, self.config.topic_defaults)
+        quarantined, and the new topic's replica starts from an empty log. `effective`: the topic's
+        effective configs when the caller has them (one dict shared by the topic's partitions)."""
+        configs = effective if effective is not None else effective_topic_configs(overrides, self.config.topic_defaults)
         existing = self.partitions.get((topic, partition))
         if existing is not None:
             if not topic_id or existing.topic_id == topic_id:
@@ -312,8 +328,9 @@ class ReplicaManager:
         self.partitions[p.key] = p
         return p
 
-    def update_topic_configs(self, topic: str, overrides: dict[str, Any]) -> None:
-        configs = effective_topic_configs(overrides, self.config.topic_defaults)
+    def update_topic_configs(self, topic: str, overrides: dict[str, Any],
+                             effective: dict[str, Any] | None = None) -> None:
+        configs = effective if effective is not None else effective_topic_configs(overrides, self.config.topic_defaults)
         for p in self.partitions.values():
             if p.topic == topic:
                 p.configs = configs
@@ -327,23 +344,82 @@ class ReplicaManager:
     def become_leader_or_follower(self, states: Iterable[LeaderAndIsrState],
                                   topic_configs: dict[str, dict[str, Any]],
                                   live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
-        """Apply LeaderAndIsr: create or open each partition, lead or follow it; returns errors per partition.
+        """Apply LeaderAndIsr in one go on the caller's thread: create or open each partition, lead or follow
+        it; returns errors per partition. The control service uses apply_leader_and_isr (chunked, the file
+        work on a worker thread); this form is for tests and tools with a handful of partitions.
 
         A partition whose leader epoch is older than the one we hold is left alone
         (STALE_CONTROLLER_EPOCH, as Kafka answers); topic configs always apply.
         """
-        failed: dict[tuple[str, int], int] = {}
+        effective = self._prepare_leader_and_isr(topic_configs, live_leaders)
+        return self._apply_partition_states(states, effective, {})
+
+    async def apply_leader_and_isr(self, states: Sequence[LeaderAndIsrState],
+                                   topic_configs: dict[str, dict[str, Any]],
+                                   live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
+        """LeaderAndIsr as the control service applies it (Kafka's becomeLeaderOrFollower under the
+        replica state change lock): one control request at a time, in chunks of LEADER_AND_ISR_CHUNK
+        partitions. Each chunk's new logs are laid out on a worker thread (LogManager.open_logs), then
+        its partitions lead or follow on the loop, then the loop runs whatever waits (Produce, Fetch,
+        Metadata, the lease and fetcher tasks) before the next chunk: a request for 10,000 partitions
+        no longer holds the loop for minutes (issue 24). Each partition is applied whole, so a request
+        answered between chunks sees every partition either before or after its change."""
+        async with self._control_lock:
+            effective = self._prepare_leader_and_isr(topic_configs, live_leaders)
+            failed: dict[tuple[str, int], int] = {}
+            for start in range(0, len(states), LEADER_AND_ISR_CHUNK):
+                chunk = states[start:start + LEADER_AND_ISR_CHUNK]
+                new = [(s.topic, s.partition, effective[s.topic], bytes(getattr(s, "topic_id", b"")))
+                       for s in chunk if (s.topic, s.partition) not in self.partitions]
+                open_errors = await self.log_manager.open_logs(new) if new else {}
+                failed.update(self._apply_partition_states(chunk, effective, open_errors))
+                await asyncio.sleep(0)
+            return failed
+
+    async def apply_stop_replica(self, partitions: Sequence[tuple[str, int]], delete: bool) -> None:
+        """StopReplica as the control service applies it: under the control lock, in chunks, the logs of a
+        deletion removed on a worker thread (thousands of directories when a large topic goes)."""
+        async with self._control_lock:
+            for start in range(0, len(partitions), LEADER_AND_ISR_CHUNK):
+                chunk = partitions[start:start + LEADER_AND_ISR_CHUNK]
+                self.stop_replicas(chunk, delete=False)
+                if delete:
+                    for key in chunk:
+                        self.partitions.pop(key, None)
+                    detached = [(key, self.log_manager.detach_log(*key)) for key in chunk]
+                    await asyncio.to_thread(self.log_manager.delete_detached, detached)
+                await asyncio.sleep(0)
+
+    def _prepare_leader_and_isr(self, topic_configs: dict[str, dict[str, Any]],
+                                live_leaders: Iterable[Any]) -> dict[str, dict[str, Any]]:
+        """The request's leader endpoints and topic configs; returns each topic's effective configs (one
+        dict per topic, shared by its partitions). A hosted topic's configs are re-applied only when
+        they changed (every LeaderAndIsr names its topics' configs: re-applying them to every hosted
+        partition of a 10,000-partition topic for each request of its creation was quadratic)."""
         for b in live_leaders:
             self.broker_endpoints[b.broker_id] = f"{b.host}:{b.grpc_port}"
+        effective: dict[str, dict[str, Any]] = _EffectiveConfigs(self.config.topic_defaults)
         for topic, overrides in topic_configs.items():
-            if any(k[0] == topic for k in self.partitions):
-                self.update_topic_configs(topic, overrides)
+            configs = effective[topic] = effective_topic_configs(overrides, self.config.topic_defaults)
+            current = self.log_manager.topic_configs.get(topic)
+            if current is not None and current != configs:
+                self.update_topic_configs(topic, overrides, configs)
+            elif current is not None:
+                effective[topic] = current  # unchanged: keep sharing the dict the partitions hold
+        return effective
+
+    def _apply_partition_states(self, states: Iterable[LeaderAndIsrState], effective: dict[str, dict[str, Any]],
+                                open_errors: dict[tuple[str, int], Exception]) -> dict[tuple[str, int], int]:
+        failed: dict[tuple[str, int], int] = {}
         for s in states:
+            key = (s.topic, s.partition)
             try:
-                p = self.create_partition(s.topic, s.partition, topic_configs.get(s.topic, {}),
-                                          bytes(getattr(s, "topic_id", b"")))
+                if key in open_errors:
+                    raise open_errors[key]
+                p = self.create_partition(s.topic, s.partition, {}, bytes(getattr(s, "topic_id", b"")),
+                                          effective=effective[s.topic])
             except Exception as exc:  # a log that cannot open fails this partition only
-                failed[(s.topic, s.partition)] = native_error(exc, s.topic, s.partition).code
+                failed[key] = native_error(exc, s.topic, s.partition).code
                 continue
             outcome = p.apply_leader_and_isr(s.leader, s.leader_epoch, list(s.isr), list(s.replicas),
                                              int(getattr(s, "partition_epoch", -1)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from gregor.broker.replica_manager import FetchResult
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
+T = TypeVar("T")
 
 
 def replica_fetch_partition(part: ReplicaFetchPart,
@@ -402,6 +404,20 @@ def _config_str(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+# Control-request applies still running after their RPC went away, referenced until done.
+_APPLYING: set["asyncio.Task[Any]"] = set()
+
+
+async def _finish_even_if_cancelled(apply: Coroutine[Any, Any, T]) -> T:
+    """Run a control request's apply to its end even if the controller's call is cancelled (its deadline
+    passed while a large LeaderAndIsr was being applied): half a chunk must never be left behind, and
+    the controller's resend then waits for it on the control lock and finds it applied."""
+    task = asyncio.ensure_future(apply)
+    _APPLYING.add(task)
+    task.add_done_callback(_APPLYING.discard)
+    return await asyncio.shield(task)
+
+
 class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
     """BrokerControlService (cluster mode): the active controller's LeaderAndIsr, StopReplica and UpdateMetadata.
 
@@ -423,7 +439,8 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
         self._cluster_action(context, "LeaderAndIsr")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
         configs = {t: dict(c.entries) for t, c in request.topic_configs.items()}
-        failed = self.replicas.become_leader_or_follower(request.partition_states, configs, request.live_leaders)
+        failed = await _finish_even_if_cancelled(
+            self.replicas.apply_leader_and_isr(request.partition_states, configs, list(request.live_leaders)))
         return broker_pb2.LeaderAndIsrResponse(partition_errors=[
             broker_pb2.PartitionError(topic=t, partition=p, error=code)  # type: ignore[arg-type]
             for (t, p), code in sorted(failed.items())])
@@ -433,8 +450,8 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
                           context: Ctx) -> broker_pb2.StopReplicaResponse:
         self._cluster_action(context, "StopReplica")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
-        self.replicas.stop_replicas([(tp.topic, tp.partition) for tp in request.partitions],
-                                    request.delete_partitions)
+        await _finish_even_if_cancelled(self.replicas.apply_stop_replica(
+            [(tp.topic, tp.partition) for tp in request.partitions], request.delete_partitions))
         return broker_pb2.StopReplicaResponse()
 
     @rpc_method("BrokerControlService")

@@ -1,0 +1,187 @@
+"""How fast a 3-broker Gregor cluster takes a large RF 3 topic (issue 24: 10,000 partitions), and why.
+
+Not in CI (minutes per cell at 5,000-10,000 partitions). Per partition count, on a fresh
+`gregor cluster up --brokers 3 --controllers 1` cluster:
+
+- create s: librdkafka's CreateTopics until its future returns;
+- leaders s: from the same start until Metadata shows every partition with a leader;
+- write all s: one record to every partition (acks=all, failed sends sent again) until every
+  delivery report is in, timed from the same start as create (so it includes the two above);
+- probe max s: the slowest answer of a gRPC Metadata call made to each broker every 0.5 s while
+  the above runs (how long a broker's event loop was unable to answer anything);
+- re-registrations: how often a broker registered again in etcd (a lost lease), from its log.
+
+With --trees A B the same cell runs once per source tree (PYTHONPATH of the servers), alternating,
+so a before/after comparison shares the machine's conditions. With --profile the first broker is
+sampled by py-spy (--py-spy PATH) from the creation until every partition is led, and the
+hottest functions (self and inclusive) are printed.
+
+Usage:
+  PYTHONPATH=services python bench/bench_leader_and_isr.py --partitions 1000 5000 10000 \
+      --trees /work/main /work/wt/lai10k
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.bench_partitions import StepFailed, all_led, create_topic, poll, write_every_partition  # noqa: E402
+
+RF = 3
+
+
+class Prober(threading.Thread):
+    """A gRPC Metadata (one unknown topic) to each broker every 0.5 s; keeps the slowest answer."""
+
+    def __init__(self, targets: list[str]) -> None:
+        super().__init__(daemon=True, name="probe")
+        self.targets = targets
+        self.worst: dict[str, float] = {t: 0.0 for t in targets}
+        self.failed: dict[str, int] = {t: 0 for t in targets}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        import grpc
+
+        from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+
+        chans = {t: grpc.insecure_channel(t) for t in self.targets}
+        stubs = {t: broker_pb2_grpc.BrokerServiceStub(c) for t, c in chans.items()}
+        while not self._halt.is_set():
+            for t, stub in stubs.items():
+                start = time.monotonic()
+                try:
+                    stub.Metadata(broker_pb2.MetadataRequest(topics=["probe-none"]), timeout=60)
+                except grpc.RpcError:
+                    self.failed[t] += 1
+                self.worst[t] = max(self.worst[t], time.monotonic() - start)
+            self._halt.wait(0.5)
+        for c in chans.values():
+            c.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(70)
+
+
+def summarize_profile(raw: Path, top: int = 25) -> str:
+    """Top functions by self and by inclusive samples from py-spy's raw (collapsed) output."""
+    self_n: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        self_n[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    out = [f"{total} samples", "self:"]
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in self_n.most_common(top)]
+    out.append("inclusive:")
+    out += [f"  {100 * n / total:5.1f}%  {f}" for f, n in incl.most_common(top * 2)]
+    return "\n".join(out)
+
+
+def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    from gregor.cli.local_cluster import LocalCluster
+
+    os.environ["PYTHONPATH"] = f"{tree}/services:{tree}/spark"
+    values: dict[str, Any] = {"tree": tree, "partitions": partitions}
+    cluster = LocalCluster.up(str(base / f"c-{time.monotonic_ns()}"), brokers=3, controllers=1)
+    brokers = cluster.by_role("broker")
+    prober = Prober([b.grpc for b in brokers])
+    spy: subprocess.Popen[bytes] | None = None
+    raw = base / f"profile-{partitions}.txt"
+    step = "create"
+    try:
+        bootstrap = str(cluster.to_json()["kafka_bootstrap"])
+        topic = f"p{partitions}"
+        if args.profile:
+            spy = subprocess.Popen([args.py_spy, "record", "-p", str(brokers[0].pid), "-r", "50", "--format",
+                                    "raw", "-o", str(raw), "-d", str(int(args.step_timeout))],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+        prober.start()
+        start = time.monotonic()
+        values["create s"] = create_topic(bootstrap, topic, partitions, RF, args.step_timeout)
+        step = "leaders"
+        poll(lambda: all_led(bootstrap, topic, partitions), args.step_timeout, "every partition led", 0.2)
+        values["leaders s"] = time.monotonic() - start
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes what it has
+            spy.wait(60)
+            spy = None
+        step = "write all"
+        write_every_partition(bootstrap, topic, partitions, args.step_timeout)
+        values["write all s"] = time.monotonic() - start
+    except (StepFailed, Exception) as exc:
+        values["broken"] = f"{step}: {str(exc)[:300]}"
+    finally:
+        prober.stop()
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(60)
+        values["probe max s"] = max(prober.worst.values())
+        values["probe failures"] = sum(prober.failed.values())
+        regs = 0
+        for b in brokers:
+            text = Path(b.log).read_text(errors="replace")
+            regs += max(0, text.count("registered with broker epoch") - 1)
+        values["re-registrations"] = regs
+        values["load"] = os.getloadavg()[0]
+        if values.get("broken") and args.keep_logs:
+            dest = Path(args.keep_logs) / f"{Path(tree).name}-{partitions}"
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(Path(cluster.data_dir) / "logs", dest)
+        cluster.down()
+        shutil.rmtree(cluster.data_dir, ignore_errors=True)
+    if args.profile and raw.exists():
+        values["profile"] = summarize_profile(raw)
+    return values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 5000, 10000])
+    ap.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parent.parent)],
+                    help="source trees whose services/ the servers run (alternated per count)")
+    ap.add_argument("--step-timeout", type=float, default=300.0)
+    ap.add_argument("--profile", action="store_true", help="py-spy the first broker until every partition is led")
+    ap.add_argument("--py-spy", default="py-spy")
+    ap.add_argument("--keep-logs", help="copy a broken cell's server logs under this directory")
+    ap.add_argument("--json", help="write the cells here")
+    args = ap.parse_args()
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="bench-lai-") as tmp:
+        for p in args.partitions:
+            for tree in args.trees:
+                print(f"{tree} at {p:,} partitions (load {os.getloadavg()[0]:.1f})", flush=True)
+                cell = run_cell(tree, p, args, Path(tmp))
+                profile = cell.pop("profile", None)
+                print("  " + json.dumps(cell), flush=True)
+                if profile:
+                    print(profile, flush=True)
+                cells.append(cell)
+    if args.json:
+        Path(args.json).write_text(json.dumps(cells, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,7 @@ Not in CI (minutes per cell at 5,000-10,000 partitions). Per partition count, on
 
 With --trees A B the same cell runs once per source tree (PYTHONPATH of the servers), alternating,
 so a before/after comparison shares the machine's conditions. With --profile the first broker is
-sampled by py-spy (--py-spy PATH) from the creation until every partition is led, and the
+sampled by py-spy (--py-spy PATH) from the creation until every partition took its write, and the
 hottest functions (self and inclusive) are printed.
 
 Usage:
@@ -124,10 +124,6 @@ def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path) -
         step = "leaders"
         poll(lambda: all_led(bootstrap, topic, partitions), args.step_timeout, "every partition led", 0.2)
         values["leaders s"] = time.monotonic() - start
-        if spy is not None:
-            spy.send_signal(2)  # SIGINT: py-spy writes what it has
-            spy.wait(60)
-            spy = None
         step = "write all"
         write_every_partition(bootstrap, topic, partitions, args.step_timeout)
         values["write all s"] = time.monotonic() - start
@@ -163,7 +159,7 @@ def main() -> None:
     ap.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parent.parent)],
                     help="source trees whose services/ the servers run (alternated per count)")
     ap.add_argument("--step-timeout", type=float, default=300.0)
-    ap.add_argument("--profile", action="store_true", help="py-spy the first broker until every partition is led")
+    ap.add_argument("--profile", action="store_true", help="py-spy the first broker until every partition took its write")
     ap.add_argument("--py-spy", default="py-spy")
     ap.add_argument("--keep-logs", help="copy a broken cell's server logs under this directory")
     ap.add_argument("--json", help="write the cells here")

@@ -345,8 +345,8 @@ class ReplicaManager:
                                   topic_configs: dict[str, dict[str, Any]],
                                   live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
         """Apply LeaderAndIsr in one go on the caller's thread: create or open each partition, lead or follow
-        it; returns errors per partition. The control service uses apply_leader_and_isr (chunked, the file
-        work on a worker thread); this form is for tests and tools with a handful of partitions.
+        it; returns errors per partition. The control service uses apply_leader_and_isr (chunked, yielding
+        to the loop); this form is for tests and tools with a handful of partitions.
 
         A partition whose leader epoch is older than the one we hold is left alone
         (STALE_CONTROLLER_EPOCH, as Kafka answers); topic configs always apply.
@@ -359,11 +359,11 @@ class ReplicaManager:
                                    live_leaders: Iterable[Any] = ()) -> dict[tuple[str, int], int]:
         """LeaderAndIsr as the control service applies it (Kafka's becomeLeaderOrFollower under the
         replica state change lock): one control request at a time, in chunks of LEADER_AND_ISR_CHUNK
-        partitions. Each chunk's new logs are laid out on a worker thread (LogManager.open_logs), then
-        its partitions lead or follow on the loop, then the loop runs whatever waits (Produce, Fetch,
-        Metadata, the lease and fetcher tasks) before the next chunk: a request for 10,000 partitions
-        no longer holds the loop for minutes (issue 24). Each partition is applied whole, so a request
-        answered between chunks sees every partition either before or after its change."""
+        partitions. Each chunk's new logs are laid out (LogManager.open_logs, which yields every few
+        logs), then its partitions lead or follow, then the loop runs whatever waits (Produce, Fetch,
+        Metadata, the fetcher tasks) before the next chunk: a request for 10,000 partitions no longer
+        holds the loop for minutes (issue 24). Each partition is applied whole, so a request answered
+        between chunks sees every partition either before or after its change."""
         async with self._control_lock:
             effective = self._prepare_leader_and_isr(topic_configs, live_leaders)
             failed: dict[tuple[str, int], int] = {}

@@ -130,24 +130,27 @@ def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path) -
     except (StepFailed, Exception) as exc:
         values["broken"] = f"{step}: {str(exc)[:300]}"
     finally:
-        prober.stop()
-        if spy is not None:
-            spy.send_signal(2)
-            spy.wait(60)
-        values["probe max s"] = max(prober.worst.values())
-        values["probe failures"] = sum(prober.failed.values())
-        regs = 0
-        for b in brokers:
-            text = Path(b.log).read_text(errors="replace")
-            regs += max(0, text.count("registered with broker epoch") - 1)
-        values["re-registrations"] = regs
-        values["load"] = os.getloadavg()[0]
-        if values.get("broken") and args.keep_logs:
-            dest = Path(args.keep_logs) / f"{Path(tree).name}-{partitions}"
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.copytree(Path(cluster.data_dir) / "logs", dest)
-        cluster.down()
-        shutil.rmtree(cluster.data_dir, ignore_errors=True)
+        try:
+            if prober.is_alive():
+                prober.stop()
+            if spy is not None:
+                spy.send_signal(2)
+                spy.wait(60)
+            values["probe max s"] = max(prober.worst.values())
+            values["probe failures"] = sum(prober.failed.values())
+            regs = 0
+            for b in brokers:
+                text = Path(b.log).read_text(errors="replace")
+                regs += max(0, text.count("registered with broker epoch") - 1)
+            values["re-registrations"] = regs
+            values["load"] = os.getloadavg()[0]
+            if values.get("broken") and args.keep_logs:
+                dest = Path(args.keep_logs) / f"{Path(tree).name}-{partitions}"
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(Path(cluster.data_dir) / "logs", dest)
+        finally:
+            cluster.down()
+            shutil.rmtree(cluster.data_dir, ignore_errors=True)
     if args.profile and raw.exists():
         values["profile"] = summarize_profile(raw)
     return values

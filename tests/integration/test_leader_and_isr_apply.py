@@ -20,7 +20,6 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from tests.helpers.batches import make_batch
 from tests.helpers.cluster import start_controller_with, tear_down
 from tests.helpers.wait import until
 
-PARTITIONS = 2000  # at RF 2 on two brokers: every broker hosts all of them, one LeaderAndIsr each
+PARTITIONS = 1200  # at RF 2 on two brokers: every broker hosts all of them, one LeaderAndIsr each
 TOPIC = "wide"
 LEASE_MS = 2000  # the brokers' registration lease: a fraction of the time laying out the logs takes
 
@@ -163,18 +162,16 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
         await asyncio.gather(*probing)
         applied_s = time.monotonic() - started
 
-        await write_every_partition(brokers)
-
-        for p in probes:
-            assert p.saw_partial_apply(), (
-                f"broker {p.broker.id} answered nothing while it applied the LeaderAndIsr "
-                f"({len(p.answers)} answers: {p.answers[:4]} ... {p.answers[-4:]})")
         after = await broker_epochs(etcd, brokers)
         logs = {b.id: Path(b.log).read_text(errors="replace") for b in brokers}
         lost = {b: [line for line in text.splitlines() if "lost its registration" in line] for b, text in logs.items()}
-        assert after == before and not any(lost.values()), (
-            f"a broker lost its registration while applying the creation ({applied_s:.0f} s): "
-            f"epochs before {before}, after {after}; {lost}")
-        with contextlib.suppress(Exception):
-            print(f"creation applied on both brokers in {applied_s:.1f} s; probe answers "
-                  f"{[len(p.answers) for p in probes]}")
+        failures = [f"broker {p.broker.id} answered nothing while it applied the LeaderAndIsr ({len(p.answers)} "
+                    f"answers: {p.answers[:4]} ... {p.answers[-4:]})" for p in probes if not p.saw_partial_apply()]
+        if after != before or any(lost.values()):
+            failures.append(f"a broker lost its registration while applying the creation ({applied_s:.0f} s): "
+                            f"broker epochs before {before}, after {after}; {lost}")
+        assert not failures, "\n".join(failures)
+
+        await write_every_partition(brokers)
+        print(f"creation applied on both brokers in {applied_s:.1f} s, every partition written "
+              f"{time.monotonic() - started - applied_s:.1f} s later; probe answers {[len(p.answers) for p in probes]}")

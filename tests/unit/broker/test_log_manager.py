@@ -108,3 +108,40 @@ def test_new_logs_go_to_the_log_dir_with_the_fewest_open_logs(tmp_path) -> None:
     # A partition already on disk stays where it is.
     assert os.path.dirname(manager.get_or_create_log("t", 0, configs).dir) == dirs[0]
     manager.close()
+
+
+async def test_open_logs_lays_out_many_logs_between_other_work_and_fails_only_the_broken_one(tmp_path) -> None:
+    """open_logs (a LeaderAndIsr's new replicas, issue 24): every log opened with its topic id, over two log
+    dirs; a partition whose directory cannot be made fails alone; the loop ran other work meanwhile."""
+    from gregor.broker import log_manager as lm
+    from gregor.broker.log_manager import read_partition_metadata
+    from gregor.common import uuid
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    manager = LogManager(BrokerConfig(log_dirs=f"{a},{b}"))
+    configs = effective_topic_configs({})
+    tid = uuid.random_topic_id()
+    for d in (a, b):
+        (d / "t-7").write_text("a file where partition 7's directory would go")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    lm.OPEN_LOGS_SLICE_S, saved = 0.0, lm.OPEN_LOGS_SLICE_S  # yield after every log
+    task = asyncio.create_task(ticker())
+    try:
+        failed = await manager.open_logs([("t", i, configs, tid) for i in range(40)])
+    finally:
+        task.cancel()
+        lm.OPEN_LOGS_SLICE_S = saved
+    assert list(failed) == [("t", 7)] and isinstance(failed[("t", 7)], OSError)
+    assert sorted(manager.logs) == [("t", i) for i in range(40) if i != 7]
+    assert all(read_partition_metadata(lg.dir) == tid for lg in manager.logs.values())
+    assert {os.path.dirname(lg.dir) for lg in manager.logs.values()} == {str(a), str(b)}
+    assert ticks >= 39, "open_logs did not let the loop run between logs"
+    assert await manager.open_logs([("t", 0, configs, tid)]) == {}  # already open: nothing to do
+    manager.close()

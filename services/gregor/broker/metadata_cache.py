@@ -31,14 +31,21 @@ class MetadataCache:
         self.partitions: dict[str, dict[int, CachedPartition]] = {}
         # Topic ids (KIP-516) as the controller sent them; a topic sent before ids has none.
         self.topic_ids: dict[str, bytes] = {}
+        # Each topic's Metadata answer, built once per change (issue 24: building it for a 10,000-partition
+        # topic took ~0.1 s of the loop per request, and clients poll it while a creation is under way).
+        self._answers: dict[str, broker_pb2.TopicMetadata] = {}
 
     def update_metadata(self, controller_id: int, live_brokers: Iterable[common_pb2.BrokerEndpoint],
                         states: Iterable[broker_pb2.LeaderAndIsrPartitionState],
                         deleted_topics: Iterable[str]) -> None:
         """Replace the live brokers, upsert the listed partitions, forget deleted topics."""
         self.controller_id = controller_id
-        self.live_brokers = {b.broker_id: b for b in live_brokers}
+        live = {b.broker_id: b for b in live_brokers}
+        if live.keys() != self.live_brokers.keys():
+            self._answers.clear()  # leaders and offline replicas depend on who is live
+        self.live_brokers = live
         for s in states:
+            self._answers.pop(s.topic, None)
             topic_id = bytes(s.topic_id)
             if topic_id and self.topic_ids.get(s.topic, topic_id) != topic_id:
                 # Another topic under the same name: the old one's partitions are gone with it.
@@ -50,6 +57,7 @@ class MetadataCache:
         for topic in deleted_topics:
             self.partitions.pop(topic, None)
             self.topic_ids.pop(topic, None)
+            self._answers.pop(topic, None)
 
     def contains(self, topic: str) -> bool:
         return topic in self.partitions
@@ -58,13 +66,16 @@ class MetadataCache:
         """BrokerService.Metadata: every known topic when none is asked."""
         out = []
         for name in topics or sorted(self.partitions):
-            parts = self.partitions.get(name)
-            if parts is None:
-                out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
-                continue
-            out.append(broker_pb2.TopicMetadata(
-                name=name, is_internal=name.startswith("__"), topic_id=self.topic_ids.get(name, b""),
-                partitions=[self._partition(p, parts[p]) for p in sorted(parts)]))
+            answer = self._answers.get(name)
+            if answer is None:
+                parts = self.partitions.get(name)
+                if parts is None:
+                    out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
+                    continue
+                answer = self._answers[name] = broker_pb2.TopicMetadata(
+                    name=name, is_internal=name.startswith("__"), topic_id=self.topic_ids.get(name, b""),
+                    partitions=[self._partition(p, parts[p]) for p in sorted(parts)])
+            out.append(answer)
         return broker_pb2.MetadataResponse(
             brokers=[self.live_brokers[b] for b in sorted(self.live_brokers)], cluster_id=self.cluster_id,
             controller_id=self.controller_id, topics=out)

@@ -45,3 +45,21 @@ def test_topic_ids_are_answered_and_a_new_id_replaces_the_old_topic() -> None:
     assert topic.topic_id == new and [p.partition for p in topic.partitions] == [0]
     cache.update_metadata(5, live, [], ["t"])
     assert cache.metadata_response(["t"]).topics[0].topic_id == b""
+
+
+def test_the_answer_built_once_follows_every_change() -> None:
+    """Each topic's answer is built once per change (issue 24: 10,000 partitions per Metadata request), and
+    any UpdateMetadata that touches the topic or the set of live brokers is seen in the next answer."""
+    cache = MetadataCache("c")
+    live = [common_pb2.BrokerEndpoint(broker_id=b, host="h", grpc_port=b) for b in (1, 2, 3)]
+    cache.update_metadata(5, live, [_state(0, 1), _state(1, 3)], [])
+    first = cache.metadata_response(["t"])
+    first.topics[0].partitions[0].leader = 99  # a caller editing its answer does not edit the cache
+    assert [p.leader for p in cache.metadata_response(["t"]).topics[0].partitions] == [1, 3]
+    cache.update_metadata(5, live, [_state(0, 2, 1)], [])  # a leader moved
+    assert [p.leader for p in cache.metadata_response(["t"]).topics[0].partitions] == [2, 3]
+    cache.update_metadata(5, live[:2], [], [])  # broker 3 died: its partition has no live leader
+    p1 = cache.metadata_response(["t"]).topics[0].partitions[1]
+    assert (p1.leader, list(p1.offline_replicas)) == (-1, [3])
+    cache.update_metadata(5, live[:2], [], ["t"])
+    assert cache.metadata_response(["t"]).topics[0].error == errors.Code.UNKNOWN_TOPIC_OR_PARTITION

@@ -37,6 +37,7 @@ from prometheus_client import Counter
 from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
+from gregor.common.loop_time import Timed
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
@@ -111,18 +112,25 @@ class DataPortServer:
             assert quota is not None
             quota.client_id = request.client_id
             request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
+        handled = Timed(handle_fetch_request(self.replicas, request))  # the loop's time in it: request_percentage
         try:
-            result = await handle_fetch_request(self.replicas, request)
+            result = await handled
         except errors.GregorError as err:
+            if consumer and quota is not None:
+                quota.record_request_time(handled.seconds)  # mutes the connection when over
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
             return
-        throttle = quota.record_fetch(result.slice.length) if consumer and quota is not None else 0
+        throttle = request_throttle = 0
+        if consumer and quota is not None:
+            request_throttle = quota.record_request_time(handled.seconds)
+            throttle = quota.record_fetch(result.slice.length)
         if throttle:  # answered without records, as Kafka answers a throttled fetch
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(
-                response=fetch_response(result, throttle_time_ms=throttle), records_length=0))
+                response=fetch_response(result, throttle_time_ms=max(throttle, request_throttle)), records_length=0))
             return
         header = broker_pb2.DataFetchResponseHeader(
-            response=fetch_response(result), records_length=result.slice.length).SerializeToString()
+            response=fetch_response(result, throttle_time_ms=request_throttle),
+            records_length=result.slice.length).SerializeToString()
         if self.ssl_context is not None:
             await self._send_tls(result, writer, header)
             return

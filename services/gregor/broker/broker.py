@@ -136,13 +136,13 @@ class Broker:
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
-        if self.config.data_port >= 0 and not self.authz.enabled:  # the data port has no authentication yet
+        if self.config.data_port >= 0:  # with the authorizer on, each fetch is authorized (data_port.py)
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
                                             send_timeout_ms=self.config.data_port_send_timeout_ms,
                                             quotas=self.quotas,
                                             ssl_context=self.config.tls.server_ssl_context()
-                                            if self.config.tls.enabled else None)
+                                            if self.config.tls.enabled else None, authz=self.authz)
             await self.data_port.start()
         if self.config.listeners:
             from gregor.kafka.server import start_listener

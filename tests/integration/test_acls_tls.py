@@ -98,11 +98,14 @@ def test_the_ssl_kafka_listener_uses_the_certificate_principal(cluster: LocalClu
 
 
 def broker_metric(cluster: LocalCluster, name: str, **labels: str) -> float:
+    import ssl
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(cluster.by_role("broker")[0].metrics, timeout=10) as resp:
+    assert cluster.tls is not None  # /metrics is HTTPS with the broker's certificate in a --tls cluster
+    ctx = ssl.create_default_context(cafile=cluster.tls.path("ca.crt"))
+    with urllib.request.urlopen(cluster.by_role("broker")[0].metrics, timeout=10, context=ctx) as resp:
         text = resp.read().decode()
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -68,7 +68,11 @@ def gateway(c: LocalCluster) -> str:
 
 
 def gateway_samples(c: LocalCluster, name: str) -> list[Any]:
-    with urllib.request.urlopen(c.by_role("gateway")[0].metrics, timeout=10) as resp:
+    import ssl
+
+    assert c.tls is not None  # /metrics is HTTPS with the gateway's certificate in a --tls cluster
+    ctx = ssl.create_default_context(cafile=c.tls.path("ca.crt"))
+    with urllib.request.urlopen(c.by_role("gateway")[0].metrics, timeout=10, context=ctx) as resp:
         text = resp.read().decode()
     return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 

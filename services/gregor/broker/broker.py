@@ -149,7 +149,7 @@ class Broker:
 
             self.kafka = await start_listener(self)
         if self.config.metrics_port >= 0:
-            self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
+            self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port, tls=self.config.tls)
         if self.cluster_mode:
             await self._register()
         log.info("broker %d serving gRPC on %s:%d, data port %s, metrics %d", self.config.broker_id,
@@ -222,7 +222,8 @@ class Broker:
             "broker_id": self.config.broker_id,
             "grpc": f"{self.config.host}:{self.grpc_port}",
             "data": f"{self.config.host}:{self.data_port.port}" if self.data_port else "",
-            "metrics": f"http://{self.config.host}:{self.metrics_port}/metrics" if self.metrics_port >= 0 else "",
+            "metrics": f"{self.config.tls.metrics_scheme}://{self.config.host}:{self.metrics_port}/metrics"
+            if self.metrics_port >= 0 else "",
             "pid": os.getpid(),
             "kafka": self.kafka.advertised if self.kafka is not None else "",
             "broker_epoch": self.membership.broker_epoch if self.membership else -1,

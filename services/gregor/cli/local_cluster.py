@@ -399,7 +399,13 @@ class LocalCluster:
         pdir = lp.prometheus_dir(self.data_dir)
         os.makedirs(pdir, exist_ok=True)
         lp.write_targets(self.data_dir, self.processes)
-        config = lp.write_config(self.data_dir, scrape_interval_s or lp.SCRAPE_INTERVAL_S, port, "gregor")
+        tls = None
+        if self.tls is not None:  # the services' /metrics are HTTPS with their certificates
+            client = self.tls.client_props()
+            tls = {"ca_file": os.path.abspath(client["ssl.truststore.location"]),
+                   "cert_file": os.path.abspath(client["ssl.keystore.location"]),
+                   "key_file": os.path.abspath(client["ssl.key.location"])}
+        config = lp.write_config(self.data_dir, scrape_interval_s or lp.SCRAPE_INTERVAL_S, port, "gregor", tls)
         log_path = os.path.join(self.data_dir, "logs", "prometheus.log")
         cmd = [lp.prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={pdir}/data",
                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn"]

@@ -69,6 +69,8 @@ def parse_args(argv: list[str]) -> GatewayArgs:
         # security.protocol / ssl.* serve both the gateway's port and its producer; ssl.client.auth is the port's.
         security = TlsConfig.from_properties(props)
         props.pop("ssl.client.auth", None)
+        for key in ("metrics.security.protocol", "metrics.ssl.client.auth"):  # its /metrics port's
+            props.pop(key, None)
         # The authorizer's keys and etcd's are the gateway's, not its producer's.
         authorizer = AuthorizerConfig.from_properties(
             {key: props.pop(key) for key in list(AUTHORIZER_KEYS) if key in props})
@@ -125,12 +127,12 @@ async def run(args: GatewayArgs) -> int:
     await gateway.start()
     await server.start()
     register_build_info("gateway")
-    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    metrics_port = serve_metrics(args.host, args.metrics_port, tls=args.tls) if args.metrics_port >= 0 else -1
     reporter = MetricsReporter.started(args.metrics_topic, args.bootstrap, "gateway", args.gateway_id)
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "gateway_id": args.gateway_id, "grpc": f"{args.host}:{port}",
-            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "metrics": f"{args.tls.metrics_scheme}://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
             "pid": os.getpid(), "idempotence": bool(gateway.config.get("enable.idempotence"))})
     log.info("gateway %d serving gRPC on %s:%d, metrics %d, bootstrap %s, idempotence %s, compression %s",
              args.gateway_id, args.host, port, metrics_port, args.bootstrap,

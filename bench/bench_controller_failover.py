@@ -128,8 +128,8 @@ async def one_round(base: Path, partitions: int, lease_ttl_ms: int | None) -> di
             answered = time.monotonic() - killed
             await asyncio.sleep(1.0)
             again = time.monotonic()
-            assert await admin(), "a second CreateTopics failed"
-            steady = time.monotonic() - again
+            steady = await until(admin, 300, "a second CreateTopics") if not await admin() else \
+                time.monotonic() - again
             for lease in leases:
                 await lease.revoke()
             return {"elected s": elected, "admin s": answered, "steady admin s": steady,
@@ -153,12 +153,18 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--lease-ttl-ms", type=int, help="the controllers' --lease-ttl-ms (default: theirs)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--keep", help="run in this directory (kept, with the processes' logs) instead of a temporary one")
     args = ap.parse_args()
     for p in args.partitions:
         results = []
         for r in range(args.rounds):
-            with tempfile.TemporaryDirectory(prefix="bench-ctl-failover-") as tmp:
-                res = asyncio.run(one_round(Path(tmp), p, args.lease_ttl_ms))
+            if args.keep:
+                base = Path(args.keep) / f"p{p}-r{r}"
+                base.mkdir(parents=True, exist_ok=True)
+                res = asyncio.run(one_round(base, p, args.lease_ttl_ms))
+            else:
+                with tempfile.TemporaryDirectory(prefix="bench-ctl-failover-") as tmp:
+                    res = asyncio.run(one_round(Path(tmp), p, args.lease_ttl_ms))
             results.append(res)
             print(f"{p:>6} partitions, round {r + 1}: elected {res['elected s']:.2f} s, admin write "
                   f"{res['admin s']:.2f} s after SIGKILL (a CreateTopics later: {res['steady admin s']:.3f} s); new controller's failover {res['failover']}; "

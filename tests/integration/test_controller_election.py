@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from gregor.cli.local_cluster import LocalCluster, start_controller, stop_process
 from gregor.common import errors
 from gregor.common.config import BrokerConfig
-from gregor.common.etcd import CompareFailed, EtcdClient, EtcdUnavailable, Put
+from gregor.common.etcd import CompareFailed, EtcdClient, EtcdUnavailable, LeaseLost, Put
 from gregor.common.etcd_layout import ProducerIdBlockZNode
 from gregor.controller import elector, metadata_store
 from gregor.controller.controller import (CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT, FIRST_AUTO_LEADER_REBALANCE_DELAY_S,
@@ -358,7 +358,8 @@ async def test_a_registration_on_a_lost_lease_is_given_up_and_won_again_at_once(
             old = ctl._lease
             assert old is not None and ctl.ctx.epoch == 1
             keep = asyncio.create_task(_keep_refreshing(client, old.id))  # etcd keeps the old lease alive
-            old._task.cancel()  # the keepalive gives up: LeaseLost, Expire
+            old.stop_refreshing()  # the keepalive gives up (as after the TTL without an answer): LeaseLost, Expire
+            old._lose(LeaseLost(f"lease {old.id:x} not refreshed within {old.ttl_s} s (test)"))
             await until(lambda: _true(ctl.is_active and ctl.ctx.epoch == 2 and ctl._lease is not old), 5,
                         "elected again on a new lease while the old lease lives")
             kv = await client.get(client.key("controller"))

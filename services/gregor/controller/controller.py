@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from gregor.common import errors, uuid
-from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, KeyValue, Lease, LeaseLost,
+from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, KeyValue, LeaseLost,
                                 Put, WatchCompacted, lease_ttl_s, mod_revision_is)
+from gregor.common.lease_thread import ThreadedLease
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
@@ -207,7 +208,7 @@ class Controller:
         self.events = ControllerEventManager(registry=registry)
         self.channels = ControllerChannelManager(controller_id, registry)
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._lease: Lease | None = None
+        self._lease: ThreadedLease | None = None
         self._controller_watch: asyncio.Task[None] | None = None
         # The active role's watches: brokers/ids, brokers/topics, admin/delete_topics.
         self._active_watches: list[asyncio.Task[None]] = []
@@ -304,7 +305,7 @@ class Controller:
                 start_revision = (await self.etcd.get_prefix(key)).revision + 1
                 await self.events.put(event())
 
-    def _on_lease_lost(self, lease: Lease, reason: LeaseLost) -> None:
+    def _on_lease_lost(self, lease: ThreadedLease, reason: LeaseLost) -> None:
         """Kafka's session expiry: Expire runs next and drops the backlog (clearAndPut)."""
         if lease is not self._lease or self._closing:
             return
@@ -326,7 +327,7 @@ class Controller:
         await self.maybe_resign()
         await self._guarded_event(self.elect)
 
-    async def _process_expire(self, lease: Lease | None = None) -> None:
+    async def _process_expire(self, lease: ThreadedLease | None = None) -> None:
         if lease is not None and lease is not self._lease:
             # A second report of a loss already handled (the keepalive can report one lease's end twice,
             # the second queued behind the Expire that re-elected us on a new lease): resigning now
@@ -421,10 +422,15 @@ class Controller:
             return True
         return False
 
-    async def _ensure_lease(self) -> Lease:
+    async def _ensure_lease(self) -> ThreadedLease:
         """Our live lease, granting a new one if the last was lost (a new etcd session)."""
         if self._lease is None or not self._lease.alive:
-            lease = await self.etcd.grant_lease(self.lease_ttl_s)
+            # Refreshed from its own thread: a failover holding the event loop for seconds (10,000
+            # partitions on a loaded machine) must not cost the 2 s lease it was elected on.
+            lease = await ThreadedLease.grant(self.etcd, self.lease_ttl_s)
+            if lease.ttl_s != self.lease_ttl_s:
+                log.info("controller %d: etcd granted a lease of %d s (asked %d s: its minimum)",
+                         self.controller_id, lease.ttl_s, self.lease_ttl_s)
             self._lease = lease
             lease.on_lost(lambda reason: self._on_lease_lost(lease, reason))
         return self._lease

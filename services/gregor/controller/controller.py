@@ -480,8 +480,8 @@ class Controller:
         phases.lap("read")
         self._load_topics(snapshot)
         phases.lap("load")
-        # The lease keepalive shares this loop: let it run between the failover's long synchronous steps
-        # (at 10,000 partitions each takes a few hundred ms; the lease is controller.quorum.fetch.timeout.ms).
+        # Let the loop's other tasks (watches, gRPC handlers, the senders) run between the failover's long
+        # synchronous steps: at 10,000 partitions each takes a few hundred ms. (The lease has its own thread.)
         await asyncio.sleep(0)
         await self._backfill_topic_ids(snapshot)
         for registration in registered:

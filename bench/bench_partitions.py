@@ -335,6 +335,10 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
         values["leaders s"] = time.monotonic() - start
         step = "write all"
         values["write all s"] = write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+        if getattr(args, "failover_only", False):
+            step = "controller failover"
+            run_failover(side, topic, partitions, values, detail)
+            return out
         step = "idle"
         cores, per_cores, rss = idle(side.server_pids(), args.idle_s)
         values["idle cores"] = cores
@@ -352,46 +356,53 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
              f"broker {broker_id} back in every ISR", 0.2)
         values["restart ISR s"] = time.monotonic() - start
         step = "controller failover"
-        start = time.monotonic()
-        side.kill_active_controller()
-        killed = time.monotonic()
-        detail["failover kill s"] = killed - start  # finding the active controller (Kafka: a JVM tool)
-
-        def admin_write() -> bool:
-            try:
-                create_topic(bootstrap, f"after-failover-{time.monotonic_ns()}", 1, RF, 30)
-                return True
-            except Exception:
-                return False
-
-        # The two clocks run together from the kill: admin writes in a thread, the data path here.
-        admin_s: list[float] = []
-        admin_error: list[str] = []
-
-        def admin_loop() -> None:
-            try:
-                poll(admin_write, STEP_TIMEOUT_S, "CreateTopics after the controller's SIGKILL")
-                admin_s.append(time.monotonic() - killed)
-            except StepFailed as exc:
-                admin_error.append(str(exc))
-
-        thread = threading.Thread(target=admin_loop, name="failover-admin", daemon=True)
-        thread.start()
-        write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
-        values["failover write all s"] = time.monotonic() - killed
-        thread.join(STEP_TIMEOUT_S + 60)
-        if not admin_s:
-            raise StepFailed(admin_error[0] if admin_error else "the admin probe did not finish")
-        values["failover admin s"] = admin_s[0]
+        run_failover(side, topic, partitions, values, detail)
     except Exception as exc:
         out["broken"] = f"{step}: {exc}"[:2000]
         print(f"  {side.name} {partitions}: broken at {step}: {str(exc)[:300]}", flush=True)
         side.keep_logs(RESULTS_DIR / "logs" / f"partitions-{side.name}-{partitions}")
     finally:
         side.stop()
-    for k, v in values.items():
-        print(f"  {side.name:<6} {partitions:>6}p  {k:<22} {v:10.2f}  (load {os.getloadavg()[0]:.1f})", flush=True)
+        for k, v in values.items():
+            print(f"  {side.name:<6} {partitions:>6}p  {k:<22} {v:10.2f}  (load {os.getloadavg()[0]:.1f})", flush=True)
     return out
+
+
+def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float], detail: dict[str, Any]) -> None:
+    """The controller failover cell: SIGKILL the active controller; "failover admin s" until a CreateTopics
+    succeeds, "failover write all s" until one record reached every partition of the big topic again."""
+    bootstrap = side.bootstrap
+    start = time.monotonic()
+    side.kill_active_controller()
+    killed = time.monotonic()
+    detail["failover kill s"] = killed - start  # finding the active controller (Kafka: a JVM tool)
+
+    def admin_write() -> bool:
+        try:
+            create_topic(bootstrap, f"after-failover-{time.monotonic_ns()}", 1, RF, 30)
+            return True
+        except Exception:
+            return False
+
+    # The two clocks run together from the kill: admin writes in a thread, the data path here.
+    admin_s: list[float] = []
+    admin_error: list[str] = []
+
+    def admin_loop() -> None:
+        try:
+            poll(admin_write, STEP_TIMEOUT_S, "CreateTopics after the controller's SIGKILL")
+            admin_s.append(time.monotonic() - killed)
+        except StepFailed as exc:
+            admin_error.append(str(exc))
+
+    thread = threading.Thread(target=admin_loop, name="failover-admin", daemon=True)
+    thread.start()
+    write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+    values["failover write all s"] = time.monotonic() - killed
+    thread.join(STEP_TIMEOUT_S + 60)
+    if not admin_s:
+        raise StepFailed(admin_error[0] if admin_error else "the admin probe did not finish")
+    values["failover admin s"] = admin_s[0]
 
 
 # ---------------------------------------------------------------- report
@@ -467,6 +478,9 @@ def main() -> None:
     ap.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S,
                     help="seconds any one step may take before the cell is reported broken there (default 600)")
     ap.add_argument("--chart", action="store_true", help="draw docs/partitions.png")
+    ap.add_argument("--failover-only", action="store_true",
+                    help="per cell only create, leaders, write all and the controller failover (no idle, produce or "
+                         "broker restart); results go to a _partial file")
     args = ap.parse_args()
     globals()["STEP_TIMEOUT_S"] = args.step_timeout
     counts = tuple(args.partitions or (QUICK_PARTITIONS if args.quick else FULL_PARTITIONS))
@@ -492,7 +506,7 @@ def main() -> None:
                     cell["load"] = os.getloadavg()[0]
                     cells.append(cell)
     name = "partitions_quick" if args.quick else "partitions"
-    if args.partitions or args.systems != ["gregor", "kafka"]:
+    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only:
         name += "_partial"  # a chosen subset does not overwrite the standard result files
     write_results(name, {"partitions": list(counts), "rounds": repeat, "records": args.records,
                          "idle_s": args.idle_s, "rf": RF, "min.insync.replicas": MIN_ISR,

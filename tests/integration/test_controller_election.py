@@ -16,16 +16,20 @@ from prometheus_client import CollectorRegistry
 
 from gregor.cli.local_cluster import LocalCluster, start_controller, stop_process
 from gregor.common import errors
-from gregor.common.etcd import CompareFailed, EtcdClient, Put
+from gregor.common.config import BrokerConfig
+from gregor.common.etcd import CompareFailed, EtcdClient, EtcdUnavailable, LeaseLost, Put
 from gregor.common.etcd_layout import ProducerIdBlockZNode
-from gregor.controller import elector
-from gregor.controller.controller import FIRST_AUTO_LEADER_REBALANCE_DELAY_S, Controller, ControllerState, _Event
+from gregor.controller import elector, metadata_store
+from gregor.controller.controller import (CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT, FIRST_AUTO_LEADER_REBALANCE_DELAY_S,
+                                         Controller, ControllerState, _Event)
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
 from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
+DEFAULT_LEASE_TTL_MS = CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT
 TAKEOVER_MARGIN_S = 3.0  # lease expiry check interval (0.5 s) + watch + election + slack
+BROKER_SESSION_TIMEOUT_MS_DEFAULT = BrokerConfig().broker_session_timeout_ms
 
 
 @pytest.fixture
@@ -108,6 +112,50 @@ async def test_one_active_and_sigkill_failover(client: EtcdClient, controllers: 
     assert scrape(standby)["gregor_controller_epoch"] == 2.0
     assert await allocate(standby, 7, epoch_broker) == 0  # it loaded the live brokers at failover
     print(f"takeover after SIGKILL: {took:.2f} s")
+
+
+async def test_sigkill_failover_on_defaults_stays_inside_the_broker_session(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Nothing configured: the controllers' election lease is controller.quorum.fetch.timeout.ms (2 s), the
+    broker's session broker.session.timeout.ms (10 s). The standby takes over within the lease plus the
+    takeover margin, far inside the broker's session, which does not lapse meanwhile (same registration);
+    then an admin write through the broker succeeds. With the election lease at the brokers' 10 s (the old
+    default) the takeover took 7-10.5 s after the SIGKILL and this bound fails."""
+    cluster = LocalCluster.up(str(tmp_path / "cluster"), brokers=1, controllers=2)
+    try:
+        broker = cluster.by_role("broker")[0]
+        async with EtcdClient(f"http://{cluster.by_role('etcd')[0].grpc}", cluster="gregor") as client:
+            await until(lambda: _any_registered(client), 10, "a controller registered")
+            active_id = await elector.read_controller_id(client)
+            active = next(c for c in cluster.by_role("controller") if c.id == active_id)
+            standby = next(c for c in cluster.by_role("controller") if c.id != active_id)
+            assert await _create_topic(broker, "before-failover")
+            registration = await client.get(client.key("brokers", "ids", broker.id))
+            assert registration is not None
+            epoch, _ = await elector.read_controller_epoch(client)
+
+            stop_process(active, signal.SIGKILL)
+            took = await until(lambda: controller_is(client, standby.id),
+                               DEFAULT_LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S, "standby took over after SIGKILL")
+            assert DEFAULT_LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S < BROKER_SESSION_TIMEOUT_MS_DEFAULT / 1000
+            assert (await elector.read_controller_epoch(client))[0] == epoch + 1
+            admin = await until(lambda: _create_topic(broker, f"after-failover-{time.monotonic_ns()}"), 10,
+                                "an admin write through the broker after the failover")
+            after = await client.get(client.key("brokers", "ids", broker.id))
+            assert after is not None and after.create_revision == registration.create_revision  # session kept
+            print(f"defaults: takeover {took:.2f} s after SIGKILL, admin write {admin:.2f} s later")
+    finally:
+        tear_down(cluster)
+
+
+async def _create_topic(broker: Process, name: str) -> bool:
+    try:
+        async with grpc.aio.insecure_channel(broker.grpc) as ch:
+            resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
+                topics=[controller_pb2.CreatableTopic(name=name, num_partitions=1, replication_factor=1)]),
+                timeout=5)
+    except grpc.aio.AioRpcError:
+        return False
+    return resp.results[0].error.code == 0
 
 
 async def test_zombie_is_fenced_then_sigterm_handover(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -292,6 +340,69 @@ async def test_a_stale_report_of_a_replaced_lease_does_not_resign_the_new_term(c
             assert ctl.is_active and ctl.ctx.epoch == 2
             assert ctl.metrics.active_controller_count._value.get() == 1.0
             assert (await elector.read_controller_epoch(client))[0] == 2
+        finally:
+            await ctl.stop()
+
+
+async def test_a_registration_on_a_lost_lease_is_given_up_and_won_again_at_once(client: EtcdClient) -> None:
+    """The client gave its lease up (no refresh answered for its TTL, as while etcd elects a new leader) but
+    etcd still holds it, so the registration bound to it stays. The controller resigns, removes that
+    registration and is elected again on a new lease at once; it neither waits for the old lease to expire
+    nor takes the stale registration for a term of its own (it was "active" with nothing loaded)."""
+    async with EtcdClient(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(1, own, lease_ttl_ms=LEASE_TTL_MS, registry=CollectorRegistry())
+        await ctl.start()
+        keep: asyncio.Task[None] | None = None
+        try:
+            await until(lambda: _true(ctl.is_active), 3, "controller 1 active")
+            old = ctl._lease
+            assert old is not None and ctl.ctx.epoch == 1
+            keep = asyncio.create_task(_keep_refreshing(client, old.id))  # etcd keeps the old lease alive
+            old.stop_refreshing()  # the keepalive gives up (as after the TTL without an answer): LeaseLost, Expire
+            old._lose(LeaseLost(f"lease {old.id:x} not refreshed within {old.ttl_s} s (test)"))
+            await until(lambda: _true(ctl.is_active and ctl.ctx.epoch == 2 and ctl._lease is not old), 5,
+                        "elected again on a new lease while the old lease lives")
+            kv = await client.get(client.key("controller"))
+            assert kv is not None and ctl._lease is not None and kv.lease == ctl._lease.id
+            assert await client.refresh_lease(old.id) > 0  # the old lease never expired: nothing waited for it
+            assert ctl.metrics.active_controller_count._value.get() == 1.0
+        finally:
+            if keep is not None:
+                keep.cancel()
+            await ctl.stop()
+
+
+async def _keep_refreshing(client: EtcdClient, lease_id: int) -> None:
+    while True:
+        await client.refresh_lease(lease_id)
+        await asyncio.sleep(0.3)
+
+
+async def test_a_failover_that_fails_gives_the_registration_up(client: EtcdClient,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd fails the new controller's first read of the topics (fault injected there): Kafka's
+    triggerControllerMove. The registration goes (the lease is revoked) and the next election, here the
+    same controller's, runs the failover to the end. Its guarded delete of the key had been refused (the
+    guard used the epoch of the context the resignation had just reset), and no controller was ever active."""
+    real = metadata_store.load_topics
+    calls = 0
+
+    async def fails_once(etcd: EtcdClient) -> metadata_store.TopicsSnapshot:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise EtcdUnavailable("injected: etcd did not answer the failover's read")
+        return await real(etcd)
+
+    monkeypatch.setattr(metadata_store, "load_topics", fails_once)
+    async with EtcdClient(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(1, own, lease_ttl_ms=LEASE_TTL_MS, registry=CollectorRegistry())
+        await ctl.start()
+        try:
+            await until(lambda: _true(ctl.is_active and ctl.ctx.epoch == 2
+                                      and ctl.metrics.active_controller_count._value.get() == 1.0), 5,
+                        "active after a second election")
+            assert calls == 2 and await elector.read_controller_id(client) == 1
         finally:
             await ctl.stop()
 

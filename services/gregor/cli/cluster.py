@@ -31,7 +31,9 @@ def cluster() -> None:
               help="1 or more run the brokers in cluster mode under an elected controller (the others stand by); "
                    "0 runs one standalone broker (--brokers 1 --controllers 0)  [default: 2; 0 with --standalone]")
 @click.option("--lease-ttl-ms", type=int, default=None,
-              help="controller lease TTL and broker.session.timeout.ms (default 10000)")
+              help="one lease TTL for the controllers (controller.quorum.fetch.timeout.ms, default 2000), the "
+                   "coordinators and the brokers (broker.session.timeout.ms, default 10000); left out, each keeps "
+                   "its own default")
 @click.option("--coordinators", type=int, default=None,
               help="group coordinators (need --controllers >= 1); groups are sharded over them  "
                    "[default: 1 with controllers, else 0]")

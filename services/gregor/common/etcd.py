@@ -659,6 +659,19 @@ class EtcdClient:
             raise EtcdError(f"etcd lease grant at {self.endpoint}: {resp.error}")  # type: ignore[attr-defined]
         return Lease(self, int(resp.ID), int(resp.TTL), own_thread)  # type: ignore[attr-defined]
 
+    async def grant_lease_id(self, ttl_s: int) -> tuple[int, int]:
+        """Grant a lease and return (id, TTL etcd granted) without a keepalive (the caller refreshes it,
+        e.g. gregor.common.lease_thread.ThreadedLease)."""
+        resp = await self._call("lease grant", "leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s),
+                                idempotent=True)
+        if resp.error:  # type: ignore[attr-defined]
+            raise EtcdError(f"etcd lease grant at {self.endpoint}: {resp.error}")  # type: ignore[attr-defined]
+        return int(resp.ID), int(resp.TTL)  # type: ignore[attr-defined]
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """The credentials this client's channels use (None: plain text), for a blocking channel of a thread."""
+        return self._security.channel_credentials() if self._security is not None else None
+
     async def refresh_lease(self, lease_id: int, timeout_s: float | None = None) -> int:
         """One keepalive round trip; returns the remaining TTL in seconds (0 when the lease is gone)."""
         client = await self._connected()

@@ -11,9 +11,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
-                                         LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, LEASE_TTL_MS_DEFAULT,
-                                         NEW_PARTITIONS_PER_EVENT_DEFAULT, LeaderBalanceConfig)
+from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT,
+                                         LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
+                                         LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, NEW_PARTITIONS_PER_EVENT_DEFAULT,
+                                         LeaderBalanceConfig)
 from gregor.common.metrics_reporter import METRICS_TOPIC_KEYS, MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, AuthorizerConfig, config_from_namespace
@@ -45,6 +46,9 @@ class ControllerArgs:
 CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "etcd.endpoints": ("etcd", str, None),
     "cluster.id": ("cluster", str, "gregor"),
+    # KRaft's name for how long a silent active controller keeps the role; here the TTL of the etcd lease
+    # the `controller` key is bound to (--lease-ttl-ms is its flag). Not broker.session.timeout.ms.
+    "controller.quorum.fetch.timeout.ms": ("lease_ttl_ms", int, CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT),
     "delete.topic.enable": ("delete_topic_enable", parse_bool, True),
     "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", parse_bool, AUTO_LEADER_REBALANCE_ENABLE_DEFAULT),
     "leader.imbalance.per.broker.percentage": ("leader_imbalance_per_broker_percentage", int,
@@ -71,8 +75,10 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     ap.add_argument("--port", type=int, default=0, help="gRPC port (0 picks a free one)")
     ap.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks, -1 disables)")
     ap.add_argument("--ready-file", help="write endpoints as JSON here once serving")
-    ap.add_argument("--lease-ttl-ms", type=int, default=LEASE_TTL_MS_DEFAULT,
-                    help="etcd lease TTL (rounded up to whole seconds): a dead controller is replaced within it")
+    ap.add_argument("--lease-ttl-ms", type=int,
+                    help="controller.quorum.fetch.timeout.ms: TTL of the etcd lease the controller registration "
+                         "is bound to (rounded up to whole seconds, at least etcd's minimum of 2 s); a dead "
+                         f"controller is replaced within it (default {CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT})")
     ap.add_argument("--delete-topic-enable", type=parse_bool, metavar="{true,false}",
                     help="delete.topic.enable: whether DeleteTopics deletes (Kafka's default: true)")
     ap.add_argument("--auto-leader-rebalance-enable", type=parse_bool, metavar="{true,false}",
@@ -97,7 +103,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
     if not a.etcd:
         ap.error("etcd.endpoints is required: --etcd or etcd.endpoints in --config")
     if a.lease_ttl_ms <= 0:
-        ap.error("--lease-ttl-ms must be positive")
+        ap.error("controller.quorum.fetch.timeout.ms (--lease-ttl-ms) must be positive")
     if not 0 <= a.leader_imbalance_per_broker_percentage <= 100:
         ap.error("leader.imbalance.per.broker.percentage must be between 0 and 100")
     if a.leader_imbalance_check_interval_seconds <= 0:
@@ -150,7 +156,7 @@ async def run(args: ControllerArgs) -> int:
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
     register_build_info("controller")
-    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    metrics_port = serve_metrics(args.host, args.metrics_port, tls=args.tls) if args.metrics_port >= 0 else -1
     await controller.start()
     # Through the brokers registered in etcd: the controller has no broker list of its own.
     reporter = MetricsReporter.started(args.metrics_topic, lambda: etcd_bootstrap(etcd), "controller",
@@ -158,7 +164,7 @@ async def run(args: ControllerArgs) -> int:
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "controller_id": args.controller_id, "grpc": f"{args.host}:{port}",
-            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "metrics": f"{args.tls.metrics_scheme}://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
             "pid": os.getpid()})
     log.info("controller %d serving gRPC on %s:%d, metrics %d, etcd %s", args.controller_id, args.host, port,
              metrics_port, args.etcd)

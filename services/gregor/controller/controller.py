@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from dataclasses import dataclass
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from gregor.common import errors, uuid
-from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, Lease, LeaseLost, Put,
-                                WatchCompacted, lease_ttl_s, mod_revision_is)
+from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, KeyValue, LeaseLost,
+                                Put, WatchCompacted, lease_ttl_s, mod_revision_is)
+from gregor.common.lease_thread import ThreadedLease
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
@@ -36,7 +38,15 @@ from gregor.controller.topics import (on_new_partition_creation, on_topic_deleti
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LEASE_TTL_MS_DEFAULT = 10_000  # a SIGKILLed controller is replaced within this
+# controller.quorum.fetch.timeout.ms: KRaft's bound on how long a silent active controller keeps the role
+# before the standbys elect another (default 2000). Gregor's controllers elect through etcd, so it is the
+# TTL of the lease the `controller` key is bound to: a SIGKILLed controller's key is gone within it (plus
+# etcd's 0.5 s expiry check) and the standby, watching the key, campaigns at once. It is not the brokers'
+# session (broker.session.timeout.ms, 10 s here, 9 s in Kafka): a broker missing for 2 s is not declared
+# dead, a controller missing for 2 s is replaced. etcd leases are whole seconds, at least etcd's minimum
+# (1.5 s with its default raft timings, rounded up to 2 s).
+CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT = 2_000
+LEASE_TTL_MS_DEFAULT = CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT  # the name the Python API has used
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
 # auto.leader.rebalance.enable, leader.imbalance.per.broker.percentage, leader.imbalance.check.interval.seconds
 AUTO_LEADER_REBALANCE_ENABLE_DEFAULT = True
@@ -132,6 +142,23 @@ def preferred_replica_imbalance_count(ctx: ControllerContext) -> int:
     return count
 
 
+class _PhaseClock:
+    """Wall time per phase of a multi-step event, for its log line ("read 0.12 s, decide 0.30 s, ...")."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        total = self._last - self._start
+        return f"{total:.3f} s (" + ", ".join(f"{name} {s:.3f}" for name, s in self.laps) + ")"
+
+
 @dataclass
 class _Event:
     """A controller event: a ControllerState and a coroutine run on the event task."""
@@ -181,7 +208,7 @@ class Controller:
         self.events = ControllerEventManager(registry=registry)
         self.channels = ControllerChannelManager(controller_id, registry)
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._lease: Lease | None = None
+        self._lease: ThreadedLease | None = None
         self._controller_watch: asyncio.Task[None] | None = None
         # The active role's watches: brokers/ids, brokers/topics, admin/delete_topics.
         self._active_watches: list[asyncio.Task[None]] = []
@@ -278,7 +305,7 @@ class Controller:
                 start_revision = (await self.etcd.get_prefix(key)).revision + 1
                 await self.events.put(event())
 
-    def _on_lease_lost(self, lease: Lease, reason: LeaseLost) -> None:
+    def _on_lease_lost(self, lease: ThreadedLease, reason: LeaseLost) -> None:
         """Kafka's session expiry: Expire runs next and drops the backlog (clearAndPut)."""
         if lease is not self._lease or self._closing:
             return
@@ -300,7 +327,7 @@ class Controller:
         await self.maybe_resign()
         await self._guarded_event(self.elect)
 
-    async def _process_expire(self, lease: Lease | None = None) -> None:
+    async def _process_expire(self, lease: ThreadedLease | None = None) -> None:
         if lease is not None and lease is not self._lease:
             # A second report of a loss already handled (the keepalive can report one lease's end twice,
             # the second queued behind the Expire that re-elected us on a new lease): resigning now
@@ -328,7 +355,18 @@ class Controller:
     async def elect(self) -> None:
         """Become the controller unless one is registered; on success run onControllerFailover."""
         try:
-            self.active_controller_id = await elector.read_controller_id(self.etcd)
+            kv = await self.etcd.get(ControllerZNode.key(self.etcd))
+            if kv is not None and self._lost_registration(kv):
+                # Our registration on the lease we lost (etcd was unreachable for the lease's TTL, as while
+                # etcd elects a new leader): etcd may still hold that lease, and nobody acts on the key, so
+                # remove it, only if unchanged, and campaign now instead of after its TTL (a short
+                # controller.quorum.fetch.timeout.ms makes such losses commoner). The new epoch fences us.
+                key = ControllerZNode.key(self.etcd)
+                await self.etcd.txn([mod_revision_is(key, kv.mod_revision)], [Delete(key)])
+                log.info("controller %d: removed its registration on lost lease %x to elect again",
+                         self.controller_id, kv.lease)
+                kv = None
+            self.active_controller_id = self._registered_id(kv)
             if self.active_controller_id != NO_CONTROLLER:
                 self.metrics.epoch.set((await elector.read_controller_epoch(self.etcd))[0])
                 log.debug("controller %d is active; not electing", self.active_controller_id)
@@ -352,10 +390,31 @@ class Controller:
             log.error("controller %d failed over badly (%s); moving the controller", self.controller_id, exc)
             await self._trigger_controller_move()
 
+    def _holds(self, kv: KeyValue) -> bool:
+        """The registration is this instance's current term: bound to our live lease, elected (epoch known)."""
+        return (self._lease is not None and self._lease.alive and kv.lease == self._lease.id
+                and self.ctx.epoch_version != 0)
+
+    def _lost_registration(self, kv: KeyValue) -> bool:
+        """Our own registration, bound to the lease this instance held and lost."""
+        return (self._lease is not None and not self._lease.alive and kv.lease == self._lease.id
+                and ControllerZNode.decode(kv.value).controller_id == self.controller_id)
+
+    def _registered_id(self, kv: KeyValue | None) -> int:
+        """The active controller's id from its registration. Our own id counts only for our current term:
+        a registration of ours from a lost lease or an earlier process of ours is nobody's (its key goes
+        with its lease); taking it for ours made a standby "active" without having loaded anything."""
+        if kv is None:
+            return NO_CONTROLLER
+        controller_id = ControllerZNode.decode(kv.value).controller_id
+        if controller_id == self.controller_id and not self._holds(kv):
+            return NO_CONTROLLER
+        return controller_id
+
     async def maybe_resign(self) -> bool:
         """Re-read who is active; resign if it was us and is not any more. True when we resigned."""
         was_active = self.is_active
-        self.active_controller_id = await elector.read_controller_id(self.etcd)
+        self.active_controller_id = self._registered_id(await self.etcd.get(ControllerZNode.key(self.etcd)))
         if not self.is_active:
             self.metrics.epoch.set((await elector.read_controller_epoch(self.etcd))[0])
         if elector.should_resign(was_active, self.active_controller_id, self.controller_id):
@@ -363,10 +422,15 @@ class Controller:
             return True
         return False
 
-    async def _ensure_lease(self) -> Lease:
+    async def _ensure_lease(self) -> ThreadedLease:
         """Our live lease, granting a new one if the last was lost (a new etcd session)."""
         if self._lease is None or not self._lease.alive:
-            lease = await self.etcd.grant_lease(self.lease_ttl_s)
+            # Refreshed from its own thread: a failover holding the event loop for seconds (10,000
+            # partitions on a loaded machine) must not cost the 2 s lease it was elected on.
+            lease = await ThreadedLease.grant(self.etcd, self.lease_ttl_s)
+            if lease.ttl_s != self.lease_ttl_s:
+                log.info("controller %d: etcd granted a lease of %d s (asked %d s: its minimum)",
+                         self.controller_id, lease.ttl_s, self.lease_ttl_s)
             self._lease = lease
             lease.on_lost(lambda reason: self._on_lease_lost(lease, reason))
         return self._lease
@@ -382,13 +446,18 @@ class Controller:
         asyncio.get_running_loop().call_later(delay_s, put)
 
     async def _trigger_controller_move(self) -> None:
-        """Resign and delete our registration so another election runs (Kafka's triggerControllerMove)."""
+        """Resign and give up our registration so another election runs (Kafka's triggerControllerMove).
+
+        The lease is revoked, which deletes the key at once, or, when etcd does not answer, stops its
+        keepalive so the key expires within its TTL. (This deleted the key with a write guarded by the
+        epoch of the context that the resignation had just reset, so the delete was always refused and
+        the registration, on a live lease, stayed: no controller was active until the process ended.)
+        """
         self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
-        try:
-            await self.guarded_write([], [Delete(ControllerZNode.key(self.etcd))])
-        except (EtcdError, ControllerMovedError) as exc:
-            log.warning("could not delete the controller key: %s", exc)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.revoke()
 
     # -- the active role ---------------------------------------------------------
 
@@ -400,13 +469,20 @@ class Controller:
         pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
         replicas. Topics queued for deletion resume deleting.
         """
+        phases = _PhaseClock()
         brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}
         self.ctx.broker_open_file_limits = open_file_limits(registered)
         await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
+        phases.lap("brokers")
         snapshot = await metadata_store.load_topics(self.etcd)
+        phases.lap("read")
         self._load_topics(snapshot)
+        phases.lap("load")
+        # Let the loop's other tasks (watches, gRPC handlers, the senders) run between the failover's long
+        # synchronous steps: at 10,000 partitions each takes a few hundred ms. (The lease has its own thread.)
+        await asyncio.sleep(0)
         await self._backfill_topic_ids(snapshot)
         for registration in registered:
             self.channels.add_broker(registration.endpoint())
@@ -427,7 +503,10 @@ class Controller:
         bounced = on_controller_failover(self.ctx, actions, self._election())
         if bounced:
             log.info("leaders re-registered since their election, handled as bounced: %s", sorted(bounced))
+        phases.lap("decide")
+        await asyncio.sleep(0)
         await self.apply_actions(actions)
+        phases.lap("apply")
         if snapshot.topics_to_delete:
             await self.on_topic_deletion()
         if self.leader_balance.auto_leader_rebalance_enable:
@@ -435,8 +514,9 @@ class Controller:
                 self._auto_leader_rebalance_timer(), name="auto-leader-rebalance")
         self.metrics.active_controller_count.set(1)
         self.metrics.epoch.set(self.ctx.epoch)
-        log.info("controller %d active: epoch %d, live brokers %s, %d topics", self.controller_id, self.ctx.epoch,
-                 sorted(self.ctx.live_broker_epochs), len(self.ctx.all_topics))
+        log.info("controller %d active: epoch %d, live brokers %s, %d topics, %d partitions; failover took %s",
+                 self.controller_id, self.ctx.epoch, sorted(self.ctx.live_broker_epochs), len(self.ctx.all_topics),
+                 len(self.ctx.partition_leadership_info), phases)
 
     def _load_topics(self, snapshot: metadata_store.TopicsSnapshot) -> None:
         for topic, assignment in snapshot.assignments.items():

@@ -73,8 +73,12 @@ class TopicsSnapshot:
     topics_to_delete: set[str] = field(default_factory=set)
 
 
-def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSnapshot) -> None:
+def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSnapshot, states: bool = True) -> None:
+    """Topic keys into snap; partition state keys too unless `states` is False (their JSON is then not
+    parsed: the topic prefix holds every partition's state, 10,000 of them behind one TopicChange)."""
     for kv in kvs:
+        if not states and kv.key.endswith(b"/state"):
+            continue  # a partition state key (a topic key has no '/' after the prefix)
         topic = TopicZNode.topic(etcd, kv.key)
         if topic is not None:
             snap.assignments[topic] = decode_assignment(kv.value)
@@ -82,7 +86,7 @@ def _parse_topic_keys(etcd: EtcdClient, kvs: Sequence[KeyValue], snap: TopicsSna
             topic_id = decode_topic_id(kv.value)
             if topic_id:
                 snap.topic_ids[topic] = topic_id
-        elif (tp := PartitionStateZNode.topic_partition(etcd, kv.key)) is not None:
+        elif states and (tp := PartitionStateZNode.topic_partition(etcd, kv.key)) is not None:
             snap.states[TopicPartition(*tp)] = decode_partition_state(kv)
 
 
@@ -109,8 +113,7 @@ async def load_assignments(etcd: EtcdClient) -> dict[str, dict[int, tuple[int, .
 async def load_topic_keys(etcd: EtcdClient) -> TopicsSnapshot:
     """The `brokers/topics/<topic>` keys: assignments, topic ids and revisions (TopicChange)."""
     snap = TopicsSnapshot()
-    _parse_topic_keys(etcd, (await etcd.get_prefix(TopicZNode.prefix(etcd))).kvs, snap)
-    snap.states = {}
+    _parse_topic_keys(etcd, (await etcd.get_prefix(TopicZNode.prefix(etcd))).kvs, snap, states=False)
     return snap
 
 

@@ -52,6 +52,19 @@ def test_controller_reads_its_file_and_flags_override_it(tmp_path: Path) -> None
     assert a.cluster == "f"
 
 
+def test_controller_election_lease_is_controller_quorum_fetch_timeout_ms(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """KRaft's controller.quorum.fetch.timeout.ms (2000) is the controller lease TTL; --lease-ttl-ms is its flag."""
+    assert controller_args(["--controller-id=1", f"--etcd={ETCD}"]).lease_ttl_ms == 2000
+    conf = write(tmp_path, f"etcd.endpoints={ETCD}\ncontroller.quorum.fetch.timeout.ms=3000\n")
+    assert controller_args(["--controller-id=1", f"--config={conf}"]).lease_ttl_ms == 3000
+    assert controller_args(["--controller-id=1", f"--config={conf}",
+                            "--override=controller.quorum.fetch.timeout.ms=4000"]).lease_ttl_ms == 4000
+    assert controller_args(["--controller-id=1", f"--config={conf}", "--lease-ttl-ms=5000"]).lease_ttl_ms == 5000
+    refused(controller_args, ["--controller-id=1", f"--etcd={ETCD}", "--override=controller.quorum.fetch.timeout.ms=0"],
+            capsys, "controller.quorum.fetch.timeout.ms (--lease-ttl-ms) must be positive")
+
+
 def test_controller_refuses_bad_keys_values_and_a_missing_etcd(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     refused(controller_args, ["--controller-id=1", config(tmp_path, f'etcd.endpoints={ETCD}\nbogus=1\n')],

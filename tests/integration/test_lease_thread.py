@@ -1,0 +1,60 @@
+"""gregor.common.lease_thread.ThreadedLease against a real etcd: a busy event loop keeps the lease, a loss is
+reported on the owner's loop, a revoke deletes the keys and reports nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import pytest
+
+from gregor.common.etcd import EtcdClient, LeaseLost
+from gregor.common.lease_thread import ThreadedLease
+from tests.helpers.cluster import Process
+from tests.helpers.wait import until
+
+TTL_S = 2  # etcd's minimum with its default raft timings
+BLOCK_S = 2 * TTL_S + 1  # longer than etcd takes to expire a lease nobody refreshes (TTL + its 0.5 s check)
+
+
+@pytest.fixture
+async def client(etcd: Process) -> AsyncIterator[EtcdClient]:
+    async with EtcdClient(f"http://{etcd.grpc}", cluster="t") as c:
+        yield c
+
+
+async def test_a_loop_held_past_the_ttl_keeps_a_threaded_lease_and_loses_a_loop_lease(client: EtcdClient) -> None:
+    """The controller's failover at 10,000 partitions holds its loop for seconds on a loaded machine: with the
+    loop's own keepalive (etcd.Lease) its 2 s lease expired meanwhile; the thread's keepalive holds it."""
+    threaded = await ThreadedLease.grant(client, TTL_S)
+    on_loop = await client.grant_lease(TTL_S)
+    kept, gone = client.key("threaded"), client.key("on-loop")
+    await client.put(kept, b"1", threaded.id)
+    await client.put(gone, b"1", on_loop.id)
+    lost: list[LeaseLost] = []
+    threaded.on_lost(lost.append)
+    time.sleep(BLOCK_S)  # noqa: ASYNC251 - holding the event loop is the point
+    assert await client.get(kept) is not None and threaded.alive
+    assert await client.get(gone) is None  # what the controller's lease used to do
+    await asyncio.sleep(TTL_S)
+    assert not lost and threaded.alive
+    await threaded.revoke()
+    assert await client.get(kept) is None  # revoked: its key goes at once
+    assert not lost and not threaded.alive
+    await on_loop.revoke()
+
+
+async def test_a_lease_revoked_elsewhere_is_reported_lost_on_the_owners_loop(client: EtcdClient) -> None:
+    lease = await ThreadedLease.grant(client, TTL_S)
+    lost: list[LeaseLost] = []
+    lease.on_lost(lost.append)
+    await client.revoke(lease.id)  # behind the keepalive's back: its next refresh learns it
+
+    async def reported() -> bool:
+        return bool(lost)
+
+    await until(reported, TTL_S + 2, "the loss reported")
+    assert not lease.alive and lease.lost.done() and "expired or was revoked" in str(lost[0])
+    lease.on_lost(lost.append)  # a callback added after the loss runs at once
+    assert len(lost) == 2

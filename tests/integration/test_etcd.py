@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
-import time
 from typing import AsyncIterator
 
 import pytest
 
-from gregor.common.etcd import (LOOP_STALL_LIMIT_TTLS, CompareFailed, Delete, EtcdClient, EtcdUnavailable, Put,
-                                WatchEvent,
+from gregor.common.etcd import (CompareFailed, Delete, EtcdClient, EtcdUnavailable, Put, WatchEvent,
                                 lease_ttl_s, mod_revision_is, parse_endpoints, prefix_range_end, version_is)
 from tests.helpers.cluster import Process
 
@@ -55,45 +52,6 @@ async def test_lease_without_keepalive_expires(client: EtcdClient) -> None:
     await asyncio.sleep(lease.ttl_s + 1.2)
     assert await client.get(key) is None
     assert await client.refresh_lease(lease.id) == 0
-
-
-async def test_a_lease_on_its_own_thread_outlives_a_blocked_event_loop(client: EtcdClient) -> None:
-    """own_thread (the brokers' registration, issue 24): the loop blocked for twice the TTL, as a huge
-    LeaderAndIsr or a GC pause would, and the lease and its key are still there; the loop-bound lease
-    granted beside it lost its key in the same time."""
-    threaded = await client.grant_lease(2, own_thread=True)
-    plain = await client.grant_lease(2)
-    kept, gone = client.key("brokers", "ids", 1), client.key("brokers", "ids", 2)
-    await client.put(kept, b"x", lease=threaded.id)
-    await client.put(gone, b"y", lease=plain.id)
-    time.sleep(2 * threaded.ttl_s + 1)  # the event loop runs nothing meanwhile
-    assert await client.get(kept) is not None and threaded.alive
-    assert await client.get(gone) is None
-    await threaded.revoke()
-    assert await client.get(kept) is None and not threaded.alive
-    assert not [t for t in threading.enumerate() if t.name == f"etcd-lease-{threaded.id:x}"]
-    await plain.revoke()
-
-
-async def test_a_threaded_lease_reports_its_loss(client: EtcdClient) -> None:
-    lease = await client.grant_lease(2, own_thread=True)
-    lost: list[Exception] = []
-    lease.on_lost(lost.append)
-    await client.revoke(lease.id)  # behind the keepalive thread's back
-    reason = await asyncio.wait_for(asyncio.shield(lease.lost), timeout=lease.ttl_s + 3)
-    assert "expired or was revoked" in str(reason) and lost == [reason]
-
-
-async def test_a_threaded_lease_is_given_up_when_the_loop_stays_stalled(client: EtcdClient) -> None:
-    """A wedged process must not stay registered for ever: past LOOP_STALL_LIMIT_TTLS TTLs without the loop
-    running, the thread stops refreshing and the key goes."""
-    lease = await client.grant_lease(1, own_thread=True)
-    key = client.key("brokers", "ids", 3)
-    await client.put(key, b"z", lease=lease.id)
-    time.sleep(LOOP_STALL_LIMIT_TTLS * lease.ttl_s + lease.ttl_s + 2)
-    reason = await asyncio.wait_for(asyncio.shield(lease.lost), timeout=5)
-    assert "event loop has not run" in str(reason)
-    assert await client.get(key) is None
 
 
 async def test_revoked_lease_deletes_keys_at_once(client: EtcdClient) -> None:

@@ -23,8 +23,9 @@ from gregor.broker.limits import (
     CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S,
 )
 from gregor.common import errors
-from gregor.common.etcd import EtcdClient, EtcdError, Lease, LeaseLost, lease_ttl_s
+from gregor.common.etcd import EtcdClient, EtcdError, LeaseLost, lease_ttl_s
 from gregor.common.etcd_layout import BrokerIdsZNode, ControllerZNode
+from gregor.common.lease_thread import ThreadedLease
 from gregor.common.rpc import channel
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class ClusterMembership:
         self.broker_epoch = -1
         self._on_registered = on_registered
         self._registered = asyncio.Event()
-        self._lease: Lease | None = None
+        self._lease: ThreadedLease | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -105,15 +106,15 @@ class ClusterMembership:
         if self._on_registered is not None:
             self._on_registered(self.broker_epoch)
 
-    async def _new_lease(self) -> Lease:
-        # Refreshed from its own thread: a long LeaderAndIsr or a GC pause on the loop must not cost the
-        # registration (issue 24: 10,000 partitions fenced every broker this way).
-        lease = await self.etcd.grant_lease(self.ttl_s, own_thread=True)
+    async def _new_lease(self) -> ThreadedLease:
+        # Refreshed from its own thread (as the controller's election lease): a long LeaderAndIsr or a GC
+        # pause on the loop must not cost the registration (issue 24: 10,000 partitions fenced every broker).
+        lease = await ThreadedLease.grant(self.etcd, self.ttl_s)
         self._lease = lease
         lease.on_lost(lambda reason: self._on_lease_lost(lease, reason))
         return lease
 
-    def _on_lease_lost(self, lease: Lease, reason: LeaseLost) -> None:
+    def _on_lease_lost(self, lease: ThreadedLease, reason: LeaseLost) -> None:
         if self._closing or lease is not self._lease:
             return
         log.warning("broker %d lost its registration (%s); registering again", self.broker_id, reason)

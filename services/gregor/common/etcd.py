@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import math
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -246,25 +244,18 @@ class Lease:
     """An etcd lease refreshed by a background keepalive task until revoked or lost.
 
     Concurrency: runs on the event loop that granted it; one keepalive task refreshes
-    the lease every TTL/3 (with own_thread, a thread of its own does, and the task waits for
-    its verdict). Its done-callback resolves `lost` (LeaseLost) and calls every
+    the lease every TTL/3. Its done-callback resolves `lost` (LeaseLost) and calls every
     `on_lost` callback unless the lease was revoked by us, so no waiter hangs.
     """
 
-    def __init__(self, client: "EtcdClient", lease_id: int, ttl_s: int, own_thread: bool = False) -> None:
+    def __init__(self, client: "EtcdClient", lease_id: int, ttl_s: int) -> None:
         self.client = client
         self.id = lease_id
         self.ttl_s = ttl_s
         self.lost: asyncio.Future[LeaseLost] = asyncio.get_running_loop().create_future()
         self._revoked = False
         self._callbacks: list[Callable[[LeaseLost], None]] = []
-        self._thread: _KeepaliveThread | None = None
-        if own_thread:
-            self._thread = _KeepaliveThread(client, lease_id, ttl_s)
-            keepalive = self._wait_thread(self._thread)
-        else:
-            keepalive = self._keepalive()
-        self._task = asyncio.get_running_loop().create_task(keepalive, name=f"etcd-lease-{lease_id:x}")
+        self._task = asyncio.get_running_loop().create_task(self._keepalive(), name=f"etcd-lease-{lease_id:x}")
         self._task.add_done_callback(self._on_task_done)
 
     @property
@@ -283,8 +274,6 @@ class Lease:
         self._revoked = True
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, self.ttl_s)
         try:
             await self.client.revoke(self.id)
         except EtcdError as exc:
@@ -308,20 +297,6 @@ class Lease:
                 return LeaseLost(f"lease {self.id:x} expired or was revoked")
             last_ok = time.monotonic()
 
-    async def _wait_thread(self, thread: "_KeepaliveThread") -> LeaseLost:
-        """The keepalive runs on its own thread: this task only waits for its verdict, and also watches the
-        loop: the thread stops refreshing once the loop has not run this task for LOOP_STALL_LIMIT_TTLS TTLs
-        (a wedged process must not stay registered)."""
-        thread.start()
-        verdict = asyncio.wrap_future(thread.verdict)
-        try:
-            while not verdict.done():
-                thread.loop_seen = time.monotonic()
-                await asyncio.wait([verdict], timeout=max(0.1, self.ttl_s / 3))
-            return verdict.result()
-        finally:
-            thread.stop.set()
-
     def _on_task_done(self, task: asyncio.Task[LeaseLost]) -> None:
         if self._revoked:
             # Not a loss: resolve the future for anyone waiting, but call no callback.
@@ -342,77 +317,6 @@ class Lease:
                 callback(reason)
             except Exception:  # One failing callback must not hide the loss from the others.
                 log.exception("lease-lost callback failed")
-
-
-# A lease refreshed from its own thread is given up when the event loop has not run for this many TTLs.
-LOOP_STALL_LIMIT_TTLS = 3
-
-
-class _KeepaliveThread(threading.Thread):
-    """Refreshes one lease every TTL/3 over a blocking gRPC channel of its own, so no work on the event
-    loop (a LeaderAndIsr for thousands of partitions, a long GC pause) can delay a refresh past the TTL:
-    Kafka's broker heartbeats run on their own thread for the same reason. Endpoint failover as
-    EtcdClient's: an unreachable member moves the thread to the next endpoint. The verdict (LeaseLost)
-    is set once the lease is gone, was not refreshed within its TTL, or the loop stalled (see Lease)."""
-
-    def __init__(self, client: "EtcdClient", lease_id: int, ttl_s: int) -> None:
-        super().__init__(name=f"etcd-lease-{lease_id:x}", daemon=True)
-        self.client = client
-        self.lease_id = lease_id
-        self.ttl_s = ttl_s
-        self.stop = threading.Event()
-        self.verdict: concurrent.futures.Future[LeaseLost] = concurrent.futures.Future()
-        self.loop_seen = time.monotonic()  # written by the loop-side task, read here
-
-    def run(self) -> None:
-        try:
-            reason = self._refresh_until_lost()
-        except BaseException as exc:  # never leave the loop-side task waiting forever
-            reason = LeaseLost(f"lease {self.lease_id:x} keepalive thread died: {exc!r}")
-        if reason is not None and not self.verdict.done():
-            self.verdict.set_result(reason)
-
-    def _refresh_until_lost(self) -> LeaseLost | None:
-        interval_s = self.ttl_s / 3
-        last_ok = time.monotonic()
-        index = self.client._index
-        channel: grpc.Channel | None = None
-        try:
-            while not self.stop.wait(interval_s):
-                now = time.monotonic()
-                if now - self.loop_seen > LOOP_STALL_LIMIT_TTLS * self.ttl_s:
-                    return LeaseLost(f"lease {self.lease_id:x} not refreshed: the event loop has not run for "
-                                     f"{now - self.loop_seen:.1f} s")
-                if channel is None:
-                    channel = self.client.blocking_channel(index)
-                try:
-                    ttl = self._refresh(channel, interval_s)
-                except grpc.RpcError as exc:
-                    LEASE_KEEPALIVE_FAILURES.inc()
-                    channel.close()
-                    channel = None
-                    index = (index + 1) % len(self.client.endpoints)
-                    if time.monotonic() - last_ok >= self.ttl_s:
-                        return LeaseLost(f"lease {self.lease_id:x} not refreshed within {self.ttl_s} s: "
-                                         f"{exc.code().name if hasattr(exc, 'code') else exc}")
-                    continue
-                if ttl <= 0:
-                    return LeaseLost(f"lease {self.lease_id:x} expired or was revoked")
-                last_ok = time.monotonic()
-            return None
-        finally:
-            if channel is not None:
-                channel.close()
-
-    def _refresh(self, channel: grpc.Channel, timeout_s: float) -> int:
-        call = rpc.LeaseStub(channel).LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=self.lease_id)]),
-                                                     timeout=timeout_s)
-        try:
-            for reply in call:
-                return int(reply.TTL)
-        finally:
-            call.cancel()
-        raise grpc.RpcError("the keepalive stream ended without a reply")
 
 
 def _never_sent(exc: grpc.aio.AioRpcError) -> bool:
@@ -512,14 +416,6 @@ class EtcdClient:
             await client.connect()
             self._client = client
         return self._client
-
-    def blocking_channel(self, index: int | None = None) -> grpc.Channel:
-        """A blocking (non-asyncio) channel to an endpoint (the current one by default), TLS as this client's:
-        for a thread of its own (_KeepaliveThread). The caller closes it."""
-        host, port = self.endpoints[self._index if index is None else index % len(self.endpoints)]
-        if self._security is None:
-            return grpc.insecure_channel(f"{host}:{port}")
-        return grpc.secure_channel(f"{host}:{port}", self._security.channel_credentials())
 
     async def _call(self, what: str, stub: str, method: str, request: object,
                     timeout_s: float | None = None, idempotent: bool = False) -> object:
@@ -650,14 +546,13 @@ class EtcdClient:
 
     # -- leases ------------------------------------------------------------------
 
-    async def grant_lease(self, ttl_s: int, own_thread: bool = False) -> Lease:
-        """A lease of ttl_s seconds (etcd may raise it to its minimum) with a running keepalive; own_thread
-        refreshes it from a thread of its own (_KeepaliveThread), which no event-loop work can starve."""
+    async def grant_lease(self, ttl_s: int) -> Lease:
+        """A lease of ttl_s seconds (etcd may raise it to its minimum) with a running keepalive."""
         resp = await self._call("lease grant", "leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl_s),
                                 idempotent=True)  # a lease granted twice only leaks an empty lease for one TTL
         if resp.error:  # type: ignore[attr-defined]
             raise EtcdError(f"etcd lease grant at {self.endpoint}: {resp.error}")  # type: ignore[attr-defined]
-        return Lease(self, int(resp.ID), int(resp.TTL), own_thread)  # type: ignore[attr-defined]
+        return Lease(self, int(resp.ID), int(resp.TTL))  # type: ignore[attr-defined]
 
     async def grant_lease_id(self, ttl_s: int) -> tuple[int, int]:
         """Grant a lease and return (id, TTL etcd granted) without a keepalive (the caller refreshes it,

@@ -37,6 +37,7 @@ Writes bench/results/clients[_quick].json and .md; with --chart docs/clients.png
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -125,7 +126,7 @@ def producers(bootstrap: str, n: int, records: int, pids: list[int]) -> dict[str
             sent = time.monotonic()
             while True:
                 try:
-                    producer.produce(TOPIC, value, on_delivery=lambda e, m, s=sent: report(e, m, s))
+                    producer.produce(TOPIC, value, on_delivery=functools.partial(report, sent=sent))
                     break
                 except BufferError:
                     producer.poll(0.05)

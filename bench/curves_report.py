@@ -50,14 +50,16 @@ def _fmt(v: float, lo: float, hi: float) -> str:
     return text + (f" ({lo:.{digits}f}–{hi:.{digits}f})" if hi > lo else "")
 
 
-def side_by_side(cells: Sequence[dict[str, Any]], points: Sequence[Any], metrics: Sequence[Metric],
+def side_by_side(cells: Sequence[dict[str, Any]], points: Sequence[Any],
+                 metrics: Sequence[Metric] | Callable[[Any], Sequence[Metric]],
                  point_name: str, label: Callable[[Any], str] = str) -> str:
     """A markdown table: per point and metric, Gregor's and Kafka's medians (with min–max when rounds
     differ) and the Gregor/Kafka ratio of the medians; metrics neither side measured at a point are left
-    out, broken cells listed below the table."""
+    out, broken cells listed below the table. `metrics` is one list for every point, or a function of the
+    point (when different points measure different things under the same metric names)."""
     lines = [f"| {point_name} | metric | Gregor | Kafka | Gregor/Kafka |", "|---|---|---:|---:|---:|"]
     for p in points:
-        for key, _unit, better in metrics:
+        for key, _unit, better in (metrics(p) if callable(metrics) else metrics):
             g = cell_spread(cells, "gregor", p, key)
             k = cell_spread(cells, "kafka", p, key)
             if g[0] != g[0] and k[0] != k[0]:
@@ -83,15 +85,16 @@ def chart(cells: Sequence[dict[str, Any]], series: Sequence[tuple[str, Sequence[
     fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.2 * rows), squeeze=False)
     for ax, (key, unit, better) in zip(axes.flat, metrics):
         drawn = False
-        for name, points, xs in series:
-            for system, style in (("gregor", "o-"), ("kafka", "s--")):
+        for i, (name, points, xs) in enumerate(series):
+            for system, marker, color in (("gregor", "o", "tab:blue"), ("kafka", "s", "tab:orange")):
                 pairs = [(x, cell_spread(cells, system, p, key)) for p, x in zip(points, xs)]
                 pairs = [(x, s) for x, s in pairs if s[0] == s[0]]
                 if not pairs:
                     continue
                 ax.errorbar([x for x, _ in pairs], [s[0] for _, s in pairs],
                             yerr=[[s[0] - s[1] for _, s in pairs], [s[2] - s[0] for _, s in pairs]],
-                            fmt=style, capsize=3, label=f"{system} {name}".strip())
+                            fmt=marker, linestyle=("-", "--", ":", "-.")[i % 4], color=color, capsize=3,
+                            label=f"{system} {name}".strip())
                 drawn = True
         if xlog:
             ax.set_xscale("log")

@@ -45,6 +45,16 @@ def test_side_by_side_medians_ratio_spread_and_broken() -> None:
     assert "- kafka at producers 10 broke at 10 producers: 5 of 10 delivered" in md
 
 
+def test_side_by_side_metrics_per_point() -> None:
+    cells = [{"system": "gregor", "point": "a", "values": {"x": 1.0, "y": 2.0}},
+             {"system": "kafka", "point": "a", "values": {"x": 2.0, "y": 4.0}},
+             {"system": "gregor", "point": "b", "values": {"x": 3.0}}]
+    md = side_by_side(cells, ["a", "b"], lambda p: [("y", "s", "lower")] if p == "a" else [("x", "s", "lower")],
+                      "point")
+    rows = [line for line in md.splitlines() if line.startswith("| a") or line.startswith("| b")]
+    assert rows == ["| a | y (lower is better) | 2.00 | 4.00 | 0.50x |", "| b | x (lower is better) | 3.00 | — | — |"]
+
+
 def _member(*assigns: tuple[float, tuple[int, ...]], records: tuple[float, ...] = ()) -> MemberTimeline:
     return MemberTimeline(assigns=list(assigns), records=list(records))
 

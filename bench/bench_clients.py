@@ -437,11 +437,11 @@ def main() -> None:
     ap.add_argument("--records-1000p", type=int, help="records over 1,000 partitions (default 100,000, quick 20,000)")
     ap.add_argument("--rebalance-only", action="store_true", help="only the 100-member rebalance")
     ap.add_argument("--systems", nargs="*", default=["gregor", "kafka"], choices=["gregor", "kafka"])
-    ap.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S,
-                    help="seconds any one step may take before the point is reported broken (default 600)")
+    ap.add_argument("--step-timeout", type=float,
+                    help="seconds any one step may take before the point is reported broken (default 600, quick 240)")
     ap.add_argument("--chart", action="store_true", help="draw docs/clients.png")
     args = ap.parse_args()
-    globals()["STEP_TIMEOUT_S"] = args.step_timeout
+    globals()["STEP_TIMEOUT_S"] = args.step_timeout or (240.0 if args.quick else STEP_TIMEOUT_S)
     counts = tuple(args.clients or (QUICK_COUNTS if args.quick else FULL_COUNTS))
     repeat = args.repeat or (1 if args.quick else 3)
     args.records = args.records or (20_000 if args.quick else 100_000)

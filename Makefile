@@ -164,11 +164,17 @@ bench-spark: setup spark-deps
 
 # throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png; then
 # the partitions curve (100 -> 10,000 at RF 3: creation, leaders, failover, restart, idle cost; one librdkafka
-# client on both), chart in docs/partitions.png. QUICK=1: only the partitions curve at 100 and 1,000, one round.
+# client on both), chart in docs/partitions.png; the clients curve (1 -> 100 producers and consumers, a
+# 100-member rebalance, one consumer over 1,000 partitions; docs/clients.png) and the data curve (one topic
+# 1 -> 20 GB, default and 64 MiB segments; docs/data_scaling.png), Gregor and Kafka alternating in each.
+# QUICK=1: the partitions curve at 100 and 1,000, the clients curve at 1 and 10, the data curve at 0.5 and
+# 2 GB, one round each (bench/README.md has the durations).
 bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
 	$(if $(QUICK),,$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT)))
 	$(PY) bench/bench_partitions.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/bench_clients.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/bench_data_scaling.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 # 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
 # to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from gregor.cli.local_cluster import LocalCluster, Process
 from tests.helpers.wait import wait_for
@@ -119,3 +119,63 @@ def test_delete_records_times_out_while_a_follower_does_not_fetch(cluster: Local
     [fut] = admin.delete_records([TopicPartition(topic, 0, 5)], operation_timeout=30).values()
     assert fut.result(timeout=WAIT_S).low_watermark == 5
 
+
+
+def topic_overrides(c: LocalCluster, topic: str) -> dict[str, str]:
+    """The topic's dynamic overrides, as DescribeConfigs (API 32) answers them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(c)})
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([res])[res].result(timeout=WAIT_S)
+    return {k: e.value for k, e in entries.items() if not e.is_default}
+
+
+def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalCluster) -> None:
+    """AlterConfigs (API 33) through librdkafka's alter_configs: the given configs are set and every other override
+    goes back to its default; validate_only changes nothing; a bad value is INVALID_CONFIG; a broker resource is
+    INVALID_REQUEST (broker settings are static here)."""
+    topic = create_topic(cluster, rf=1, configs={"retention.ms": "3600000", "max.message.bytes": "200000"})
+    assert topic_overrides(cluster, topic) == {"retention.ms": "3600000", "max.message.bytes": "200000"}
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "600000"})
+    [fut] = admin.alter_configs([res], validate_only=True).values()
+    assert fut.result(timeout=WAIT_S) is None
+    assert topic_overrides(cluster, topic) == {"retention.ms": "3600000", "max.message.bytes": "200000"}
+    [fut] = admin.alter_configs([res]).values()
+    assert fut.result(timeout=WAIT_S) is None
+    assert topic_overrides(cluster, topic) == {"segment.ms": "600000"}  # retention.ms, max.message.bytes: defaults
+    bad = ConfigResource(ResourceType.TOPIC, topic, set_config={"retention.ms": "soon"})
+    err = admin.alter_configs([bad])[bad].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_CONFIG", err
+    assert topic_overrides(cluster, topic) == {"segment.ms": "600000"}
+    broker = ConfigResource(ResourceType.BROKER, "0", set_config={"log.retention.ms": "1"})
+    err = admin.alter_configs([broker])[broker].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_REQUEST", err
+
+
+def kafka_requests(c: LocalCluster, api: str) -> float:
+    """gregor_kafka_requests_total{api} summed over the brokers."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f'gregor_kafka_requests_total{{api="{api}"}}'):
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_kafka_python_alter_configs_over_the_legacy_api(cluster: LocalCluster) -> None:
+    """kafka-python's alter_configs with incremental=False sends AlterConfigs (API 33): it reads the topic's
+    overrides first and sends them with the change, since the legacy API resets whatever is left out."""
+    from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+    from kafka.admin import ConfigResource as KConfigResource, ConfigResourceType  # type: ignore[import-untyped]
+
+    topic = create_topic(cluster, rf=1, configs={"retention.ms": "3600000"})
+    before = kafka_requests(cluster, "AlterConfigs")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+    try:
+        admin.alter_configs([KConfigResource(ConfigResourceType.TOPIC, topic, configs={"cleanup.policy": "compact"})],
+                            incremental=False)
+    finally:
+        admin.close()
+    assert topic_overrides(cluster, topic) == {"cleanup.policy": "compact", "retention.ms": "3600000"}
+    assert kafka_requests(cluster, "AlterConfigs") == before + 1

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
+from gregor.common.config import TOPIC_CONFIGS
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
@@ -31,11 +32,12 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 ADMIN_SUPPORTED: dict[int, tuple[int, int]] = {
     21: (0, 2),   # DeleteRecords
+    33: (0, 2),   # AlterConfigs (legacy)
     43: (0, 2),   # ElectLeaders
     44: (0, 1),   # IncrementalAlterConfigs
     47: (0, 0),   # OffsetDelete
 }
-ADMIN_API_NAMES = {21: "DeleteRecords", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
+ADMIN_API_NAMES = {21: "DeleteRecords", 33: "AlterConfigs", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
 
 
 class AdminApis:
@@ -43,7 +45,7 @@ class AdminApis:
         self.h = handlers
 
     def table(self) -> dict[int, Any]:
-        return {21: self.delete_records, 43: self.elect_leaders, 44: self.incremental_alter_configs,
+        return {21: self.delete_records, 33: self.alter_configs, 43: self.elect_leaders, 44: self.incremental_alter_configs,
                 47: self.offset_delete}
 
     # ---- IncrementalAlterConfigs -----------------------------------------------------------------
@@ -98,6 +100,33 @@ class AdminApis:
             out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
                                    resource_type=rtype, resource_name=name))
         return codec.build(mod.IncrementalAlterConfigsResponse, responses=out)
+
+    # ---- AlterConfigs (the legacy, non-incremental one) -------------------------------------------------
+
+    async def alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """Kafka's AlterConfigs (API 33): a resource's configs are replaced whole -- the given ones set, every other
+        override back to its default (a null value counts as not given). One controller AlterConfigs per topic,
+        so the replacement is atomic there; validate_only only checks. BROKER resources: INVALID_REQUEST, as for
+        IncrementalAlterConfigs (a broker's settings are its server.properties)."""
+        out = []
+        for res in req.resources:
+            rtype, name = int(res.resource_type), str(res.resource_name)
+            code, message = NONE, None
+            if rtype != RESOURCE_TOPIC:
+                code, message = int(Code.INVALID_REQUEST), (
+                    f"resource type {rtype} ({name!r}) cannot be altered: only TOPIC configs are dynamic here "
+                    f"(a broker's settings are its server.properties)")
+            else:
+                given = {str(c.name): str(c.value) for c in res.configs if c.value is not None}
+                try:
+                    await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+                        topic=name, set=given, delete=[k for k in TOPIC_CONFIGS if k not in given],
+                        validate_only=bool(req.validate_only)))
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
+                                   resource_type=rtype, resource_name=name))
+        return codec.build(mod.AlterConfigsResponse, responses=out)
 
     # ---- ElectLeaders ------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.config import TOPIC_CONFIGS
 from gregor.kafka import codec
+from gregor.kafka.quota_handlers import QUOTA_API_NAMES, QUOTA_SUPPORTED, QuotaApis
 from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -36,8 +37,10 @@ ADMIN_SUPPORTED: dict[int, tuple[int, int]] = {
     43: (0, 2),   # ElectLeaders
     44: (0, 1),   # IncrementalAlterConfigs
     47: (0, 0),   # OffsetDelete
+    **QUOTA_SUPPORTED,  # DescribeClientQuotas, AlterClientQuotas (kafka/quota_handlers.py)
 }
-ADMIN_API_NAMES = {21: "DeleteRecords", 33: "AlterConfigs", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
+ADMIN_API_NAMES = {21: "DeleteRecords", 33: "AlterConfigs", 43: "ElectLeaders", 44: "IncrementalAlterConfigs",
+                   47: "OffsetDelete", **QUOTA_API_NAMES}
 
 
 class AdminApis:
@@ -45,8 +48,9 @@ class AdminApis:
         self.h = handlers
 
     def table(self) -> dict[int, Any]:
-        return {21: self.delete_records, 33: self.alter_configs, 43: self.elect_leaders, 44: self.incremental_alter_configs,
-                47: self.offset_delete}
+        return {21: self.delete_records, 33: self.alter_configs, 43: self.elect_leaders,
+                44: self.incremental_alter_configs,
+                47: self.offset_delete, **QuotaApis(self.h).table()}
 
     # ---- IncrementalAlterConfigs -----------------------------------------------------------------
 

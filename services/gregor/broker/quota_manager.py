@@ -360,10 +360,12 @@ def kafka_fetch_bytes(body: Any) -> int:
     return sum(len(p.records or b"") for t in body.responses for p in t.partitions)
 
 
-def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any) -> Any:
-    """Record a Kafka Produce (the request's size) or consumer Fetch (the records answered) against the
-    connection's quotas; over the quota the response carries throttle_time and, for a Fetch, no data
-    (Kafka's getThrottledResponse). The caller mutes the connection (view.channel.wait()) after writing."""
+def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any,
+                            fetch_bytes: int | None = None) -> Any:
+    """Record a Kafka Produce (the request's size) or consumer Fetch (the records answered; fetch_bytes when they
+    go by sendfile and the body holds markers) against the connection's quotas; over the quota the response
+    carries throttle_time and, for a Fetch, no data (Kafka's getThrottledResponse). The caller mutes the
+    connection (view.channel.wait()) after writing."""
     import dataclasses
     import datetime
 
@@ -374,7 +376,7 @@ def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, req
             body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle))
         return body
     if api_key == KAFKA_FETCH and body is not None:
-        throttle = view.record_fetch(kafka_fetch_bytes(body))
+        throttle = view.record_fetch(kafka_fetch_bytes(body) if fetch_bytes is None else fetch_bytes)
         if throttle:
             body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle), responses=())
     return body

@@ -8,8 +8,8 @@ per-request work (parse, dispatch, answer) dominates rather than the bytes. Repo
 and the broker's CPU microseconds per Produce request (utime + stime of the broker process, /proc, over the
 round, divided by the round's `gregor_kafka_requests_total{api="Produce"}`), medians over the rounds, and
 the ratios this tree / baseline. Then the listener's own work alone, in a subprocess per tree: parse a
-Produce v9 request, build and encode its answer, 3,000 times (CPU microseconds per request, best of 5),
-this tree / baseline. The machine is shared with other work: the CPU per request is the steadier figure.
+Produce v9 request, build and encode its answer, 3,000 times (CPU microseconds per request, best of 5). The
+machine is shared with other work: the CPU per request is the steadier figure.
 
     git archive HEAD~1 services | tar -x -C /tmp/base
     python bench/bench_kafka_produce.py --baseline /tmp/base/services --quick    # 20,000 records, 2 rounds

@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-same-client bench-scaling profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-same-client bench-kafka-fetch bench-kafka-produce bench-scaling profile-acks-all clean distclean sim
 .PHONY: chaos chaos-clean chaos-deps
 .PHONY: kafka-jars examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
@@ -156,6 +156,14 @@ bench-vs-kafka: setup
 # Only the same-client cells (Kafka's ProducerPerformance / ConsumerPerformance / EndToEndLatency on both systems)
 bench-same-client: setup
 	$(PY) bench/bench_same_client.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# Kafka listener Fetch with and without zero-copy (sendfile) in the same run, Kafka's ConsumerPerformance on both
+bench-kafka-fetch: setup
+	$(PY) bench/bench_kafka_fetch.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# The Kafka listener's per-request Produce cost, this tree vs BASELINE (a dir holding an older tree's gregor package)
+bench-kafka-produce: setup
+	$(PY) bench/bench_kafka_produce.py --baseline $(BASELINE) $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 # The gregor Spark source vs the Python consumer and Spark's own Kafka source on Apache Kafka (jars from
 # Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.

@@ -165,7 +165,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async for request in request_iterator:
             start = time.perf_counter()
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
-                                      q.topic_id)
+                                      q.topic_id, q.log_start_offset)
                      for q in request.partitions]
             try:
                 answered = await handle_replica_fetch(

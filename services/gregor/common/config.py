@@ -209,6 +209,9 @@ class BrokerConfig:
     fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
     num_network_threads: int = 3  # num.network.threads: threads that run the data port's sendfile transfers
     data_port_send_timeout_ms: int = 30000  # a data-port peer that reads nothing for this long is disconnected
+    # kafka.fetch.zero.copy.enable: Fetch on a plain-text Kafka listener sends the records with sendfile (on the
+    # num.network.threads pool); false reads them into the response as TLS connections do (kafka/zero_copy.py).
+    kafka_fetch_zero_copy_enable: bool = True
     # metrics.partition.level.enable: per-partition log metrics (one series per replica); topic-level by default
     # so a broker with thousands of partitions does not flood Prometheus.
     metrics_partition_level_enable: bool = False

@@ -30,6 +30,7 @@ from gregor.broker.replication_state import (
     StartFetcher,
     dispatch_effects,
 )
+from gregor.broker.fetch_session import FetchSessionCache
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors, uuid
@@ -191,6 +192,8 @@ class ReplicaManager:
         self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
+        # KIP-227 consumer fetch sessions (broker/consumer_fetch.py), shared by gRPC and the Kafka listener.
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
         log_manager.on_quarantine = self._forget_checkpointed_hw
         PARTITION_COUNT.set_function(lambda: len(self.partitions))

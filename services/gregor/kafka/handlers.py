@@ -28,7 +28,7 @@ from gregor.common.rpc import channel
 from gregor.kafka import acl_handlers, codec
 from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
 from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
-from gregor.kafka.fetch_session import (
+from gregor.broker.fetch_session import (
     FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
 )
 from gregor.broker.replica_manager import collect_produce

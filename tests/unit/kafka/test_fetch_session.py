@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gregor.kafka.fetch_session import (
+from gregor.broker.fetch_session import (
     FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError,
 )
 

@@ -154,8 +154,9 @@ class ConsumerFetch:
         p = slot.partition
         assert p is not None
         cp = slot.cached
-        return (not self.moved(slot) and p.high_watermark == cp.high_watermark
-                and p.log.log_start_offset == cp.log_start_offset)
+        log_start = p.log.log_start_offset
+        return (not self.moved(slot) and p.high_watermark == cp.high_watermark and log_start == cp.log_start_offset
+                and log_start <= cp.fetch_offset <= p.log_end_offset)  # else the read says OFFSET_OUT_OF_RANGE
 
     def _read(self, slot: _Slot, max_bytes: int) -> Outcome:
         p = slot.partition

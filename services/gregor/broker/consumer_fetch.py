@@ -42,6 +42,19 @@ def check_fetch_bounds(min_bytes: int, max_wait_ms: int, max_bytes: int) -> None
         raise errors.error_for(errors.Code.INVALID_REQUEST, f"invalid fetch: max_wait_ms={max_wait_ms}")
 
 
+class _NoRecords:
+    """The slice of a partition answered without records (duck-types native.FileSlice's length and read)."""
+
+    length = 0
+
+    @staticmethod
+    def read() -> bytes:
+        return b""
+
+
+_NO_RECORDS = _NoRecords()
+
+
 @dataclass
 class _Slot:
     """One session partition in this request: the hosted partition, or why it cannot be read."""
@@ -171,6 +184,20 @@ class ConsumerFetch:
         except errors.GregorError as err:
             return err
 
+    def _without_records(self, slot: _Slot) -> Outcome:
+        """A partition's watermarks without its records (a full answer lists every partition, and those past
+        max_bytes come this way, as Kafka's); its checks are the read's."""
+        from gregor.broker.replica_manager import FetchResult
+
+        p = slot.partition
+        assert p is not None
+        try:
+            p.check_leader(slot.cached.current_leader_epoch)
+        except errors.GregorError as err:
+            return err
+        return FetchResult(_NO_RECORDS, p.high_watermark, p.last_stable_offset, p.log.log_start_offset,  # type: ignore[arg-type]
+                           p.leader_epoch)
+
     def readable_bytes(self, slots: list[_Slot]) -> int:
         total = 0
         for s in slots:
@@ -191,14 +218,21 @@ class ConsumerFetch:
             if not full and self._quiet(s):
                 continue
             if remaining <= 0:
-                continue  # the response is full: this partition's news waits for the next request
+                # The response is full: this partition's records wait for the next request (a full answer
+                # still lists it, as Kafka's clients check).
+                if full:
+                    out.append(Answer(s.tp, s.cached, self._without_records(s)))
+                continue
             outcome = self._read(s, min(s.cached.max_bytes, remaining))
             if isinstance(outcome, errors.GregorError):
                 out.append(Answer(s.tp, s.cached, outcome))
                 continue
             size = outcome.slice.length
             if size > remaining and remaining < self.max_bytes:
-                continue  # only the first partition with records may go past max_bytes (one whole batch)
+                # Only the first partition with records may go past max_bytes (one whole batch).
+                if full:
+                    out.append(Answer(s.tp, s.cached, self._without_records(s)))
+                continue
             if size or full or (outcome.high_watermark, outcome.last_stable_offset, outcome.log_start_offset) != (
                     s.cached.high_watermark, s.cached.last_stable_offset, s.cached.log_start_offset):
                 out.append(Answer(s.tp, s.cached, outcome))

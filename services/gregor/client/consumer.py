@@ -103,7 +103,8 @@ class Consumer:
         self._space_freed = asyncio.Event()
         self._buffered_total = 0
         self._closed = False
-        self._fetchers: Optional[BrokerFetchers] = BrokerFetchers(self) if cfg["fetch.transport"] == "grpc" else None
+        self._fetchers: Optional[BrokerFetchers] = (BrokerFetchers(_FetchHooks(self)) if cfg["fetch.transport"] == "grpc"
+                                                    else None)
         # Group membership and commits (needs group.id); heartbeats start with subscribe().
         self._group: Optional[GroupMember] = GroupMember(self.subscriptions, self.metadata, cfg) if cfg["group.id"] else None
 
@@ -599,6 +600,31 @@ class Consumer:
             self._data_ready.set()
         elif state.position is not None and not state.buffer:
             state.position = state.fetch_offset  # only control batches / skipped records
+
+
+class _FetchHooks:
+    """The consumer as its BrokerFetchers see it (session_fetcher.FetchOwner), without widening its public API."""
+
+    def __init__(self, c: Consumer) -> None:
+        self._c = c
+        self.config, self.metadata, self.subscriptions = c.config, c.metadata, c.subscriptions
+        self.partition_bytes, self.fetch_max_bytes, self.isolation = c.partition_bytes, c.fetch_max_bytes, c.isolation
+
+    @property
+    def closed(self) -> bool:
+        return self._c._closed
+
+    def buffers_full(self) -> bool:
+        return self._c._buffered_total >= self._c.fetch_max_bytes
+
+    def on_fetch_result(self, tp: TopicPartition, state: PartitionState, result: FetchResult) -> None:
+        self._c._on_fetch_result(tp, state, result)
+
+    def recover(self, tp: TopicPartition, state: PartitionState, gen: int, err: errors.GregorError) -> None:
+        self._c._recover(tp, state, gen, err)
+
+    def park(self, tp: TopicPartition, state: PartitionState, gen: int, exc: BaseException) -> None:
+        self._c._park(tp, state, gen, exc)
 
 
 _new_tuple = tuple.__new__

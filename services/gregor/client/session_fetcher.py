@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 import grpc
 
@@ -26,8 +26,8 @@ from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, common_pb2
 
 if TYPE_CHECKING:
-    from gregor.client.consumer import Consumer
-    from gregor.client.subscription_state import PartitionState
+    from gregor.client.metadata import ClusterMetadata
+    from gregor.client.subscription_state import PartitionState, SubscriptionState
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,43 @@ TopicPartition = tuple[str, int]
 # What the broker's session holds of a partition: fetch offset, leader epoch, max bytes, topic id.
 Spec = tuple[int, int, int, bytes]
 INITIAL_EPOCH = 0
+
+
+class FetchOwner(Protocol):
+    """What the fetchers need of the consumer (consumer.py's _FetchHooks implements it)."""
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+
+    @property
+    def metadata(self) -> "ClusterMetadata": ...
+
+    @property
+    def subscriptions(self) -> "SubscriptionState": ...
+
+    @property
+    def partition_bytes(self) -> int: ...
+
+    @property
+    def fetch_max_bytes(self) -> int: ...
+
+    @property
+    def isolation(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def buffers_full(self) -> bool:
+        """fetch.max.bytes are buffered over all partitions: nothing is fetched until poll() drains some."""
+
+    def on_fetch_result(self, tp: TopicPartition, state: "PartitionState", result: FetchResult) -> None:
+        """A partition's records and watermarks, at the fetch offset its state has."""
+
+    def recover(self, tp: TopicPartition, state: "PartitionState", gen: int, err: errors.GregorError) -> None:
+        """A partition's fetch failed and it left its session: handle the error and bring it back."""
+
+    def park(self, tp: TopicPartition, state: "PartitionState", gen: int, exc: BaseException) -> None:
+        """A partition's fetch failed for good: poll() raises it."""
 
 
 @dataclass
@@ -98,7 +135,7 @@ class BrokerFetcher:
         md = c.metadata
         fetcher = self.owner.rpc
         wanted: dict[TopicPartition, Spec] = {}
-        if c._buffered_total >= c.fetch_max_bytes:
+        if c.buffers_full():
             return wanted
         for tp, (state, gen) in list(self.partitions.items()):
             if not self._live(tp, state, gen):
@@ -131,7 +168,7 @@ class BrokerFetcher:
         c = self.consumer
         rpc = self.owner.rpc
         try:
-            while not c._closed:
+            while not c.closed:
                 self.changed.clear()
                 wanted = self._wanted()
                 if not self.partitions:
@@ -187,7 +224,7 @@ class BrokerFetcher:
             log.error("broker %d: fetch loop failed", self.leader, exc_info=exc)
             for tp, (state, gen) in list(self.partitions.items()):
                 if self._live(tp, state, gen):
-                    c._park(tp, state, gen, exc)
+                    c.park(tp, state, gen, exc)
             self.partitions.clear()
         finally:
             if self.owner.fetchers.get(self.leader) is self and not self.partitions:
@@ -213,7 +250,7 @@ class BrokerFetcher:
             if self.partitions.get(tp) == (state, gen):
                 del self.partitions[tp]
                 if self._live(tp, state, gen):
-                    self.consumer._recover(tp, state, gen, err)
+                    self.consumer.recover(tp, state, gen, err)
 
     def _deliver(self, response: broker_pb2.FetchPartitionsResponse, sent_at: dict[TopicPartition, Any]) -> None:
         c = self.consumer
@@ -227,18 +264,18 @@ class BrokerFetcher:
                 continue  # seeked, revoked or moved since: the answer is for an older position
             if pd.HasField("error") and pd.error.code:
                 del self.partitions[tp]
-                c._recover(tp, state, gen, errors.from_detail(pd.error))
+                c.recover(tp, state, gen, errors.from_detail(pd.error))
                 continue
             if state.fetch_offset != offset:
                 continue
-            c._on_fetch_result(tp, state, FetchResult(pd.records, pd.high_watermark, pd.log_start_offset,
+            c.on_fetch_result(tp, state, FetchResult(pd.records, pd.high_watermark, pd.log_start_offset,
                                                       pd.leader_epoch, aborted_of(pd), pd.last_stable_offset))
 
 
 class BrokerFetchers:
     """A consumer's BrokerFetcher per leader broker; partitions go to their leader's."""
 
-    def __init__(self, consumer: "Consumer") -> None:
+    def __init__(self, consumer: FetchOwner) -> None:
         self.consumer = consumer
         self.rpc = GrpcFetcher(consumer.metadata, consumer.config)  # config, leader epochs, throttles
         self.fetchers: dict[int, BrokerFetcher] = {}
@@ -249,7 +286,7 @@ class BrokerFetchers:
         """A partition with a position and a known leader: fetch it in its leader's session."""
         leader = self.consumer.metadata.leader_for(tp[0], tp[1])
         if leader < 0:  # the metadata lost it since the partition found its leader: find it again
-            self.consumer._recover(tp, state, gen, errors.error_for(
+            self.consumer.recover(tp, state, gen, errors.error_for(
                 errors.Code.LEADER_NOT_AVAILABLE, "no leader", topic=tp[0], partition=tp[1]))
             return
         fetcher = self.fetchers.get(leader)

@@ -205,3 +205,32 @@ async def test_a_consumer_of_many_partitions_reads_them_with_a_few_fetch_request
     assert count("Fetch") == single, "no single-partition Fetch"
     assert 1 <= reading <= 20, f"{reading} FetchPartitions calls to read {MANY} partitions"
     assert idle <= 20, f"{idle} FetchPartitions calls while idle (one per partition would be ~{MANY * 5})"
+
+
+async def test_consumers_whose_sessions_are_evicted_start_over_with_full_fetches(broker: Process) -> None:
+    """Three consumers, two session slots: each one's session is evicted again and again; each answers
+    FETCH_SESSION_ID_NOT_FOUND with a full fetch and still reads every record, none twice."""
+    await create_topic(broker.grpc, "evict", 4)
+    before = scrape(broker.metrics, "gregor_broker_fetch_session_evictions_total")
+    consumers = [Consumer({"bootstrap.servers": broker.grpc, "fetch.max.wait.ms": 50}) for _ in range(3)]
+    seen: list[list[bytes]] = [[] for _ in consumers]
+    try:
+        for c in consumers:
+            c.assign([("evict", p) for p in range(4)])
+            for p in range(4):
+                c.seek(("evict", p), 0)
+        for i in range(20):
+            await produce(broker.grpc, "evict", i % 4, [b"e%d" % i])
+
+        async def read(k: int) -> bool:
+            seen[k] += [r.value or b"" for r in await consumers[k].poll(100)]
+            return len(seen[k]) >= 20
+        for k in range(len(consumers)):
+            await until(lambda k=k: read(k), 60, f"consumer {k} reads all 20 records")
+    finally:
+        for c in consumers:
+            await c.close()
+    for values in seen:
+        assert sorted(values) == sorted(b"e%d" % i for i in range(20))
+    assert scrape(broker.metrics, "gregor_broker_fetch_session_evictions_total") > before
+    assert sum(c._fetchers.session_errors for c in consumers if c._fetchers is not None) > 0

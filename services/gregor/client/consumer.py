@@ -626,6 +626,9 @@ class _FetchHooks:
     def park(self, tp: TopicPartition, state: PartitionState, gen: int, exc: BaseException) -> None:
         self._c._park(tp, state, gen, exc)
 
+    def fetch_alone(self, tp: TopicPartition, state: PartitionState, gen: int) -> None:
+        state.task = asyncio.ensure_future(self._c._fetch_loop(tp, state, gen))
+
 
 _new_tuple = tuple.__new__
 

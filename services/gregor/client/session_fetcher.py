@@ -73,6 +73,13 @@ class FetchOwner(Protocol):
     def park(self, tp: TopicPartition, state: "PartitionState", gen: int, exc: BaseException) -> None:
         """A partition's fetch failed for good: poll() raises it."""
 
+    def fetch_alone(self, tp: TopicPartition, state: "PartitionState", gen: int) -> None:
+        """Fetch this partition with its own single-partition Fetch task (its leader has no FetchPartitions)."""
+
+
+class _Unimplemented(Exception):
+    """The broker does not serve FetchPartitions (a broker of an older version, mid rolling upgrade)."""
+
 
 @dataclass
 class FetchSessionHandler:
@@ -206,6 +213,15 @@ class BrokerFetcher:
                     continue
                 try:
                     response = call.result()
+                except _Unimplemented:
+                    log.warning("broker %d does not serve FetchPartitions (an older version?): its partitions are "
+                                "fetched one Fetch per partition", self.leader)
+                    self.owner.unsupported.add(self.leader)
+                    for tp, (state, gen) in list(self.partitions.items()):
+                        del self.partitions[tp]
+                        if self._live(tp, state, gen):
+                            c.fetch_alone(tp, state, gen)
+                    return
                 except errors.GregorError as err:
                     self._failed(err, sent_at)
                     self.session.reset()
@@ -237,6 +253,8 @@ class BrokerFetcher:
             return await self.consumer.metadata.broker_stub(self.leader).FetchPartitions(
                 request, timeout=rpc.timeout_s, metadata=rpc.call_metadata)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                raise _Unimplemented() from None
             raise call_error(exc) from None
 
     async def _wait_changed(self) -> None:
@@ -281,6 +299,7 @@ class BrokerFetchers:
         self.fetchers: dict[int, BrokerFetcher] = {}
         self.requests = 0  # FetchPartitions calls sent (tests and benchmarks read it)
         self.session_errors = 0
+        self.unsupported: set[int] = set()  # brokers without FetchPartitions: their partitions fetch alone
 
     def add(self, tp: TopicPartition, state: "PartitionState", gen: int) -> None:
         """A partition with a position and a known leader: fetch it in its leader's session."""
@@ -288,6 +307,9 @@ class BrokerFetchers:
         if leader < 0:  # the metadata lost it since the partition found its leader: find it again
             self.consumer.recover(tp, state, gen, errors.error_for(
                 errors.Code.LEADER_NOT_AVAILABLE, "no leader", topic=tp[0], partition=tp[1]))
+            return
+        if leader in self.unsupported:
+            self.consumer.fetch_alone(tp, state, gen)
             return
         fetcher = self.fetchers.get(leader)
         if fetcher is None:

@@ -185,3 +185,30 @@ async def test_data_port_undecodable_header_is_a_corrupt_message() -> None:
     finally:
         await fetcher.close()
         server.close()
+
+
+async def test_a_broker_without_fetch_partitions_is_fetched_one_partition_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader of an older version (UNIMPLEMENTED for FetchPartitions, mid rolling upgrade): its partitions
+    fall back to single-partition Fetch tasks and records still arrive."""
+    from gregor.client import session_fetcher
+
+    script = {0: lambda n: values(2, 10) if n == 1 else empty(n), 1: lambda n: values(1, 10) if n == 1 else empty(n)}
+    c = consumer(monkeypatch, script, "grpc")
+
+    async def unimplemented(self: BrokerFetcher, request: Any) -> Any:
+        self.owner.requests += 1
+        raise session_fetcher._Unimplemented()
+
+    monkeypatch.setattr(BrokerFetcher, "_call", unimplemented)
+    async with c:
+        c.assign([("t", 0), ("t", 1)])
+        c.seek(("t", 0), 0)
+        c.seek(("t", 1), 0)
+        got: list[Any] = []
+        for _ in range(100):
+            got += await c.poll(50)
+            if len(got) == 3:
+                break
+        assert sorted((r.partition, r.offset) for r in got) == [(0, 0), (0, 1), (1, 0)]
+        assert c._fetchers is not None and c._fetchers.unsupported == {0}

@@ -86,7 +86,8 @@ RESOURCE_BROKER = 4
 
 BROKERS_REFRESH_S = 1.0
 
-FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions", "Open incremental fetch sessions (KIP-227)")
+FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions",
+                       "Open incremental fetch sessions (KIP-227) in the broker's cache, Kafka and gRPC consumers'")
 INCREMENTAL_FETCHES = Counter("gregor_kafka_incremental_fetches_total",
                               "Fetch requests served from an incremental fetch session (KIP-227)")
 
@@ -107,6 +108,8 @@ class KafkaHandlers:
         self._brokers_read = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.sessions = broker.replica_manager.fetch_sessions  # KIP-227: the broker's one cache, shared with gRPC
+        sessions = self.sessions.sessions
+        FETCH_SESSIONS.set_function(lambda: len(sessions))
         self._table: dict[int, Callable[[codec.RequestHeader, Any, Any], Awaitable[Any]]] = {
             0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata, 8: self.offset_commit,
             9: self.offset_fetch, 10: self.find_coordinator, 11: self.join_group, 12: self.heartbeat,
@@ -265,7 +268,6 @@ class KafkaHandlers:
                                             int(getattr(req, "session_epoch", FINAL_EPOCH)), wanted, forgotten)
         except FetchSessionError as exc:
             return codec.build(mod.FetchResponse, error_code=exc.code, session_id=0, responses=[])
-        FETCH_SESSIONS.set(len(rm.fetch_sessions.sessions))
         if ctx.incremental:
             INCREMENTAL_FETCHES.inc()
         isolation = int(getattr(req, "isolation_level", 0))

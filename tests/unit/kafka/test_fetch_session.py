@@ -1,4 +1,4 @@
-"""KIP-227 fetch session bookkeeping (gregor.kafka.fetch_session), pure logic."""
+"""KIP-227 fetch session bookkeeping (gregor.broker.fetch_session, the broker's one session cache), pure logic."""
 
 from __future__ import annotations
 

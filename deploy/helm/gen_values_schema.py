@@ -146,7 +146,8 @@ def schema() -> dict[str, Any]:
                                                             "type": "integer", "minimum": 1, "maximum": 100}})),
             "probes": closed({"liveness": probe, "readiness": probe, "startup": probe}),
             "metrics": closed({
-                "enabled": BOOL, "port": PORT,
+                "enabled": BOOL, "port": PORT, "https": BOOL,
+                "tlsConfig": closed({"serverName": STR, "insecureSkipVerify": BOOL}),
                 "serviceMonitor": monitor,
                 "podMonitor": closed({"enabled": BOOL, "namespace": STR, "labels": OBJ, "interval": STR}),
                 "prometheusRule": closed({"enabled": BOOL, "namespace": STR, "labels": OBJ}),

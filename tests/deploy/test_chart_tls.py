@@ -113,3 +113,27 @@ def test_helm_test_pod_uses_the_client_certificate() -> None:
 def test_incomplete_tls_values_are_refused(sets: tuple[str, ...], message: str) -> None:
     done = helm(*template_args(CHART, sets=sets), check=False)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("https", [True, False], ids=["https", "plain-metrics"])
+def test_metrics_are_served_and_scraped_over_https_with_tls(https: bool, tmp_path: Any) -> None:
+    """tls.enabled: every role's /metrics is HTTPS (metrics.security.protocol=SSL), the ServiceMonitor and
+    PodMonitor scrape with scheme https and the TLS Secret's CA, etcd's plain metrics listener relabelled
+    http; metrics.https=false keeps /metrics plain on both sides."""
+    manifests = render(None, *SECRET, "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+                       f"metrics.https={str(https).lower()}")
+    for role in GREGOR_ROLES:
+        cfg = TlsConfig.from_properties(role_properties(manifests, role, tmp_path))
+        assert cfg.metrics_tls is https and cfg.metrics_scheme == ("https" if https else "http"), role
+        annotations = workload(manifests, role)["spec"]["template"]["metadata"]["annotations"]
+        assert annotations.get("prometheus.io/scheme") == ("https" if https else None), role
+    for kind, key in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints")):
+        (monitor,) = find(manifests, kind)
+        (endpoint,) = monitor["spec"][key]
+        if not https:
+            assert "scheme" not in endpoint and "tlsConfig" not in endpoint
+            continue
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": "gregor-certs", "key": "ca.crt"}}
+        assert {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"], "regex": "etcd",
+                "targetLabel": "__scheme__", "replacement": "http"} in endpoint["relabelings"]

@@ -440,3 +440,62 @@ def test_find_coordinator_on_the_kafka_listener_needs_describe_on_the_group_or_t
             "tx-ok": 0, "tx-nope": int(errors.Code.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)}
     finally:
         raw.close()
+
+
+async def test_offset_fetch_answers_topic_authorization_failed_per_requested_partition(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """Kafka's OffsetFetch: a requested partition of a topic the caller may not Describe is answered
+    TOPIC_AUTHORIZATION_FAILED (offset -1) while the others are answered; asked for all of the group's
+    offsets, such topics are left out. Over gRPC (the coordinator) and the Kafka listener (confluent-kafka)."""
+    from confluent_kafka import Consumer as KafkaConsumer, KafkaError, TopicPartition as KafkaTP
+
+    from gregor.rpc.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+    group = "ok-offsets"
+    read_hidden = AclBinding(ANON, "*", ResourceType.TOPIC, "hidden", PatternType.LITERAL, Operation.READ,
+                             Permission.ALLOW)
+    coordinator = cluster.by_role("coordinator")[0].grpc
+
+    async def call(name: str, request: Any) -> Any:
+        async with channel(coordinator) as ch:
+            return await getattr(coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch), name)(request, timeout=10)
+
+    async def commit(topic: str, offset: int) -> bool:
+        try:
+            r = await call("OffsetCommit", coordinator_pb2.OffsetCommitRequest(
+                group_id=group, generation_id=-1, partitions=[coordinator_pb2.OffsetCommitPartition(
+                    topic=topic, partition=0, offset=offset, leader_epoch=-1)]))
+        except grpc.RpcError as exc:  # the coordinator still loading its offsets partition
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+        return all(x.error.code == 0 for x in r.results)
+
+    async def fetch(*asked: str) -> dict[str, tuple[int, int]]:
+        r = await call("OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+            group_id=group, partitions=[common_pb2.TopicPartition(topic=t, partition=0) for t in asked]))
+        return {p.topic: (p.offset, p.error.code) for p in r.partitions}
+
+    await until(lambda: commit("app-orders", 3), WAIT_S, "a commit on app-orders")
+    async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
+        await admin.create_acls([read_hidden])  # for a moment ANONYMOUS may Read (so Describe) hidden
+        try:
+            await until(lambda: commit("hidden", 5), WAIT_S, "a commit on hidden")
+        finally:
+            await admin.delete_acls([AclFilter(principal=ANON, resource_name="hidden", pattern_type="Literal")])
+
+    async def hidden_gone() -> bool:
+        return "hidden" not in await fetch()
+    await until(hidden_gone, WAIT_S, "hidden left out of the group's offsets")
+    assert await fetch() == {"app-orders": (3, 0)}  # all the group's offsets: hidden left out, no error
+    assert await fetch("app-orders", "hidden") == {"app-orders": (3, 0),
+                                                  "hidden": (-1, errors.Code.TOPIC_AUTHORIZATION_FAILED)}
+
+    consumer = KafkaConsumer({"bootstrap.servers": str(cluster.to_json()["kafka_bootstrap"]), "group.id": group})
+    try:
+        got = {tp.topic: tp for tp in consumer.committed([KafkaTP("app-orders", 0), KafkaTP("hidden", 0)],
+                                                         timeout=20)}
+    finally:
+        consumer.close()
+    assert got["app-orders"].offset == 3 and got["app-orders"].error is None
+    assert got["hidden"].error is not None and got["hidden"].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

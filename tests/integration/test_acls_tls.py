@@ -34,6 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                         authorizer=authorizer_properties([]))
     assert c.tls is not None
     certs.issue(Path(c.tls.certs_dir), "billing")
+    certs.issue(Path(c.tls.certs_dir), "intruder")
     try:
         yield c
     finally:
@@ -94,3 +95,65 @@ def test_the_ssl_kafka_listener_uses_the_certificate_principal(cluster: LocalClu
     assert producer.flush(30) == 0
     assert reports["billing-invoices"] is None
     assert reports["payroll"] is not None and reports["payroll"].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def broker_metric(cluster: LocalCluster, name: str, **labels: str) -> float:
+    import ssl
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert cluster.tls is not None  # /metrics is HTTPS with the broker's certificate in a --tls cluster
+    ctx = ssl.create_default_context(cafile=cluster.tls.path("ca.crt"))
+    with urllib.request.urlopen(cluster.by_role("broker")[0].metrics, timeout=10, context=ctx) as resp:
+        text = resp.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+async def test_the_data_port_authorizes_each_fetch_by_the_connections_certificate(cluster: LocalCluster) -> None:
+    """With the authorizer on, the data port is open under TLS: each fetch needs Read on its topic for the
+    principal of the connection's certificate. billing (Read) gets the records through the data port;
+    intruder (Describe only, so it finds the partition) gets TOPIC_AUTHORIZATION_FAILED and no record."""
+    from gregor.client.consumer import Consumer
+
+    assert cluster.tls is not None
+    topic = "billing-data"
+    billing, intruder = cluster.tls.principal("billing"), cluster.tls.principal("intruder")
+    assert cluster.by_role("broker")[0].data  # the broker opened its data port with the authorizer on
+    async with AdminClient({"bootstrap.servers": cluster.bootstrap, **props(cluster, "client")}) as admin:
+        await admin.create_topic(topic, 1, 1)
+        await admin.create_acls([
+            AclBinding(billing, "*", ResourceType.TOPIC, topic, PatternType.LITERAL, Operation.READ, Permission.ALLOW),
+            AclBinding(intruder, "*", ResourceType.TOPIC, topic, PatternType.LITERAL, Operation.DESCRIBE,
+                       Permission.ALLOW)])
+    async with Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": "false",
+                         **props(cluster, "client")}) as producer:
+        for i in range(3):
+            await (await producer.send(topic, b"data-%d" % i, partition=0))
+    tls_bytes = broker_metric(cluster, "gregor_broker_data_port_tls_bytes_total")
+    denials = broker_metric(cluster, "gregor_authorizer_denials_total", resource_type="Topic", operation="Read")
+
+    async def consume(name: str) -> list[bytes]:
+        async with Consumer({"bootstrap.servers": cluster.bootstrap, "auto.offset.reset": "earliest",
+                             "fetch.transport": "data", **props(cluster, name)}) as consumer:
+            consumer.assign([(topic, 0)])
+            got: list[bytes] = []
+            for _ in range(100):
+                got += [r.value for r in await consumer.poll(timeout_ms=200) if r.value is not None]
+                if len(got) >= 3:
+                    break
+            return got
+
+    assert await consume("billing") == [b"data-%d" % i for i in range(3)]
+    assert broker_metric(cluster, "gregor_broker_data_port_tls_bytes_total") > tls_bytes  # over the data port
+    with pytest.raises(errors.GregorError) as info:
+        await consume("intruder")
+    assert info.value.code == errors.Code.TOPIC_AUTHORIZATION_FAILED
+    assert broker_metric(cluster, "gregor_authorizer_denials_total", resource_type="Topic",
+                         operation="Read") > denials
+    broker = cluster.by_role("broker")[0]
+    with open(broker.log) as f:
+        audits = [json.loads(line.split("gregor.audit: ", 1)[1]) for line in f if "gregor.audit: " in line]
+    assert any(a["principal"] == intruder and a["api"] == "DataPortFetch" and a["decision"] == "Denied"
+               for a in audits)

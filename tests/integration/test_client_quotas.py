@@ -301,3 +301,101 @@ def test_librdkafka_sees_throttle_time_and_stays_within_its_quota(cluster: Local
     rate = len(VALUE) * sum(1 for t in acked if t < hi) / (hi - start)
     assert throttles and max(throttles) > 0
     assert low <= rate <= high, rate
+
+
+def quota_samples(c: LocalCluster, name: str, quota_type: str) -> dict[str, float]:
+    """client_id -> value of a per-entity quota metric of one type (Produce, Fetch, Request)."""
+    return {s.labels["client_id"]: s.value for s in broker_samples(c, name) if s.labels["type"] == quota_type}
+
+
+def test_request_percentage_throttles_every_unary_call_of_the_greedy_client_only(cluster: LocalCluster) -> None:
+    """request_percentage (KIP-124) counts the handler time of every request, not only ProduceStream's: a
+    client calling Metadata and Fetch as fast as it can goes over a `<default>` client-id quota of 10 % and
+    gets Fetch answers with throttle_time_ms (its connection muted); a client making a few of the same calls
+    on its own connection, with its own 10 % (a <default> quota gives each client id its own), never does."""
+    import grpc
+
+    from gregor.common.quotas import CLIENT_ID_METADATA
+    from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+
+    topic = new_topic(cluster)
+    suffix = uuid.uuid4().hex[:6]
+    greedy, quiet = f"greedy-{suffix}", f"quiet-{suffix}"
+
+    async def alter(value: str | None) -> None:
+        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
+            await a.alter_client_quotas(None, DEFAULT, {"request_percentage": value} if value else {},
+                                        [] if value else ["request_percentage"])
+
+    asyncio.run(alter("10"))
+    try:
+        async def go() -> tuple[list[int], list[int]]:
+            # A channel of its own each (a local subchannel pool): the broker mutes a connection, as Kafka does.
+            opts = [("grpc.use_local_subchannel_pool", 1)]
+            async with grpc.aio.insecure_channel(boot(cluster), options=opts) as g, \
+                    grpc.aio.insecure_channel(boot(cluster), options=opts) as q:
+                gstub, qstub = broker_pb2_grpc.BrokerServiceStub(g), broker_pb2_grpc.BrokerServiceStub(q)
+                fetch = broker_pb2.FetchRequest(topic=topic, partition=0, fetch_offset=0, max_bytes=1024)
+                meta = broker_pb2.MetadataRequest(topics=[topic])
+                greedy_throttles: list[int] = []
+
+                async def one_round() -> bool:
+                    md = ((CLIENT_ID_METADATA, greedy),)
+                    calls = [gstub.Metadata(meta, metadata=md) for _ in range(20)]
+                    answers = await asyncio.gather(*calls, *(gstub.Fetch(fetch, metadata=md) for _ in range(20)))
+                    greedy_throttles.extend(a.throttle_time_ms for a in answers[20:])
+                    return any(greedy_throttles)
+
+                await until(one_round, 60, "a throttled Fetch answer for the greedy client", interval_s=0)
+                quiet_throttles = []
+                md = ((CLIENT_ID_METADATA, quiet),)
+                for _ in range(4):
+                    await qstub.Metadata(meta, metadata=md)
+                    quiet_throttles.append((await qstub.Fetch(fetch, metadata=md)).throttle_time_ms)
+                    await asyncio.sleep(0.3)
+                return greedy_throttles, quiet_throttles
+
+        greedy_throttles, quiet_throttles = asyncio.run(go())
+        assert max(greedy_throttles) > 0
+        assert quiet_throttles == [0, 0, 0, 0]
+        throttled = quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request")
+        assert throttled[greedy] > 0 and throttled[quiet] == 0
+        ratio = quota_samples(cluster, "gregor_client_quota_request_time_ratio", "Request")
+        assert ratio[greedy] > ratio[quiet] > 0  # both measured (Metadata and Fetch time alike), greedy more
+    finally:
+        asyncio.run(alter(None))
+
+
+def test_request_percentage_throttles_kafka_listener_requests(cluster: LocalCluster) -> None:
+    """The Kafka listener meters the handler time of every request too: a librdkafka consumer fetching an
+    empty partition without waiting, and asking for metadata meanwhile, goes over a 1 % request quota and its
+    throttle callback fires (the responses carry throttle_time_ms, the connection is muted)."""
+    from confluent_kafka import Consumer as KafkaConsumer, TopicPartition
+
+    topic = new_topic(cluster)
+    client_id = f"rdk-req-{uuid.uuid4().hex[:6]}"
+
+    async def alter(value: str | None) -> None:
+        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
+            await a.alter_client_quotas(None, client_id, {"request_percentage": value} if value else {},
+                                        [] if value else ["request_percentage"])
+
+    asyncio.run(alter("1"))
+    throttles: list[float] = []
+    c = KafkaConsumer({"bootstrap.servers": str(cluster.to_json()["kafka_bootstrap"]), "client.id": client_id,
+                       "group.id": f"g-{client_id}", "fetch.wait.max.ms": 1, "fetch.error.backoff.ms": 1,
+                       "throttle_cb": lambda ev: throttles.append(ev.throttle_time)})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+
+        async def throttled() -> bool:
+            c.poll(0.05)
+            c.list_topics(topic, timeout=10)
+            return bool(throttles)
+
+        asyncio.run(until(throttled, 60, "a throttle callback", interval_s=0))
+        assert max(throttles) > 0
+        assert quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request")[client_id] > 0
+    finally:
+        c.close()
+        asyncio.run(alter(None))

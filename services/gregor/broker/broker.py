@@ -136,20 +136,20 @@ class Broker:
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.port}")
         await self._server.start()
-        if self.config.data_port >= 0 and not self.authz.enabled:  # the data port has no authentication yet
+        if self.config.data_port >= 0:  # with the authorizer on, each fetch is authorized (data_port.py)
             self.data_port = DataPortServer(self.replica_manager, self.config.host, self.config.data_port,
                                             threads=self.config.num_network_threads,
                                             send_timeout_ms=self.config.data_port_send_timeout_ms,
                                             quotas=self.quotas,
                                             ssl_context=self.config.tls.server_ssl_context()
-                                            if self.config.tls.enabled else None)
+                                            if self.config.tls.enabled else None, authz=self.authz)
             await self.data_port.start()
         if self.config.listeners:
             from gregor.kafka.server import start_listener
 
             self.kafka = await start_listener(self)
         if self.config.metrics_port >= 0:
-            self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port)
+            self.metrics_port = serve_metrics(self.config.host, self.config.metrics_port, tls=self.config.tls)
         if self.cluster_mode:
             await self._register()
         log.info("broker %d serving gRPC on %s:%d, data port %s, metrics %d", self.config.broker_id,
@@ -222,7 +222,8 @@ class Broker:
             "broker_id": self.config.broker_id,
             "grpc": f"{self.config.host}:{self.grpc_port}",
             "data": f"{self.config.host}:{self.data_port.port}" if self.data_port else "",
-            "metrics": f"http://{self.config.host}:{self.metrics_port}/metrics" if self.metrics_port >= 0 else "",
+            "metrics": f"{self.config.tls.metrics_scheme}://{self.config.host}:{self.metrics_port}/metrics"
+            if self.metrics_port >= 0 else "",
             "pid": os.getpid(),
             "kafka": self.kafka.advertised if self.kafka is not None else "",
             "broker_epoch": self.membership.broker_epoch if self.membership else -1,

@@ -19,6 +19,10 @@ loses zero-copy the same way; kernel TLS is not used): the slice is read into me
 releases the GIL (`FileSlice.read`), and the header and records are written to the TLS stream. That is one
 copy out of the page cache plus encryption per fetch; `gregor_broker_data_port_tls_bytes_total` counts
 these bytes (bench/bench_tls.py measures the cost).
+
+With the authorizer on (authorizer.class.name), the connection's principal is its client certificate's
+(ssl.principal.mapping.rules; User:ANONYMOUS on plain text) and each fetch needs Read on its topic (a
+follower's ClusterAction on the Cluster); a denied fetch gets the typed error in its header and no bytes.
 Concurrency: one asyncio task per connection, requests on a connection served in order.
 """
 
@@ -29,7 +33,7 @@ import logging
 import ssl
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
@@ -37,6 +41,10 @@ from prometheus_client import Counter
 from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
+from gregor.common.acl import CLUSTER_NAME, Operation, ResourceType
+from gregor.common.authz import Authz, Caller, denial, transport_caller
+from gregor.common.loop_time import Timed
+from gregor.common.principal import PrincipalMappingError
 from gregor.rpc.v1 import broker_pb2
 
 if TYPE_CHECKING:
@@ -57,7 +65,7 @@ class DataPortServer:
 
     def __init__(self, replica_manager: "ReplicaManager", host: str, port: int, threads: int = 3,
                  send_timeout_ms: int = 30000, quotas: "BrokerQuotas | None" = None,
-                 ssl_context: "ssl.SSLContext | None" = None) -> None:
+                 ssl_context: "ssl.SSLContext | None" = None, authz: "Authz | None" = None) -> None:
         self.replicas = replica_manager
         self.quotas = quotas  # client quotas: consumer_byte_rate of the client named in each FetchRequest
         self.host = host
@@ -66,6 +74,9 @@ class DataPortServer:
         self._senders = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="data-port-send")
         self._server: asyncio.base_events.Server | None = None
         self.ssl_context = ssl_context  # TLS (security.protocol=SSL): no sendfile, see the module doc
+        # The authorizer: each fetch needs Read on its topic for the connection's principal (its client
+        # certificate's, User:ANONYMOUS on plain text), a follower's ClusterAction on the Cluster.
+        self.authz = authz if authz is not None and authz.enabled else None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl_context)
@@ -82,6 +93,14 @@ class DataPortServer:
         sock = writer.get_extra_info("socket")
         quota = (self.quotas.connection(self.quotas.principal_of(writer.transport), "")
                  if self.quotas is not None else None)
+        caller: "Caller | None" = None
+        if self.authz is not None:
+            try:
+                caller = transport_caller(self.authz, writer.transport, writer.get_extra_info("peername"))
+            except PrincipalMappingError as exc:  # as the Kafka listener: a subject no rule maps is refused
+                log.warning("data port: refusing %s: %s", writer.get_extra_info("peername"), exc)
+                writer.close()
+                return
         try:
             while True:
                 try:
@@ -96,6 +115,10 @@ class DataPortServer:
                 except (DecodeError, asyncio.IncompleteReadError) as exc:
                     await self._reject(writer, f"not a FetchRequest: {exc}")
                     return
+                refused = self._denied(caller, request) if caller is not None else None
+                if refused is not None:  # Kafka's *_AUTHORIZATION_FAILED, nothing read
+                    await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=refused))
+                    continue
                 await self._fetch(request, writer, sock.fileno(), quota)
                 if quota is not None:
                     await quota.channel.wait()  # a throttled fetch mutes the connection (KIP-219)
@@ -104,6 +127,20 @@ class DataPortServer:
         finally:
             writer.close()
 
+    def _denied(self, caller: Caller, request: broker_pb2.FetchRequest) -> Any:
+        """The ErrorDetail of a fetch the caller may not make (None: allowed): Read on the topic, or
+        ClusterAction on the Cluster for a follower's (as the gRPC Fetch and ReplicaFetch check)."""
+        authz = self.authz
+        assert authz is not None
+        if request.HasField("replica_id"):
+            if authz.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME, "DataPortFetch"):
+                return None
+            return denial(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME).to_detail()
+        if authz.check(caller, Operation.READ, ResourceType.TOPIC, request.topic, "DataPortFetch"):
+            return None
+        err = denial(caller, Operation.READ, ResourceType.TOPIC, request.topic)
+        return errors.error_for(err.code, err.message, topic=request.topic, partition=request.partition).to_detail()
+
     async def _fetch(self, request: broker_pb2.FetchRequest, writer: asyncio.StreamWriter, fd: int,
                      quota: "StreamQuota | None" = None) -> None:
         consumer = quota is not None and quota.quotas.enabled and not request.HasField("replica_id")
@@ -111,18 +148,25 @@ class DataPortServer:
             assert quota is not None
             quota.client_id = request.client_id
             request.max_bytes = quota.fetch_max_bytes(request.max_bytes)
+        handled = Timed(handle_fetch_request(self.replicas, request))  # the loop's time in it: request_percentage
         try:
-            result = await handle_fetch_request(self.replicas, request)
+            result = await handled
         except errors.GregorError as err:
+            if consumer and quota is not None:
+                quota.record_request_time(handled.seconds)  # mutes the connection when over
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
             return
-        throttle = quota.record_fetch(result.slice.length) if consumer and quota is not None else 0
+        throttle = request_throttle = 0
+        if consumer and quota is not None:
+            request_throttle = quota.record_request_time(handled.seconds)
+            throttle = quota.record_fetch(result.slice.length)
         if throttle:  # answered without records, as Kafka answers a throttled fetch
             await self._write_header(writer, broker_pb2.DataFetchResponseHeader(
-                response=fetch_response(result, throttle_time_ms=throttle), records_length=0))
+                response=fetch_response(result, throttle_time_ms=max(throttle, request_throttle)), records_length=0))
             return
         header = broker_pb2.DataFetchResponseHeader(
-            response=fetch_response(result), records_length=result.slice.length).SerializeToString()
+            response=fetch_response(result, throttle_time_ms=request_throttle),
+            records_length=result.slice.length).SerializeToString()
         if self.ssl_context is not None:
             await self._send_tls(result, writer, header)
             return

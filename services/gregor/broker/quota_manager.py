@@ -14,6 +14,12 @@ the client's channel for that long (KIP-219; the client also waits before its ne
   connection waits for the end of the throttle before it is handled;
 - the data port and the Kafka listener: the TCP connection reads its next request after the delay.
 
+request_percentage (KIP-124) is the handler time of every request: rpc_method meters each unary call of a
+servicer with a `request_quota` (admit / charge below), and the ProduceStream, the data port and the
+Kafka listener record theirs; the time is the event loop's inside the request (common/loop_time.py), so
+a request waiting for data or acks costs nothing meanwhile. Exempt as in Kafka: ClusterAction requests
+and follower fetches.
+
 A throttled consumer fetch (gRPC, data port) is answered without records, as Kafka answers a throttled
 fetch, and its bytes are taken back out of the sensor; a fetch never asks more than the quota allows in
 one window (Kafka's getMaxValueInQuotaWindow). Follower fetches are never throttled (they use the
@@ -280,6 +286,22 @@ class BrokerQuotas:
             channel = self._peers[peer] = ChannelThrottle()
         return channel
 
+    # -- request quota (request_percentage) of every call: rpc_method's RequestQuota hook -----------
+
+    async def admit(self, api: str, request: Any, context: Any) -> Optional[StreamQuota]:
+        """A unary call's quota view after its connection's mute; None when nothing is configured or the call
+        is exempt as in Kafka: ClusterAction requests (controller and inter-broker) and follower fetches."""
+        if not self.enabled or api in CLUSTER_ACTION_APIS or from_follower(request):
+            return None
+        return await self.unary(context)
+
+    def charge(self, view: StreamQuota, seconds: float, response: Any) -> None:
+        """Record a call's handler time; over request_percentage the connection is muted and a response with
+        a throttle_time_ms field carries the longer of its own throttle and this one (Kafka's rule)."""
+        throttle = view.record_request_time(seconds)
+        if throttle and response is not None and _has_throttle_field(response):
+            response.throttle_time_ms = max(response.throttle_time_ms, throttle)
+
     async def unary(self, context: Any) -> Optional[StreamQuota]:
         """A unary call's quota view, after its connection's mute (None with no quota anywhere)."""
         if not self.enabled:
@@ -293,6 +315,32 @@ class BrokerQuotas:
 
     def managers(self) -> Iterator[ClientQuotaManager]:
         yield from (self.produce, self.fetch, self.request)
+
+
+# Kafka exempts the requests its brokers and controller send each other (ApiKeys with clusterAction) from
+# the request quota, and follower fetches: the gRPC APIs that need ClusterAction on the Cluster.
+CLUSTER_ACTION_APIS = frozenset({"LeaderAndIsr", "StopReplica", "UpdateMetadata", "WriteTxnMarkers",
+                                 "ControlledShutdown", "AllocateProducerIds", "ReplicaFetch"})
+# The Kafka listener's: LeaderAndIsr, StopReplica, UpdateMetadata, ControlledShutdown, WriteTxnMarkers.
+KAFKA_CLUSTER_ACTION_KEYS = frozenset({4, 5, 6, 7, 27})
+_THROTTLE_FIELD: dict[Any, bool] = {}
+
+
+def from_follower(request: Any) -> bool:
+    """A follower's fetch (replica_id set, as Kafka's isFromFollower)."""
+    try:
+        return bool(request.HasField("replica_id")) and request.replica_id >= 0
+    except (ValueError, AttributeError):
+        return False
+
+
+def _has_throttle_field(response: Any) -> bool:
+    kind = type(response)
+    known = _THROTTLE_FIELD.get(kind)
+    if known is None:
+        descriptor = getattr(response, "DESCRIPTOR", None)
+        known = _THROTTLE_FIELD[kind] = descriptor is not None and "throttle_time_ms" in descriptor.fields_by_name
+    return known
 
 
 class QuotaCollector(Collector):
@@ -360,21 +408,33 @@ def kafka_fetch_bytes(body: Any) -> int:
     return sum(len(p.records or b"") for t in body.responses for p in t.partitions)
 
 
-def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any) -> Any:
-    """Record a Kafka Produce (the request's size) or consumer Fetch (the records answered) against the
-    connection's quotas; over the quota the response carries throttle_time and, for a Fetch, no data
-    (Kafka's getThrottledResponse). The caller mutes the connection (view.channel.wait()) after writing."""
+def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any,
+                            handler_seconds: float = 0.0, exempt: bool = False) -> Any:
+    """Record a Kafka request against the connection's quotas: a Produce's size or a consumer Fetch's
+    records answered (byte rates), and the handler time of every request not exempt (request_percentage).
+    Over a quota the response carries the longest throttle_time (where the response has the field) and, for
+    a Fetch over its byte rate, no data (Kafka's getThrottledResponse). The caller mutes the connection
+    (view.channel.wait()) after writing."""
     import dataclasses
     import datetime
 
     view.client_id = client_id
-    if api_key == KAFKA_PRODUCE:
-        throttle = view.record_produce(request_bytes)
-        if throttle and body is not None:
-            body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle))
+    exempt = exempt or api_key in KAFKA_CLUSTER_ACTION_KEYS
+    throttle = 0 if exempt else view.record_request_time(handler_seconds)
+    if body is None:
+        if api_key == KAFKA_PRODUCE:
+            view.record_produce(request_bytes)  # acks=0: no answer, the mute still holds the channel
         return body
-    if api_key == KAFKA_FETCH and body is not None:
-        throttle = view.record_fetch(kafka_fetch_bytes(body))
-        if throttle:
-            body = dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=throttle), responses=())
-    return body
+    changes: dict[str, Any] = {}
+    if api_key == KAFKA_PRODUCE:
+        throttle = max(throttle, view.record_produce(request_bytes))
+    elif api_key == KAFKA_FETCH and not exempt:
+        fetch_throttle = view.record_fetch(kafka_fetch_bytes(body))
+        if fetch_throttle:
+            throttle = max(throttle, fetch_throttle)
+            changes["responses"] = ()
+    if throttle and hasattr(body, "throttle_time"):
+        current = body.throttle_time
+        current_ms = int(current.total_seconds() * 1000) if isinstance(current, datetime.timedelta) else int(current or 0)
+        changes["throttle_time"] = datetime.timedelta(milliseconds=max(throttle, current_ms))
+    return dataclasses.replace(body, **changes) if changes else body

@@ -61,6 +61,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
+        self.request_quota = broker.quotas  # request_percentage: rpc_method meters every call's handler time
         self.replicas = broker.replica_manager
         self.authz = broker.authz
         self._producer_ids: "RpcProducerIdManager | LocalProducerIdManager | None" = None
@@ -321,6 +322,7 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
+        self.request_quota = broker.quotas
         self.store = broker.topic_store
 
     @rpc_method("AdminService")
@@ -520,6 +522,7 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
+        self.request_quota = broker.quotas  # Kafka meters forwarded requests on the broker that got them
 
     async def forward(self, api: str, request: Any, context: Ctx) -> Any:
         metadata = None

@@ -399,7 +399,13 @@ class LocalCluster:
         pdir = lp.prometheus_dir(self.data_dir)
         os.makedirs(pdir, exist_ok=True)
         lp.write_targets(self.data_dir, self.processes)
-        config = lp.write_config(self.data_dir, scrape_interval_s or lp.SCRAPE_INTERVAL_S, port, "gregor")
+        tls = None
+        if self.tls is not None:  # the services' /metrics are HTTPS with their certificates
+            client = self.tls.client_props()
+            tls = {"ca_file": os.path.abspath(client["ssl.truststore.location"]),
+                   "cert_file": os.path.abspath(client["ssl.keystore.location"]),
+                   "key_file": os.path.abspath(client["ssl.key.location"])}
+        config = lp.write_config(self.data_dir, scrape_interval_s or lp.SCRAPE_INTERVAL_S, port, "gregor", tls)
         log_path = os.path.join(self.data_dir, "logs", "prometheus.log")
         cmd = [lp.prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={pdir}/data",
                f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn"]
@@ -458,8 +464,10 @@ class LocalCluster:
         security = ClusterTls.ensure(certs_dir or os.path.join(data_dir, "certs")) if (tls or certs_dir) else None
         if authorizer and security:
             # The operator (the CLI's client certificate) and the services' own calls to each other are super
-            # users, as Kafka's inter-broker principal usually is; the gateway is not (grant it ACLs).
-            operators = [security.principal(n) for n in (CLIENT_CERT, "broker", "controller", "coordinator")]
+            # users, as Kafka's inter-broker principal usually is; so is the gateway, which authorizes each of
+            # its callers itself against the same ACLs before it produces for them (gateway/callers.py).
+            operators = [security.principal(n) for n in (CLIENT_CERT, "broker", "controller", "coordinator",
+                                                         "gateway")]
             extra = [u for u in authorizer.get("super.users", "").split(";") if u and u != "User:ANONYMOUS"]
             authorizer = {**authorizer, "super.users": ";".join(dict.fromkeys(operators + extra))}
         overrides = {**(authorizer or {}), **(broker_overrides or {})}
@@ -493,7 +501,9 @@ class LocalCluster:
                 cluster.processes.append(start_coordinator(data_dir, i, etcd_endpoints, lease_ttl_ms=lease_ttl_ms,
                                                            overrides=coordinator_overrides))
             for i in range(gateways):  # stateless producer gateways in front of the brokers
-                cluster.processes.append(start_gateway(data_dir, i, cluster.bootstrap, props=gateway_props))
+                cluster.processes.append(start_gateway(
+                    data_dir, i, cluster.bootstrap, props={**(authorizer or {}), **(gateway_props or {})},
+                    etcd_endpoint=etcd_endpoints if authorizer else None))
             if prometheus:
                 cluster.start_prometheus(scrape_interval_s)
         except BaseException:
@@ -533,12 +543,15 @@ def start_controller(data_dir: str, controller_id: int, etcd_endpoint: str, host
 
 
 def start_gateway(data_dir: str, gateway_id: int, bootstrap: str, host: str = "127.0.0.1",
-                  props: dict[str, str] | None = None, port: int = 0) -> Process:
-    """A producer gateway process (python -m gregor.gateway) in front of the brokers of bootstrap."""
+                  props: dict[str, str] | None = None, port: int = 0, etcd_endpoint: str | None = None) -> Process:
+    """A producer gateway process (python -m gregor.gateway) in front of the brokers of bootstrap; with
+    etcd_endpoint it follows the ACLs (props with the authorizer's keys) and client quotas of its callers."""
     gateway_dir, ready = _process_dir(data_dir, f"gateway-{gateway_id}")
     log_path = os.path.join(data_dir, "logs", f"gateway-{gateway_id}.log")
     cmd = [sys.executable, "-m", "gregor.gateway", "--gateway-id", str(gateway_id), "--bootstrap", bootstrap,
            "--host", host, "--port", str(port), "--metrics-port", "0", "--ready-file", ready]
+    if etcd_endpoint:
+        cmd += ["--etcd", ",".join(e if "://" in e else f"http://{e}" for e in etcd_endpoint.split(","))]
     for k, v in (props or {}).items():
         cmd += ["--producer-property", f"{k}={v}"]
     proc = _spawn(cmd, log_path)

@@ -57,7 +57,10 @@ def targets(processes: Iterable[Any], cluster: str) -> list[dict[str, Any]]:
         if p.role == "prometheus" or not p.metrics:
             continue
         address = p.metrics.split("://", 1)[-1].split("/", 1)[0]
-        out.append({"targets": [address], "labels": {"cluster": cluster, "role": p.role, "id": str(p.id)}})
+        labels = {"cluster": cluster, "role": p.role, "id": str(p.id)}
+        if p.metrics.startswith("https://"):  # a --tls cluster serves /metrics over HTTPS (tls_config below)
+            labels["__scheme__"] = "https"
+        out.append({"targets": [address], "labels": labels})
     return out
 
 
@@ -72,8 +75,11 @@ def write_targets(data_dir: str, processes: Iterable[Any], cluster: str = "grego
     return path
 
 
-def write_config(data_dir: str, scrape_interval_s: float, port: int, cluster: str) -> str:
-    """prometheus.yml: file_sd over targets.json, Prometheus itself, and the shared rules file."""
+def write_config(data_dir: str, scrape_interval_s: float, port: int, cluster: str,
+                 tls: dict[str, str] | None = None) -> str:
+    """prometheus.yml: file_sd over targets.json, Prometheus itself, and the shared rules file. tls (a --tls
+    cluster): the `tls_config` HTTPS targets are scraped with: ca_file, and cert_file / key_file (the CLI's
+    client certificate, for services with metrics.ssl.client.auth=required)."""
     # Prometheus resolves a relative file_sd path against its config file's folder, not our working
     # directory: a relative --data-dir would point it at DIR/prometheus/DIR/prometheus/targets.json.
     pdir = os.path.abspath(prometheus_dir(data_dir))
@@ -82,7 +88,8 @@ def write_config(data_dir: str, scrape_interval_s: float, port: int, cluster: st
         "rule_files": [rules_file()],
         "scrape_configs": [
             {"job_name": "gregor", "file_sd_configs": [{"files": [os.path.join(pdir, "targets.json")],
-                                                        "refresh_interval": f"{FILE_SD_REFRESH_S}s"}]},
+                                                        "refresh_interval": f"{FILE_SD_REFRESH_S}s"}],
+             **({"tls_config": tls} if tls else {})},
             {"job_name": "prometheus", "static_configs": [
                 {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": cluster, "role": "prometheus", "id": "0"}}]},
         ],

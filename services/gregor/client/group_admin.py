@@ -150,10 +150,15 @@ class GroupAdmin:
 
     async def committed_offsets(self, group_id: str,
                                 tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        """Committed offsets of the group (all of them when tps is None); partitions without one are left out."""
+        """Committed offsets of the group (all of them when tps is None); partitions without one are left out.
+        A requested partition the broker answers with an error (TOPIC_AUTHORIZATION_FAILED: no Describe on its
+        topic) raises that error, as Kafka's listConsumerGroupOffsets fails for it."""
         req = coordinator_pb2.OffsetFetchRequest(
             group_id=group_id, partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in tps or []])
         resp = await self._call(group_id, "OffsetFetch", req)
+        for p in resp.partitions:
+            if p.HasField("error") and p.error.code != 0:
+                raise errors.from_detail(p.error)
         return {(p.topic, p.partition): int(p.offset) for p in resp.partitions if p.offset >= 0}
 
     async def alter_offsets(self, group_id: str, offsets: Mapping[TopicPartition, int]) -> None:

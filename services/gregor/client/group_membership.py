@@ -664,6 +664,9 @@ class GroupMember:
         wanted = [(str(t), int(p)) for t, p in tps]
         resp = await self.call("OffsetFetch", coordinator_pb2.OffsetFetchRequest(
             group_id=self.group_id, partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in wanted]))
+        for p in resp.partitions:  # Kafka's committed() throws TopicAuthorizationException for such a partition
+            if p.HasField("error") and p.error.code != 0:
+                raise errors.from_detail(p.error)
         got = {(p.topic, p.partition): (int(p.offset) if p.offset >= 0 else None) for p in resp.partitions}
         return {tp: got.get(tp) for tp in wanted}
 

@@ -539,18 +539,25 @@ def _acl_order(a: AclBinding) -> tuple[str, ...]:
 _CONNECTION_CALLER: "contextvars.ContextVar[Caller]" = contextvars.ContextVar("gregor_kafka_caller", default=Caller())
 
 
+def transport_caller(authz: Authz, transport: Any, peername: Any) -> Caller:
+    """The caller of a raw connection (Kafka listener, data port): its certificate's mapped principal or
+    User:ANONYMOUS, and its IP address. PrincipalMappingError when no rule maps its subject."""
+    principal = principal_from_subject(_peer_subject(transport), authz.config.principal_mapping_rules)
+    host = peername[0] if isinstance(peername, tuple) and peername else "*"
+    return Caller(principal, str(host))
+
+
 def set_connection_caller(authz: Authz, transport: Any, peername: Any) -> bool:
     """Set the caller of the current Kafka connection (its own task: every request handled in it sees it);
     False when its certificate subject maps to no principal (Kafka closes such a connection)."""
     if not authz.enabled:
         return True
     try:
-        principal = principal_from_subject(_peer_subject(transport), authz.config.principal_mapping_rules)
+        caller = transport_caller(authz, transport, peername)
     except PrincipalMappingError as exc:
         log.warning("kafka: refusing %s: %s", peername, exc)
         return False
-    host = peername[0] if isinstance(peername, tuple) and peername else "*"
-    _CONNECTION_CALLER.set(Caller(principal, str(host)))
+    _CONNECTION_CALLER.set(caller)
     return True
 
 

@@ -7,7 +7,7 @@ import platform
 import time
 from contextlib import contextmanager
 from importlib import metadata
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.core import HistogramMetricFamily
@@ -46,9 +46,17 @@ def register_build_info(role: str) -> None:
                       python_version=platform.python_version(), role=role).set(1)
 
 
-def serve_metrics(host: str, port: int, registry: CollectorRegistry = REGISTRY) -> int:
-    """Start the /metrics HTTP endpoint in a daemon thread; returns the bound port (port 0 picks one)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+def serve_metrics(host: str, port: int, registry: CollectorRegistry = REGISTRY, tls: Any = None) -> int:
+    """Start the /metrics endpoint in a daemon thread; returns the bound port (port 0 picks one).
+
+    tls (a gregor.common.tls.TlsConfig, default the process's): with metrics.security.protocol=SSL (by
+    default whenever security.protocol=SSL) /metrics is HTTPS with the process's certificate, scrapers'
+    certificates checked per metrics.ssl.client.auth (Prometheus: scheme https and tls_config ca_file)."""
+    if tls is None:
+        from gregor.common.tls import effective
+
+        tls = effective(None)
+    server, _thread = start_http_server(port, addr=host, registry=registry, **tls.metrics_server_args())
     return int(server.server_port)
 
 

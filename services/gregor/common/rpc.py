@@ -12,7 +12,7 @@ import functools
 import logging
 import signal
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
 from gregor.common import errors, tls
+from gregor.common.loop_time import Timed
 from gregor.common.metrics import LATENCY_BUCKETS_S, STREAM_DURATION_BUCKETS_S
 from gregor.common.tls import TlsConfig
 
@@ -53,11 +54,23 @@ Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
 
 
+class RequestQuota(Protocol):
+    """A servicer's `request_quota` attribute: the request-time quota hook of rpc_method (the broker's
+    client quotas, broker/quota_manager.py). admit() waits out the caller's channel mute and says whether
+    the call is metered (a token) or exempt (None); charge() records the call's handler time (the event
+    loop's time in it, common/loop_time.py) and puts a throttle into the response if it has the field."""
+
+    async def admit(self, api: str, request: Any, context: grpc.aio.ServicerContext) -> Any: ...
+
+    def charge(self, token: Any, seconds: float, response: Any) -> None: ...
+
+
 def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
     """Decorate a servicer method: time it, count it, and turn errors into typed statuses.
 
     A GregorError becomes its gRPC status with an ErrorDetail; anything else is
     logged and answered as UNKNOWN_SERVER_ERROR, so a bug never kills the server.
+    A servicer with a `request_quota` (RequestQuota) has every call's handler time metered by it.
     """
 
     def wrap(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
@@ -70,8 +83,20 @@ def rpc_method(service: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp
         async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
             start = time.perf_counter()
             code = "NONE"
+            quota: RequestQuota | None = getattr(self, "request_quota", None)
             try:
-                return await fn(self, request, context)
+                token = None if quota is None else await quota.admit(api, request, context)
+                if token is None:
+                    return await fn(self, request, context)
+                assert quota is not None
+                timed = Timed(fn(self, request, context))
+                try:
+                    response = await timed
+                except BaseException:
+                    quota.charge(token, timed.seconds, None)
+                    raise
+                quota.charge(token, timed.seconds, response)
+                return response
             except errors.GregorError as err:
                 code = err.name
                 await errors.abort_with(context, err)

@@ -14,6 +14,10 @@ Keys (Kafka's names; PEM files only):
     ssl.endpoint.identification.algorithm  https (default): the server's subjectAltNames must name the host
                                          connected to; empty turns the check off (asyncio sockets only: gRPC
                                          always checks, see docs/security.md)
+    metrics.security.protocol            the Prometheus /metrics port's: SSL serves it over HTTPS with this
+                                         process's certificate; default: security.protocol's value
+    metrics.ssl.client.auth              none (default: any scraper that trusts the CA) | requested | required
+                                         (the scraper's certificate is verified against ssl.truststore.location)
 
 A process has one default (`configure(...)`, set by each role's `__main__` from its properties): the service
 to service channels (controller -> brokers, fetchers -> leaders, coordinators -> brokers, etcd) use it.
@@ -56,10 +60,14 @@ TLS_DEFAULTS: dict[str, str] = {
     "ssl.key.location": "",
     "ssl.client.auth": "none",
     "ssl.endpoint.identification.algorithm": "https",
+    "metrics.security.protocol": "",  # empty: follow security.protocol
+    "metrics.ssl.client.auth": "none",
 }
 TLS_KEYS = frozenset(TLS_DEFAULTS)
+# The /metrics port's keys (servers only).
+METRICS_TLS_KEYS = frozenset({"metrics.security.protocol", "metrics.ssl.client.auth"})
 # The keys a client (Producer, Consumer, Admin, CLI --command-config) takes: ssl.client.auth is a server's.
-CLIENT_TLS_KEYS = TLS_KEYS - {"ssl.client.auth"}
+CLIENT_TLS_KEYS = TLS_KEYS - {"ssl.client.auth"} - METRICS_TLS_KEYS
 
 
 class TlsConfigError(InvalidConfigError):  # type: ignore[misc,valid-type]
@@ -76,10 +84,35 @@ class TlsConfig:
     key: str = ""  # ssl.key.location ("" : the key is in the keystore file)
     client_auth: str = "none"  # ssl.client.auth
     endpoint_identification: str = "https"  # ssl.endpoint.identification.algorithm
+    metrics_protocol: str = ""  # metrics.security.protocol ("": as security.protocol)
+    metrics_client_auth: str = "none"  # metrics.ssl.client.auth
 
     @property
     def enabled(self) -> bool:
         return self.protocol == SSL
+
+    @property
+    def metrics_tls(self) -> bool:
+        """Whether /metrics is served over HTTPS."""
+        return (self.metrics_protocol or self.protocol) == SSL
+
+    @property
+    def metrics_scheme(self) -> str:
+        return "https" if self.metrics_tls else "http"
+
+    def metrics_server_args(self) -> dict[str, Any]:
+        """prometheus_client.start_http_server's TLS arguments for /metrics (empty: plain HTTP)."""
+        if not self.metrics_tls:
+            return {}
+        if not self.keystore:
+            raise TlsConfigError("metrics.security.protocol=SSL needs ssl.keystore.location (the certificate "
+                                 "/metrics is served with)")
+        args: dict[str, Any] = {"certfile": self.keystore, "keyfile": self.key or None,
+                                "tls_min_version": ssl.TLSVersion.TLSv1_2}
+        if self.metrics_client_auth != "none":
+            args["client_cafile"] = self.truststore
+            args["client_auth_required"] = self.metrics_client_auth == "required"
+        return args
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "TlsConfig":
@@ -101,8 +134,19 @@ class TlsConfig:
         if algorithm not in ("https", ""):
             raise TlsConfigError(f"Invalid value {algorithm!r} for configuration "
                                  f"ssl.endpoint.identification.algorithm: https or empty")
+        metrics_protocol = raw["metrics.security.protocol"].strip().upper()
+        if metrics_protocol not in ("", PLAINTEXT, SSL):
+            raise TlsConfigError(f"Invalid value {raw['metrics.security.protocol']!r} for configuration "
+                                 f"metrics.security.protocol: PLAINTEXT or SSL")
+        metrics_client_auth = raw["metrics.ssl.client.auth"].strip().lower()
+        if metrics_client_auth not in CLIENT_AUTH:
+            raise TlsConfigError(f"Invalid value {raw['metrics.ssl.client.auth']!r} for configuration "
+                                 f"metrics.ssl.client.auth: one of {list(CLIENT_AUTH)}")
         cfg = cls(protocol, raw["ssl.truststore.location"].strip(), raw["ssl.keystore.location"].strip(),
-                  raw["ssl.key.location"].strip(), client_auth, algorithm)
+                  raw["ssl.key.location"].strip(), client_auth, algorithm, metrics_protocol, metrics_client_auth)
+        if cfg.metrics_tls and not cfg.truststore and metrics_client_auth != "none":
+            raise TlsConfigError("metrics.ssl.client.auth needs ssl.truststore.location (the CA scrapers are "
+                                 "checked against)")
         if cfg.enabled and not cfg.truststore:
             raise TlsConfigError("security.protocol=SSL needs ssl.truststore.location (the CA's PEM file)")
         if cfg.key and not cfg.keystore:
@@ -114,7 +158,9 @@ class TlsConfig:
         out = {"security.protocol": self.protocol, "ssl.truststore.location": self.truststore,
                "ssl.keystore.location": self.keystore, "ssl.key.location": self.key,
                "ssl.client.auth": self.client_auth,
-               "ssl.endpoint.identification.algorithm": self.endpoint_identification}
+               "ssl.endpoint.identification.algorithm": self.endpoint_identification,
+               "metrics.security.protocol": self.metrics_protocol,
+               "metrics.ssl.client.auth": self.metrics_client_auth}
         return {k: v for k, v in out.items() if v != TLS_DEFAULTS[k]}
 
     # -- files --------------------------------------------------------------------------------------------

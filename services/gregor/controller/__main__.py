@@ -150,7 +150,7 @@ async def run(args: ControllerArgs) -> int:
     add_health_and_reflection(server, ["gregor.rpc.v1.ControllerService", "gregor.rpc.v1.AdminService"])
     await server.start()
     register_build_info("controller")
-    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    metrics_port = serve_metrics(args.host, args.metrics_port, tls=args.tls) if args.metrics_port >= 0 else -1
     await controller.start()
     # Through the brokers registered in etcd: the controller has no broker list of its own.
     reporter = MetricsReporter.started(args.metrics_topic, lambda: etcd_bootstrap(etcd), "controller",
@@ -158,7 +158,7 @@ async def run(args: ControllerArgs) -> int:
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "controller_id": args.controller_id, "grpc": f"{args.host}:{port}",
-            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "metrics": f"{args.tls.metrics_scheme}://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
             "pid": os.getpid()})
     log.info("controller %d serving gRPC on %s:%d, metrics %d, etcd %s", args.controller_id, args.host, port,
              metrics_port, args.etcd)

@@ -150,14 +150,14 @@ async def run(a: argparse.Namespace) -> int:
                                        "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
     register_build_info("coordinator")
-    metrics_port = serve_metrics(a.host, a.metrics_port) if a.metrics_port >= 0 else -1
+    metrics_port = serve_metrics(a.host, a.metrics_port, tls=a.tls) if a.metrics_port >= 0 else -1
     await coordinator.start()
     await transactions.start()
     reporter = MetricsReporter.started(a.metrics_topic, coordinator.bootstrap, "coordinator", a.coordinator_id)
     if a.ready_file:
         write_ready_file(a.ready_file, {
             "coordinator_id": a.coordinator_id, "grpc": f"{a.host}:{port}",
-            "metrics": f"http://{a.host}:{metrics_port}/metrics" if metrics_port >= 0 else "", "pid": os.getpid()})
+            "metrics": f"{a.tls.metrics_scheme}://{a.host}:{metrics_port}/metrics" if metrics_port >= 0 else "", "pid": os.getpid()})
     log.info("coordinator %d serving gRPC on %s:%d, metrics %d, etcd %s, %s has %d partitions", a.coordinator_id,
              a.host, port, metrics_port, a.etcd, "__consumer_offsets", coordinator.num_partitions)
     code = await wait_for_shutdown("coordinator", coordinator.stopped)

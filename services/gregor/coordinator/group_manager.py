@@ -22,7 +22,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from gregor.common import errors
 from gregor.coordinator.group import Group, GroupState, JoinResult, Member
@@ -47,6 +47,14 @@ class GroupConfig:
 
 def _err(code: int, message: str) -> errors.GregorError:
     return errors.error_for(code, message)
+
+
+def _fail(waiter: "asyncio.Future[Any]", err: BaseException) -> None:
+    """Answer a parked JoinGroup/SyncGroup with an error. Its handler may be gone (the client cancelled
+    the call, then sent LeaveGroup): the error is marked retrieved so that collecting the future does
+    not log asyncio's "Future exception was never retrieved"; a handler still awaiting gets it raised."""
+    waiter.set_exception(err)
+    waiter.exception()
 
 
 class GroupManager:
@@ -182,7 +190,7 @@ class GroupManager:
         fenced = _err(Code.FENCED_INSTANCE_ID, f"group.instance.id {instance_id} rejoined as member {new_id}")
         for pending in (old.awaiting_join, old.awaiting_sync):
             if pending is not None and not pending.done():
-                pending.set_exception(fenced)
+                _fail(pending, fenced)
         log.info("group %s: static member %s replaced %s by %s", group.group_id, instance_id, old_id, new_id)
         changed = not old.matches(list(protocols))
         if group.is_(S.PREPARING_REBALANCE) or changed:
@@ -197,7 +205,7 @@ class GroupManager:
     def _park_join(member: Member, fut: asyncio.Future[JoinResult]) -> None:
         if member.awaiting_join is not None and not member.awaiting_join.done():
             # A duplicate JoinGroup replaces the earlier one; that one is told to rejoin.
-            member.awaiting_join.set_exception(_err(Code.REBALANCE_IN_PROGRESS, "superseded by a newer JoinGroup"))
+            _fail(member.awaiting_join, _err(Code.REBALANCE_IN_PROGRESS, "superseded by a newer JoinGroup"))
         member.awaiting_join = fut
         member.joined_this_round = True
 
@@ -228,7 +236,7 @@ class GroupManager:
             for m in group.members.values():
                 m.assignment = b""
                 if m.awaiting_sync is not None and not m.awaiting_sync.done():
-                    m.awaiting_sync.set_exception(_err(Code.REBALANCE_IN_PROGRESS,
+                    _fail(m.awaiting_sync, _err(Code.REBALANCE_IN_PROGRESS,
                                                        f"group {group.group_id} is rebalancing: {reason}"))
         was_empty = group.is_(S.EMPTY)
         group.pending_sync = set()
@@ -347,7 +355,7 @@ class GroupManager:
         for m in group.members.values():
             m.assignment = b""
             if m.awaiting_sync is not None and not m.awaiting_sync.done():
-                m.awaiting_sync.set_exception(err)
+                _fail(m.awaiting_sync, err)
             m.awaiting_sync = None
         self._prepare_rebalance(group, f"storing generation {generation_id} failed: {err.name}", now_ms)
 
@@ -390,7 +398,7 @@ class GroupManager:
         gone = _err(Code.UNKNOWN_MEMBER_ID, f"member {member_id} {reason}")
         for pending in (member.awaiting_join, member.awaiting_sync):
             if pending is not None and not pending.done():
-                pending.set_exception(gone)
+                _fail(pending, gone)
         if group.is_(S.STABLE) or group.is_(S.COMPLETING_REBALANCE):
             self._prepare_rebalance(group, f"member {member_id} {reason}", now_ms)
         elif group.is_(S.PREPARING_REBALANCE):
@@ -546,4 +554,4 @@ class GroupManager:
             for m in group.members.values():
                 for pending in (m.awaiting_join, m.awaiting_sync):
                     if pending is not None and not pending.done():
-                        pending.set_exception(reason)
+                        _fail(pending, reason)

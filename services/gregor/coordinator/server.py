@@ -172,12 +172,28 @@ class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServi
         self.c.check_owner(request.group_id)
         group = self.m.groups.get(request.group_id)
         stored = group.offsets if group is not None else {}
-        wanted = [(tp.topic, tp.partition) for tp in request.partitions] or sorted(stored)
-        if self.authz.enabled:  # Kafka: the offsets of topics the caller may not Describe are left out
-            wanted = [tp for tp in wanted if self._may(context, Operation.DESCRIBE, ResourceType.TOPIC, tp[0],
-                                                       "OffsetFetch")]
+        asked = [(tp.topic, tp.partition) for tp in request.partitions]
+        wanted = asked or sorted(stored)
+        denied: dict[str, errors.GregorError] = {}
+        if self.authz.enabled:
+            # Kafka: a requested partition of a topic the caller may not Describe is answered
+            # TOPIC_AUTHORIZATION_FAILED (offset -1); asked for all, such topics are left out silently.
+            caller = self.authz.caller_of(context)
+            if asked:
+                for topic in dict.fromkeys(t for t, _ in asked):
+                    if not self.authz.check(caller, Operation.DESCRIBE, ResourceType.TOPIC, topic, "OffsetFetch"):
+                        denied[topic] = az.denial(caller, Operation.DESCRIBE, ResourceType.TOPIC, topic, topic=topic)
+            else:
+                wanted = [tp for tp in wanted if self.authz.check(caller, Operation.DESCRIBE, ResourceType.TOPIC,
+                                                                  tp[0], "OffsetFetch", audit=False)]
         out = []
         for tp in wanted:
+            err = denied.get(tp[0])
+            if err is not None:
+                out.append(pb.OffsetFetchPartition(topic=tp[0], partition=tp[1], offset=-1, leader_epoch=-1,
+                                                   error=errors.error_for(err.code, err.message, topic=tp[0],
+                                                                          partition=tp[1]).to_detail()))
+                continue
             off, epoch, meta, _ts = stored.get(tp, (-1, -1, "", 0))
             out.append(pb.OffsetFetchPartition(topic=tp[0], partition=tp[1], offset=off, leader_epoch=epoch,
                                                metadata=meta))

@@ -9,7 +9,9 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
 
+from gregor.common.authz import SETTLE_KEYS as AUTHORIZER_KEYS, AuthorizerConfig
 from gregor.common.metrics_reporter import MetricsTopicConfig
 from gregor.common.errors import InvalidConfigError  # type: ignore[attr-defined]
 from gregor.common.properties import load_properties
@@ -31,6 +33,11 @@ class GatewayArgs:
     props: dict[str, str] = field(default_factory=dict)
     metrics_topic: MetricsTopicConfig = MetricsTopicConfig()
     tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port and its producer's channels
+    # Per-caller authorization (authorizer.class.name, super.users, ...) and quotas: the ACLs and the quota
+    # configs come from etcd (etcd.endpoints / cluster.id), as on every other service (gateway/callers.py).
+    authorizer: AuthorizerConfig = AuthorizerConfig()
+    etcd: str = ""
+    cluster: str = "gregor"
 
 
 def parse_args(argv: list[str]) -> GatewayArgs:
@@ -47,6 +54,9 @@ def parse_args(argv: list[str]) -> GatewayArgs:
     ap.add_argument("--producer-property", "--property", dest="props", action="append", default=[],
                     metavar="KEY=VALUE", help="producer config of the gateway, e.g. compression.type=lz4, and the "
                          "gateway's metrics.topic.enable / metrics.topic.interval.ms (repeatable)")
+    ap.add_argument("--etcd", help="etcd.endpoints: with it the gateway follows the ACLs (authorizer.class.name set) "
+                                   "and client quotas in etcd and applies them to its callers")
+    ap.add_argument("--cluster", help="cluster.id: the etcd key namespace (default gregor)")
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args(argv)
     from gregor.client.config import ConfigError
@@ -59,8 +69,19 @@ def parse_args(argv: list[str]) -> GatewayArgs:
         # security.protocol / ssl.* serve both the gateway's port and its producer; ssl.client.auth is the port's.
         security = TlsConfig.from_properties(props)
         props.pop("ssl.client.auth", None)
-    except InvalidConfigError as exc:
+        for key in ("metrics.security.protocol", "metrics.ssl.client.auth"):  # its /metrics port's
+            props.pop(key, None)
+        # The authorizer's keys and etcd's are the gateway's, not its producer's.
+        authorizer = AuthorizerConfig.from_properties(
+            {key: props.pop(key) for key in list(AUTHORIZER_KEYS) if key in props})
+        etcd = a.etcd or props.pop("etcd.endpoints", "")
+        props.pop("etcd.endpoints", None)
+        cluster = a.cluster or props.pop("cluster.id", "") or "gregor"
+        props.pop("cluster.id", None)
+    except (InvalidConfigError, ValueError) as exc:
         ap.error(str(exc))
+    if authorizer.enabled and not etcd:
+        ap.error("authorizer.class.name needs etcd.endpoints (--etcd): the ACLs live in etcd")
     bootstrap = a.bootstrap or props.get("bootstrap.servers", "")
     props.pop("bootstrap.servers", None)
     if not bootstrap:
@@ -72,7 +93,7 @@ def parse_args(argv: list[str]) -> GatewayArgs:
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return GatewayArgs(a.gateway_id, bootstrap, a.host, a.port, a.metrics_port, a.ready_file, props, metrics_topic,
-                       security)
+                       security, authorizer, etcd, cluster)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -96,21 +117,22 @@ async def run(args: GatewayArgs) -> int:
     tune_allocator()
     configure(args.tls)
     gateway = ProducerGateway(args.bootstrap, args.props)
+    callers, stop_callers = await start_callers(args)
     server = make_server()
     port = add_port(server, f"{args.host}:{args.port}")
     if port == 0:
         raise OSError(f"cannot bind gRPC port {args.host}:{args.port}")
-    gateway_pb2_grpc.add_ProducerGatewayServiceServicer_to_server(ProducerGatewayServicer(gateway), server)
+    gateway_pb2_grpc.add_ProducerGatewayServiceServicer_to_server(ProducerGatewayServicer(gateway, callers), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.ProducerGatewayService"])
     await gateway.start()
     await server.start()
     register_build_info("gateway")
-    metrics_port = serve_metrics(args.host, args.metrics_port) if args.metrics_port >= 0 else -1
+    metrics_port = serve_metrics(args.host, args.metrics_port, tls=args.tls) if args.metrics_port >= 0 else -1
     reporter = MetricsReporter.started(args.metrics_topic, args.bootstrap, "gateway", args.gateway_id)
     if args.ready_file:
         write_ready_file(args.ready_file, {
             "gateway_id": args.gateway_id, "grpc": f"{args.host}:{port}",
-            "metrics": f"http://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
+            "metrics": f"{args.tls.metrics_scheme}://{args.host}:{metrics_port}/metrics" if metrics_port >= 0 else "",
             "pid": os.getpid(), "idempotence": bool(gateway.config.get("enable.idempotence"))})
     log.info("gateway %d serving gRPC on %s:%d, metrics %d, bootstrap %s, idempotence %s, compression %s",
              args.gateway_id, args.host, port, metrics_port, args.bootstrap,
@@ -121,7 +143,40 @@ async def run(args: GatewayArgs) -> int:
     # Stop taking RPCs, let in-flight ones be answered, then flush what is still buffered.
     await server.stop(SHUTDOWN_GRACE_S)
     await gateway.close(SHUTDOWN_GRACE_S)
+    await stop_callers()
     return 0
+
+
+async def start_callers(args: GatewayArgs) -> "tuple[Any, Callable[[], Awaitable[None]]]":
+    """The per-caller checks (gateway/callers.py): the ACL cache and the quota watch on etcd when --etcd is
+    given; nothing to check (everyone allowed, no quota) without it. Returns them and their stop."""
+    from gregor.common.authz import Authz, user_name
+    from gregor.gateway.callers import GatewayCallers
+
+    if not args.etcd:
+        async def nothing() -> None:
+            return None
+        return GatewayCallers(), nothing
+    from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quotas
+    from gregor.common.etcd import EtcdClient
+
+    etcd = EtcdClient(args.etcd, cluster=args.cluster)
+    authz = Authz.create(args.authorizer, etcd)
+    authz.start()
+    if authz.enabled and not await authz.wait_synced(10.0):
+        log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
+    quotas = BrokerQuotas()
+    rules = args.authorizer.principal_mapping_rules
+    quotas.principal_of = lambda conn: user_name(conn, rules)  # the caller's certificate, or ANONYMOUS
+    quotas.start(etcd)
+    watch_quotas(quotas)
+
+    async def stop() -> None:
+        unwatch_quotas(quotas)
+        await quotas.stop()
+        await authz.stop()
+        await etcd.close()
+    return GatewayCallers(authz, quotas), stop
 
 
 def main(argv: list[str] | None = None) -> int:

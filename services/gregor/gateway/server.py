@@ -11,7 +11,8 @@ import grpc
 
 from gregor.common import errors
 from gregor.common.rpc import rpc_method, rpc_stream
-from gregor.gateway.gateway import InRecord, ProducerGateway, Result
+from gregor.gateway.callers import GatewayCallers, record_and_wait
+from gregor.gateway.gateway import METRICS, InRecord, ProducerGateway, Result
 from gregor.gateway.txn_session import TxnSession
 from gregor.rpc.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -51,13 +52,21 @@ def _reader_failed(reader: "asyncio.Future[None]") -> errors.GregorError:
 class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
     """ProducerGatewayService: one result per record, in order for Produce, by correlation_id for ProduceStream."""
 
-    def __init__(self, gateway: ProducerGateway) -> None:
+    def __init__(self, gateway: ProducerGateway, callers: Optional[GatewayCallers] = None) -> None:
         self.gateway = gateway
+        # Per-caller authorization and produce quotas (callers.py); nothing checked without them.
+        self.callers = callers if callers is not None else GatewayCallers()
+
+    def _denied(self, err: errors.GregorError) -> Result:
+        METRICS.error(err)
+        return (-1, -1, -1, err)
 
     @rpc_method(SERVICE)
     async def Produce(self, request: gateway_pb2.GatewayProduceRequest,
                       context: grpc.aio.ServicerContext) -> gateway_pb2.GatewayProduceResponse:
         gw = self.gateway
+        self.callers.require_topic(self.callers.caller(context), request.topic, "GatewayProduce")
+        quota = await self.callers.unary_quota(context)
         partition = request.partition if request.HasField("partition") else None
         records = [in_record(request.topic, r, partition) for r in request.records]
         # Whole-request admission: if buffer.memory cannot take every record now, nothing is
@@ -72,6 +81,8 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
             raise errors.RequestTimedOutError(  # type: ignore[attr-defined]
                 f"the call's deadline leaves {remaining * 1000:.0f} ms; nothing was produced", topic=request.topic)
         timeout = None if remaining is None else remaining - DEADLINE_MARGIN_S
+        if quota is not None:
+            quota.record_produce(total)  # over the caller's producer_byte_rate: its next call waits
         results = await gw.send_all(records, timeout, size_bytes=total)
         out = [result_proto(i, r) for i, r in enumerate(results)]
         return gateway_pb2.GatewayProduceResponse(results=out)
@@ -86,6 +97,8 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
         those records later or on another gateway.
         """
         gw = self.gateway
+        caller = self.callers.caller(context)
+        quota = self.callers.stream_quota(context)
         queue: asyncio.Queue[Optional[gateway_pb2.GatewayRecordResult]] = asyncio.Queue()
         window = asyncio.Semaphore(MAX_UNANSWERED)
         outstanding = 0
@@ -99,9 +112,14 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                 async for msg in request_iterator:
                     await window.acquire()
                     outstanding += 1
+                    denied = self.callers.topic_denial(caller, msg.topic, "GatewayProduceStream")
+                    if denied is not None:
+                        on_done(msg.correlation_id, self._denied(denied))
+                        continue
                     partition = msg.partition if msg.HasField("partition") else None
                     await gw.send(in_record(msg.topic, msg.record, partition),
                                   functools.partial(on_done, msg.correlation_id))
+                    await record_and_wait(quota, msg.ByteSize())
             finally:
                 queue.put_nowait(None)  # no more records
 
@@ -128,12 +146,17 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                                          ) -> AsyncIterator[gateway_pb2.GatewayRecordResult]:
         """init / begin / record / commit / abort in, one result each out (txn_session.py does the work)."""
         session = TxnSession(self.gateway.config)
+        callers = self.callers
+        caller = callers.caller(context)
+        quota = callers.stream_quota(context)
+        transactional_id = ""
         queue: asyncio.Queue[Optional[gateway_pb2.GatewayRecordResult]] = asyncio.Queue()
 
         def answer(correlation_id: int, result: Result) -> None:
             queue.put_nowait(result_proto(correlation_id, result))
 
         async def read() -> None:
+            nonlocal transactional_id
             try:
                 async for msg in request_iterator:
                     op = msg.WhichOneof("op")
@@ -141,9 +164,14 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                     try:
                         if op == "record":
                             r = msg.record
+                            callers.require_transactional_id(caller, transactional_id, "GatewayTxnProduce")
+                            callers.require_topic(caller, r.topic, "GatewayTxnProduce")
+                            await record_and_wait(quota, r.ByteSize())
                             await session.send(in_record(r.topic, r.record, r.partition if r.HasField("partition")
                                                          else None), functools.partial(answer, cid))
                         elif op == "init":
+                            callers.require_transactional_id(caller, msg.init.transactional_id, "GatewayInitTxn")
+                            transactional_id = msg.init.transactional_id
                             answer(cid, await session.init(msg.init.transactional_id,
                                                            msg.init.transaction_timeout_ms))
                         else:
@@ -183,6 +211,8 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
         while MAX_UNANSWERED records are unanswered (a batch may take it past that once).
         """
         gw = self.gateway
+        caller = self.callers.caller(context)
+        quota = self.callers.stream_quota(context)
         done: list[gateway_pb2.GatewayRecordResult] = []
         wake = asyncio.Event()
         room = asyncio.Event()
@@ -205,10 +235,21 @@ class ProducerGatewayServicer(gateway_pb2_grpc.ProducerGatewayServiceServicer):
                     if not msgs:
                         continue
                     outstanding += len(msgs)
+                    if caller is not None:  # the authorizer: records of topics the caller may not Write fail
+                        denied = {t: e for t in {m.topic for m in msgs}
+                                  if (e := self.callers.topic_denial(caller, t, "GatewayProduceStreamBatch"))}
+                        if denied:
+                            on_done([m.correlation_id for m in msgs if m.topic in denied],
+                                    [(i, self._denied(denied[m.topic]))
+                                     for i, m in enumerate(m for m in msgs if m.topic in denied)])
+                            msgs = [m for m in msgs if m.topic not in denied]
+                            if not msgs:
+                                continue
                     records = [in_record(m.topic, m.record, m.partition if m.HasField("partition") else None)
                                for m in msgs]
                     await gw.send_many(records, functools.partial(on_done, [m.correlation_id for m in msgs]),
                                       size_bytes=batch.ByteSize())
+                    await record_and_wait(quota, batch.ByteSize())
             finally:
                 reading = False
                 wake.set()

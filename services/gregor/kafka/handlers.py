@@ -591,7 +591,9 @@ class KafkaHandlers:
                 mod.OffsetFetchResponsePartition, partition_index=i,
                 committed_offset=p.offset if p is not None else -1,
                 committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
-                metadata=(p.metadata if p is not None else ""), error_code=unstable.get((t, i), NONE)))
+                metadata=(p.metadata if p is not None else ""),
+                error_code=(p.error.code if p is not None and p.HasField("error") and p.error.code  # per partition
+                            else unstable.get((t, i), NONE))))
         return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
             codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from kio.static.constants import EntityType
 from prometheus_client import Counter, Histogram
 
-from gregor.broker.quota_manager import KAFKA_FETCH, KAFKA_PRODUCE, StreamQuota, throttle_kafka_response
+from gregor.broker.quota_manager import StreamQuota, throttle_kafka_response
+from gregor.common.loop_time import Timed
 from gregor.common.authz import set_connection_caller
 from gregor.kafka import codec
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
@@ -165,12 +166,14 @@ class KafkaListener:
         started = time.perf_counter()
         mod = codec.module(header.api_key, header.api_version, EntityType.response)
         pending = self.handlers.start_produce(header, request, mod)
+        handler_seconds = time.perf_counter() - started  # the append (request_percentage); the acks wait is not
 
         async def answer() -> bytes | None:
             body = await pending
             REQUEST_SECONDS.labels("Produce").observe(time.perf_counter() - started)
             if quota is not None and quota.quotas.enabled:
-                body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
+                body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body,
+                                               handler_seconds)
             return None if body is None else codec.encode_response(header, body)
         return answer()
 
@@ -210,10 +213,12 @@ class KafkaListener:
         request = codec.parse_body(frame, pos, header)
         api = API_NAMES.get(header.api_key, str(header.api_key))
         REQUESTS.labels(api).inc()
+        handled = Timed(self.handlers.handle(header, request))  # the loop's time in it: request_percentage
         with REQUEST_SECONDS.labels(api).time():
-            body = await self.handlers.handle(header, request)
-        if quota is not None and quota.quotas.enabled and header.api_key in (KAFKA_PRODUCE, KAFKA_FETCH):
-            body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body)
+            body = await handled
+        if quota is not None and quota.quotas.enabled:
+            body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body,
+                                           handled.seconds)
         if body is None:
             return None  # Produce acks=0
         return codec.encode_response(header, body)

@@ -303,3 +303,27 @@ async def test_txn_offset_commit_of_a_replaced_static_member_is_fenced() -> None
     with pytest.raises(errors.FencedInstanceIdError):  # type: ignore[attr-defined]
         m.validate_txn_offset_commit("g", m.groups["g"].generation_id, old, "i-1")
     m.validate_txn_offset_commit("g", m.groups["g"].generation_id, new, "i-1")
+
+
+async def test_a_member_leaving_with_its_join_unanswered_logs_no_unretrieved_future() -> None:
+    """A client whose JoinGroup call was cancelled (its handler gone) then sends LeaveGroup: the join's
+    future gets UNKNOWN_MEMBER_ID with nobody awaiting it. That must not log asyncio's "Future exception
+    was never retrieved" when the future is collected (seen in coordinator logs after LeaveGroup)."""
+    import gc
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, object]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    try:
+        m = manager()
+        a, b = await stable_group(m, 2)
+        fut = join(m, 5, member_id=a)  # a rejoins: the group prepares a rebalance and waits for b
+        assert not fut.done()
+        m.leave_group("g", a, "", 6)  # a's caller gave up on that JoinGroup and leaves
+        assert fut.done() and not fut.cancelled()
+        del fut
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(old)
+    assert not [c for c in seen if "never retrieved" in str(c.get("message", ""))], seen

@@ -193,3 +193,29 @@ async def test_socket_refuses_an_expired_client_certificate(pki: Path) -> None:
 def test_peer_subject_rejects_other_objects() -> None:
     with pytest.raises(TypeError):
         tls.peer_subject(object())
+
+
+def test_metrics_follow_security_protocol_unless_set() -> None:
+    ssl_props = {"security.protocol": "SSL", "ssl.truststore.location": "/ca.crt",
+                 "ssl.keystore.location": "/svc.crt", "ssl.key.location": "/svc.key"}
+    on = TlsConfig.from_properties(ssl_props)
+    assert on.metrics_tls and on.metrics_scheme == "https"
+    assert on.metrics_server_args()["certfile"] == "/svc.crt" and on.metrics_server_args()["keyfile"] == "/svc.key"
+    assert "client_cafile" not in on.metrics_server_args()  # metrics.ssl.client.auth=none: any trusting scraper
+    required = TlsConfig.from_properties({**ssl_props, "metrics.ssl.client.auth": "required"}).metrics_server_args()
+    assert required["client_cafile"] == "/ca.crt" and required["client_auth_required"] is True
+    off = TlsConfig.from_properties({**ssl_props, "metrics.security.protocol": "PLAINTEXT"})
+    assert not off.metrics_tls and off.metrics_server_args() == {}
+    assert not TlsConfig().metrics_tls and TlsConfig().metrics_scheme == "http"
+    assert "metrics.security.protocol" not in tls.CLIENT_TLS_KEYS  # a server's key, as ssl.client.auth
+    assert TlsConfig.from_properties(on.to_properties()) == on
+
+
+@pytest.mark.parametrize("props, needle", [
+    ({"metrics.security.protocol": "HTTPS"}, "metrics.security.protocol"),
+    ({"metrics.ssl.client.auth": "maybe"}, "metrics.ssl.client.auth"),
+    ({"metrics.security.protocol": "SSL"}, "ssl.keystore.location"),
+])
+def test_bad_metrics_keys_are_typed_errors(props: dict[str, str], needle: str) -> None:
+    with pytest.raises(TlsConfigError, match=needle.replace(".", r"\.")):
+        TlsConfig.from_properties(props).metrics_server_args()

@@ -187,6 +187,9 @@ securityContext: {{- toYaml .Values.podSecurityContext | nindent 2 }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
+{{- if and .ctx.Values.tls.enabled .ctx.Values.metrics.https (ne (.component | default "") "etcd") }}
+prometheus.io/scheme: https
+{{- end }}
 {{- end }}
 {{- with .role.podAnnotations }}
 {{ toYaml . }}
@@ -376,6 +379,13 @@ gateway) and id (the StatefulSet ordinal: broker.id, controller and coordinator 
   targetLabel: role
 - sourceLabels: [__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index]
   targetLabel: id
+{{- if and .Values.tls.enabled .Values.metrics.https }}
+{{- /* etcd's metrics listener stays plain HTTP (--listen-metrics-urls): scraped so whatever `scheme` says. */}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  regex: etcd
+  targetLabel: __scheme__
+  replacement: http
+{{- end }}
 {{- end -}}
 
 
@@ -392,6 +402,23 @@ gateway) and id (the StatefulSet ordinal: broker.id, controller and coordinator 
 {{- end -}}
 {{- end -}}
 
+{{/* scheme and tlsConfig of a ServiceMonitor / PodMonitor endpoint: HTTPS with the TLS Secret's CA when
+tls.enabled and metrics.https (nothing otherwise). (dict "ctx" $) */}}
+{{- define "gregor.metrics.tls" -}}
+{{- if and .ctx.Values.tls.enabled .ctx.Values.metrics.https }}
+scheme: https
+tlsConfig:
+  ca:
+    secret:
+      name: {{ include "gregor.tls.secretName" (dict "ctx" .ctx "component" "broker") }}
+      key: ca.crt
+  {{- with .ctx.Values.metrics.tlsConfig.serverName }}
+  serverName: {{ . }}
+  {{- end }}
+  insecureSkipVerify: {{ .ctx.Values.metrics.tlsConfig.insecureSkipVerify }}
+{{- end }}
+{{- end -}}
+
 {{- define "gregor.etcd.scheme" -}}{{ if .Values.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
 
 {{/* Adds the security.protocol / ssl.* keys (docs/security.md) to a role's chart-owned properties when
@@ -405,6 +432,7 @@ tls.enabled. Prints nothing. (dict "ctx" $ "owned" $owned "server" true|false) *
 {{- $_ := set .owned "ssl.key.location" (printf "%s/tls.key" $t.mountPath) -}}
 {{- if .server -}}
 {{- $_ := set .owned "ssl.client.auth" $t.clientAuth -}}
+{{- $_ := set .owned "metrics.security.protocol" (ternary "SSL" "PLAINTEXT" (.ctx.Values.metrics.https | default false)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -234,3 +234,25 @@ async def test_consumers_whose_sessions_are_evicted_start_over_with_full_fetches
         assert sorted(values) == sorted(b"e%d" % i for i in range(20))
     assert scrape(broker.metrics, "gregor_broker_fetch_session_evictions_total") > before
     assert sum(c._fetchers.session_errors for c in consumers if c._fetchers is not None) > 0
+
+
+async def test_a_topic_deleted_under_a_parked_session_fetch_is_that_partitions_error(broker: Process) -> None:
+    """The parked fetch holds the deleted partition, whose log is closed: the answer names it
+    UNKNOWN_TOPIC_OR_PARTITION and the other partitions go on (it once failed the whole call with
+    UNKNOWN_SERVER_ERROR 'log is closed', found by test_topic_ids)."""
+    from gregor.client import AdminClient
+
+    await create_topic(broker.grpc, "gone", 1)
+    await create_topic(broker.grpc, "stays", 1)
+    full = await fetch(broker.grpc, 0, 0, [part("gone", 0, 0), part("stays", 0, 0)])
+    parked = asyncio.ensure_future(fetch(broker.grpc, full.session_id, 1, [], max_wait_ms=1500))
+    await asyncio.sleep(0.3)
+    async with AdminClient({"bootstrap.servers": broker.grpc}) as admin:
+        await admin.delete_topic("gone")
+    answer = await parked
+    assert [(p.topic, p.error.code) for p in answer.partitions] == [("gone", errors.Code.UNKNOWN_TOPIC_OR_PARTITION)]
+    await produce(broker.grpc, "stays", 0, [b"s"])
+    later = await fetch(broker.grpc, full.session_id, 2, [], max_wait_ms=5000)
+    got = {p.topic: p for p in later.partitions}
+    assert record_values(got["stays"].records) == [b"s"]
+    assert got["gone"].error.code == errors.Code.UNKNOWN_TOPIC_OR_PARTITION

@@ -154,10 +154,10 @@ class ConsumerFetch:
         p = slot.partition
         assert p is not None
         cp = slot.cached
+        if self.rm.partitions.get(slot.tp) is not p:
+            return True  # deleted or re-created since the request came (its log may be closed: touch nothing)
         if not p.is_leader or (cp.current_leader_epoch >= 0 and cp.current_leader_epoch != p.leader_epoch):
             return True
-        if self.rm.partitions.get(slot.tp) is not p:
-            return True  # deleted or re-created since the request came
         if p.high_watermark <= cp.fetch_offset:
             return False  # the LSO is at or below the HW: nothing readable either way
         return self.isolation_level == 0 or p.last_stable_offset > cp.fetch_offset
@@ -167,8 +167,10 @@ class ConsumerFetch:
         p = slot.partition
         assert p is not None
         cp = slot.cached
+        if self.moved(slot):
+            return False
         log_start = p.log.log_start_offset
-        return (not self.moved(slot) and p.high_watermark == cp.high_watermark and log_start == cp.log_start_offset
+        return (p.high_watermark == cp.high_watermark and log_start == cp.log_start_offset
                 and log_start <= cp.fetch_offset <= p.log_end_offset)  # else the read says OFFSET_OUT_OF_RANGE
 
     def _read(self, slot: _Slot, max_bytes: int) -> Outcome:
@@ -191,6 +193,10 @@ class ConsumerFetch:
 
         p = slot.partition
         assert p is not None
+        if self.rm.partitions.get(slot.tp) is not p:
+            return errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                                    "the partition was deleted or created anew since it was fetched",
+                                    topic=slot.tp[0], partition=slot.tp[1])
         try:
             p.check_leader(slot.cached.current_leader_epoch)
         except errors.GregorError as err:

@@ -190,6 +190,12 @@ bench-scaling: setup
 bench-partition-fds: setup
 	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
 
+# One consumer reading 1,000 partitions: fetch sessions per broker (KIP-227) against the old one Fetch per partition,
+# same run, ratios printed (issue 24; CI form tests/integration/test_fetch_sessions.py). PARTITIONS=N, ROUNDS=N.
+.PHONY: bench-consumer-partitions
+bench-consumer-partitions: setup
+	$(PY) bench/bench_consumer_partitions.py $(if $(PARTITIONS),--partitions $(PARTITIONS)) $(if $(ROUNDS),--rounds $(ROUNDS))
+
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "py-spy==0.4.3"

@@ -202,6 +202,22 @@ async def test_deny_beats_allow(cluster: LocalCluster, topics: dict[str, int]) -
     assert replica_values(leader, "app-locked", 0) == []
 
 
+async def test_a_multi_partition_fetch_needs_read_on_each_partitions_topic(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """FetchPartitions (the consumer's fetch session, issue 24) checks Read per partition: a topic without
+    it is that partition's TOPIC_AUTHORIZATION_FAILED, the others are read."""
+    address = broker(cluster, topics["app-orders"]).grpc
+    await produce(address, "app-orders", [b"multi"])
+    parts = [broker_pb2.FetchPartition(topic=t, partition=0, fetch_offset=0, current_leader_epoch=-1,
+                                       partition_max_bytes=1 << 20) for t in ("app-orders", "secret")]
+    async with channel(address) as ch:
+        r = await broker_pb2_grpc.BrokerServiceStub(ch).FetchPartitions(broker_pb2.FetchPartitionsRequest(
+            max_bytes=1 << 20, session_epoch=0, partitions=parts), timeout=10)
+    got = {p.topic: p for p in r.partitions}
+    assert got["secret"].error.code == errors.Code.TOPIC_AUTHORIZATION_FAILED
+    assert not got["app-orders"].error.code and b"multi" in record_values(got["app-orders"].records)
+
+
 async def test_metadata_hides_unauthorized_topics(cluster: LocalCluster, topics: dict[str, int]) -> None:
     for b in cluster.by_role("broker"):
         listed = {t.name for t in (await metadata(b.grpc)).topics}

@@ -30,6 +30,7 @@ from gregor.broker.replication_state import (
     StartFetcher,
     dispatch_effects,
 )
+from gregor.broker.fetch_session import FetchSessionCache
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.broker.delete_records import DelayedDeleteRecords, PartitionStatus, delete_on_leader
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
@@ -194,6 +195,8 @@ class ReplicaManager:
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
         self.delete_records_purgatory: DelayedOperationPurgatory[dict[tuple[str, int], PartitionStatus]] = \
             DelayedOperationPurgatory("DeleteRecords")
+        # KIP-227 consumer fetch sessions (broker/consumer_fetch.py), shared by gRPC and the Kafka listener.
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
         log_manager.on_quarantine = self._forget_checkpointed_hw
         PARTITION_COUNT.set_function(lambda: len(self.partitions))

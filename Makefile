@@ -16,7 +16,7 @@ RPC_OUT := services/gregor/rpc/v1
 NATIVE_SRC := $(shell find native/src -name '*.rs' 2>/dev/null) native/Cargo.toml native/pyproject.toml \
               $(wildcard native/python/gregor_native/*)
 
-.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-same-client bench-scaling profile-acks-all clean distclean sim
+.PHONY: help setup proto native run demo test test-fast test-model-long typecheck test-python test-native stubtest bench bench-vs-kafka bench-same-client bench-kafka-fetch bench-kafka-produce bench-scaling profile-acks-all clean distclean sim
 .PHONY: chaos chaos-clean chaos-deps
 .PHONY: kafka-jars examples chart-tools chart-check chart-docs chart-schema kind-up image-load helm-install chaos-kind kind-down kube-tools prometheus test-prometheus-rules spark-deps analytics bench-spark
 
@@ -157,6 +157,14 @@ bench-vs-kafka: setup
 bench-same-client: setup
 	$(PY) bench/bench_same_client.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
+# Kafka listener Fetch with and without zero-copy (sendfile) in the same run, Kafka's ConsumerPerformance on both
+bench-kafka-fetch: setup
+	$(PY) bench/bench_kafka_fetch.py $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
+# The Kafka listener's per-request Produce cost, this tree vs BASELINE (a dir holding an older tree's gregor package)
+bench-kafka-produce: setup
+	$(PY) bench/bench_kafka_produce.py --baseline $(BASELINE) $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+
 # The gregor Spark source vs the Python consumer and Spark's own Kafka source on Apache Kafka (jars from
 # Maven Central, cached): 1 KiB records, 3 and 12 partitions; QUICK=1 for 50,000 records and one round.
 bench-spark: setup spark-deps
@@ -164,17 +172,29 @@ bench-spark: setup spark-deps
 
 # throughput and p99 vs partitions / record size / brokers, both systems; chart in docs/scaling.png; then
 # the partitions curve (100 -> 10,000 at RF 3: creation, leaders, failover, restart, idle cost; one librdkafka
-# client on both), chart in docs/partitions.png. QUICK=1: only the partitions curve at 100 and 1,000, one round.
+# client on both), chart in docs/partitions.png; the clients curve (1 -> 100 producers and consumers, a
+# 100-member rebalance, one consumer over 1,000 partitions; docs/clients.png) and the data curve (one topic
+# 1 -> 20 GB, default and 64 MiB segments; docs/data_scaling.png), Gregor and Kafka alternating in each.
+# QUICK=1: the partitions curve at 100 and 1,000, the clients curve at 1 and 10, the data curve at 0.5 and
+# 2 GB, one round each (bench/README.md has the durations).
 bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
 	$(if $(QUICK),,$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT)))
 	$(PY) bench/bench_partitions.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/bench_clients.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
+	$(PY) bench/bench_data_scaling.py --chart $(if $(QUICK),--quick) $(if $(REPEAT),--repeat $(REPEAT))
 
 # 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
 # to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
 .PHONY: bench-partition-fds
 bench-partition-fds: setup
 	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
+
+# One consumer reading 1,000 partitions: fetch sessions per broker (KIP-227) against the old one Fetch per partition,
+# same run, ratios printed (issue 24; CI form tests/integration/test_fetch_sessions.py). PARTITIONS=N, ROUNDS=N.
+.PHONY: bench-consumer-partitions
+bench-consumer-partitions: setup
+	$(PY) bench/bench_consumer_partitions.py $(if $(PARTITIONS),--partitions $(PARTITIONS)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
 # py-spy flame graphs of the acks=all path at 2,000 rec/s (SVGs under docs/profiles/)
 profile-acks-all: setup

@@ -268,6 +268,41 @@ def test_kafka_configs_alters_a_topics_configs(kafka: KafkaDist, cluster: LocalC
     assert bad.returncode != 0 and "InvalidConfigurationException" in bad.stdout + bad.stderr
 
 
+def test_kafka_configs_alters_and_describes_client_quotas(kafka: KafkaDist, cluster: LocalCluster) -> None:
+    """kafka-configs --entity-type users|clients goes through AlterClientQuotas / DescribeClientQuotas (48/49) to
+    the same etcd quota store `gregor configs` uses: each side reads what the other wrote."""
+    user = f"u{uuid.uuid4().hex[:6]}"
+
+    def configs(*args: str) -> str:
+        return ok(run_tool(kafka, CONFIG_COMMAND, "--bootstrap-server", bootstrap(cluster), *args))
+
+    configs("--alter", "--entity-type", "users", "--entity-name", user,
+            "--add-config", "producer_byte_rate=1048576,consumer_byte_rate=2097152")
+    configs("--alter", "--entity-type", "users", "--entity-name", user, "--entity-type", "clients",
+            "--entity-name", "c1", "--add-config", "request_percentage=50")
+    # the default client-id's quota is high: the module's other tests share the cluster
+    configs("--alter", "--entity-type", "clients", "--entity-default", "--add-config", "producer_byte_rate=1073741824")
+    out = configs("--describe", "--entity-type", "users", "--entity-name", user)
+    assert f"Quota configs for user-principal '{user}' are" in out, out
+    assert "producer_byte_rate=1048576.0" in out and "consumer_byte_rate=2097152.0" in out, out
+    assert "request_percentage" not in out  # the (user, client) entity is another one
+    both = configs("--describe", "--entity-type", "users", "--entity-name", user, "--entity-type", "clients",
+                   "--entity-name", "c1")
+    assert "request_percentage=50.0" in both, both
+    default = configs("--describe", "--entity-type", "clients", "--entity-default")
+    assert "the default client-id" in default and "producer_byte_rate=1.073741824E9" in default, default
+    shown = json.loads(gregor_cli(cluster, "--output", "json", "configs", "--describe", "--entity-type", "users",
+                                  "--entity-name", user))
+    assert shown == [{"user": user, "client_id": None,
+                      "configs": {"producer_byte_rate": "1048576", "consumer_byte_rate": "2097152"}}], shown
+    gregor_cli(cluster, "configs", "--alter", "--entity-type", "users", "--entity-name", user,
+               "--delete-config", "consumer_byte_rate")
+    out = configs("--describe", "--entity-type", "users", "--entity-name", user)
+    assert "producer_byte_rate=1048576.0" in out and "consumer_byte_rate" not in out, out
+    configs("--alter", "--entity-type", "clients", "--entity-default", "--delete-config", "producer_byte_rate")
+    assert "producer_byte_rate" not in configs("--describe", "--entity-type", "clients", "--entity-default")
+
+
 # ---- VerifiableProducer / VerifiableConsumer ----------------------------------------------------------
 
 def test_verifiable_producer_and_a_rebalancing_group_of_verifiable_consumers(

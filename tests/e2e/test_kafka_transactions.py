@@ -376,3 +376,46 @@ def init_producer_id_request(version: int, tid: str, pid: int, epoch: int) -> An
     mod = importlib.import_module(f"kio.schema.init_producer_id.v{version}.request")
     return mod.InitProducerIdRequest(transactional_id=TransactionalId(tid), transaction_timeout=i32Timedelta.parse(
         timedelta(seconds=60)), producer_id=ProducerId(pid), producer_epoch=i16(epoch))
+
+
+def zero_copy_bytes(c: LocalCluster) -> float:
+    """gregor_kafka_zero_copy_bytes_total summed over the brokers (/metrics)."""
+    import urllib.request
+
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_kafka_zero_copy_bytes_total "):
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_read_committed_fetches_go_by_sendfile_on_plain_text(cluster: LocalCluster) -> None:
+    """Fetch on a plain-text listener sends the records with sendfile (kafka/zero_copy.py): librdkafka reads
+    several partitions' committed records, aborted ones skipped, each value at its place, and the brokers'
+    zero-copy counter grew by at least the committed values' bytes (with kafka.fetch.zero.copy.enable=false it
+    stays put: test_kafka_protocol's test_fetch_with_and_without_zero_copy)."""
+    topic = create_topic(cluster, partitions=3)
+    p = txn_producer(cluster, f"tx-{topic}")
+    value = "v" * 200
+    try:
+        for round_ in range(4):  # committed, aborted, committed, aborted
+            p.begin_transaction()
+            for i in range(300):
+                p.produce(topic, value=f"{round_}-{i}-{value}", partition=i % 3)
+            p.flush(WAIT_S)
+            if round_ % 2:
+                p.abort_transaction(WAIT_S)
+            else:
+                p.commit_transaction(WAIT_S)
+    finally:
+        p.flush(5)
+    before = zero_copy_bytes(cluster)
+    got = [v.decode() for v in read_all(cluster, topic, 3, "read_committed")]
+    committed = [f"{r}-{i}-{value}" for r in (0, 2) for i in range(300)]
+    assert sorted(got) == sorted(committed)
+    for part in range(3):  # within a partition in produce order
+        mine = [v for v in got if int(v.split("-")[1]) % 3 == part]
+        assert mine == [v for v in committed if int(v.split("-")[1]) % 3 == part]
+    assert zero_copy_bytes(cluster) - before >= len(committed) * len(value)

@@ -202,6 +202,22 @@ async def test_deny_beats_allow(cluster: LocalCluster, topics: dict[str, int]) -
     assert replica_values(leader, "app-locked", 0) == []
 
 
+async def test_a_multi_partition_fetch_needs_read_on_each_partitions_topic(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """FetchPartitions (the consumer's fetch session, issue 24) checks Read per partition: a topic without
+    it is that partition's TOPIC_AUTHORIZATION_FAILED, the others are read."""
+    address = broker(cluster, topics["app-orders"]).grpc
+    await produce(address, "app-orders", [b"multi"])
+    parts = [broker_pb2.FetchPartition(topic=t, partition=0, fetch_offset=0, current_leader_epoch=-1,
+                                       partition_max_bytes=1 << 20) for t in ("app-orders", "secret")]
+    async with channel(address) as ch:
+        r = await broker_pb2_grpc.BrokerServiceStub(ch).FetchPartitions(broker_pb2.FetchPartitionsRequest(
+            max_bytes=1 << 20, session_epoch=0, partitions=parts), timeout=10)
+    got = {p.topic: p for p in r.partitions}
+    assert got["secret"].error.code == errors.Code.TOPIC_AUTHORIZATION_FAILED
+    assert not got["app-orders"].error.code and b"multi" in record_values(got["app-orders"].records)
+
+
 async def test_metadata_hides_unauthorized_topics(cluster: LocalCluster, topics: dict[str, int]) -> None:
     for b in cluster.by_role("broker"):
         listed = {t.name for t in (await metadata(b.grpc)).topics}
@@ -483,3 +499,45 @@ async def test_offset_fetch_answers_topic_authorization_failed_per_requested_par
         consumer.close()
     assert got["app-orders"].offset == 3 and got["app-orders"].error is None
     assert got["hidden"].error is not None and got["hidden"].error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_client_quota_apis_on_the_kafka_listener_need_configs_operations_on_the_cluster(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """Kafka's DescribeClientQuotas needs DescribeConfigs on the Cluster and AlterClientQuotas AlterConfigs on the
+    Cluster (ANONYMOUS has neither here: CLUSTER_AUTHORIZATION_FAILED, nothing written); with an ACL for them both
+    work. DescribeUserScramCredentials needs Describe on the Cluster (ANONYMOUS has it)."""
+    from kio.schema.alter_client_quotas.v1 import request as alter
+    from kio.schema.describe_client_quotas.v1.request import ComponentData, DescribeClientQuotasRequest
+    from kio.schema.describe_user_scram_credentials.v0.request import DescribeUserScramCredentialsRequest, UserName
+    from kio.static.primitive import f64, i8
+
+    from tests.e2e.test_kafka_protocol import RawClient
+
+    denied = int(errors.Code.CLUSTER_AUTHORIZATION_FAILED)
+    raw = RawClient(str(cluster.to_json()["kafka_bootstrap"]).split(",")[0])
+    change = alter.AlterClientQuotasRequest(entries=(alter.EntryData(
+        entity=(alter.EntityData(entity_type="user", entity_name="quota-acl"),),
+        ops=(alter.OpData(key="producer_byte_rate", value=f64(1048576.0), remove=False),)),), validate_only=False)
+    describe = DescribeClientQuotasRequest(components=(ComponentData(entity_type="user", match_type=i8(0),
+                                                                     match="quota-acl"),), strict=False)
+    try:
+        assert int(raw.call(change).entries[0].error_code.value) == denied
+        assert int(raw.call(describe).error_code.value) == denied
+        scram = raw.call(DescribeUserScramCredentialsRequest(users=(UserName(name="quota-acl"),)))
+        assert int(scram.error_code.value) == 0 and int(scram.results[0].error_code.value) == 91  # RESOURCE_NOT_FOUND
+        cli("acls", "add", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
+            "--operation", "DescribeConfigs", data_dir=cluster.data_dir)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while int(raw.call(change).entries[0].error_code.value) == denied:  # ACLs reach the broker within ~1 s
+                assert time.monotonic() < deadline, "the new ACL never reached the broker"
+                time.sleep(0.2)
+            found = raw.call(describe)
+            assert int(found.error_code.value) == 0
+            assert [(str(e.entity[0].entity_name), {str(v.key): float(v.value) for v in e.values})
+                    for e in found.entries] == [("quota-acl", {"producer_byte_rate": 1048576.0})]
+        finally:
+            cli("acls", "remove", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
+                "--operation", "DescribeConfigs", "--force", data_dir=cluster.data_dir)
+    finally:
+        raw.close()

@@ -59,7 +59,7 @@ class FollowerFetchState(Generic[K]):
     backoff: float = REPLICA_FETCH_BACKOFF_S  # replica.fetch.backoff.ms
     partitions: dict[K, PartitionFetchState] = field(default_factory=dict)
     # The session (KIP-227): (fetch offset, leader epoch, state identity) last named per partition.
-    _sent: dict[K, tuple[int, int, int]] = field(default_factory=dict)
+    _sent: dict[K, tuple[int, int, int, int]] = field(default_factory=dict)
     _full_at: float = float("-inf")
 
     @classmethod
@@ -102,12 +102,13 @@ class FollowerFetchState(Generic[K]):
 
     # -- the session -----------------------------------------------------------------------
     def session_request(self, batch: Sequence[tuple[K, PartitionFetchState, int]], new_stream: bool,
-                        now: float) -> tuple[list[int], bool]:
+                        now: float, log_starts: Sequence[int] | None = None) -> tuple[list[int], bool]:
         """Indexes into batch (key, state, fetch offset) to name in the next request, and whether it is incremental.
 
         Full on a new stream (a new session on the leader), when the set of partitions changed, and every
         refresh_after (so the leader records a fetch of every idle partition well within the lag limit);
-        otherwise only partitions whose fetch offset or epoch moved."""
+        otherwise only partitions whose fetch offset, epoch or log start offset (log_starts, parallel to batch:
+        the leader's DeleteRecords waits for it) moved."""
         full = new_stream or len(batch) != len(self._sent) or any(k not in self._sent for k, _st, _o in batch) \
             or now - self._full_at >= self.refresh_after
         if full:
@@ -116,10 +117,10 @@ class FollowerFetchState(Generic[K]):
         else:
             sent = self._sent
             listed = [i for i, (key, st, offset) in enumerate(batch)
-                      if sent.get(key) != (offset, st.leader_epoch, id(st))]
+                      if sent.get(key) != (offset, st.leader_epoch, id(st), log_starts[i] if log_starts else -1)]
         for i in listed:
             key, st, offset = batch[i]
-            self._sent[key] = (offset, st.leader_epoch, id(st))
+            self._sent[key] = (offset, st.leader_epoch, id(st), log_starts[i] if log_starts else -1)
         return listed, not full
 
     def forget(self, key: K) -> None:

@@ -91,6 +91,9 @@ class Partition:
     # (standalone, or a log from before topic ids that no LeaderAndIsr has named yet).
     topic_id: bytes = b""
     state: ReplicationState = field(init=False)
+    # Follower id -> (leader epoch, its log start offset) as its replica fetches report it (DeleteRecords'
+    # low watermark); only entries of the current leader epoch count (Kafka resets them on becoming leader).
+    _follower_log_starts: dict[int, tuple[int, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state = ReplicationState(self.local_broker_id, self.replica_lag_time_max_ms, self.topic, self.partition)
@@ -188,6 +191,19 @@ class Partition:
 
     def load_high_watermark(self, checkpointed: int) -> None:
         self.state.load_high_watermark(checkpointed, self.log.log_start_offset, self.log.log_end_offset)
+
+    def on_follower_log_start(self, replica_id: int, log_start_offset: int) -> bool:
+        """A follower's fetch reported its log start offset; True if that is news at this leader epoch."""
+        entry = (self.leader_epoch, log_start_offset)
+        if self._follower_log_starts.get(replica_id) == entry:
+            return False
+        self._follower_log_starts[replica_id] = entry
+        return True
+
+    def follower_log_start(self, replica_id: int) -> int:
+        """The follower's last reported log start offset at this leader epoch, -1 if none yet."""
+        epoch, offset = self._follower_log_starts.get(replica_id, (-1, -1))
+        return offset if epoch == self.leader_epoch else -1
 
     # ------------------------------------------------------------------ replication (seed 000)
     def check_follower_broker_epoch(self, replica_id: int, broker_epoch: int, live_epoch: int | None) -> None:

@@ -94,7 +94,10 @@ class DelayedOperationPurgatory(Generic[T]):
         self._expirations = EXPIRATIONS.labels(purgatory=name)
 
     def size(self) -> int:
-        return sum(1 for ops in self._watchers.values() for op in ops if not op.is_completed)
+        """Watched entries of waiting operations. Called from the metrics server's thread while the loop changes
+        the watch lists: iterate a copy (list() of a dict's values is one step under the GIL), or a scrape
+        that races a fetch parking on 1,000 partitions fails with 'dictionary changed size during iteration'."""
+        return sum(1 for ops in list(self._watchers.values()) for op in list(ops) if not op.is_completed)
 
     def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable], checked: bool = False) -> bool:
         """Complete op at once if it can; otherwise watch it under keys and arm its timer.

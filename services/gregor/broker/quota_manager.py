@@ -409,12 +409,13 @@ def kafka_fetch_bytes(body: Any) -> int:
 
 
 def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, request_bytes: int, body: Any,
-                            handler_seconds: float = 0.0, exempt: bool = False) -> Any:
+                            handler_seconds: float = 0.0, exempt: bool = False,
+                            fetch_bytes: int | None = None) -> Any:
     """Record a Kafka request against the connection's quotas: a Produce's size or a consumer Fetch's
-    records answered (byte rates), and the handler time of every request not exempt (request_percentage).
-    Over a quota the response carries the longest throttle_time (where the response has the field) and, for
-    a Fetch over its byte rate, no data (Kafka's getThrottledResponse). The caller mutes the connection
-    (view.channel.wait()) after writing."""
+    records answered (byte rates; fetch_bytes when they go by sendfile and the body holds markers), and the
+    handler time of every request not exempt (request_percentage). Over a quota the response carries the
+    longest throttle_time (where the response has the field) and, for a Fetch over its byte rate, no data
+    (Kafka's getThrottledResponse). The caller mutes the connection (view.channel.wait()) after writing."""
     import dataclasses
     import datetime
 
@@ -429,7 +430,7 @@ def throttle_kafka_response(view: StreamQuota, api_key: int, client_id: str, req
     if api_key == KAFKA_PRODUCE:
         throttle = max(throttle, view.record_produce(request_bytes))
     elif api_key == KAFKA_FETCH and not exempt:
-        fetch_throttle = view.record_fetch(kafka_fetch_bytes(body))
+        fetch_throttle = view.record_fetch(kafka_fetch_bytes(body) if fetch_bytes is None else fetch_bytes)
         if fetch_throttle:
             throttle = max(throttle, fetch_throttle)
             changes["responses"] = ()

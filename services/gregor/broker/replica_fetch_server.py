@@ -38,6 +38,7 @@ class ReplicaFetchPart:
     current_leader_epoch: int
     max_bytes: int
     topic_id: bytes = b""  # the follower's replica's topic id (KIP-516); b"" skips the check
+    log_start_offset: int = -1  # the follower's log start offset (DeleteRecords' low watermark); -1: not given
 
 
 @dataclass
@@ -165,21 +166,27 @@ class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]])
         self.hosted = hosted
         self.min_bytes = min_bytes
         self.slots = [e.slot for e in session.entries.values()]
-        self._by_key = {w.partition.key: w for w in self.slots if isinstance(w, _Watched)}
+        self._watched = [e for e in session.entries.values() if isinstance(e.slot, _Watched)]
+        self._by_key = {e.slot.partition.key: e for e in self._watched}  # type: ignore[union-attr]
 
     @staticmethod
-    def _slot_moved(w: _Watched) -> bool:
+    def _slot_moved(e: _SessionEntry) -> bool:
+        """Grew past the follower's offset, leadership changed, or the log start moved (DeleteRecords: the
+        follower learns it now rather than after its max wait, and a parked DeleteRecords waits on that)."""
+        w = e.slot
+        assert isinstance(w, _Watched)
         p = w.partition
-        return p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
+        return (p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
+                or p.log.log_start_offset != e.sent_log_start)
 
     def _moved(self) -> bool:
-        return any(self._slot_moved(w) for w in self.slots if not isinstance(w, errors.GregorError))
+        return any(self._slot_moved(e) for e in self._watched)
 
     def try_complete_for(self, key: object) -> bool:
         """An append, HW move or leadership change on one partition: only its slot can have moved, so a
         fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
-        w = self._by_key.get(key)  # type: ignore[call-overload]
-        if w is not None and not self._slot_moved(w):
+        e = self._by_key.get(key)  # type: ignore[call-overload]
+        if e is not None and not self._slot_moved(e):
             return False
         return self.try_complete()
 
@@ -224,7 +231,7 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
             return rm.read(p, part.fetch_offset, max_bytes, True, part.current_leader_epoch)
 
         result = read()
-        rm.on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch)
+        rm.on_follower_fetch(p, replica_id, part.fetch_offset, broker_epoch, part.log_start_offset)
         return p, read, result
 
     listed = session.apply_request(parts, incremental, open_part)

@@ -160,7 +160,8 @@ class ReplicaFetcher:
                 continue
             listed, incremental = state.session_request(
                 [(key, st, offset) for key, st, _p, offset in batch],
-                stream.call is None or stream.call.done(), loop.time())
+                stream.call is None or stream.call.done(), loop.time(),
+                [p.log.log_start_offset for _key, _st, p, _offset in batch])
             request = broker_pb2.ReplicaFetchRequest(
                 replica_id=rm.config.broker_id, replica_broker_epoch=self.manager.broker_epoch(),
                 min_bytes=REPLICA_FETCH_MIN_BYTES, max_wait_ms=REPLICA_FETCH_WAIT_MAX_MS, incremental=incremental,

@@ -30,7 +30,9 @@ from gregor.broker.replication_state import (
     StartFetcher,
     dispatch_effects,
 )
+from gregor.broker.fetch_session import FetchSessionCache
 from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from gregor.broker.delete_records import DelayedDeleteRecords, PartitionStatus, delete_on_leader
 from gregor.broker.txn_markers import READ_COMMITTED, aborted_transactions
 from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
@@ -203,6 +205,10 @@ class ReplicaManager:
         self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
         self.fetch_purgatory: DelayedOperationPurgatory[FetchResult] = DelayedOperationPurgatory("Fetch")
+        self.delete_records_purgatory: DelayedOperationPurgatory[dict[tuple[str, int], PartitionStatus]] = \
+            DelayedOperationPurgatory("DeleteRecords")
+        # KIP-227 consumer fetch sessions (broker/consumer_fetch.py), shared by gRPC and the Kafka listener.
+        self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
         log_manager.on_quarantine = self._forget_checkpointed_hw
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
@@ -451,6 +457,7 @@ class ReplicaManager:
     def complete_delayed(self, p: Partition) -> None:
         # Parked produces and fetches re-check the HW and leadership (a new follower answers NOT_LEADER).
         self.on_high_watermark_change(p)
+        self.delete_records_purgatory.check_and_complete(p.key)
 
     def stop_replicas(self, partitions: Iterable[tuple[str, int]], delete: bool) -> None:
         """Apply StopReplica: stop serving each partition; with delete also remove its log."""
@@ -631,9 +638,37 @@ class ReplicaManager:
         endpoint = cache.live_brokers.get(broker_id) if cache is not None else None
         return endpoint.broker_epoch if endpoint is not None else None
 
-    def on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
-        """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000)."""
+    def on_follower_fetch(self, p: Partition, replica_id: int, fetch_offset: int, broker_epoch: int = -1,
+                          log_start_offset: int = -1) -> None:
+        """A follower's fetch offset is its LEO: maybe advance the HW, maybe expand the ISR (seed 000). Its log
+        start offset may complete a parked DeleteRecords."""
         self.run_effects(p, p.on_follower_fetch(replica_id, fetch_offset, broker_epoch, now_ms()))
+        if log_start_offset >= 0 and p.on_follower_log_start(replica_id, log_start_offset):
+            self.delete_records_purgatory.check_and_complete(p.key)
+
+    async def delete_records(self, offsets: list[tuple[str, int, int]],
+                             timeout_ms: int) -> list[PartitionStatus | errors.GregorError]:
+        """Kafka's ReplicaManager.deleteRecords: each leader's log start offset moves now; the answer waits until
+        every partition's low watermark (leader and live replicas) reached its offset, or timeout_ms
+        (REQUEST_TIMED_OUT for those not there). Per partition: its status, or its error."""
+        out: list[PartitionStatus | errors.GregorError] = []
+        status: dict[tuple[str, int], PartitionStatus] = {}
+        for topic, partition, offset in offsets:
+            try:
+                p = self.get_partition(topic, partition)
+                target = delete_on_leader(p, offset)
+                self.fetch_purgatory.check_and_complete(p.key)  # parked follower fetches carry the new log start
+                st = status[p.key] = PartitionStatus(target, p.log.log_start_offset)
+                out.append(st)
+            except errors.GregorError as err:
+                out.append(err)
+            except Exception as exc:  # the native log (storage)
+                out.append(native_error(exc, topic, partition))
+        if status:
+            op = DelayedDeleteRecords(max(timeout_ms, 0), self, status)
+            self.delete_records_purgatory.try_complete_else_watch(op, list(status))
+            await op.future
+        return out
 
     # ------------------------------------------------------------------ offsets
     def offset_for_leader_epoch(self, topic: str, partition: int, leader_epoch: int,
@@ -672,6 +707,7 @@ class ReplicaManager:
         closing = errors.error_for(errors.Code.NOT_LEADER_OR_FOLLOWER, "broker is shutting down")
         self.produce_purgatory.cancel_all(closing)
         self.fetch_purgatory.cancel_all(closing)
+        self.delete_records_purgatory.cancel_all(closing)
         # Clean shutdown: snapshot every loaded producer state at its LEO, so a restart loads it without a scan.
         for p in self.partitions.values():
             p.snapshot_producer_state()

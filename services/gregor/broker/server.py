@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import grpc
 
 from gregor.broker.controller_link import allocate_producer_ids, forward_to_controller
+from gregor.broker.consumer_fetch import Answer, ConsumerFetch, check_fetch_bounds
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
+from gregor.broker.fetch_session import CachedPartition, FetchSessionError
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
 from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
@@ -42,6 +44,18 @@ def replica_fetch_partition(part: ReplicaFetchPart,
     return broker_pb2.ReplicaFetchPartitionResponse(
         topic=part.topic, partition=part.partition, high_watermark=outcome.high_watermark,
         log_start_offset=outcome.log_start_offset, records=outcome.slice.read())
+
+
+def fetch_partition_data(a: Answer) -> broker_pb2.FetchPartitionData:
+    """One partition of a FetchPartitionsResponse: its error, or what was read (records as bytes)."""
+    o = a.outcome
+    if isinstance(o, errors.GregorError):
+        return broker_pb2.FetchPartitionData(topic=a.tp[0], partition=a.tp[1], error=o.to_detail())
+    return broker_pb2.FetchPartitionData(
+        topic=a.tp[0], partition=a.tp[1], high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
+        log_start_offset=o.log_start_offset, records=o.slice.read(), leader_epoch=o.leader_epoch,
+        aborted_transactions=[broker_pb2.AbortedTransaction(producer_id=pid, first_offset=first)
+                              for pid, first in o.aborted_transactions])
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
@@ -151,6 +165,46 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             return fetch_response(result, throttle_time_ms=throttle)
         return fetch_response(result, records=result.slice.read())
 
+    @rpc_method("BrokerService")
+    async def FetchPartitions(self, request: broker_pb2.FetchPartitionsRequest,
+                              context: Ctx) -> broker_pb2.FetchPartitionsResponse:
+        """A consumer's fetch of many partitions with a KIP-227 session (broker/consumer_fetch.py). Read on
+        each partition's topic when the authorizer is on (a denial is that partition's error); the fetch
+        quota caps max_bytes and a throttled answer carries no partitions, as the single Fetch."""
+        check_fetch_bounds(request.min_bytes, request.max_wait_ms, request.max_bytes)
+        authorize = None
+        if self.authz.enabled:
+            caller, authz = self.authz.caller_of(context), self.authz
+
+            def authorize(topic: str) -> "errors.GregorError | None":
+                try:
+                    authz.require(caller, Operation.READ, ResourceType.TOPIC, topic, "Fetch", topic=topic)
+                except errors.GregorError as err:
+                    return err
+                return None
+        quota = await self.broker.quotas.unary(context)
+        max_bytes = quota.fetch_max_bytes(request.max_bytes) if quota is not None else request.max_bytes
+        wanted = [((q.topic, q.partition), CachedPartition(q.fetch_offset, q.partition_max_bytes,
+                                                           q.current_leader_epoch, q.topic_id))
+                  for q in request.partitions]
+        try:
+            ctx = self.replicas.fetch_sessions.resolve(request.session_id, request.session_epoch, wanted,
+                                                       [(f.topic, f.partition) for f in request.forgotten])
+        except FetchSessionError as exc:
+            return broker_pb2.FetchPartitionsResponse(error=errors.error_for(exc.code, str(exc)).to_detail())
+        fetch = ConsumerFetch(self.replicas, ctx, int(request.isolation_level), request.min_bytes,
+                              request.max_wait_ms, max_bytes, authorize)
+        answered = await fetch.run()
+        session_id = ctx.session.session_id if ctx.session is not None else 0
+        if quota is not None:
+            throttle = quota.record_fetch(sum(a.outcome.slice.length for a in answered
+                                              if not isinstance(a.outcome, errors.GregorError)))
+            if throttle:  # Kafka answers a throttled fetch without partitions; the session keeps its state
+                return broker_pb2.FetchPartitionsResponse(session_id=session_id, throttle_time_ms=throttle)
+        fetch.sent(answered)
+        return broker_pb2.FetchPartitionsResponse(session_id=session_id,
+                                                  partitions=[fetch_partition_data(a) for a in answered])
+
     @rpc_stream("BrokerService")
     async def ReplicaFetch(self, request_iterator: Any, context: Ctx) -> Any:
         """A follower's fetch stream, which is also its fetch session: one response per request, in order.
@@ -167,7 +221,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async for request in request_iterator:
             start = time.perf_counter()
             parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
-                                      q.topic_id)
+                                      q.topic_id, q.log_start_offset)
                      for q in request.partitions]
             try:
                 answered = await handle_replica_fetch(

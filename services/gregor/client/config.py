@@ -55,8 +55,9 @@ _COMMON = [
     _d("request.timeout.ms", int, 30000, "how long to wait for one RPC before failing or retrying it", _pos),
     _d("retry.backoff.ms", int, 100, "pause before retrying a failed request", _nonneg),
     _d("metadata.max.age.ms", int, 300000, "refresh metadata at least this often", _nonneg),
-    _d("fetch.transport", str, "grpc", "grpc, or data for the broker's zero-copy data port (consumer only)",
-       choices=("grpc", "data")),
+    _d("fetch.transport", str, "grpc", "grpc: one FetchPartitions session per leader broker (KIP-227); partition: "
+       "one gRPC Fetch per partition (the old path, kept for comparison); data: the broker's zero-copy data port, "
+       "one connection per partition (consumer only)", choices=("grpc", "partition", "data")),
     # Transport security (gregor.common.tls, docs/security.md): Kafka's client keys, PEM files.
     _d("security.protocol", str, "PLAINTEXT", "PLAINTEXT or SSL (TLS to every broker and coordinator)",
        choices=("PLAINTEXT", "SSL")),

@@ -29,6 +29,7 @@ from gregor.common.tls import from_client_config
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
+from gregor.client.session_fetcher import BrokerFetchers
 from gregor.client.loop_thread import CALLBACK, LISTENER, LoopThread
 from gregor.client.txn_filter import committed_rows
 from gregor.client.metadata import ClusterMetadata, call_error, list_offset
@@ -70,12 +71,16 @@ CommitCallback = Callable[[Mapping[TopicPartition, int], Optional[BaseException]
 
 
 class Consumer:
-    """Asyncio consumer (event-loop owned). One fetch task per assigned partition.
+    """Asyncio consumer (event-loop owned). One fetch loop per leader broker (fetch.transport=grpc).
 
-    Each task long-polls the partition leader (fetch.min.bytes, fetch.max.wait.ms,
-    max.partition.fetch.bytes) and keeps at most about one fetch of records
-    buffered ahead of poll(); all tasks together stay under fetch.max.bytes.
-    A task that hits a non-retriable error parks it for poll() to raise.
+    Each partition first gets a position (committed offset, seek or auto.offset.reset) and its
+    leader in a short task of its own; then its leader's BrokerFetcher (session_fetcher.py) fetches
+    it with every other partition it leads in one FetchPartitions long poll with an incremental fetch
+    session (fetch.min.bytes, fetch.max.wait.ms, fetch.max.bytes, max.partition.fetch.bytes). A
+    partition keeps at most about one fetch of records buffered ahead of poll() (it leaves the
+    session meanwhile); all together stay under fetch.max.bytes. A fetch error takes the partition
+    out of its session until it recovers (reset, new leader); a non-retriable one is parked for poll()
+    to raise. fetch.transport=partition and =data keep one fetch task per partition (the old path).
     """
 
     def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -98,6 +103,8 @@ class Consumer:
         self._space_freed = asyncio.Event()
         self._buffered_total = 0
         self._closed = False
+        self._fetchers: Optional[BrokerFetchers] = (BrokerFetchers(_FetchHooks(self)) if cfg["fetch.transport"] == "grpc"
+                                                    else None)
         # Group membership and commits (needs group.id); heartbeats start with subscribe().
         self._group: Optional[GroupMember] = GroupMember(self.subscriptions, self.metadata, cfg) if cfg["group.id"] else None
 
@@ -120,6 +127,8 @@ class Consumer:
             self._stop(state)  # new generation too: a task that misses its cancellation still exits
         self._space_freed.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._fetchers is not None:
+            await self._fetchers.close()
         await self.metadata.close()
 
     # ------------------------------------------------------------ assignment and positions
@@ -327,8 +336,14 @@ class Consumer:
         if n:
             self._rr = (self._rr + 1) % n
         if out:
-            self._space_freed.set()
+            self._room()
         return out
+
+    def _room(self) -> None:
+        """Buffer space was freed or a partition left: fetching may resume."""
+        self._space_freed.set()
+        if self._fetchers is not None:
+            self._fetchers.wake()
 
     # ------------------------------------------------------------ fetch tasks
     def _state(self, tp: TopicPartition) -> PartitionState:
@@ -339,7 +354,57 @@ class Consumer:
 
     def _start(self, tp: TopicPartition) -> None:
         state = self.subscriptions.states[tp]
-        state.task = asyncio.ensure_future(self._fetch_loop(tp, state, state.generation))
+        if self._fetchers is None:
+            state.task = asyncio.ensure_future(self._fetch_loop(tp, state, state.generation))
+        else:
+            state.task = asyncio.ensure_future(self._session_partition(tp, state, state.generation))
+
+    def _recover(self, tp: TopicPartition, state: PartitionState, gen: int, err: errors.GregorError) -> None:
+        """tp's fetch in its leader's session failed: it is out of the session; handle the error (reset,
+        metadata refresh, backoff) and bring it back once it has a position and a leader again."""
+        state.task = asyncio.ensure_future(self._session_partition(tp, state, gen, err))
+
+    async def _session_partition(self, tp: TopicPartition, state: PartitionState, gen: int,
+                                 err: Optional[errors.GregorError] = None) -> None:
+        """Until tp can be fetched: its topic id, its position and its leader; then to its leader's fetcher."""
+        assert self._fetchers is not None
+        try:
+            if err is not None:
+                await self._on_fetch_error(tp, state, err)
+            while state.generation == gen and state.error is None:
+                if state.topic_id is None:
+                    await self._with_retry(state, gen, self._pin_topic_id(tp, state))
+                    continue
+                if state.position is None:
+                    await self._with_retry(state, gen, self._ensure_position(tp, state))
+                    continue
+                try:
+                    await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
+                except errors.GregorError as exc:
+                    if not exc.retriable:
+                        raise
+                    self.metadata.request_update(exc)
+                    await asyncio.sleep(self.backoff_s)
+                    continue
+                if state.generation == gen and state.error is None:
+                    self._fetchers.add(tp, state, gen)
+                return
+        except Exception as exc:  # anything but cancellation: park it for poll() instead of dying silently
+            self._park(tp, state, gen, exc)
+
+    def _park(self, tp: TopicPartition, state: PartitionState, gen: int, exc: BaseException) -> None:
+        """A partition's fetch failed for good: poll() raises it (a GregorError as is, anything else wrapped)."""
+        if state.generation != gen:
+            return
+        if isinstance(exc, errors.GregorError):
+            state.error = exc
+        else:
+            log.error("%s-%s: fetch failed", *tp, exc_info=exc)
+            wrapped = errors.GregorError(f"fetch of {tp[0]}-{tp[1]} failed: {type(exc).__name__}: {exc}",
+                                         topic=tp[0], partition=tp[1])
+            wrapped.__cause__ = exc
+            state.error = wrapped
+        self._data_ready.set()
 
     def _stop(self, state: PartitionState) -> None:
         state.generation += 1
@@ -352,7 +417,7 @@ class Consumer:
         self._buffered_total -= state.buffered_bytes
         state.buffer.clear()
         state.buffered_bytes = 0
-        self._space_freed.set()  # other partitions' fetch tasks may be waiting for that room
+        self._room()  # other partitions' fetches may be waiting for that room; its session forgets it
 
     def _restart(self, tp: TopicPartition, state: PartitionState, *, position: Optional[int] = None,
                  reset: Optional[int] = None) -> None:
@@ -446,16 +511,7 @@ class Consumer:
                     return
                 self._on_fetch_result(tp, state, result)
         except Exception as exc:  # anything but cancellation: park it for poll() instead of dying silently
-            if state.generation == gen:
-                if isinstance(exc, errors.GregorError):
-                    state.error = exc
-                else:
-                    log.error("%s-%s: fetch task failed", *tp, exc_info=exc)
-                    wrapped = errors.GregorError(f"fetch of {tp[0]}-{tp[1]} failed: {type(exc).__name__}: {exc}",
-                                                 topic=tp[0], partition=tp[1])
-                    wrapped.__cause__ = exc
-                    state.error = wrapped
-                self._data_ready.set()
+            self._park(tp, state, gen, exc)
         finally:
             await fetcher.close()
 
@@ -544,6 +600,34 @@ class Consumer:
             self._data_ready.set()
         elif state.position is not None and not state.buffer:
             state.position = state.fetch_offset  # only control batches / skipped records
+
+
+class _FetchHooks:
+    """The consumer as its BrokerFetchers see it (session_fetcher.FetchOwner), without widening its public API."""
+
+    def __init__(self, c: Consumer) -> None:
+        self._c = c
+        self.config, self.metadata, self.subscriptions = c.config, c.metadata, c.subscriptions
+        self.partition_bytes, self.fetch_max_bytes, self.isolation = c.partition_bytes, c.fetch_max_bytes, c.isolation
+
+    @property
+    def closed(self) -> bool:
+        return self._c._closed
+
+    def buffers_full(self) -> bool:
+        return self._c._buffered_total >= self._c.fetch_max_bytes
+
+    def on_fetch_result(self, tp: TopicPartition, state: PartitionState, result: FetchResult) -> None:
+        self._c._on_fetch_result(tp, state, result)
+
+    def recover(self, tp: TopicPartition, state: PartitionState, gen: int, err: errors.GregorError) -> None:
+        self._c._recover(tp, state, gen, err)
+
+    def park(self, tp: TopicPartition, state: PartitionState, gen: int, exc: BaseException) -> None:
+        self._c._park(tp, state, gen, exc)
+
+    def fetch_alone(self, tp: TopicPartition, state: PartitionState, gen: int) -> None:
+        state.task = asyncio.ensure_future(self._c._fetch_loop(tp, state, gen))
 
 
 _new_tuple = tuple.__new__

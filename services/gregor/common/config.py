@@ -207,8 +207,14 @@ class BrokerConfig:
     producer_id_expiration_ms: int = 86400000  # producer.id.expiration.ms: idle producers' state is dropped
     socket_request_max_bytes: int = 104857600  # socket.request.max.bytes: largest gRPC message
     fetch_max_bytes: int = 57671680  # fetch.max.bytes (broker cap on one fetch response)
+    # max.incremental.fetch.session.cache.slots: consumer fetch sessions (KIP-227) the broker keeps, least
+    # recently used evicted first; the Kafka listener's and the gRPC consumers' sessions share the cache.
+    max_incremental_fetch_session_cache_slots: int = 1000
     num_network_threads: int = 3  # num.network.threads: threads that run the data port's sendfile transfers
     data_port_send_timeout_ms: int = 30000  # a data-port peer that reads nothing for this long is disconnected
+    # kafka.fetch.zero.copy.enable: Fetch on a plain-text Kafka listener sends the records with sendfile (on the
+    # num.network.threads pool); false reads them into the response as TLS connections do (kafka/zero_copy.py).
+    kafka_fetch_zero_copy_enable: bool = True
     # metrics.partition.level.enable: per-partition log metrics (one series per replica); topic-level by default
     # so a broker with thousands of partitions does not flood Prometheus.
     metrics_partition_level_enable: bool = False

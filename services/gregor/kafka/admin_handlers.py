@@ -7,10 +7,9 @@ APPEND and SUBTRACT, Kafka's list operations, read the topic's current value fir
 comma-separated list). BROKER and BROKER_LOGGER resources are refused with INVALID_REQUEST: a broker's
 settings are its static `server.properties` here (Kafka's dynamic broker configs are not implemented).
 
-DeleteRecords: the leader moves its log start offset (`Log.maybe_increment_log_start_offset`, persisted in
-the partition's `log-start-offset` file) to the asked offset (-1: the high watermark); followers take the
-leader's log start offset from their next replica fetch. Unlike Kafka's DelayedDeleteRecords, the answer does
-not wait for the followers' low watermarks: it is the leader's new log start offset.
+DeleteRecords: the leader moves its log start offset to the asked offset (-1: the high watermark) and the answer
+waits, as Kafka's DelayedDeleteRecords, until every live replica's log start offset got there
+(broker/delete_records.py).
 """
 
 from __future__ import annotations
@@ -19,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
+from gregor.common.config import TOPIC_CONFIGS
 from gregor.kafka import codec
+from gregor.kafka.quota_handlers import QUOTA_API_NAMES, QUOTA_SUPPORTED, QuotaApis
 from gregor.rpc.v1 import common_pb2, controller_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -32,11 +33,14 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 ADMIN_SUPPORTED: dict[int, tuple[int, int]] = {
     21: (0, 2),   # DeleteRecords
+    33: (0, 2),   # AlterConfigs (legacy)
     43: (0, 2),   # ElectLeaders
     44: (0, 1),   # IncrementalAlterConfigs
     47: (0, 0),   # OffsetDelete
+    **QUOTA_SUPPORTED,  # DescribeClientQuotas, AlterClientQuotas (kafka/quota_handlers.py)
 }
-ADMIN_API_NAMES = {21: "DeleteRecords", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete"}
+ADMIN_API_NAMES = {21: "DeleteRecords", 33: "AlterConfigs", 43: "ElectLeaders", 44: "IncrementalAlterConfigs",
+                   47: "OffsetDelete", **QUOTA_API_NAMES}
 
 
 class AdminApis:
@@ -44,8 +48,9 @@ class AdminApis:
         self.h = handlers
 
     def table(self) -> dict[int, Any]:
-        return {21: self.delete_records, 43: self.elect_leaders, 44: self.incremental_alter_configs,
-                47: self.offset_delete}
+        return {21: self.delete_records, 33: self.alter_configs, 43: self.elect_leaders,
+                44: self.incremental_alter_configs,
+                47: self.offset_delete, **QuotaApis(self.h).table()}
 
     # ---- IncrementalAlterConfigs -----------------------------------------------------------------
 
@@ -100,6 +105,33 @@ class AdminApis:
                                    resource_type=rtype, resource_name=name))
         return codec.build(mod.IncrementalAlterConfigsResponse, responses=out)
 
+    # ---- AlterConfigs (the legacy, non-incremental one) -------------------------------------------------
+
+    async def alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """Kafka's AlterConfigs (API 33): a resource's configs are replaced whole -- the given ones set, every other
+        override back to its default (a null value counts as not given). One controller AlterConfigs per topic,
+        so the replacement is atomic there; validate_only only checks. BROKER resources: INVALID_REQUEST, as for
+        IncrementalAlterConfigs (a broker's settings are its server.properties)."""
+        out = []
+        for res in req.resources:
+            rtype, name = int(res.resource_type), str(res.resource_name)
+            code, message = NONE, None
+            if rtype != RESOURCE_TOPIC:
+                code, message = int(Code.INVALID_REQUEST), (
+                    f"resource type {rtype} ({name!r}) cannot be altered: only TOPIC configs are dynamic here "
+                    f"(a broker's settings are its server.properties)")
+            else:
+                given = {str(c.name): str(c.value) for c in res.configs if c.value is not None}
+                try:
+                    await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+                        topic=name, set=given, delete=[k for k in TOPIC_CONFIGS if k not in given],
+                        validate_only=bool(req.validate_only)))
+                except errors.GregorError as err:
+                    code, message = int(err.code), err.message
+            out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
+                                   resource_type=rtype, resource_name=name))
+        return codec.build(mod.AlterConfigsResponse, responses=out)
+
     # ---- ElectLeaders ------------------------------------------------------------------------------
 
     async def elect_leaders(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
@@ -123,36 +155,34 @@ class AdminApis:
 
     # ---- DeleteRecords -----------------------------------------------------------------------------
 
-    def _delete_records(self, topic: str, partition: int, offset: int) -> int:
-        p = self.h.broker.replica_manager.get_partition(topic, partition)
-        p.check_leader()
-        hw = p.high_watermark
-        if offset == -1:
-            offset = hw
-        if offset < 0 or offset > hw:
-            raise errors.error_for(Code.OFFSET_OUT_OF_RANGE, f"cannot delete records of {topic}-{partition} before "
-                                                             f"{offset}: not in [0, high watermark {hw}]")
-        p.log.maybe_increment_log_start_offset(offset)
-        return int(p.log.log_start_offset)
-
     async def delete_records(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
-        topics = []
+        """Kafka's DeleteRecords: the leaders' log start offsets move now, the answer waits for the low watermarks
+        (every live replica's log start offset) up to the request's timeout (broker/delete_records.py)."""
         authz = self.h.broker.authz
+        asked: list[tuple[str, int, int]] = []
+        denied: dict[tuple[str, int], errors.GregorError] = {}
         for t in req.topics:
-            parts = []
             for p in t.partitions:
+                key = (str(t.name), int(p.partition_index))
                 try:
                     if authz.enabled:  # Kafka: Delete on the topic
-                        authz.require(az.connection_caller(), Operation.DELETE, ResourceType.TOPIC, str(t.name),
-                                      "DeleteRecords", topic=str(t.name))
-                    low = self._delete_records(str(t.name), int(p.partition_index), int(p.offset))
-                    parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
-                                             low_watermark=low, error_code=NONE))
+                        authz.require(az.connection_caller(), Operation.DELETE, ResourceType.TOPIC, key[0],
+                                      "DeleteRecords", topic=key[0])
+                    asked.append((*key, int(p.offset)))
                 except errors.GregorError as err:
-                    parts.append(codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
-                                             low_watermark=-1, error_code=int(err.code)))
-            topics.append(codec.build(mod.DeleteRecordsTopicResult, name=t.name, partitions=parts))
-        return codec.build(mod.DeleteRecordsResponse, topics=topics)
+                    denied[key] = err
+        outcomes = await self.h.broker.replica_manager.delete_records(asked, codec.to_ms(req.timeout))
+        results: dict[tuple[str, int], tuple[int, int]] = {  # low watermark, error code
+            key: (-1, int(err.code)) for key, err in denied.items()}
+        for (topic, index, _), o in zip(asked, outcomes):
+            results[(topic, index)] = ((-1, int(o.code)) if isinstance(o, errors.GregorError)
+                                       else (o.low_watermark, o.code))
+        return codec.build(mod.DeleteRecordsResponse, topics=[
+            codec.build(mod.DeleteRecordsTopicResult, name=t.name, partitions=[
+                codec.build(mod.DeleteRecordsPartitionResult, partition_index=p.partition_index,
+                            low_watermark=results[(str(t.name), int(p.partition_index))][0],
+                            error_code=results[(str(t.name), int(p.partition_index))][1])
+                for p in t.partitions]) for t in req.topics])
 
     # ---- OffsetDelete ------------------------------------------------------------------------------
 

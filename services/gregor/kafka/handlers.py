@@ -25,11 +25,12 @@ from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
-from gregor.kafka import acl_handlers, codec
+from gregor.kafka import acl_handlers, codec, zero_copy
 from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
 from gregor.kafka.txn_handlers import TXN_SUPPORTED, UNSTABLE_OFFSET_COMMIT, TxnApis
-from gregor.kafka.fetch_session import (
-    FINAL_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError, TopicPartition,
+from gregor.broker.consumer_fetch import ConsumerFetch
+from gregor.broker.fetch_session import (
+    FINAL_EPOCH, CachedPartition, FetchSessionError,
 )
 from gregor.broker.replica_manager import collect_produce
 from gregor.rpc.v1 import controller_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -85,7 +86,8 @@ RESOURCE_BROKER = 4
 
 BROKERS_REFRESH_S = 1.0
 
-FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions", "Open incremental fetch sessions (KIP-227)")
+FETCH_SESSIONS = Gauge("gregor_kafka_fetch_sessions",
+                       "Open incremental fetch sessions (KIP-227) in the broker's cache, Kafka and gRPC consumers'")
 INCREMENTAL_FETCHES = Counter("gregor_kafka_incremental_fetches_total",
                               "Fetch requests served from an incremental fetch session (KIP-227)")
 
@@ -105,7 +107,9 @@ class KafkaHandlers:
         self._kafka_brokers: dict[int, tuple[str, int, str | None]] = {}
         self._brokers_read = 0.0
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.sessions = FetchSessionCache()  # KIP-227, per listener (Kafka: per broker)
+        self.sessions = broker.replica_manager.fetch_sessions  # KIP-227: the broker's one cache, shared with gRPC
+        sessions = self.sessions.sessions
+        FETCH_SESSIONS.set_function(lambda: len(sessions))
         self._table: dict[int, Callable[[codec.RequestHeader, Any, Any], Awaitable[Any]]] = {
             0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata, 8: self.offset_commit,
             9: self.offset_fetch, 10: self.find_coordinator, 11: self.join_group, 12: self.heartbeat,
@@ -242,60 +246,48 @@ class KafkaHandlers:
         return codec.build(mod.ProduceResponse, responses=[
             codec.build(mod.TopicProduceResponse, name=t, partition_responses=ps) for t, ps in by_topic.items()])
 
-    async def _fetch_one(self, tp: TopicPartition, p: CachedPartition, max_wait_ms: int, min_bytes: int,
-                         isolation: int) -> Any:
-        self._require_topic(Operation.READ, tp[0], "Fetch")
-        return await self.broker.replica_manager.handle_fetch(
-            tp[0], tp[1], p.fetch_offset, p.max_bytes, min_bytes, max_wait_ms, -1, p.current_leader_epoch,
-            isolation_level=isolation)
+    def _fetch_authorize(self, topic: str) -> errors.GregorError | None:
+        try:
+            self._require_topic(Operation.READ, topic, "Fetch")
+        except errors.GregorError as err:
+            return err
+        return None
 
     async def fetch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
-        """Fetch, with fetch sessions (KIP-227) from v7, leader epochs (KIP-320) from v9 and DelayedFetch."""
+        """Fetch, with fetch sessions (KIP-227) from v7 and leader epochs (KIP-320) from v9: the consumer fetch
+        path gRPC FetchPartitions takes (broker/consumer_fetch.py), on the broker's one session cache."""
         wanted = [((str(t.topic), int(p.partition)),
                    CachedPartition(int(p.fetch_offset), int(p.partition_max_bytes),
                                    int(getattr(p, "current_leader_epoch", -1))))
                   for t in req.topics for p in t.partitions]
         forgotten = [(str(t.topic), int(i)) for t in getattr(req, "forgotten_topics_data", ()) or ()
                      for i in t.partitions]
+        rm = self.broker.replica_manager
         try:
-            ctx = self.sessions.resolve(int(getattr(req, "session_id", 0)),
-                                        int(getattr(req, "session_epoch", FINAL_EPOCH)), wanted, forgotten)
+            ctx = rm.fetch_sessions.resolve(int(getattr(req, "session_id", 0)),
+                                            int(getattr(req, "session_epoch", FINAL_EPOCH)), wanted, forgotten)
         except FetchSessionError as exc:
             return codec.build(mod.FetchResponse, error_code=exc.code, session_id=0, responses=[])
-        FETCH_SESSIONS.set(len(self.sessions.sessions))
         if ctx.incremental:
             INCREMENTAL_FETCHES.inc()
         isolation = int(getattr(req, "isolation_level", 0))
-        parts = ctx.partitions
-        max_wait = codec.to_ms(req.max_wait)
-        outcomes: list[Any] = await asyncio.gather(
-            *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
-        have = sum(len(o.slice) for o in outcomes if not isinstance(o, BaseException))
-        errored = any(isinstance(o, BaseException) for o in outcomes)
-        if have < max(1, int(req.min_bytes)) and max_wait > 0 and not errored and parts:
-            # DelayedFetch: wait on every partition, answer as soon as one has data (or max_wait passes).
-            tasks = [asyncio.ensure_future(self._fetch_one(tp, p, max_wait, 1, isolation)) for tp, p in parts]
-            _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            outcomes = await asyncio.gather(
-                *(self._fetch_one(tp, p, 0, 0, isolation) for tp, p in parts), return_exceptions=True)
+        max_bytes = int(getattr(req, "max_bytes", 0) or 0)  # v3+; before: the broker's fetch.max.bytes
+        fetch = ConsumerFetch(rm, ctx, isolation, max(0, int(req.min_bytes)), max(0, codec.to_ms(req.max_wait)),
+                              max_bytes if max_bytes > 0 else rm.config.fetch_max_bytes,
+                              self._fetch_authorize if self.broker.authz.enabled else None)
+        answered = await fetch.run()
+        fetch.sent(answered)
         by_topic: dict[str, list[Any]] = {}
-        for (tp, p), o in zip(parts, outcomes):
-            if isinstance(o, BaseException):
-                if not isinstance(o, (errors.GregorError, grpc.RpcError)):
-                    log.error("kafka fetch %s-%d failed: %r", tp[0], tp[1], o)
-                p.changed(-1, -1, -1)
-                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=_code(o),
+        for a in answered:
+            o = a.outcome
+            if isinstance(o, errors.GregorError):
+                pd = codec.build(mod.PartitionData, partition_index=a.tp[1], error_code=_code(o),
                                  high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
                                  aborted_transactions=None, preferred_read_replica=-1, records=None)
             else:
-                moved = p.changed(o.high_watermark, o.last_stable_offset, o.log_start_offset)
-                records = o.slice.read()
-                if ctx.incremental and not records and not moved:
-                    continue  # nothing new for the client: an incremental response leaves it out
-                pd = codec.build(mod.PartitionData, partition_index=tp[1], error_code=NONE,
+                zc = zero_copy.current()  # plain text: a marker now, the slice goes by sendfile (kafka/zero_copy.py)
+                records = zc.marker(o.slice) if zc is not None and o.slice.length else o.slice.read()
+                pd = codec.build(mod.PartitionData, partition_index=a.tp[1], error_code=NONE,
                                  high_watermark=o.high_watermark, last_stable_offset=o.last_stable_offset,
                                  log_start_offset=o.log_start_offset,
                                  aborted_transactions=[codec.build(mod.AbortedTransaction, producer_id=pid,
@@ -303,7 +295,7 @@ class KafkaHandlers:
                                                        for pid, first in o.aborted_transactions]
                                  if isolation else None,
                                  preferred_read_replica=-1, records=records)
-            by_topic.setdefault(tp[0], []).append(pd)
+            by_topic.setdefault(a.tp[0], []).append(pd)
         return codec.build(mod.FetchResponse, error_code=NONE,
                            session_id=ctx.session.session_id if ctx.session else 0, responses=[
                                codec.build(mod.FetchableTopicResponse, topic=t, partitions=ps)

@@ -17,15 +17,16 @@ import ssl
 import struct
 import time
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from kio.static.constants import EntityType
 from prometheus_client import Counter, Histogram
 
-from gregor.broker.quota_manager import StreamQuota, throttle_kafka_response
+from gregor.broker.quota_manager import KAFKA_FETCH, StreamQuota, throttle_kafka_response
 from gregor.common.loop_time import Timed
 from gregor.common.authz import set_connection_caller
-from gregor.kafka import codec
+from gregor.kafka import codec, zero_copy
 from gregor.kafka.handlers import SUPPORTED, KafkaHandlers
 from gregor.kafka.admin_handlers import ADMIN_API_NAMES
 from gregor.kafka.txn_handlers import TXN_API_NAMES
@@ -82,6 +83,11 @@ class KafkaListener:
         self.advertised_port = port
         self.ssl_context = ssl_context
         self.security_protocol = security_protocol  # PLAINTEXT or SSL: the listener's name in `endpoints`
+        # Zero-copy Fetch (kafka/zero_copy.py): plain text only; its sendfile calls run on this pool.
+        self._senders: ThreadPoolExecutor | None = None
+        if ssl_context is None and broker.config.kafka_fetch_zero_copy_enable:
+            self._senders = ThreadPoolExecutor(max_workers=max(1, broker.config.num_network_threads),
+                                               thread_name_prefix="kafka-fetch-send")
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl_context)
@@ -101,6 +107,8 @@ class KafkaListener:
                 task.cancel()
             await asyncio.gather(*self._conns, return_exceptions=True)
         await self.handlers.close()
+        if self._senders is not None:
+            self._senders.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read requests in order. A Produce is appended at once and its answer queued while its acks are
@@ -134,7 +142,10 @@ class KafkaListener:
                     continue
                 await answers.join()  # everything before this request is answered
                 out = await self._handle(frame, peer, quota)
-                if out is not None:
+                if isinstance(out, list):  # a Fetch whose records go by sendfile (kafka/zero_copy.py)
+                    assert self._senders is not None
+                    await zero_copy.send(writer, out, self._senders, self.broker.config.data_port_send_timeout_ms)
+                elif out is not None:
                     writer.write(out)
                     await writer.drain()
                 await quota.channel.wait()
@@ -199,7 +210,8 @@ class KafkaListener:
             log.exception("kafka: closing %s after an unexpected error in a Produce", peer)
             reader_task.cancel()
 
-    async def _handle(self, frame: bytes, peer: object, quota: StreamQuota | None = None) -> bytes | None:
+    async def _handle(self, frame: bytes, peer: object,
+                      quota: StreamQuota | None = None) -> bytes | list[zero_copy.Part] | None:
         header, pos = codec.read_header(frame)
         supported = SUPPORTED.get(header.api_key)
         if header.api_key == codec.API_VERSIONS and (supported is None or
@@ -213,15 +225,26 @@ class KafkaListener:
         request = codec.parse_body(frame, pos, header)
         api = API_NAMES.get(header.api_key, str(header.api_key))
         REQUESTS.labels(api).inc()
+        collector = None
+        if header.api_key == KAFKA_FETCH and self._senders is not None:  # plain text: records by sendfile
+            collector, token = zero_copy.begin()
         handled = Timed(self.handlers.handle(header, request))  # the loop's time in it: request_percentage
-        with REQUEST_SECONDS.labels(api).time():
-            body = await handled
+        try:
+            with REQUEST_SECONDS.labels(api).time():
+                body = await handled
+        finally:
+            if collector is not None:
+                zero_copy.end(token)
         if quota is not None and quota.quotas.enabled:
             body = throttle_kafka_response(quota, header.api_key, header.client_id or "", len(frame), body,
-                                           handled.seconds)
+                                           handled.seconds,
+                                           fetch_bytes=collector.total if collector is not None else None)
         if body is None:
             return None  # Produce acks=0
-        return codec.encode_response(header, body)
+        out = codec.encode_response(header, body)
+        if collector is not None and collector.slices:
+            return zero_copy.splice(out, collector, type(body).__flexible__)
+        return out
 
 
 async def start_listener(broker: "Broker") -> KafkaListener:

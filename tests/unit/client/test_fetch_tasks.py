@@ -10,7 +10,8 @@ import pytest
 from gregor.client import consumer as consumer_mod
 from gregor.client.consumer import Consumer
 from gregor.client.fetcher import FRAME, DataPortFetcher, FetchResult
-from gregor.client.metadata import BrokerInfo
+from gregor.client.metadata import BrokerInfo, ClusterMetadata
+from gregor.client.session_fetcher import BrokerFetcher
 from gregor.common import errors, records
 from gregor.rpc.v1 import broker_pb2
 
@@ -35,15 +36,43 @@ class FakeFetcher:
         pass
 
 
-def consumer(monkeypatch: pytest.MonkeyPatch, script: dict[int, Any], **config: Any) -> Consumer:
+@pytest.fixture(params=["grpc", "partition"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Both fetch paths: one session per leader broker (grpc) and one task per partition (partition)."""
+    return str(request.param)
+
+
+def consumer(monkeypatch: pytest.MonkeyPatch, script: dict[int, Any], transport: str = "partition",
+             **config: Any) -> Consumer:
     FakeFetcher.calls = {}
-    monkeypatch.setattr(consumer_mod, "make_fetcher", lambda *_: FakeFetcher(script))
+    fake = FakeFetcher(script)
+    monkeypatch.setattr(consumer_mod, "make_fetcher", lambda *_: fake)
+
+    async def fake_call(self: BrokerFetcher, request: broker_pb2.FetchPartitionsRequest) -> Any:
+        """A sessionless broker (session id 0: every request is a full one) answering from the script."""
+        self.owner.requests += 1
+        out = broker_pb2.FetchPartitionsResponse()
+        for q in request.partitions:
+            try:
+                r = await fake.fetch((q.topic, q.partition), q.fetch_offset, request.isolation_level)
+            except errors.GregorError as err:
+                out.partitions.add(topic=q.topic, partition=q.partition, error=err.to_detail())
+                continue
+            out.partitions.add(topic=q.topic, partition=q.partition, records=r.records,
+                               high_watermark=r.high_watermark, log_start_offset=r.log_start_offset)
+        return out
 
     async def no_topic_id(self: Consumer, tp: tuple[str, int], state: Any) -> None:
         state.topic_id = b""  # no cluster behind the fake fetcher: no topic id to pin (KIP-516)
 
+    async def leader(self: Any, topic: str, partition: int, max_wait_ms: int) -> tuple[int, None]:
+        return 0, None
+
     monkeypatch.setattr(Consumer, "_pin_topic_id", no_topic_id)
-    return Consumer({"bootstrap.servers": "127.0.0.1:1", **config})
+    monkeypatch.setattr(BrokerFetcher, "_call", fake_call)
+    monkeypatch.setattr(ClusterMetadata, "leader_stub", leader)
+    monkeypatch.setattr(ClusterMetadata, "leader_for", lambda *_: 0)
+    return Consumer({"bootstrap.servers": "127.0.0.1:1", "fetch.transport": transport, **config})
 
 
 def values(n: int, size: int) -> FetchResult:
@@ -55,8 +84,9 @@ def empty(_: int) -> FetchResult:
     return FetchResult(b"", 0, 0, 0)
 
 
-async def test_a_non_gregor_exception_in_a_fetch_task_reaches_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    c = consumer(monkeypatch, {0: lambda n: RuntimeError("decoder bug")})
+async def test_a_non_gregor_exception_in_a_fetch_task_reaches_poll(monkeypatch: pytest.MonkeyPatch,
+                                                                   transport: str) -> None:
+    c = consumer(monkeypatch, {0: lambda n: RuntimeError("decoder bug")}, transport)
     async with c:
         c.assign([("t", 0)])
         c.seek(("t", 0), 0)
@@ -65,11 +95,12 @@ async def test_a_non_gregor_exception_in_a_fetch_task_reaches_poll(monkeypatch: 
         assert isinstance(info.value.__cause__, RuntimeError)
 
 
-async def test_corrupt_fetched_data_reaches_poll_as_corrupt_message(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_corrupt_fetched_data_reaches_poll_as_corrupt_message(monkeypatch: pytest.MonkeyPatch,
+                                                                    transport: str) -> None:
     good = records.build_batch([(None, b"v", [], 1)], compression="gzip")
     broken = bytearray(good)
     broken[-5:] = b"\xff" * 5
-    c = consumer(monkeypatch, {0: lambda n: FetchResult(bytes(broken), 1, 0, 0)}, **{"check.crcs": False})
+    c = consumer(monkeypatch, {0: lambda n: FetchResult(bytes(broken), 1, 0, 0)}, transport, **{"check.crcs": False})
     async with c:
         c.assign([("t", 0)])
         c.seek(("t", 0), 0)
@@ -77,10 +108,11 @@ async def test_corrupt_fetched_data_reaches_poll_as_corrupt_message(monkeypatch:
             await asyncio.wait_for(c.poll(timeout_ms=2000), 5)
 
 
-async def test_unassigning_a_full_partition_wakes_the_other_fetch_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_unassigning_a_full_partition_wakes_the_other_fetch_tasks(monkeypatch: pytest.MonkeyPatch,
+                                                                       transport: str) -> None:
     # Partition 0 fills fetch.max.bytes on its own; partition 1 then waits for room.
     script = {0: lambda n: values(1, 5000) if n == 1 else empty(n), 1: lambda n: values(1, 10) if n == 1 else empty(n)}
-    c = consumer(monkeypatch, script, **{"fetch.max.bytes": 2000})
+    c = consumer(monkeypatch, script, transport, **{"fetch.max.bytes": 2000})
     async with c:
         c.assign([("t", 0), ("t", 1)])
         c.seek(("t", 0), 0)
@@ -153,3 +185,30 @@ async def test_data_port_undecodable_header_is_a_corrupt_message() -> None:
     finally:
         await fetcher.close()
         server.close()
+
+
+async def test_a_broker_without_fetch_partitions_is_fetched_one_partition_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader of an older version (UNIMPLEMENTED for FetchPartitions, mid rolling upgrade): its partitions
+    fall back to single-partition Fetch tasks and records still arrive."""
+    from gregor.client import session_fetcher
+
+    script = {0: lambda n: values(2, 10) if n == 1 else empty(n), 1: lambda n: values(1, 10) if n == 1 else empty(n)}
+    c = consumer(monkeypatch, script, "grpc")
+
+    async def unimplemented(self: BrokerFetcher, request: Any) -> Any:
+        self.owner.requests += 1
+        raise session_fetcher._Unimplemented()
+
+    monkeypatch.setattr(BrokerFetcher, "_call", unimplemented)
+    async with c:
+        c.assign([("t", 0), ("t", 1)])
+        c.seek(("t", 0), 0)
+        c.seek(("t", 1), 0)
+        got: list[Any] = []
+        for _ in range(100):
+            got += await c.poll(50)
+            if len(got) == 3:
+                break
+        assert sorted((r.partition, r.offset) for r in got) == [(0, 0), (0, 1), (1, 0)]
+        assert c._fetchers is not None and c._fetchers.unsupported == {0}

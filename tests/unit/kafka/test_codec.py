@@ -49,3 +49,34 @@ def test_listener_config_parses_kafka_names() -> None:
     assert parse_listener("GRPC://a:1") is None
     with pytest.raises(ValueError):
         parse_listener("localhost:9094")
+
+
+@pytest.mark.parametrize("version", range(3, 10))
+def test_produce_responses_written_by_struct_are_kios_bytes(version: int) -> None:
+    """encode_produce_response (the Produce fast path) writes exactly what kio's generic writer writes: topics,
+    partitions with and without errors, an error message, record errors (v8+), a throttle time, a log append time."""
+    import datetime
+    import io
+
+    from kio.serial import entity_writer
+    from kio.static.constants import EntityType
+
+    mod = codec.module(0, version, EntityType.response)
+    extra = {"record_errors": [codec.build(mod.BatchIndexAndErrorMessage, batch_index=2,
+                                           batch_index_error_message="bad record")]} if version >= 8 else {}
+    parts = [codec.build(mod.PartitionProduceResponse, index=0, error_code=0, base_offset=1 << 40, log_append_time=-1,
+                         log_start_offset=7, error_message=None),
+             codec.build(mod.PartitionProduceResponse, index=3, error_code=87, base_offset=-1,
+                         log_append_time=1_700_000_000_123, log_start_offset=-1, error_message="invalid récord",
+                         **extra)]
+    body = codec.build(mod.ProduceResponse, throttle_time=datetime.timedelta(milliseconds=250), responses=[
+        codec.build(mod.TopicProduceResponse, name="orders", partition_responses=parts),
+        codec.build(mod.TopicProduceResponse, name="ü", partition_responses=[])])
+    header = codec.RequestHeader(0, version, 99, "c")
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0" + struct.pack(">i", 99) + (b"\0" if version >= 9 else b""))
+    entity_writer(type(body))(out, body)
+    expected = bytearray(out.getvalue())
+    struct.pack_into(">i", expected, 0, len(expected) - 4)
+    assert codec.encode_produce_response(header, body) == bytes(expected)
+    assert codec.encode_response(header, body) == bytes(expected)

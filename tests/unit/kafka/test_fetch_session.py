@@ -1,10 +1,10 @@
-"""KIP-227 fetch session bookkeeping (gregor.kafka.fetch_session), pure logic."""
+"""KIP-227 fetch session bookkeeping (gregor.broker.fetch_session, the broker's one session cache), pure logic."""
 
 from __future__ import annotations
 
 import pytest
 
-from gregor.kafka.fetch_session import (
+from gregor.broker.fetch_session import (
     FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, CachedPartition, FetchSessionCache, FetchSessionError,
 )
 

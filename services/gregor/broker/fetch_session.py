@@ -1,4 +1,5 @@
-"""Incremental fetch sessions (KIP-227) for the Kafka listener.
+"""Incremental fetch sessions (KIP-227): the broker's one session cache, shared by the Kafka listener's Fetch
+and the gRPC FetchPartitions of Gregor's consumers (broker/consumer_fetch.py reads and answers for both).
 
 A client opens a session with a full fetch at epoch 0 (session id 0); the broker answers with a
 session id. Later fetches carry (id, epoch 1, 2, ...) and name only partitions whose fetch
@@ -16,6 +17,8 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from prometheus_client import Counter
+
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 INVALID_SESSION_ID = 0
@@ -25,6 +28,11 @@ MAX_SLOTS = 1000  # max.incremental.fetch.session.cache.slots
 
 TopicPartition = tuple[str, int]
 
+# Kafka's IncrementalFetchSessionEvictionsPerSec: a session pushed out of a full cache (its client then gets
+# FETCH_SESSION_ID_NOT_FOUND and starts a new session with a full fetch).
+EVICTIONS = Counter("gregor_broker_fetch_session_evictions_total",
+                    "Incremental fetch sessions evicted from the full session cache (KIP-227)")
+
 
 @dataclass
 class CachedPartition:
@@ -33,6 +41,7 @@ class CachedPartition:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int = -1
+    topic_id: bytes = b""  # KIP-516: the id the client's position belongs to; b"" skips the check
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
@@ -93,6 +102,7 @@ class FetchSessionCache:
             self.sessions[session.session_id] = session
             while len(self.sessions) > self.max_slots:
                 self.sessions.popitem(last=False)  # least recently used
+                EVICTIONS.inc()
             return FetchContext(session, False, list(session.partitions.items()))
         found = self.sessions.get(session_id) if session_id != INVALID_SESSION_ID else None
         if found is None:

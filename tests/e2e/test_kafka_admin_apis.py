@@ -1,0 +1,181 @@
+"""Kafka admin APIs that need three brokers or a whole cluster's state, through clients nobody here wrote
+(confluent-kafka / librdkafka, kafka-python): DeleteRecords waiting for every replica (Kafka's
+DelayedDeleteRecords), the legacy AlterConfigs (API 33) and the client-quota APIs (48/49).
+
+One cluster for the module: etcd, a controller, three brokers, a group coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from gregor.cli.local_cluster import LocalCluster, Process
+from tests.helpers.wait import wait_for
+
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.up(str(tmp_path_factory.mktemp("kadmin")), brokers=3, controllers=1, coordinators=1)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def bootstrap(c: LocalCluster) -> str:
+    return str(c.to_json()["kafka_bootstrap"])
+
+
+def create_topic(c: LocalCluster, partitions: int = 1, rf: int = 3, configs: dict[str, str] | None = None) -> str:
+    name = f"a-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap(c)})
+    for f in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=rf,
+                                           config=configs or {})]).values():
+        assert f.result(timeout=WAIT_S) is None
+    for address in bootstrap(c).split(","):  # every broker's metadata has it, with leaders
+        one = AdminClient({"bootstrap.servers": address})
+
+        def ready() -> bool:
+            t = one.list_topics(name, timeout=10).topics.get(name)
+            return t is not None and t.error is None and len(t.partitions) == partitions and \
+                all(p.leader >= 0 and len(p.isrs) == rf for p in t.partitions.values())
+        wait_for(ready, WAIT_S, f"{name} in {address}'s metadata with a full ISR")
+    return name
+
+
+def produce(c: LocalCluster, topic: str, n: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap(c), "acks": "all", "enable.idempotence": True})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode(), partition=0)
+    assert p.flush(WAIT_S) == 0
+
+
+def log_start_offsets(c: LocalCluster, topic: str, exclude: int = -1) -> dict[int, int]:
+    """Broker id -> gregor_log_start_offset of its replica of `topic` (one partition), from each /metrics (but
+    `exclude`'s: a stopped broker does not answer)."""
+    out: dict[int, int] = {}
+    for p in c.by_role("broker"):
+        if p.id == exclude:
+            continue
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_log_start_offset{") and f'topic="{topic}"' in line:
+                    out[p.id] = int(float(line.split()[-1]))
+    return out
+
+
+def leader_of(c: LocalCluster, topic: str) -> int:
+    md = AdminClient({"bootstrap.servers": bootstrap(c)}).list_topics(topic, timeout=10)
+    return int(md.topics[topic].partitions[0].leader)
+
+
+def test_delete_records_answers_once_every_replica_moved_its_log_start(cluster: LocalCluster) -> None:
+    """RF 3: when DeleteRecords answers, the leader and both followers already start at the asked offset (Kafka's
+    low watermark), with no waiting after the answer; -1 deletes up to the high watermark."""
+    topic = create_topic(cluster)
+    produce(cluster, topic, 10)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    [fut] = admin.delete_records([TopicPartition(topic, 0, 4)], operation_timeout=30).values()
+    assert fut.result(timeout=WAIT_S).low_watermark == 4
+    assert log_start_offsets(cluster, topic) == {0: 4, 1: 4, 2: 4}  # read right after the answer
+    [fut] = admin.delete_records([TopicPartition(topic, 0, -1)], operation_timeout=30).values()
+    assert fut.result(timeout=WAIT_S).low_watermark == 10
+    assert log_start_offsets(cluster, topic) == {0: 10, 1: 10, 2: 10}
+    [fut] = admin.delete_records([TopicPartition(topic, 0, 11)]).values()
+    err = fut.exception(timeout=WAIT_S)
+    assert err is not None and err.args[0].name() == "OFFSET_OUT_OF_RANGE", err
+
+
+def test_delete_records_times_out_while_a_follower_does_not_fetch(cluster: LocalCluster) -> None:
+    """A follower that is live but stopped (SIGSTOP) holds the low watermark back: the answer is REQUEST_TIMED_OUT
+    after the request's timeout; once it runs again it catches up to the leader's log start."""
+    topic = create_topic(cluster)
+    produce(cluster, topic, 6)
+    leader = leader_of(cluster, topic)
+    follower: Process = next(p for p in cluster.by_role("broker") if p.id != leader)
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    os.kill(follower.pid, signal.SIGSTOP)
+    try:
+        [fut] = admin.delete_records([TopicPartition(topic, 0, 3)], operation_timeout=2,
+                                     request_timeout=30).values()
+        err = fut.exception(timeout=WAIT_S)
+        assert isinstance(err, KafkaException) and err.args[0].name() == "REQUEST_TIMED_OUT", err
+        starts = log_start_offsets(cluster, topic, exclude=follower.id)
+        assert starts[leader] == 3
+    finally:
+        os.kill(follower.pid, signal.SIGCONT)
+    wait_for(lambda: log_start_offsets(cluster, topic) == {0: 3, 1: 3, 2: 3}, WAIT_S,
+             "the follower takes the leader's log start offset once it runs again")
+    [fut] = admin.delete_records([TopicPartition(topic, 0, 5)], operation_timeout=30).values()
+    assert fut.result(timeout=WAIT_S).low_watermark == 5
+
+
+
+def topic_overrides(c: LocalCluster, topic: str) -> dict[str, str]:
+    """The topic's dynamic overrides, as DescribeConfigs (API 32) answers them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(c)})
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([res])[res].result(timeout=WAIT_S)
+    return {k: e.value for k, e in entries.items() if not e.is_default}
+
+
+def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalCluster) -> None:
+    """AlterConfigs (API 33) through librdkafka's alter_configs: the given configs are set and every other override
+    goes back to its default; validate_only changes nothing; a bad value is INVALID_CONFIG; a broker resource is
+    INVALID_REQUEST (broker settings are static here)."""
+    topic = create_topic(cluster, rf=1, configs={"retention.ms": "3600000", "max.message.bytes": "200000"})
+    assert topic_overrides(cluster, topic) == {"retention.ms": "3600000", "max.message.bytes": "200000"}
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    res = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "600000"})
+    [fut] = admin.alter_configs([res], validate_only=True).values()
+    assert fut.result(timeout=WAIT_S) is None
+    assert topic_overrides(cluster, topic) == {"retention.ms": "3600000", "max.message.bytes": "200000"}
+    [fut] = admin.alter_configs([res]).values()
+    assert fut.result(timeout=WAIT_S) is None
+    assert topic_overrides(cluster, topic) == {"segment.ms": "600000"}  # retention.ms, max.message.bytes: defaults
+    bad = ConfigResource(ResourceType.TOPIC, topic, set_config={"retention.ms": "soon"})
+    err = admin.alter_configs([bad])[bad].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_CONFIG", err
+    assert topic_overrides(cluster, topic) == {"segment.ms": "600000"}
+    broker = ConfigResource(ResourceType.BROKER, "0", set_config={"log.retention.ms": "1"})
+    err = admin.alter_configs([broker])[broker].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_REQUEST", err
+
+
+def kafka_requests(c: LocalCluster, api: str) -> float:
+    """gregor_kafka_requests_total{api} summed over the brokers."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f'gregor_kafka_requests_total{{api="{api}"}}'):
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_kafka_python_alter_configs_over_the_legacy_api(cluster: LocalCluster) -> None:
+    """kafka-python's alter_configs with incremental=False sends AlterConfigs (API 33): it reads the topic's
+    overrides first and sends them with the change, since the legacy API resets whatever is left out."""
+    from kafka import KafkaAdminClient  # type: ignore[import-untyped]
+    from kafka.admin import ConfigResource as KConfigResource, ConfigResourceType  # type: ignore[import-untyped]
+
+    topic = create_topic(cluster, rf=1, configs={"retention.ms": "3600000"})
+    before = kafka_requests(cluster, "AlterConfigs")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+    try:
+        admin.alter_configs([KConfigResource(ConfigResourceType.TOPIC, topic, configs={"cleanup.policy": "compact"})],
+                            incremental=False)
+    finally:
+        admin.close()
+    assert topic_overrides(cluster, topic) == {"cleanup.policy": "compact", "retention.ms": "3600000"}
+    assert kafka_requests(cluster, "AlterConfigs") == before + 1

@@ -670,14 +670,18 @@ class GroupMember:
         got = {(p.topic, p.partition): (int(p.offset) if p.offset >= 0 else None) for p in resp.partitions}
         return {tp: got.get(tp) for tp in wanted}
 
-    async def _committed_positions(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Optional[int]]:
+    async def _committed_positions(self, tps: Sequence[TopicPartition]) -> Optional[dict[TopicPartition, Optional[int]]]:
+        """The committed offsets of newly assigned partitions; None when the OffsetFetch failed: each partition's
+        fetch task then asks again with retries (Kafka never falls back to auto.offset.reset on a failed
+        OffsetFetch: that would skip or repeat what the group committed)."""
         if not tps:
             return {}
         try:
             return await self.committed(tps)
         except errors.GregorError as err:
-            log.warning("group %s: OffsetFetch failed (%s): positions follow auto.offset.reset", self.group_id, err)
-            return {}
+            log.warning("group %s: OffsetFetch failed (%s): the fetch tasks ask for the committed offsets again",
+                        self.group_id, err)
+            return None
 
     # ------------------------------------------------------------ leave / close
     async def leave_group(self, reason: str) -> None:

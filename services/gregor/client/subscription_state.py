@@ -73,15 +73,18 @@ class SubscriptionState:
         return added
 
     def add_assigned(self, tps: Sequence[TopicPartition],
-                     positions: Mapping[TopicPartition, Optional[int]]) -> list[TopicPartition]:
-        """Group assignment: start fetching tps at their committed offset (else auto.offset.reset)."""
+                     positions: Optional[Mapping[TopicPartition, Optional[int]]]) -> list[TopicPartition]:
+        """Group assignment: start fetching tps at their committed offset (else auto.offset.reset). positions
+        None: the OffsetFetch failed, so each partition's fetch task asks for its committed offset again
+        (retrying, as Kafka's refreshCommittedOffsetsIfNeeded) before it falls back to auto.offset.reset."""
         added = []
         for tp in tps:
             if tp in self.states:
                 continue
             state = self.states[tp] = PartitionState()
-            state.position = state.fetch_offset = positions.get(tp)
-            state.committed_checked = True
+            if positions is not None:
+                state.position = state.fetch_offset = positions.get(tp)
+                state.committed_checked = True
             self._start(tp)
             self.order.append(tp)
             added.append(tp)

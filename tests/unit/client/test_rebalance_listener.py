@@ -27,7 +27,7 @@ class RecordingSubscriptions(SubscriptionState):
         self.events = events
 
     def add_assigned(self, tps: Sequence[tuple[str, int]],
-                     positions: Mapping[tuple[str, int], Optional[int]]) -> list[tuple[str, int]]:
+                     positions: Optional[Mapping[tuple[str, int], Optional[int]]]) -> list[tuple[str, int]]:
         self.events.append(("fetch+", sorted(tps)))
         return super().add_assigned(tps, positions)
 
@@ -205,3 +205,30 @@ def test_eager_rebalance_calls_revoked_even_when_empty_but_not_before_the_first_
 
     asyncio.run(go())
     assert events == [("revoked", [])]
+
+
+def test_a_failed_offset_fetch_leaves_the_committed_offset_to_be_asked_again_not_auto_offset_reset() -> None:
+    """Kafka never falls back to auto.offset.reset because an OffsetFetch failed (that skips or repeats what the
+    group committed): the partitions are assigned without a position and with their committed offset still to
+    be looked up, which each fetch task does with retries (Consumer._initial_position)."""
+    from gregor.common import errors
+
+    events: list[tuple[str, list[Any]]] = []
+    m = member("range", events)
+
+    async def failing(tps: Any) -> dict[Any, Optional[int]]:
+        raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE, "coordinator moving")
+
+    async def committed_at_7(tps: Any) -> dict[Any, Optional[int]]:
+        return {tp: 7 for tp in tps}
+
+    async def go() -> None:
+        m.committed = failing  # type: ignore[method-assign]
+        await own(m, [A0])
+        m.committed = committed_at_7  # type: ignore[method-assign]
+        await own(m, [A1])
+
+    asyncio.run(go())
+    states = m.consumer.subscriptions.states  # type: ignore[attr-defined]
+    assert states[A0].position is None and not states[A0].committed_checked  # asked again by its fetch task
+    assert states[A1].position == 7 and states[A1].committed_checked

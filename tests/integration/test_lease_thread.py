@@ -58,3 +58,22 @@ async def test_a_lease_revoked_elsewhere_is_reported_lost_on_the_owners_loop(cli
     assert not lease.alive and lease.lost.done() and "expired or was revoked" in str(lost[0])
     lease.on_lost(lost.append)  # a callback added after the loss runs at once
     assert len(lost) == 2
+
+
+async def test_a_wedged_loop_is_not_kept_alive_by_the_thread(client: EtcdClient) -> None:
+    """Busy is kept, wedged is not: once the owner's loop has run nothing for loop_stall_limit_s the thread stops
+    refreshing, etcd expires the lease (its keys go, another controller can win) and the loss is reported when
+    the loop runs again. Without the limit a deadlocked controller would stay the active one for good."""
+    lease = await ThreadedLease.grant(client, TTL_S, loop_stall_limit_s=TTL_S)
+    key = client.key("wedged")
+    await client.put(key, b"1", lease.id)
+    lost: list[LeaseLost] = []
+    lease.on_lost(lost.append)
+    time.sleep(2 * TTL_S + BLOCK_S)  # noqa: ASYNC251 - a wedged loop: limit + etcd's expiry, with margin
+
+    async def reported() -> bool:
+        return bool(lost)
+
+    await until(reported, TTL_S + 2, "the loss reported once the loop runs")
+    assert "event loop has run nothing" in str(lost[0]) and not lease.alive
+    assert await client.get(key) is None  # etcd expired it: nobody refreshed it meanwhile

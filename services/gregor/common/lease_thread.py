@@ -10,7 +10,11 @@ it lost each term during its own failover and flapped without end (seen at load 
 on_lost, revoke); its keepalive is a daemon thread with a blocking gRPC channel of its own (grpc.aio
 objects belong to one event loop), refreshing every TTL/3. A SIGSTOPped or dead process still loses
 it after the TTL (the thread stops with it), so fencing by lease expiry is unchanged; a process whose
-loop is merely busy keeps it. Loss is reported on the owner's loop (call_soon_threadsafe).
+loop is merely busy keeps it. A process whose loop is wedged (no callback run for `loop_stall_limit_s`,
+default max(30 s, 3 TTLs): far past any apply or takeover measured, 11 s at load 23) is no longer kept
+alive by its thread: the thread stops refreshing, so etcd expires the lease and another controller or a
+restart takes over, as it would if the process had died. Loss is reported on the owner's loop
+(call_soon_threadsafe).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from gregor.common.etcd import LEASE_KEEPALIVE_FAILURES, EtcdClient, EtcdError, 
 
 log = logging.getLogger(__name__)
 
+LOOP_STALL_LIMIT_MIN_S = 30.0
+
 
 class ThreadedLease:
     """An etcd lease refreshed from its own thread until revoked or lost.
@@ -37,7 +43,8 @@ class ThreadedLease:
     every `on_lost` callback runs there, once, unless the owner revoked the lease.
     """
 
-    def __init__(self, client: EtcdClient, lease_id: int, ttl_s: int) -> None:
+    def __init__(self, client: EtcdClient, lease_id: int, ttl_s: int,
+                 loop_stall_limit_s: float | None = None) -> None:
         self.client = client
         self.id = lease_id
         self.ttl_s = ttl_s
@@ -48,14 +55,18 @@ class ThreadedLease:
         self._stop = threading.Event()
         self._endpoints = [f"{host}:{port}" for host, port in client.endpoints]
         self._credentials = client.channel_credentials()
+        self.loop_stall_limit_s = (loop_stall_limit_s if loop_stall_limit_s is not None
+                                   else max(LOOP_STALL_LIMIT_MIN_S, 3.0 * ttl_s))
+        self._loop_seen = time.monotonic()  # written on the owner's loop, read by the thread
         self._thread = threading.Thread(target=self._keepalive, name=f"etcd-lease-{lease_id:x}", daemon=True)
         self._thread.start()
 
     @classmethod
-    async def grant(cls, client: EtcdClient, ttl_s: int) -> "ThreadedLease":
+    async def grant(cls, client: EtcdClient, ttl_s: int,
+                    loop_stall_limit_s: float | None = None) -> "ThreadedLease":
         """A new lease of ttl_s seconds (etcd may raise it to its minimum) with its keepalive thread running."""
         lease_id, ttl = await client.grant_lease_id(ttl_s)
-        return cls(client, lease_id, ttl)
+        return cls(client, lease_id, ttl, loop_stall_limit_s)
 
     @property
     def alive(self) -> bool:
@@ -108,6 +119,16 @@ class ThreadedLease:
         channel: grpc.Channel | None = None
         try:
             while not self._stop.wait(interval_s):
+                stalled_s = time.monotonic() - self._loop_seen
+                if stalled_s > self.loop_stall_limit_s:
+                    # Wedged, not busy: stop vouching for it (etcd expires the lease within its TTL).
+                    self._report(LeaseLost(f"lease {self.id:x} no longer refreshed: the owner's event loop has "
+                                           f"run nothing for {stalled_s:.1f} s (limit {self.loop_stall_limit_s:.0f} s)"))
+                    return
+                try:
+                    self._loop.call_soon_threadsafe(self._seen)  # the loop answers when it runs at all
+                except RuntimeError:  # the owner's loop is closed
+                    return
                 if channel is None:
                     channel = self._channel(index)
                 try:
@@ -133,6 +154,9 @@ class ThreadedLease:
         finally:
             if channel is not None:
                 channel.close()
+
+    def _seen(self) -> None:
+        self._loop_seen = time.monotonic()
 
     def _report(self, reason: LeaseLost) -> None:
         """From the keepalive thread: resolve the loss on the owner's loop."""

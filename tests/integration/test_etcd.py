@@ -217,3 +217,31 @@ def test_start_etcd_retries_a_port_taken_after_it_was_picked(tmp_path, monkeypat
                 assert "address already in use" in f.read()
         finally:
             local_cluster.stop_process(proc)
+
+
+async def test_lease_refresh_on_a_channel_closed_by_failover_is_unavailable(etcd: Process) -> None:
+    """A keepalive in flight when another call's failure moves the client on (closing the channel under it)
+    is a transport failure, EtcdUnavailable, which the keepalive loops retry on the next endpoint. grpc.aio
+    reports it as a local cancellation (asyncio.CancelledError), which silently ended the coordinator's lease
+    clock (LeaseFence.clock_loop): after an etcd-kill in the TLS chaos schedule its fence was never extended
+    again and every __transaction_state write was refused for the rest of the run."""
+    import socket
+
+    hole = socket.socket()  # accepts TCP and never answers: a keepalive sent there stays in flight
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        async with EtcdClient([f"127.0.0.1:{hole.getsockname()[1]}", etcd.grpc], cluster="t") as c:
+            refresh = asyncio.create_task(c.refresh_lease(0x1234, timeout_s=30))
+            await asyncio.sleep(0.3)
+            assert not refresh.done()
+            # What a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED does (EtcdClient._translate).
+            await c._rotate(c._client)
+            with pytest.raises(EtcdUnavailable, match="failover"):
+                await asyncio.wait_for(refresh, 5)
+            assert c.endpoint == etcd.grpc
+            lease = await c.grant_lease(5)  # the next endpoint answers keepalives
+            assert await c.refresh_lease(lease.id) > 0
+            await lease.revoke()
+    finally:
+        hole.close()

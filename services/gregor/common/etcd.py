@@ -565,6 +565,13 @@ class EtcdClient:
                 return int(reply.TTL)
         except grpc.aio.AioRpcError as exc:
             raise await self._translate(f"lease keepalive {lease_id:x}", exc, client) from exc
+        except asyncio.CancelledError:
+            # Another call failed and _rotate closed this channel under the keepalive (as in _call_with_failover):
+            # a transport failure the caller retries on the next endpoint, not a cancellation of its task.
+            if not self._closed_by_failover(client):
+                raise
+            raise EtcdUnavailable(f"etcd lease keepalive {lease_id:x}: channel closed by endpoint failover "
+                                  f"while the keepalive was in flight") from None
         finally:
             call.cancel()
         raise EtcdUnavailable(f"etcd lease keepalive {lease_id:x} at {self.endpoint}: stream ended without reply")

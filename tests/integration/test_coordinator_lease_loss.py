@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from gregor.cli.local_cluster import LocalCluster, Process, start_coordinator
-from gregor.client import AdminClient, Producer
+from gregor.client import AdminClient, Consumer, Producer
 from gregor.client.admin import NewTopic
 from gregor.common.etcd import EtcdClient
 from gregor.common.etcd_layout import CoordinatorsZNode
@@ -109,9 +109,32 @@ async def lose_the_lease_and_recover(cluster: LocalCluster, *, revoke: bool = Fa
             new = await all_claimed_on_one_lease()
             assert new is not None
             await asyncio.wait_for(transaction(producer, b"after"), 60)
+            await a_group_joins_and_commits(cluster.bootstrap)
         finally:
             await producer.close()
     return old, new
+
+
+async def a_group_joins_and_commits(bootstrap: str) -> None:
+    """The group coordinator side of the same instance serves again: a consumer joins, reads both committed
+    transactions read_committed and commits its offsets."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ll-group", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "fetch.max.wait.ms": 100})
+    try:
+        consumer.subscribe(["ll-out"])
+        seen: list[bytes] = []
+
+        async def read_both() -> bool:
+            seen.extend(r.value for r in await consumer.poll(200) if r.value is not None)
+            return sorted(seen) == [b"after", b"after", b"before", b"before"]
+
+        await until(read_both, 60, "the group member reads both transactions")
+        await asyncio.wait_for(consumer.commit_sync(), 30)
+        committed = await consumer.committed([("ll-out", 0), ("ll-out", 1)])
+        assert all(v is not None and v >= 3 for v in committed.values()), committed  # past "after" (offset 2)
+    finally:
+        await consumer.close()
 
 
 async def test_a_revoked_lease_is_replaced_and_the_shards_claimed_again(cluster: LocalCluster) -> None:

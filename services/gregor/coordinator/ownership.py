@@ -159,7 +159,7 @@ class LeaseFence:
                     self._registered = True
                     self._granted()
             except EtcdError as exc:
-                if not failing:  # once per outage; gregor_etcd_lease_keepalive_failures_total counts them all
+                if not failing:  # logged once per outage (the Lease keepalive counts its failures in a metric)
                     log.warning("lease clock: %s; writes stop %d ms before the lease can expire (%d ms left)",
                                 exc, self.write_timeout_ms + self.fence_margin_ms, self.remaining_ms())
                 failing = True

@@ -94,6 +94,7 @@ class LeaseFence:
         self._lost: tuple[str, str] | None = None  # (metric reason, log text) of a loss not yet repaired
         self._declared = False  # the loss's on_lost hooks ran
         self._wake = asyncio.Event()
+        self._revoking: set[asyncio.Task[None]] = set()
 
     async def grant(self, register: Callable[[int], Awaitable[None]] | None = None) -> None:
         """Grant the first lease and register on it: register(lease id) writes the instance's registration
@@ -202,7 +203,11 @@ class LeaseFence:
                 self._registered = True
             except EtcdError as exc:
                 log.warning("registering on the new lease %x failed, retrying: %s", new.id, exc)
-        await old.revoke()  # its claims (if it still lived) go now instead of at its expiry; not found is fine
+        # Its claims (if it still lived) go now instead of at its expiry ("not found" is fine, a failure is
+        # logged); in the background, so a slow etcd does not hold up the new lease's clock.
+        revoking = asyncio.get_running_loop().create_task(old.revoke(), name=f"revoke-lease-{old.id:x}")
+        self._revoking.add(revoking)
+        revoking.add_done_callback(self._revoking.discard)
         log.warning("coordinator lease %x replaces lost lease %x (%s); claiming the shards again on it",
                     new.id, old.id, reason)
         if self._registered:

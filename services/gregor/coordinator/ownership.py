@@ -254,6 +254,7 @@ class ShardOwnership:
         self.closing = False
         self._inflight: dict[int, int] = {}  # partition -> writes admitted and not yet finished
         self._reconcile_needed = asyncio.Event()
+        self._loads: dict[int, object] = {}  # partition -> the load of its latest claim
         fence.on_lost.append(self.lease_lost)
         fence.on_granted.append(self._reconcile_needed.set)
 
@@ -346,11 +347,17 @@ class ShardOwnership:
             revision = claim.create_revision
         self.epochs[p] = revision & 0x7FFFFFFF
         self.loading.add(p)
-        task = asyncio.get_running_loop().create_task(self._run_load(p), name=f"load-{self.topic}-{p}")
+        load = self._loads[p] = object()  # this claim's load: an earlier one still running must not install
+        task = asyncio.get_running_loop().create_task(self._run_load(p, load), name=f"load-{self.topic}-{p}")
         task.add_done_callback(self._on_task_done)
 
-    async def _run_load(self, p: int) -> None:
-        if await self._load(p, lambda: p in self.loading) and p in self.loading:
+    async def _run_load(self, p: int, load: object) -> None:
+        def current() -> bool:
+            # Still loading for this claim: not released, and not superseded by a later claim of p (a lease
+            # lost and p claimed again while this replay was still running: it may predate a successor's writes).
+            return p in self.loading and self._loads.get(p) is load
+
+        if await self._load(p, current) and current():
             self.loading.discard(p)
             self.owned.add(p)
             self._on_change()

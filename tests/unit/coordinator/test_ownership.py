@@ -173,3 +173,42 @@ async def test_a_claim_created_while_the_lease_is_declared_lost_is_not_served() 
     created.clear()
     await own._acquire(1)
     assert not created.is_set()
+
+
+async def test_a_replay_started_before_the_lease_was_lost_does_not_install_after_the_shard_is_claimed_again() -> None:
+    """The shard is claimed, its replay hangs (a slow partition), the lease is lost and the shard claimed again
+    on the new lease: when the first replay finally returns it must not make the shard served — its state may
+    predate a successor's writes; only the replay of the latest claim does."""
+    own, etcd, _ = shards(set())
+    own.fence.lease = type("L", (), {"id": 0x1})()  # type: ignore[assignment]
+    replays: list[asyncio.Event] = []
+    still: list[Any] = []
+
+    async def load(p: int, current: Any) -> bool:
+        done = asyncio.Event()
+        replays.append(done)
+        still.append(current)
+        await done.wait()
+        return bool(current())
+
+    async def create_if_absent(key: bytes, value: bytes, lease: int = 0) -> Any:
+        return type("R", (), {"revision": 7, "__bool__": lambda self: True})()
+
+    own._load = load  # type: ignore[method-assign]
+    etcd.create_if_absent = create_if_absent  # type: ignore[attr-defined]
+    await own._acquire(0)
+    await asyncio.sleep(0)
+    assert own.loading == {0} and len(replays) == 1
+    await own.lease_lost()
+    own.claims.pop(0)  # the old lease's claim is gone (the watch's delete)
+    await own._acquire(0)  # claimed again on the new lease
+    await asyncio.sleep(0)
+    assert len(replays) == 2 and not still[0]() and still[1]()
+    replays[0].set()  # the first replay returns late
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert 0 not in own.owned and own.loading == {0}
+    replays[1].set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert own.owned == {0} and not own.loading

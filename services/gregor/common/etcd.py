@@ -619,8 +619,16 @@ class EtcdClient:
             raise EtcdUnavailable(f"etcd watch at {self.endpoint}: {exc}") from exc
         call = rpc.WatchStub(client.channel).Watch(metadata=client.metadata)
         try:
-            await call.write(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            create = call.write(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
                 key=key, range_end=range_end, start_revision=start_revision)))
+            try:
+                # Bounded: a stream still starting when failover closes its channel (its member unreachable)
+                # is not ended by the close and would wait for good, the watch silent from then on.
+                await asyncio.wait_for(create, self.request_timeout_s)
+            except asyncio.TimeoutError:
+                await self._rotate(client)
+                raise EtcdUnavailable(f"etcd watch {key!r} at {self.endpoint}: not created within "
+                                      f"{self.request_timeout_s} s") from None
             while True:
                 resp = await call.read()
                 if resp is grpc.aio.EOF:

@@ -72,7 +72,8 @@ async def group_owned_by(s: Any, owner: int, prefix: str) -> str:
 
 async def test_coordinator_paused_past_its_lease_cannot_commit(tmp_path: Any) -> None:
     """SIGSTOP the owner past its lease: the survivor takes over; the resumed owner's OffsetCommit
-    fails with NOT_COORDINATOR and __consumer_offsets holds no write from it after the takeover."""
+    fails with NOT_COORDINATOR and __consumer_offsets holds no write from it after the takeover; the
+    resumed owner then comes back on a new lease and serves the group with the successor's commit."""
     c = up(str(tmp_path / "fence"), coordinators=2)
     try:
         addrs = {p.id: p.grpc for p in c.by_role("coordinator")}
@@ -106,7 +107,17 @@ async def test_coordinator_paused_past_its_lease_cannot_commit(tmp_path: Any) ->
             assert ei.value.code == errors.Code.NOT_COORDINATOR, ei.value
             await asyncio.sleep(1.0)  # give any stray write from the stale owner time to land
             assert committed_values(await read_log(c.bootstrap, p), group) == [10, 20]
-            assert await fetch_offsets(s1, group) == {("t", 0): 20}
+            # The resumed owner replaced its lost lease, registered again and, as the group's desired owner,
+            # claimed its partition back once the successor released it (ownership.py LeaseFence): whoever
+            # serves the group now loaded it from the log, successor's commit included.
+            stubs = {0: s0, 1: s1}
+
+            async def served_offsets() -> dict[tuple[str, int], int]:
+                owner = await call(s1.FindCoordinator(pb.FindCoordinatorRequest(group_id=group), timeout=10))
+                return await fetch_offsets(stubs[owner.coordinator_id], group)
+
+            assert await retrying(served_offsets, timeout_s=30) == {("t", 0): 20}
+            assert committed_values(await read_log(c.bootstrap, p), group) == [10, 20]
     finally:
         tear_down(c)
 

@@ -217,3 +217,63 @@ def test_start_etcd_retries_a_port_taken_after_it_was_picked(tmp_path, monkeypat
                 assert "address already in use" in f.read()
         finally:
             local_cluster.stop_process(proc)
+
+
+async def test_lease_refresh_on_a_channel_closed_by_failover_is_unavailable(etcd: Process) -> None:
+    """A keepalive in flight when another call's failure moves the client on (closing the channel under it)
+    is a transport failure, EtcdUnavailable, which the keepalive loops retry on the next endpoint. grpc.aio
+    reports it as a local cancellation (asyncio.CancelledError), which silently ended the coordinator's lease
+    clock (LeaseFence.clock_loop): after an etcd-kill in the TLS chaos schedule its fence was never extended
+    again and every __transaction_state write was refused for the rest of the run."""
+    import socket
+
+    hole = socket.socket()  # accepts TCP and never answers: a keepalive sent there stays in flight
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        async with EtcdClient([f"127.0.0.1:{hole.getsockname()[1]}", etcd.grpc], cluster="t") as c:
+            refresh = asyncio.create_task(c.refresh_lease(0x1234, timeout_s=30))
+            await asyncio.sleep(0.3)
+            assert not refresh.done()
+            # What a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED does (EtcdClient._translate).
+            await c._rotate(c._client)
+            with pytest.raises(EtcdUnavailable, match="failover"):
+                await asyncio.wait_for(refresh, 5)
+            assert c.endpoint == etcd.grpc
+            lease = await c.grant_lease(5)  # the next endpoint answers keepalives
+            assert await c.refresh_lease(lease.id) > 0
+            await lease.revoke()
+    finally:
+        hole.close()
+
+
+async def test_a_watch_started_on_an_unreachable_member_moves_on(etcd: Process) -> None:
+    """A watch (re-)created while its member does not answer (isolated, or its etcd process killed mid-failover)
+    waited for good for its stream to start, and closing that channel in failover did not end the wait: the
+    watch stayed silent. In the 10-minute chaos run both coordinators' ownership watches went silent so after
+    a run of etcd faults, and neither claimed its shards again for the rest of the run. The stream's creation
+    is bounded by the request timeout; the watch then goes on on the next endpoint from its revision."""
+    import socket
+
+    hole = socket.socket()  # accepts TCP and never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        async with EtcdClient([etcd.grpc], cluster="t") as d:
+            rev = await d.put(d.key("w", 0), b"0")
+        async with EtcdClient([f"127.0.0.1:{hole.getsockname()[1]}", etcd.grpc], cluster="t",
+                              request_timeout_s=1.0) as c:
+            got: asyncio.Queue[WatchEvent] = asyncio.Queue()
+
+            async def collect() -> None:
+                async for ev in c.watch_prefix(c.key("w"), rev + 1):
+                    await got.put(ev)
+
+            task = asyncio.create_task(collect())
+            await asyncio.sleep(0.3)
+            await c._rotate(c._client)  # another call's failure moves the client on, closing the channel
+            await c.put(c.key("w", 1), b"1")
+            assert (await asyncio.wait_for(got.get(), 10)).value == b"1"
+            task.cancel()
+    finally:
+        hole.close()

@@ -32,6 +32,9 @@ The anomalies, each by name (every one has a unit test in test_checker.py that p
                          `controller` key overwritten while a controller held it.
   controller_epoch_backwards   controller_epoch lower at a later etcd revision.
 
+Unavailability (not an anomaly, reported beside the verdict): per fault, the seconds until acks=all produce
+succeeded again on the partitions it affected, and until every transactional client committed again.
+
 Unknown outcomes (timeouts) are neither required nor forbidden: an unknown send may be read or not,
 an unknown transaction may be visible or not, but never in part. Failed polls return nothing.
 """
@@ -420,33 +423,79 @@ def check_controllers(ops: list[Op], out: Anomalies) -> None:
 
 def unavailability(ops: list[Op]) -> dict[str, Any]:
     """Per fault: seconds from its start until an acks=all send invoked after the start succeeds on every
-    affected partition (the slowest of them); per fault kind: the distribution of those."""
+    affected partition (the slowest of them); and until every transactional client (txn-0, gwtxn-0, ...:
+    the process name before its generation suffix) has a transaction invoked after the start committed,
+    which shows a transaction coordinator that cannot complete transactions although produce works.
+    Per fault kind: the distribution of each (None per fault, counted as never recovered, when the
+    history ends first)."""
     sends_by_tp: dict[str, list[Op]] = defaultdict(list)
+    commits_by_client: dict[str, list[Op]] = defaultdict(list)
+    txn_clients: set[str] = set()
     for op in ops:
         if op.op == "send" and op.ok and op.complete is not None:
             sends_by_tp[op.tp].append(op)
-    for lst in sends_by_tp.values():
-        lst.sort(key=lambda o: o.invoke)
+        elif op.op == "txn":
+            client = op.process.split(".", 1)[0]
+            txn_clients.add(client)
+            if op.ok and op.complete is not None:
+                commits_by_client[client].append(op)
     faults: list[dict[str, Any]] = []
     for op in sorted((o for o in ops if o.op == "nemesis" and o.get("phase") == "start"), key=lambda o: o.invoke):
         t0 = op.invoke
-        tps = op.get("partitions") or sorted(sends_by_tp)
-        worst: float | None = 0.0
-        for tp in tps:
-            after = [s.complete for s in sends_by_tp.get(tp, []) if s.invoke >= t0 and s.complete is not None]
-            if not after:
-                worst = None
-                break
-            gap = min(after) - t0
-            worst = gap if worst is None else max(worst, gap)
-        faults.append({"fault": op.get("fault"), "start": t0, "targets": op.get("targets"),
-                       "unavailable_s": None if worst is None else round(worst, 3)})
+        produce = _recovery(t0, sends_by_tp, op.get("partitions") or sorted(sends_by_tp))
+        fault = {"fault": op.get("fault"), "start": t0, "targets": op.get("targets"), "unavailable_s": produce}
+        if txn_clients:
+            fault["txn_unavailable_s"] = _recovery(t0, commits_by_client, sorted(txn_clients))
+        faults.append(fault)
+    return {"per_fault": faults, "per_kind": _per_kind(faults, "unavailable_s"),
+            "txn_per_kind": _per_kind(faults, "txn_unavailable_s") if txn_clients else {},
+            "txn_longest_gap": _longest_txn_gap(ops, commits_by_client, txn_clients)}
+
+
+def _longest_txn_gap(ops: list[Op], commits_by_client: dict[str, list[Op]],
+                     clients: set[str]) -> dict[str, Any] | None:
+    """The longest time one transactional client went without a commit (from its previous commit, or its
+    first transaction, to the next commit or the end of the workload), and the last fault begun before it:
+    a coordinator stuck after a fault shows here even where a commit slipped through just after the fault."""
+    workload = [o.complete for o in ops if o.op in ("send", "txn") and o.complete is not None]
+    if not clients or not workload:
+        return None
+    end = max(workload)
+    starts = sorted((o.invoke, str(o.get("fault"))) for o in ops if o.op == "nemesis" and o.get("phase") == "start")
+    best: dict[str, Any] | None = None
+    for client in sorted(clients):
+        first = min(o.invoke for o in ops if o.op == "txn" and o.process.split(".", 1)[0] == client)
+        marks = [first, *sorted(o.complete for o in commits_by_client.get(client, []) if o.complete is not None), end]
+        for i, (a, b) in enumerate(zip(marks, marks[1:])):
+            if best is None or b - a > best["seconds"]:
+                before = [f for f in starts if f[0] <= a]
+                best = {"client": client, "from": a, "to": b, "seconds": round(b - a, 3),
+                        "ends_with_history": i == len(marks) - 2,
+                        "last_fault_before": None if not before else
+                        {"fault": before[-1][1], "start": before[-1][0], "seconds_before": round(a - before[-1][0], 3)}}
+    return best
+
+
+def _recovery(t0: float, done_by_key: dict[str, list[Op]], keys: Iterable[str]) -> float | None:
+    """The slowest of `keys` to see an operation invoked at or after t0 complete: its completion - t0; None
+    if one of them never did."""
+    worst = 0.0
+    for key in keys:
+        after = [o.complete for o in done_by_key.get(key, []) if o.invoke >= t0 and o.complete is not None]
+        if not after:
+            return None
+        worst = max(worst, min(after) - t0)
+    return round(worst, 3)
+
+
+def _per_kind(faults: list[dict[str, Any]], field_name: str) -> dict[str, dict[str, Any]]:
     kinds: dict[str, dict[str, Any]] = {}
     for kind in sorted({str(f["fault"]) for f in faults}):
-        values = sorted(f["unavailable_s"] for f in faults if f["fault"] == kind and f["unavailable_s"] is not None)
-        never = sum(1 for f in faults if f["fault"] == kind and f["unavailable_s"] is None)
+        of_kind = [f[field_name] for f in faults if f["fault"] == kind]
+        values = sorted(v for v in of_kind if v is not None)
+        never = sum(1 for v in of_kind if v is None)
         kinds[kind] = {"count": len(values) + never, "never_recovered": never, **_distribution(values)}
-    return {"per_fault": faults, "per_kind": kinds}
+    return kinds
 
 
 def _distribution(values: list[float]) -> dict[str, float | None]:
@@ -523,9 +572,16 @@ def summary(verdict: dict[str, Any]) -> str:
         lines.append("anomalies: " + ", ".join(f"{k} {v}" for k, v in verdict["anomaly_counts"].items()))
     else:
         lines.append("anomalies: none")
-    for kind, d in verdict["unavailability"]["per_kind"].items():
-        lines.append(f"unavailability {kind}: n={d['count']} min={d['min']} p50={d['p50']} p90={d['p90']} "
-                     f"max={d['max']} never_recovered={d['never_recovered']}")
+    for what, key in (("unavailability", "per_kind"), ("txn unavailability", "txn_per_kind")):
+        for kind, d in verdict["unavailability"].get(key, {}).items():
+            lines.append(f"{what} {kind}: n={d['count']} min={d['min']} p50={d['p50']} p90={d['p90']} "
+                         f"max={d['max']} never_recovered={d['never_recovered']}")
+    gap = verdict["unavailability"].get("txn_longest_gap")
+    if gap is not None:
+        fault = gap["last_fault_before"]
+        lines.append(f"longest time without a committed transaction: {gap['seconds']} s ({gap['client']}"
+                     + ("" if fault is None else f"; {fault['seconds_before']} s after {fault['fault']} began")
+                     + ("; until the workload ended" if gap["ends_with_history"] else "") + ")")
     lines.extend(f"warning: {w}" for w in verdict["warnings"])
     return "\n".join(lines)
 

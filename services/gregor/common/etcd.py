@@ -578,6 +578,13 @@ class EtcdClient:
                 return int(reply.TTL)
         except grpc.aio.AioRpcError as exc:
             raise await self._translate(f"lease keepalive {lease_id:x}", exc, client) from exc
+        except asyncio.CancelledError:
+            # Another call failed and _rotate closed this channel under the keepalive (as in _call_with_failover):
+            # a transport failure the caller retries on the next endpoint, not a cancellation of its task.
+            if not self._closed_by_failover(client):
+                raise
+            raise EtcdUnavailable(f"etcd lease keepalive {lease_id:x}: channel closed by endpoint failover "
+                                  f"while the keepalive was in flight") from None
         finally:
             call.cancel()
         raise EtcdUnavailable(f"etcd lease keepalive {lease_id:x} at {self.endpoint}: stream ended without reply")
@@ -625,8 +632,16 @@ class EtcdClient:
             raise EtcdUnavailable(f"etcd watch at {self.endpoint}: {exc}") from exc
         call = rpc.WatchStub(client.channel).Watch(metadata=client.metadata)
         try:
-            await call.write(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
+            create = call.write(rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
                 key=key, range_end=range_end, start_revision=start_revision)))
+            try:
+                # Bounded: a stream still starting when failover closes its channel (its member unreachable)
+                # is not ended by the close and would wait for good, the watch silent from then on.
+                await asyncio.wait_for(create, self.request_timeout_s)
+            except asyncio.TimeoutError:
+                await self._rotate(client)
+                raise EtcdUnavailable(f"etcd watch {key!r} at {self.endpoint}: not created within "
+                                      f"{self.request_timeout_s} s") from None
             while True:
                 resp = await call.read()
                 if resp is grpc.aio.EOF:

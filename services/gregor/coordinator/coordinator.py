@@ -82,6 +82,7 @@ class GroupCoordinator:
         self._topic_cleanups: set[asyncio.Task[None]] = set()  # offsets of deleted topics being tombstoned
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.stopping = False  # stop() began (the transaction coordinator's stop sets it first)
         self._producer: Producer | None = None
         self._last_expiry_check_ms = monotonic_ms()
         # W leaves room for the keepalive cadence (TTL/4) and round trip: W + margin = half the TTL.
@@ -152,14 +153,15 @@ class GroupCoordinator:
         self.loader.consumer = Consumer({"bootstrap.servers": self.bootstrap, "enable.auto.commit": False,
                                          "auto.offset.reset": "earliest",
                                          "client.id": f"coordinator-{self.id}-loader"})
-        await self.fence.grant(self._fail)
-        await self.etcd.put(CoordinatorsZNode.id_key(self.etcd, self.id),
-                            CoordinatorsZNode.encode_info(self.id, self.host, self.port),
-                            lease=self.fence.lease_id)
+        await self.fence.grant(self._register)  # a lost lease is replaced and registered again (LeaseFence)
         self.offsets.set_num_partitions(self.num_partitions)
         for coro, name in (*self.offsets.tasks(), (self._watch_topics(), "watch-topics"),
                            (self._tick_loop(), "tick"), (self.fence.clock_loop(), "lease-clock")):
             self.spawn(coro, f"coordinator-{name}")
+
+    async def _register(self, lease_id: int) -> None:
+        await self.etcd.put(CoordinatorsZNode.id_key(self.etcd, self.id),
+                            CoordinatorsZNode.encode_info(self.id, self.host, self.port), lease=lease_id)
 
     def spawn(self, coro: Any, name: str) -> None:
         """Run a background task whose death stops the process."""
@@ -171,6 +173,7 @@ class GroupCoordinator:
         """Stop writing, let in-flight writes finish, then revoke the lease (claims vanish, survivors
         take over at once, finding every acknowledged write in the log), then close the clients."""
         COMMITTED_OFFSETS.managers.pop(id(self), None)
+        self.stopping = True
         self.offsets.closing = True
         for t in self._tasks:
             t.cancel()
@@ -190,8 +193,12 @@ class GroupCoordinator:
 
     def on_task_done(self, task: asyncio.Task[Any]) -> None:
         """Done-callback of every background task of the process (the transaction coordinator's too):
-        a task that died stops the process."""
+        a task that died stops the process, as does one cancelled other than by stop() (the lease clock once
+        ended so, silently, and the process served on fenced for good)."""
         if task.cancelled():
+            if not self.stopping:
+                log.error("coordinator task %s was cancelled while the coordinator runs", task.get_name())
+                self._fail(RuntimeError(f"coordinator task {task.get_name()} was cancelled"))
             return
         exc = task.exception()
         if exc is not None:

@@ -111,6 +111,7 @@ class TransactionCoordinator:
     async def stop(self) -> None:
         """Stop admitting writes, cancel the background work, drain the writes in flight to every
         shard (the group coordinator's stop revokes the lease next: the claims go with it)."""
+        self.gc.stopping = True  # the cancellations below are no task's death
         self.shards.closing = True
         for t in [*self._tasks, *self._completing.values()]:
             t.cancel()

@@ -322,6 +322,70 @@ def test_unavailability_per_fault_and_per_kind() -> None:
     assert u["per_kind"]["partition"]["never_recovered"] == 1
 
 
+def test_transactional_unavailability_shows_a_stuck_transaction_coordinator() -> None:
+    """Produce recovers at once, but the transaction coordinator cannot complete transactions for a minute
+    (its lease clock stopped after an etcd member was killed: the TLS chaos schedule's etcd-kill, seed 7):
+    the per-fault and per-kind transactional unavailability show it, and a stuck one as never recovered."""
+    h = H()
+    h.txn("txn-0/1", [("x1", ("t", 1), 0)], process="txn-0")
+    h.txn("gw/1", [("g1", ("t", 1), 1)], process="gwtxn-0")
+    h.add("nemesis", "nemesis", invoke=10.0, complete=10.2, fault="etcd-kill", phase="start", targets=["etcd-0"],
+          partitions=None)
+    h.send("a", 0, invoke=10.1, complete=10.3)
+    h.add("txn", "txn-0", "unknown", invoke=10.5, complete=20.5, txn_id="txn-0/2", error="NotCoordinatorError",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "x2", "offset": None}])
+    # The client rebuilt under a new generation name is the same transactional client.
+    h.add("txn", "txn-0.1", "ok", invoke=21.0, complete=78.0, txn_id="txn-0.1/1",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "x3", "offset": 2}])
+    h.add("txn", "gwtxn-0.2", "ok", invoke=11.0, complete=11.4, txn_id="gw/2",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "g2", "offset": 3}])
+    # A later fault after which one client never commits again before the history ends.
+    h.add("nemesis", "nemesis", invoke=80.0, complete=80.2, fault="etcd-kill", phase="start", targets=["etcd-1"],
+          partitions=None)
+    h.send("b", 1, invoke=80.1, complete=80.4)
+    h.add("txn", "gwtxn-0.2", "ok", invoke=80.5, complete=80.9, txn_id="gw/3",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "g3", "offset": 4}])
+    u = h.verdict()["unavailability"]
+    assert [f["unavailable_s"] for f in u["per_fault"]] == [0.3, 0.4]  # produce was fine
+    assert [f["txn_unavailable_s"] for f in u["per_fault"]] == [68.0, None]
+    kind = u["txn_per_kind"]["etcd-kill"]
+    assert kind["count"] == 2 and kind["max"] == 68.0 and kind["never_recovered"] == 1
+    text = summary(h.verdict())
+    assert "txn unavailability etcd-kill: n=2 min=68.0 p50=68.0 p90=68.0 max=68.0 never_recovered=1" in text
+
+
+def test_longest_time_without_a_commit_names_the_fault_before_it() -> None:
+    """One transaction slips through just after the fault, then the coordinator is stuck until the workload
+    ends (the TLS chaos run's etcd-kill): the fault's own transactional unavailability is short, the longest
+    time without a commit shows the stall and the fault it followed."""
+    h = H()
+    h.txn("txn-0/1", [("x1", ("t", 1), 0)], process="txn-0")
+    h.add("nemesis", "nemesis", invoke=10.0, complete=10.2, fault="etcd-kill", phase="start", targets=["etcd-0"],
+          partitions=None)
+    h.add("txn", "txn-0", "ok", invoke=10.1, complete=10.6, txn_id="txn-0/2",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "x2", "offset": 1}])
+    h.add("txn", "txn-0", "unknown", invoke=10.7, complete=20.7, txn_id="txn-0/3", error="NotCoordinatorError",
+          sends=[{"topic": "t", "partition": 1, "key": None, "value": "x3", "offset": None}])
+    h.send("a", 0, invoke=79.0, complete=80.0)  # the workload's last operation
+    v = h.verdict()
+    assert v["unavailability"]["per_fault"][0]["txn_unavailable_s"] == 0.6
+    gap = v["unavailability"]["txn_longest_gap"]
+    assert (gap["client"], gap["seconds"], gap["ends_with_history"]) == ("txn-0", 69.4, True)
+    assert gap["last_fault_before"] == {"fault": "etcd-kill", "start": 10.0, "seconds_before": 0.6}
+    assert ("longest time without a committed transaction: 69.4 s (txn-0; 0.6 s after etcd-kill began; "
+            "until the workload ended)") in summary(v)
+
+
+def test_no_transactional_clients_no_transactional_unavailability() -> None:
+    h = H()
+    h.add("nemesis", "nemesis", invoke=10.0, complete=10.0, fault="kill", phase="start", targets=["b"],
+          partitions=["t/0"])
+    h.send("a", 0, invoke=10.5, complete=11.0)
+    u = h.verdict()["unavailability"]
+    assert "txn_unavailable_s" not in u["per_fault"][0] and u["txn_per_kind"] == {} and u["txn_longest_gap"] is None
+    assert "txn unavailability" not in summary(h.verdict())
+
+
 @pytest.mark.parametrize("line, message", [
     ("not json", "not JSON"),
     ('{"process": "p", "op": "send", "invoke": 1, "outcome": "ok"}', "lacks topic"),

@@ -72,6 +72,7 @@ class ProduceStream:
         for future in pending.values():
             if not future.done():
                 future.set_exception(err)
+                future.exception()  # retrieved: a sender that went away is not an "unhandled" error
 
     def close(self) -> None:
         self.fail(errors.error_for(errors.Code.NETWORK_EXCEPTION, "the producer closed its produce stream"))

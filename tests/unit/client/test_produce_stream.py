@@ -113,3 +113,29 @@ async def test_a_broker_at_a_new_address_gets_a_new_stream_and_the_old_one_fails
     assert len(streams) == 1 and not new.done()
     streams.close()
     assert len(streams) == 0 and new.done() and new.exception().code == errors.Code.NETWORK_EXCEPTION
+
+
+async def test_a_failed_stream_logs_no_unretrieved_future_for_a_request_nobody_awaits() -> None:
+    """A request whose sender went away (cancelled, e.g. a coordinator's write abandoned on shard unload) gets
+    the stream's error when the stream fails: collecting its future must not log asyncio's "Future exception
+    was never retrieved" (seen in coordinator logs); a sender still awaiting gets the error raised."""
+    import gc
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, Any]] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    try:
+        stub = FakeStub()
+        stream = ProduceStream(stub.ProduceStream)
+        abandoned, awaited = stream.send([]), stream.send([])
+        await asyncio.sleep(0)
+        stream.close()
+        with pytest.raises(errors.GregorError):
+            await awaited
+        assert abandoned.done()
+        del abandoned
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(old)
+    assert not [c for c in seen if "never retrieved" in str(c.get("message", ""))], seen

@@ -20,7 +20,7 @@ from tests.deploy.chart import (CHART, CI_VALUES, NAMESPACE, RELEASE, arg, compo
                                 render, template_args, workloads)
 
 GREGOR_ROLES = ("controller", "broker", "coordinator", "gateway")
-ETCD_ROLES = ("controller", "broker", "coordinator")  # the gateway reaches the cluster through the brokers
+ETCD_ROLES = ("controller", "broker", "coordinator", "gateway")  # the gateway: ACLs and quotas per caller
 
 
 def etcd_endpoints(members: int) -> list[str]:
@@ -270,7 +270,7 @@ def policy_rules(manifests: list[dict[str, Any]], role: str) -> dict[frozenset[i
 def test_network_policies_open_only_the_ports_each_role_needs() -> None:
     manifests = render("high-availability-values.yaml")
     assert policy_rules(manifests, "etcd") == {
-        frozenset({2379}): {"controller", "broker", "coordinator", "etcd"}, frozenset({2380}): {"etcd"},
+        frozenset({2379}): {"controller", "broker", "coordinator", "gateway", "etcd"}, frozenset({2380}): {"etcd"},
         frozenset({2381}): {"any"}}
     assert policy_rules(manifests, "controller") == {frozenset({9091}): {"broker"}, frozenset({9404}): {"any"}}
     assert policy_rules(manifests, "broker") == {

@@ -45,9 +45,10 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.bench_clients import KafkaSide as SingleBrokerKafkaSide  # noqa: E402
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
 from bench.curves_report import Metric, chart, side_by_side, spread  # noqa: E402
-from bench.kafka_dist import KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds  # noqa: E402
+from bench.kafka_dist import ensure_kafka, proc_cpu_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_GB = (1.0, 5.0, 10.0, 20.0)
@@ -237,31 +238,8 @@ class GregorSide:
         self.cluster.save()
 
 
-class KafkaSide:
-    name = "kafka"
-
-    def __init__(self, dist: KafkaDist, base: Path) -> None:
-        self.dist, self.base = dist, base
-        self.cluster: Optional[KafkaCluster] = None
-
-    def start(self) -> None:
-        self.cluster = KafkaCluster(self.dist, self.base / f"kafka-{time.monotonic_ns()}", brokers=1)
-        self.cluster.start()
-
-    def stop(self) -> None:
-        if self.cluster is not None:
-            self.cluster.stop()
-            shutil.rmtree(self.cluster.base_dir, ignore_errors=True)
-            self.cluster = None
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.cluster is not None
-        return self.cluster.bootstrap
-
-    def server_pids(self) -> list[int]:
-        assert self.cluster is not None
-        return self.cluster.pids
+class KafkaSide(SingleBrokerKafkaSide):
+    """bench_clients' one combined KRaft node, plus the kill and relaunch the recovery cells need."""
 
     def kill(self, sig: int) -> None:
         assert self.cluster is not None

@@ -240,13 +240,10 @@ def parse_endpoints(endpoints: str | Iterable[str]) -> list[tuple[str, int]]:
     return out
 
 
-class Lease:
-    """An etcd lease refreshed by a background keepalive task until revoked or lost.
-
-    Concurrency: runs on the event loop that granted it; one keepalive task refreshes
-    the lease every TTL/3. Its done-callback resolves `lost` (LeaseLost) and calls every
-    `on_lost` callback unless the lease was revoked by us, so no waiter hangs.
-    """
+class LeaseLoss:
+    """What every lease holder shares (`Lease` here, `lease_thread.ThreadedLease`): `lost` resolves once
+    with a LeaseLost, `on_lost` callbacks run once on a loss (not on the owner's revoke), `alive`.
+    Concurrency: the owner's event loop only."""
 
     def __init__(self, client: "EtcdClient", lease_id: int, ttl_s: int) -> None:
         self.client = client
@@ -255,8 +252,6 @@ class Lease:
         self.lost: asyncio.Future[LeaseLost] = asyncio.get_running_loop().create_future()
         self._revoked = False
         self._callbacks: list[Callable[[LeaseLost], None]] = []
-        self._task = asyncio.get_running_loop().create_task(self._keepalive(), name=f"etcd-lease-{lease_id:x}")
-        self._task.add_done_callback(self._on_task_done)
 
     @property
     def alive(self) -> bool:
@@ -268,6 +263,32 @@ class Lease:
             callback(self.lost.result())
         else:
             self._callbacks.append(callback)
+
+    def _report_loss(self, reason: LeaseLost) -> None:
+        """A loss (not a revoke): log it, resolve `lost` and run every callback, once."""
+        if self.lost.done():
+            return
+        log.warning("%s", reason)
+        self.lost.set_result(reason)
+        for callback in self._callbacks:
+            try:
+                callback(reason)
+            except Exception:  # One failing callback must not hide the loss from the others.
+                log.exception("lease-lost callback failed")
+
+
+class Lease(LeaseLoss):
+    """An etcd lease refreshed by a background keepalive task until revoked or lost.
+
+    Concurrency: runs on the event loop that granted it; one keepalive task refreshes
+    the lease every TTL/3. Its done-callback resolves `lost` (LeaseLost) and calls every
+    `on_lost` callback unless the lease was revoked by us, so no waiter hangs.
+    """
+
+    def __init__(self, client: "EtcdClient", lease_id: int, ttl_s: int) -> None:
+        super().__init__(client, lease_id, ttl_s)
+        self._task = asyncio.get_running_loop().create_task(self._keepalive(), name=f"etcd-lease-{lease_id:x}")
+        self._task.add_done_callback(self._on_task_done)
 
     async def revoke(self) -> None:
         """Stop refreshing and revoke: etcd deletes every key bound to the lease at once."""
@@ -309,14 +330,7 @@ class Lease:
             reason = LeaseLost(f"lease {self.id:x} keepalive died: {task.exception()!r}")
         else:
             reason = task.result()
-        log.warning("%s", reason)
-        if not self.lost.done():
-            self.lost.set_result(reason)
-        for callback in self._callbacks:
-            try:
-                callback(reason)
-            except Exception:  # One failing callback must not hide the loss from the others.
-                log.exception("lease-lost callback failed")
+        self._report_loss(reason)
 
 
 def _never_sent(exc: grpc.aio.AioRpcError) -> bool:

@@ -23,19 +23,18 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import grpc
 from aetcd import rpc
 
-from gregor.common.etcd import LEASE_KEEPALIVE_FAILURES, EtcdClient, EtcdError, LeaseLost
+from gregor.common.etcd import LEASE_KEEPALIVE_FAILURES, EtcdClient, EtcdError, LeaseLoss, LeaseLost
 
 log = logging.getLogger(__name__)
 
 LOOP_STALL_LIMIT_MIN_S = 30.0
 
 
-class ThreadedLease:
+class ThreadedLease(LeaseLoss):
     """An etcd lease refreshed from its own thread until revoked or lost.
 
     Concurrency: created and used on one event loop (the owner's); the keepalive thread touches
@@ -45,13 +44,8 @@ class ThreadedLease:
 
     def __init__(self, client: EtcdClient, lease_id: int, ttl_s: int,
                  loop_stall_limit_s: float | None = None) -> None:
-        self.client = client
-        self.id = lease_id
-        self.ttl_s = ttl_s
+        super().__init__(client, lease_id, ttl_s)
         self._loop = asyncio.get_running_loop()
-        self.lost: asyncio.Future[LeaseLost] = self._loop.create_future()
-        self._revoked = False
-        self._callbacks: list[Callable[[LeaseLost], None]] = []
         self._stop = threading.Event()
         self._endpoints = [f"{host}:{port}" for host, port in client.endpoints]
         self._credentials = client.channel_credentials()
@@ -67,17 +61,6 @@ class ThreadedLease:
         """A new lease of ttl_s seconds (etcd may raise it to its minimum) with its keepalive thread running."""
         lease_id, ttl = await client.grant_lease_id(ttl_s)
         return cls(client, lease_id, ttl, loop_stall_limit_s)
-
-    @property
-    def alive(self) -> bool:
-        return not self.lost.done() and not self._revoked
-
-    def on_lost(self, callback: Callable[[LeaseLost], None]) -> None:
-        """Call callback(LeaseLost) once if the lease is lost (not when we revoke it)."""
-        if self.lost.done():
-            callback(self.lost.result())
-        else:
-            self._callbacks.append(callback)
 
     async def revoke(self) -> None:
         """Stop refreshing and revoke: etcd deletes every key bound to the lease at once."""
@@ -166,12 +149,5 @@ class ThreadedLease:
             pass
 
     def _lose(self, reason: LeaseLost) -> None:
-        if self._revoked or self.lost.done():
-            return
-        log.warning("%s", reason)
-        self.lost.set_result(reason)
-        for callback in self._callbacks:
-            try:
-                callback(reason)
-            except Exception:  # One failing callback must not hide the loss from the others.
-                log.exception("lease-lost callback failed")
+        if not self._revoked:
+            self._report_loss(reason)

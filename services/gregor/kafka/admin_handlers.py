@@ -14,6 +14,7 @@ waits, as Kafka's DelayedDeleteRecords, until every live replica's log start off
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from gregor.common import authz as az, errors
@@ -87,7 +88,10 @@ class AdminApis:
         await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
             topic=topic, set=sets, delete=deletes, validate_only=validate_only))
 
-    async def incremental_alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+    async def _alter_each_topic(self, req: Any, mod: Any,
+                                alter: Callable[[str, Any], Awaitable[None]]) -> list[Any]:
+        """Both AlterConfigs APIs: alter(name, resource) per TOPIC resource, its error its own; other resource
+        types INVALID_REQUEST (a broker's settings are its server.properties)."""
         out = []
         for res in req.resources:
             rtype, name = int(res.resource_type), str(res.resource_name)
@@ -98,12 +102,17 @@ class AdminApis:
                     f"(a broker's settings are its server.properties)")
             else:
                 try:
-                    await self._alter_topic(name, res.configs, bool(req.validate_only))
+                    await alter(name, res)
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
             out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
                                    resource_type=rtype, resource_name=name))
-        return codec.build(mod.IncrementalAlterConfigsResponse, responses=out)
+        return out
+
+    async def incremental_alter_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        async def alter(name: str, res: Any) -> None:
+            await self._alter_topic(name, res.configs, bool(req.validate_only))
+        return codec.build(mod.IncrementalAlterConfigsResponse, responses=await self._alter_each_topic(req, mod, alter))
 
     # ---- AlterConfigs (the legacy, non-incremental one) -------------------------------------------------
 
@@ -112,25 +121,12 @@ class AdminApis:
         override back to its default (a null value counts as not given). One controller AlterConfigs per topic,
         so the replacement is atomic there; validate_only only checks. BROKER resources: INVALID_REQUEST, as for
         IncrementalAlterConfigs (a broker's settings are its server.properties)."""
-        out = []
-        for res in req.resources:
-            rtype, name = int(res.resource_type), str(res.resource_name)
-            code, message = NONE, None
-            if rtype != RESOURCE_TOPIC:
-                code, message = int(Code.INVALID_REQUEST), (
-                    f"resource type {rtype} ({name!r}) cannot be altered: only TOPIC configs are dynamic here "
-                    f"(a broker's settings are its server.properties)")
-            else:
-                given = {str(c.name): str(c.value) for c in res.configs if c.value is not None}
-                try:
-                    await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
-                        topic=name, set=given, delete=[k for k in TOPIC_CONFIGS if k not in given],
-                        validate_only=bool(req.validate_only)))
-                except errors.GregorError as err:
-                    code, message = int(err.code), err.message
-            out.append(codec.build(mod.AlterConfigsResourceResponse, error_code=code, error_message=message,
-                                   resource_type=rtype, resource_name=name))
-        return codec.build(mod.AlterConfigsResponse, responses=out)
+        async def replace(name: str, res: Any) -> None:
+            given = {str(c.name): str(c.value) for c in res.configs if c.value is not None}
+            await self.h.admin("AlterConfigs", controller_pb2.AlterConfigsRequest(
+                topic=name, set=given, delete=[k for k in TOPIC_CONFIGS if k not in given],
+                validate_only=bool(req.validate_only)))
+        return codec.build(mod.AlterConfigsResponse, responses=await self._alter_each_topic(req, mod, replace))
 
     # ---- ElectLeaders ------------------------------------------------------------------------------
 

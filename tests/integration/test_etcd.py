@@ -277,3 +277,71 @@ async def test_a_watch_started_on_an_unreachable_member_moves_on(etcd: Process) 
             task.cancel()
     finally:
         hole.close()
+
+
+class FreezingRelay:
+    """A TCP relay to one etcd member that can go silent: frozen, it keeps every connection open and passes
+    nothing either way (a partition that drops packets, or a stopped process, as the client sees it)."""
+
+    def __init__(self, target: str) -> None:
+        self.host, port = target.rsplit(":", 1)
+        self.port = int(port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            await self.flowing.wait()
+            writer.write(data)
+            await writer.drain()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_a_watch_on_a_member_gone_silent_moves_on(etcd: Process) -> None:
+    """A watch stream has no deadline: on a member that stops answering without closing the connection (packets
+    dropped by a partition, SIGSTOP), the stream waited for good and missed every later change. The client's
+    channel pings (HTTP/2 keepalive, as etcd's clientv3 does): an unanswered ping ends the channel's calls, the
+    watch goes on on the next endpoint from its revision and sees the change made meanwhile."""
+    relay = FreezingRelay(etcd.grpc)
+    silent = await relay.start()
+    try:
+        async with EtcdClient([etcd.grpc], cluster="t") as d:
+            rev = await d.put(d.key("s", 0), b"0")
+        async with EtcdClient([silent, etcd.grpc], cluster="t", keepalive_s=6.0, keepalive_timeout_s=2.0) as c:
+            got: asyncio.Queue[WatchEvent] = asyncio.Queue()
+
+            async def collect() -> None:
+                async for ev in c.watch_prefix(c.key("s"), rev + 1):
+                    await got.put(ev)
+
+            task = asyncio.create_task(collect())
+            async with EtcdClient([etcd.grpc], cluster="t") as d:
+                await d.put(d.key("s", 1), b"1")
+                assert (await asyncio.wait_for(got.get(), 10)).value == b"1"  # flowing through the relay
+                relay.flowing.clear()
+                await d.put(d.key("s", 2), b"2")
+            # Without pings this waits forever; with them: a ping unanswered for 2 s within 6 + 2 s, then the
+            # next member from the watch's revision.
+            assert (await asyncio.wait_for(got.get(), 30)).value == b"2"
+            task.cancel()
+    finally:
+        relay.flowing.set()
+        relay.close()

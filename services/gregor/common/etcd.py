@@ -373,6 +373,11 @@ class _TlsAetcdClient(aetcd.Client):  # type: ignore[misc]
         self._connected.set()
 
 
+# etcd's server refuses pings more often than --grpc-keepalive-min-time (5 s by default) with GOAWAY.
+KEEPALIVE_TIME_S = 10.0
+KEEPALIVE_TIMEOUT_S = 5.0
+
+
 class EtcdClient:
     """Gregor's etcd client: keys under /gregor/<cluster>/, leases, transactions and watches.
 
@@ -382,8 +387,25 @@ class EtcdClient:
     """
 
     def __init__(self, endpoints: str | Iterable[str], cluster: str = "gregor",
-                 request_timeout_s: float = REQUEST_TIMEOUT_S, security: tls.TlsConfig | None = None) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, security: tls.TlsConfig | None = None,
+                 keepalive_s: float = KEEPALIVE_TIME_S, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> None:
         self.endpoints = parse_endpoints(endpoints)
+        # HTTP/2 pings on the channel (etcd's clientv3 DialKeepAliveTime/DialKeepAliveTimeout): a member that
+        # went silent without closing the connection (a partition dropping packets, a frozen process) ends the
+        # channel's calls with UNAVAILABLE, so a watch stream moves on to the next member instead of waiting
+        # for events that never come. Unanswered requests have deadlines; an open watch stream has none.
+        self._options = {"grpc.keepalive_time_ms": int(keepalive_s * 1000),
+                         "grpc.keepalive_timeout_ms": int(keepalive_timeout_s * 1000),
+                         # An open watch sends no data: without these, gRPC holds pings back for minutes.
+                         "grpc.http2.max_pings_without_data": 0,
+                         "grpc.http2.min_time_between_pings_ms": int(keepalive_s * 1000),
+                         # gRPC sends no keepalive ping while a BDP (window-sizing) ping is unanswered, so on a
+                         # connection that went silent right after one (seen) the keepalive never fired. No BDP
+                         # probes, a fixed 16 MiB window instead (large range reads, e.g. 10,000 partitions).
+                         "grpc.http2.bdp_probe": 0,
+                         # gRPC 1.85 waits for a ping's ack this long (default a minute), not keepalive_timeout.
+                         "grpc.http2.ping_timeout_ms": int(keepalive_timeout_s * 1000),
+                         "grpc.http2.lookahead_bytes": 16 << 20}
         # https:// endpoints: TLS, presenting this process's certificate (security, else the process default).
         self._security = (tls.effective(security) if endpoints_use_tls(endpoints, security) else None)
         if self._security is not None and not self._security.truststore:
@@ -424,9 +446,10 @@ class EtcdClient:
     async def _connected(self) -> aetcd.Client:
         if self._client is None:
             host, port = self.endpoints[self._index]
-            client = (aetcd.Client(host=host, port=port, timeout=self.request_timeout_s) if self._security is None
+            client = (aetcd.Client(host=host, port=port, timeout=self.request_timeout_s, options=self._options)
+                      if self._security is None
                       else _TlsAetcdClient(host=host, port=port, timeout=self.request_timeout_s,
-                                           security=self._security))
+                                           options=self._options, security=self._security))
             await client.connect()
             self._client = client
         return self._client

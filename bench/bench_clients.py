@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
 from bench.curves_report import MemberTimeline, Metric, chart, percentile, rebalance_time, side_by_side  # noqa: E402
-from bench.kafka_dist import KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds  # noqa: E402
+from bench.kafka_dist import GROUP_SETTINGS, KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_COUNTS = (1, 10, 50, 100)
@@ -351,7 +351,7 @@ class GregorSide:
         from gregor.cli.local_cluster import LocalCluster
 
         self.cluster = LocalCluster.up(str(self.base / f"gregor-{time.monotonic_ns()}"), brokers=1, controllers=1,
-                                       coordinators=1)
+                                       coordinators=1, coordinator_overrides=dict(GROUP_SETTINGS))
 
     def stop(self) -> None:
         if self.cluster is not None:

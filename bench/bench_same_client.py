@@ -39,8 +39,8 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.common import RESULTS_DIR, run_tool, write_results  # noqa: E402
-from bench.kafka_dist import (CONSUMER_PERF, END_TO_END_LATENCY, PRODUCER_PERF, KafkaCluster, KafkaDist,  # noqa: E402
-                              ensure_kafka)
+from bench.kafka_dist import (CONSUMER_PERF, END_TO_END_LATENCY, GROUP_SETTINGS, PRODUCER_PERF,  # noqa: E402
+                              KafkaCluster, KafkaDist, ensure_kafka)
 from bench.vs_kafka_report import build_rows, format_table, parse_consume, parse_e2e, parse_produce  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ class Gregor:
         # A controller and a group coordinator even for one broker: Kafka's single node is its own controller
         # and group coordinator, and ConsumerPerformance consumes in a group.
         self.cluster = LocalCluster.up(str(self.base / f"gregor-{brokers}-{time.monotonic_ns()}"), brokers=brokers,
-                                       controllers=1, coordinators=1)
+                                       controllers=1, coordinators=1, coordinator_overrides=dict(GROUP_SETTINGS))
         return str(self.cluster.to_json()["kafka_bootstrap"])
 
     def stop(self) -> None:

@@ -39,6 +39,8 @@ API
 Defaults are Kafka's except what a loopback benchmark needs: ``-Xmx/-Xms`` = ``heap`` (Kafka's
 start script uses 1G), internal topics with RF min(3, brokers), ``group.initial.rebalance.delay.ms=0``
 (the default exists for restarts of whole groups, and only adds 3 s to each consumer run here).
+``GROUP_SETTINGS`` holds that setting for the Gregor side of every bench that runs groups on both systems
+(its group coordinator has Kafka's 3 s default too).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from typing import Optional
 
 from gregor.cli.local_cluster import free_port  # the same loopback port picker as Gregor's local clusters
 
+# Both systems start an empty group's first rebalance at once (see the module docstring).
+GROUP_SETTINGS = {"group.initial.rebalance.delay.ms": "0"}
 KAFKA_VERSION = "4.4.0"  # the release issue 15 compared against
 SCALA_BINARY = "2.13"
 LOG4J_VERSION = "2.24.3"  # log4j2 line Kafka 4.x ships with; any 2.24+ reads the config below
@@ -297,7 +301,7 @@ class KafkaCluster:
             "offsets.topic.replication.factor": internal_rf, "transaction.state.log.replication.factor": internal_rf,
             "transaction.state.log.min.isr": str(min(2, self.brokers)), "share.coordinator.state.topic.replication.factor": internal_rf,
             "share.coordinator.state.topic.min.isr": str(min(2, self.brokers)),
-            "group.initial.rebalance.delay.ms": "0", "num.partitions": "1",
+            **GROUP_SETTINGS, "num.partitions": "1",
         }
         if advertised:
             props["advertised.listeners"] = ",".join(advertised)

@@ -229,6 +229,9 @@ class BrokerConfig:
     allow_everyone_if_no_acl_found: bool = False
     ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules: certificate subject -> user name
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
+    # The properties the broker was started with (its STATIC_BROKER_CONFIG layer): dynamic broker configs
+    # (common/broker_configs.py) are resolved over them, and DescribeConfigs tells static from default.
+    static_properties: dict[str, str] = field(default_factory=dict)
     # security.protocol / ssl.*: TLS on the gRPC port, the data port, the Kafka listener and every channel
     # the broker opens (gregor.common.tls, docs/security.md).
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -281,6 +284,7 @@ class BrokerConfig:
                     topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(millis)
                     break
         cfg.topic_defaults = {**cfg.topic_defaults, **topic_defaults}
+        cfg.static_properties = {**cfg.static_properties, **{str(k): str(v) for k, v in props.items()}}
         return cfg
 
 

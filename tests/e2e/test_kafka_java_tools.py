@@ -345,6 +345,10 @@ def test_kafka_configs_alters_and_describes_dynamic_broker_configs(kafka: KafkaD
             ("log.retention.ms", "7200000", "DYNAMIC_BROKER_CONFIG")], mine
         text = gregor_cli(cluster, "configs", "--describe", "--entity-type", "brokers", "--entity-default")
         assert "Default configs for brokers in the cluster are:" in text and "log.retention.ms=172800000" in text
+        every_broker = gregor_cli(cluster, "configs", "--describe", "--entity-type", "brokers")  # Kafka's form
+        assert [line for line in every_broker.splitlines() if line.endswith(" are:")] == [
+            "Dynamic configs for broker 0 are:", "Dynamic configs for broker 1 are:",
+            "Dynamic configs for broker 2 are:", "Default configs for brokers in the cluster are:"], every_broker
         env = {**os.environ, "GREGOR_DATA_DIR": cluster.data_dir}
         bad = subprocess.run([*GREGOR, "configs", "--alter", "--entity-type", "brokers", "--entity-default",
                               "--add-config", "log.retention.fortnights=1"], capture_output=True, text=True,

@@ -30,6 +30,7 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb
 
 log = logging.getLogger(__name__)
 AUTHORIZER_SYNC_WAIT_S = 10.0  # how long start() waits for the first read of the ACLs
+DYNAMIC_CONFIG_SYNC_WAIT_S = 5.0  # how long registration waits for the first read of config/brokers/
 
 
 class Broker:
@@ -198,6 +199,11 @@ class Broker:
         self.coordinator_lookup.start()
         self.quotas.start(self._etcd)
         self.dynamic_config.start(self._etcd)
+        try:  # the dynamic topic defaults before the first LeaderAndIsr opens logs (one etcd read)
+            await asyncio.wait_for(self.dynamic_config.synced.wait(), DYNAMIC_CONFIG_SYNC_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("broker %d: dynamic broker configs not read from etcd yet; applied once they are",
+                        self.config.broker_id)
         await self.membership.start()
         if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
             from gregor.common.metrics_reporter import MetricsReporter

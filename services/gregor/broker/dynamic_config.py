@@ -31,6 +31,7 @@ class DynamicBrokerConfig:
         self._task: Optional[asyncio.Task[None]] = None
         self._etcd: Any = None
         self.synced = asyncio.Event()
+        self._loading = True
 
     @property
     def default_layer(self) -> dict[str, str]:
@@ -54,11 +55,16 @@ class DynamicBrokerConfig:
     async def _watch(self) -> None:
         from gregor.common.etcd import follow_prefix
 
+        def reset() -> None:  # a (re)read of every entity: applied once whole, not key by key
+            self._loading = True
+            self.entities.clear()
+
         def loaded(_revision: int) -> None:
+            self._loading = False
             self.apply()
             self.synced.set()
 
-        await follow_prefix(self._etcd, BrokerConfigZNode.prefix(self._etcd), reset=self.entities.clear,
+        await follow_prefix(self._etcd, BrokerConfigZNode.prefix(self._etcd), reset=reset,
                             apply=lambda key, value, _rev: self._apply(key, value), loaded=loaded,
                             what="dynamic broker configs", retry_s=RETRY_S)
 
@@ -75,7 +81,7 @@ class DynamicBrokerConfig:
             self.entities[entity] = configs
         else:
             self.entities.pop(entity, None)
-        if self.synced.is_set() and entity in (bc.DEFAULT_ENTITY, str(self.broker.config.broker_id)):
+        if not self._loading and entity in (bc.DEFAULT_ENTITY, str(self.broker.config.broker_id)):
             self.apply()
 
     def apply(self) -> None:

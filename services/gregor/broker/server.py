@@ -425,6 +425,11 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             brokers=[self.broker.endpoint()])
 
     @rpc_method("AdminService")
+    async def DescribeBrokerConfigs(self, request: controller_pb2.DescribeBrokerConfigsRequest,
+                                    context: Ctx) -> controller_pb2.DescribeBrokerConfigsResponse:
+        return describe_broker_configs(self.broker, request.broker, context)
+
+    @rpc_method("AdminService")
     async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
                                    context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
         return _local_quotas_describe(self.broker, request)

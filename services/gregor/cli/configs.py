@@ -221,16 +221,15 @@ def _synonyms_text(synonyms: list[tuple[str, Optional[str], int]]) -> str:
 
 def _broker_configs(ctx: click.Context, name: Optional[str], alter: bool, add: dict[str, str], delete: list[str],
                     all_: bool) -> None:
-    """kafka-configs.sh --entity-type brokers: --entity-name ID (one broker) or --entity-default (cluster-wide)."""
-    if name is None:
-        raise click.UsageError("--entity-type brokers needs --entity-name ID or --entity-default")
-    if name != DEFAULT and not name.isdigit():
+    """kafka-configs.sh --entity-type brokers: --entity-name ID (one broker) or --entity-default (cluster-wide);
+    --describe without either describes every registered broker, then the default, as Kafka's tool does."""
+    if name is not None and name != DEFAULT and not name.isdigit():
         raise click.UsageError(f"--entity-name of a broker is its integer id, got {name!r}")
-    broker = None if name == DEFAULT else int(name)
-    what = "default config for brokers in the cluster" if broker is None else f"config for broker {broker}"
+    broker = None if name in (None, DEFAULT) else int(name)
     if alter:
-        if all_:
-            raise click.UsageError("--all goes with --describe")
+        if name is None:
+            raise click.UsageError("--alter --entity-type brokers needs --entity-name ID or --entity-default")
+        what = "default config for brokers in the cluster" if broker is None else f"config for broker {broker}"
 
         async def change() -> dict[str, str]:
             async with _admin(ctx) as a:
@@ -243,24 +242,33 @@ def _broker_configs(ctx: click.Context, name: Optional[str], alter: bool, add: d
             click.echo(f"Completed updating {what}.")
         return
 
-    async def read() -> Any:
+    async def read() -> list[tuple[Optional[int], Any]]:
         async with _admin(ctx) as a:
-            return await a.describe_broker_configs(broker)
+            if name is not None:
+                return [(broker, await a.describe_broker_configs(broker))]
+            ids = sorted(b.broker_id for b in (await a.describe_cluster()).brokers)
+            return [*[(i, await a.describe_broker_configs(i)) for i in ids],
+                    (None, await a.describe_broker_configs(None))]
 
-    entries = run(read())
-    wanted = bc.DYNAMIC_DEFAULT_BROKER_CONFIG if broker is None else bc.DYNAMIC_BROKER_CONFIG
-    shown = entries if all_ else [e for e in entries if e.source == wanted]
+    found = run(read())
+    shown: list[tuple[Optional[int], Any]] = []
+    for b, entries in found:
+        wanted = bc.DYNAMIC_DEFAULT_BROKER_CONFIG if b is None else bc.DYNAMIC_BROKER_CONFIG
+        shown.append((b, entries if all_ else [e for e in entries if e.source == wanted]))
     if obj(ctx).json:
-        emit_json([{"name": e.name, "value": e.value, "source": bc.SOURCE_NAMES.get(e.source, "UNKNOWN"),
-                    "read_only": e.read_only, "sensitive": e.sensitive,
-                    "synonyms": [{"name": n, "value": v, "source": bc.SOURCE_NAMES.get(src, "UNKNOWN")}
-                                 for n, v, src in e.synonyms]} for e in shown])
+        rows = [{"broker": "<default>" if b is None else b, "name": e.name, "value": e.value,
+                 "source": bc.SOURCE_NAMES.get(e.source, "UNKNOWN"), "read_only": e.read_only,
+                 "sensitive": e.sensitive,
+                 "synonyms": [{"name": n, "value": v, "source": bc.SOURCE_NAMES.get(src, "UNKNOWN")}
+                              for n, v, src in e.synonyms]} for b, es in shown for e in es]
+        emit_json(rows)
         return
-    if broker is None:
-        click.echo("Default configs for brokers in the cluster are:")
-    else:
-        click.echo(f"{'All' if all_ else 'Dynamic'} configs for broker {broker} are:")
-    for e in shown:
-        value = e.value if e.value is not None else "null"
-        click.echo(f"  {e.name}={value} sensitive={str(e.sensitive).lower()} "
-                   f"synonyms={{{_synonyms_text(e.synonyms)}}}")
+    for b, entries in shown:
+        if b is None:
+            click.echo("Default configs for brokers in the cluster are:")
+        else:
+            click.echo(f"{'All' if all_ else 'Dynamic'} configs for broker {b} are:")
+        for e in entries:
+            value = e.value if e.value is not None else "null"
+            click.echo(f"  {e.name}={value} sensitive={str(e.sensitive).lower()} "
+                       f"synonyms={{{_synonyms_text(e.synonyms)}}}")

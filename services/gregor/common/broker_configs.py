@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gregor.common import errors
-from gregor.common.config import BROKER_TOPIC_DEFAULT_KEYS, TOPIC_CONFIGS, BrokerConfig, _TIME_PRECEDENCE
+from gregor.common.config import BROKER_TOPIC_DEFAULT_KEYS, TOPIC_CONFIGS, BrokerConfig, TIME_PRECEDENCE
 
 DEFAULT_ENTITY = "<default>"  # Kafka's ConfigEntityName.Default
 
@@ -49,14 +49,14 @@ _NOT_APPLIED = frozenset({"unclean.leader.election.enable"})
 # Broker key -> the topic config it defaults (the time keys with units included, Kafka's synonyms).
 TOPIC_DEFAULT_OF: dict[str, str] = {
     **{k: v for k, v in BROKER_TOPIC_DEFAULT_KEYS.items() if k not in _NOT_APPLIED},
-    **{key: topic for topic, keys in _TIME_PRECEDENCE.items() for key, _ in keys},
+    **{key: topic for topic, keys in TIME_PRECEDENCE.items() for key, _ in keys},
 }
 DYNAMIC_KEYS = frozenset(TOPIC_DEFAULT_OF)
 
 # Topic config -> its broker synonyms, highest precedence first (Kafka's ServerTopicConfigSynonyms).
 SYNONYMS: dict[str, tuple[str, ...]] = {
     **{topic: (key,) for key, topic in BROKER_TOPIC_DEFAULT_KEYS.items()},
-    **{topic: tuple(k for k, _ in keys) for topic, keys in _TIME_PRECEDENCE.items()},
+    **{topic: tuple(k for k, _ in keys) for topic, keys in TIME_PRECEDENCE.items()},
 }
 
 # Keys Kafka updates dynamically that Gregor has no live effect for (or does not have): refused as read-only
@@ -76,7 +76,7 @@ KAFKA_DYNAMIC_NOT_APPLIED = frozenset({
 # The broker-level name DescribeConfigs lists for each topic default (Kafka lists every synonym; the unit-suffixed
 # time keys are listed as their synonyms of log.retention.ms / log.roll.ms).
 _LISTED: dict[str, str] = {keys[0]: topic for topic, keys in SYNONYMS.items()}
-_TIME_UNIT_MS = {key: ms for keys in _TIME_PRECEDENCE.values() for key, ms in keys}
+_TIME_UNIT_MS = {key: ms for keys in TIME_PRECEDENCE.values() for key, ms in keys}
 
 
 def is_sensitive(name: str) -> bool:

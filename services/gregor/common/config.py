@@ -275,7 +275,7 @@ class BrokerConfig:
                 setattr(cfg, attr, parsed)
             else:
                 raise InvalidConfigError(f"Unknown broker configuration: {key}")
-        for topic_name, keys in _TIME_PRECEDENCE.items():
+        for topic_name, keys in TIME_PRECEDENCE.items():
             for key, millis_per_unit in keys:
                 if key in timed:
                     millis = timed[key] * millis_per_unit
@@ -298,11 +298,11 @@ def _parse_int(key: str, value: Any) -> int:
 
 
 # Broker time keys with a unit, highest precedence first (Kafka's KafkaConfig.logRetentionTimeMillis / logRollTimeMillis).
-_TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
+TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
     "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
     "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
 }
-_TIME_UNIT_KEYS = frozenset(key for keys in _TIME_PRECEDENCE.values() for key, _ in keys)
+_TIME_UNIT_KEYS = frozenset(key for keys in TIME_PRECEDENCE.values() for key, _ in keys)
 
 
 def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, Any]:

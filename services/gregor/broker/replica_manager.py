@@ -346,11 +346,19 @@ class ReplicaManager:
     def reapply_topic_defaults(self) -> None:
         """The broker's topic defaults changed (a dynamic broker config, broker/dynamic_config.py): every hosted
         topic's effective configs again from its overrides (as the last LeaderAndIsr named them) and the new
-        defaults; a topic whose effective configs changed is updated (its logs and partitions)."""
-        for topic, current in list(self.log_manager.topic_configs.items()):
+        defaults; the topics whose effective configs changed are updated (their logs and partitions) in one pass."""
+        changed: dict[str, dict[str, Any]] = {}
+        for topic, current in self.log_manager.topic_configs.items():
             configs = effective_topic_configs(self.topic_overrides.get(topic, {}), self.config.topic_defaults)
             if configs != current:
-                self.update_topic_configs(topic, {}, configs)
+                changed[topic] = configs
+        if not changed:
+            return
+        for p in self.partitions.values():
+            new = changed.get(p.topic)
+            if new is not None:
+                p.configs = new
+        self.log_manager.update_configs(changed)
 
     def delete_partitions(self, topic: str) -> None:
         """Standalone topic deletion: every partition of the topic, stopped and deleted."""

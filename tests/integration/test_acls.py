@@ -571,6 +571,9 @@ def test_dynamic_broker_configs_need_configs_operations_on_the_cluster(
     with pytest.raises(errors.GregorError) as denied:
         grpc(lambda a: a.alter_broker_configs(None, {"log.retention.ms": "7200000"}))
     assert denied.value.code == errors.Code.CLUSTER_AUTHORIZATION_FAILED
+    with pytest.raises(errors.GregorError) as denied:
+        grpc(lambda a: a.describe_broker_configs(1))
+    assert denied.value.code == errors.Code.CLUSTER_AUTHORIZATION_FAILED
     cli("acls", "add", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
         "--operation", "DescribeConfigs", data_dir=cluster.data_dir)
     try:

@@ -42,25 +42,9 @@ SOURCE_NAMES = {TOPIC_CONFIG: "DYNAMIC_TOPIC_CONFIG", DYNAMIC_BROKER_CONFIG: "DY
                 DYNAMIC_DEFAULT_BROKER_CONFIG: "DYNAMIC_DEFAULT_BROKER_CONFIG",
                 STATIC_BROKER_CONFIG: "STATIC_BROKER_CONFIG", DEFAULT_CONFIG: "DEFAULT_CONFIG", UNKNOWN: "UNKNOWN"}
 
-# Not applied live here: Kafka's unclean.leader.election.enable is dynamic, but Gregor's controller reads it from
-# topic overrides only, so a broker default would be stored without effect.
-_NOT_APPLIED = frozenset({"unclean.leader.election.enable"})
-
-# Broker key -> the topic config it defaults (the time keys with units included, Kafka's synonyms).
-TOPIC_DEFAULT_OF: dict[str, str] = {
-    **{k: v for k, v in BROKER_TOPIC_DEFAULT_KEYS.items() if k not in _NOT_APPLIED},
-    **{key: topic for topic, keys in TIME_PRECEDENCE.items() for key, _ in keys},
-}
-DYNAMIC_KEYS = frozenset(TOPIC_DEFAULT_OF)
-
-# Topic config -> its broker synonyms, highest precedence first (Kafka's ServerTopicConfigSynonyms).
-SYNONYMS: dict[str, tuple[str, ...]] = {
-    **{topic: (key,) for key, topic in BROKER_TOPIC_DEFAULT_KEYS.items()},
-    **{topic: tuple(k for k, _ in keys) for topic, keys in TIME_PRECEDENCE.items()},
-}
-
 # Keys Kafka updates dynamically that Gregor has no live effect for (or does not have): refused as read-only
 # (INVALID_REQUEST "Cannot update these configs dynamically") rather than stored and ignored.
+# unclean.leader.election.enable: Gregor's controller reads it from topic overrides only.
 KAFKA_DYNAMIC_NOT_APPLIED = frozenset({
     "unclean.leader.election.enable", "num.io.threads", "num.network.threads", "num.replica.fetchers",
     "num.recovery.threads.per.data.dir", "background.threads", "log.cleaner.threads",
@@ -72,6 +56,19 @@ KAFKA_DYNAMIC_NOT_APPLIED = frozenset({
     "sasl.jaas.config", "message.timestamp.type", "log.message.timestamp.type", "log.message.downconversion.enable",
     "metric.reporters", "producer.id.expiration.ms",
 })
+
+# Broker key -> the topic config it defaults (the time keys with units included, Kafka's synonyms).
+TOPIC_DEFAULT_OF: dict[str, str] = {
+    **{k: v for k, v in BROKER_TOPIC_DEFAULT_KEYS.items() if k not in KAFKA_DYNAMIC_NOT_APPLIED},
+    **{key: topic for topic, keys in TIME_PRECEDENCE.items() for key, _ in keys},
+}
+DYNAMIC_KEYS = frozenset(TOPIC_DEFAULT_OF)
+
+# Topic config -> its broker synonyms, highest precedence first (Kafka's ServerTopicConfigSynonyms).
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    **{topic: (key,) for key, topic in BROKER_TOPIC_DEFAULT_KEYS.items()},
+    **{topic: tuple(k for k, _ in keys) for topic, keys in TIME_PRECEDENCE.items()},
+}
 
 # The broker-level name DescribeConfigs lists for each topic default (Kafka lists every synonym; the unit-suffixed
 # time keys are listed as their synonyms of log.retention.ms / log.roll.ms).
@@ -218,8 +215,7 @@ def broker_entries(config: BrokerConfig, static: Mapping[str, str], default_laye
         source = STATIC_BROKER_CONFIG if name in static else DEFAULT_CONFIG
         sensitive = is_sensitive(name)
         shown = None if sensitive else _str(value)
-        out.append(Entry(name, shown, source, True, sensitive,
-                         ((name, shown, source),) if source == STATIC_BROKER_CONFIG else ((name, shown, source),)))
+        out.append(Entry(name, shown, source, True, sensitive, ((name, shown, source),)))
     return sorted(out, key=lambda e: e.name)
 
 

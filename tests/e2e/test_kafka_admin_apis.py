@@ -327,3 +327,22 @@ def test_a_topic_without_an_override_follows_a_changed_broker_default(
              and len(log_segments(cluster, plain)) == 3, WAIT_S,
              "every replica of the topic without an override rolls 1 KiB segments")
     assert set(log_segments(cluster, pinned).values()) == {1}  # its own segment.bytes: one segment
+
+
+def test_legacy_alter_configs_replaces_a_brokers_dynamic_configs_whole(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """AlterConfigs (API 33) on BROKER "2": the given dynamic configs replace every stored one of that broker (the
+    legacy API's semantics); validate_only writes nothing."""
+    admin = broker_admin(cluster)
+    first = ConfigResource(ResourceType.BROKER, "2", set_config={"log.retention.bytes": "1073741824",
+                                                                 "log.cleaner.delete.retention.ms": "3600000"})
+    assert admin.alter_configs([first])[first].result(timeout=WAIT_S) is None
+    second = ConfigResource(ResourceType.BROKER, "2", set_config={"log.retention.bytes": "2147483648"})
+    assert admin.alter_configs([second], validate_only=True)[second].result(timeout=WAIT_S) is None
+
+    def dynamic() -> dict[str, str | None]:
+        return {k: e.value for k, e in broker_configs(cluster, "2").items()
+                if e.source == ConfigSource.DYNAMIC_BROKER_CONFIG.value}
+    assert dynamic() == {"log.retention.bytes": "1073741824", "log.cleaner.delete.retention.ms": "3600000"}
+    assert admin.alter_configs([second])[second].result(timeout=WAIT_S) is None
+    assert dynamic() == {"log.retention.bytes": "2147483648"}

@@ -7,20 +7,25 @@ One cluster for the module: etcd, a controller, three brokers, a group coordinat
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
+                                   NewTopic, ResourceType)
 
 from gregor.cli.local_cluster import LocalCluster, Process
+from gregor.client.admin import AdminClient as GregorAdmin
 from tests.helpers.wait import wait_for
 
 WAIT_S = 60.0
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +136,8 @@ def topic_overrides(c: LocalCluster, topic: str) -> dict[str, str]:
 
 def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalCluster) -> None:
     """AlterConfigs (API 33) through librdkafka's alter_configs: the given configs are set and every other override
-    goes back to its default; validate_only changes nothing; a bad value is INVALID_CONFIG; a broker resource is
-    INVALID_REQUEST (broker settings are static here)."""
+    goes back to its default; validate_only changes nothing; a bad value is INVALID_CONFIG; a broker's read-only
+    config is INVALID_REQUEST (Kafka's "Cannot update these configs dynamically")."""
     topic = create_topic(cluster, rf=1, configs={"retention.ms": "3600000", "max.message.bytes": "200000"})
     assert topic_overrides(cluster, topic) == {"retention.ms": "3600000", "max.message.bytes": "200000"}
     admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
@@ -147,9 +152,10 @@ def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalClus
     err = admin.alter_configs([bad])[bad].exception(timeout=WAIT_S)
     assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_CONFIG", err
     assert topic_overrides(cluster, topic) == {"segment.ms": "600000"}
-    broker = ConfigResource(ResourceType.BROKER, "0", set_config={"log.retention.ms": "1"})
+    broker = ConfigResource(ResourceType.BROKER, "0", set_config={"num.partitions": "3"})
     err = admin.alter_configs([broker])[broker].exception(timeout=WAIT_S)
     assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_REQUEST", err
+    assert "Cannot update these configs dynamically" in str(err), err
 
 
 def kafka_requests(c: LocalCluster, api: str) -> float:
@@ -179,3 +185,164 @@ def test_kafka_python_alter_configs_over_the_legacy_api(cluster: LocalCluster) -
         admin.close()
     assert topic_overrides(cluster, topic) == {"cleanup.policy": "compact", "retention.ms": "3600000"}
     assert kafka_requests(cluster, "AlterConfigs") == before + 1
+
+
+# ---- dynamic broker configs (KIP-226) -----------------------------------------------------------------
+
+def broker_admin(c: LocalCluster, broker: int | None = None) -> AdminClient:
+    """An AdminClient bootstrapped from one broker's listener (all of them when None)."""
+    boot = bootstrap(c) if broker is None else next(p.kafka for p in c.by_role("broker") if p.id == broker)
+    return AdminClient({"bootstrap.servers": boot})
+
+
+def grpc_admin(c: LocalCluster, call: Callable[[GregorAdmin], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with GregorAdmin({"bootstrap.servers": c.bootstrap}) as a:
+            return await call(a)
+    return asyncio.run(go())
+
+
+def set_broker_configs(c: LocalCluster, name: str, set_: dict[str, str] | None = None,
+                       delete: tuple[str, ...] = (), validate_only: bool = False) -> None:
+    """IncrementalAlterConfigs of BROKER `name` through confluent-kafka; the cluster-wide default ("") through
+    Gregor's gRPC AdminClient (librdkafka refuses a BROKER resource with an empty name)."""
+    if name == "":
+        grpc_admin(c, lambda a: a.alter_broker_configs(None, set_, delete, validate_only))
+        return
+    res = ConfigResource(ResourceType.BROKER, name, incremental_configs=[
+        *(ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in (set_ or {}).items()),
+        *(ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in delete)])
+    admin = broker_admin(c)  # kept: a collected client fails its futures
+    [fut] = admin.incremental_alter_configs([res], validate_only=validate_only).values()
+    assert fut.result(timeout=WAIT_S) is None
+
+
+def broker_configs(c: LocalCluster, name: str) -> dict[str, ConfigEntry]:
+    """DescribeConfigs of BROKER `name` with synonyms (confluent-kafka); the default ("") over gRPC."""
+    if name == "":
+        found = grpc_admin(c, lambda a: a.describe_broker_configs(None))
+        return {e.name: ConfigEntry(e.name, e.value, source=ConfigSource(e.source), is_read_only=e.read_only)
+                for e in found}
+    res = ConfigResource(ResourceType.BROKER, name)
+    admin = broker_admin(c)
+    [fut] = admin.describe_configs([res]).values()
+    return dict(fut.result(timeout=WAIT_S))
+
+
+@pytest.fixture
+def clean_broker_configs(cluster: LocalCluster) -> Iterator[None]:
+    """The module's other tests share the cluster: every dynamic broker config a test set is removed after it."""
+    yield
+    for name in ("", "0", "1", "2"):
+        stored = [k for k, e in broker_configs(cluster, name).items()
+                  if e.source in (ConfigSource.DYNAMIC_BROKER_CONFIG.value, ConfigSource.DYNAMIC_BROKER_CONFIG,
+                                  ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)]
+        if stored:
+            set_broker_configs(cluster, name, delete=tuple(stored))
+
+
+def test_incremental_alter_configs_on_a_broker_and_the_default_with_kafkas_precedence(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """confluent-kafka's incremental_alter_configs on BROKER "0" and on the cluster-wide default (""), then
+    describe_configs: broker 0's own value wins (DYNAMIC_BROKER_CONFIG),
+    broker 1 takes the default (DYNAMIC_DEFAULT_BROKER_CONFIG), "" lists only the stored default; a read-only key
+    is refused per resource and nothing of that resource is written; an unknown key and a bad value are
+    INVALID_CONFIG; validate_only writes nothing."""
+    set_broker_configs(cluster, "0", {"log.retention.ms": "7200000"})
+    set_broker_configs(cluster, "", {"log.retention.ms": "172800000", "log.retention.bytes": "1073741824"})
+    zero = broker_configs(cluster, "0")["log.retention.ms"]
+    assert (zero.value, zero.source, zero.is_read_only) == ("7200000", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)
+    one = broker_configs(cluster, "1")
+    assert (one["log.retention.ms"].value, one["log.retention.ms"].source) == (
+        "172800000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    assert one["broker.id"].is_read_only and one["broker.id"].value == "1"
+    default = broker_configs(cluster, "")
+    assert {k: (e.value, e.source) for k, e in default.items()} == {
+        "log.retention.ms": ("172800000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
+        "log.retention.bytes": ("1073741824", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)}
+
+    admin = broker_admin(cluster)
+    mixed = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+        ConfigEntry("log.segment.bytes", "2000000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("num.io.threads", "16", incremental_operation=AlterConfigOpType.SET)])
+    err = admin.incremental_alter_configs([mixed])[mixed].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_REQUEST", err
+    assert "Cannot update these configs dynamically: Set(num.io.threads)" in str(err), err
+    for key, value in (("no.such.config", "1"), ("log.segment.bytes", "big")):
+        bad = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+        err = admin.incremental_alter_configs([bad])[bad].exception(timeout=WAIT_S)
+        assert isinstance(err, KafkaException) and err.args[0].name() == "INVALID_CONFIG", (key, err)
+    set_broker_configs(cluster, "1", {"log.segment.bytes": "2000000"}, validate_only=True)
+    after = broker_configs(cluster, "1")["log.segment.bytes"]
+    assert after.source == ConfigSource.DEFAULT_CONFIG.value and after.value == "1073741824"  # nothing written
+
+    set_broker_configs(cluster, "0", delete=("log.retention.ms",))
+    zero = broker_configs(cluster, "0")["log.retention.ms"]
+    assert (zero.value, zero.source) == ("172800000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+
+
+def log_segments(c: LocalCluster, topic: str) -> dict[int, int]:
+    """Broker id -> gregor_log_segments of `topic` on it, from each broker's /metrics."""
+    out: dict[int, int] = {}
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("gregor_log_segments{") and f'topic="{topic}"' in line:
+                    out[p.id] = int(float(line.split()[-1]))
+    return out
+
+
+def test_a_topic_without_an_override_follows_a_changed_broker_default(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """Kafka's inheritance: a topic without segment.bytes / retention.ms of its own takes the new cluster-wide
+    default within the watch's delay on every replica -- its logs roll at the new segment size, and
+    DescribeConfigs of the topic shows the inherited value with source DYNAMIC_DEFAULT_BROKER_CONFIG -- while a
+    topic with its own override keeps it."""
+    plain = create_topic(cluster)
+    pinned = create_topic(cluster, configs={"segment.bytes": "1073741824"})
+    set_broker_configs(cluster, "", {"log.segment.bytes": "1024", "log.retention.ms": "86400000"})
+
+    def described(topic: str) -> dict[str, ConfigEntry]:
+        res = ConfigResource(ResourceType.TOPIC, topic)
+        admin = broker_admin(cluster, 1)
+        [fut] = admin.describe_configs([res]).values()
+        return dict(fut.result(timeout=WAIT_S))
+
+    def inherited() -> bool:
+        e = described(plain)["segment.bytes"]
+        return e.value == "1024" and e.source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+    wait_for(inherited, WAIT_S, "the topic's segment.bytes follows the dynamic default")
+    retention = described(plain)["retention.ms"]
+    assert (retention.value, retention.source) == ("86400000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    own = described(pinned)["segment.bytes"]
+    assert (own.value, own.source) == ("1073741824", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+
+    for topic in (plain, pinned):
+        p = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all", "linger.ms": 0})
+        for i in range(20):
+            p.produce(topic, value=b"x" * 400, partition=0)
+            p.flush(WAIT_S)  # one batch each: 20 batches of ~450 bytes
+    wait_for(lambda: all(n >= 5 for n in log_segments(cluster, plain).values())
+             and len(log_segments(cluster, plain)) == 3, WAIT_S,
+             "every replica of the topic without an override rolls 1 KiB segments")
+    assert set(log_segments(cluster, pinned).values()) == {1}  # its own segment.bytes: one segment
+
+
+def test_legacy_alter_configs_replaces_a_brokers_dynamic_configs_whole(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """AlterConfigs (API 33) on BROKER "2": the given dynamic configs replace every stored one of that broker (the
+    legacy API's semantics); validate_only writes nothing."""
+    admin = broker_admin(cluster)
+    first = ConfigResource(ResourceType.BROKER, "2", set_config={"log.retention.bytes": "1073741824",
+                                                                 "log.cleaner.delete.retention.ms": "3600000"})
+    assert admin.alter_configs([first])[first].result(timeout=WAIT_S) is None
+    second = ConfigResource(ResourceType.BROKER, "2", set_config={"log.retention.bytes": "2147483648"})
+    assert admin.alter_configs([second], validate_only=True)[second].result(timeout=WAIT_S) is None
+
+    def dynamic() -> dict[str, str | None]:
+        return {k: e.value for k, e in broker_configs(cluster, "2").items()
+                if e.source == ConfigSource.DYNAMIC_BROKER_CONFIG.value}
+    assert dynamic() == {"log.retention.bytes": "1073741824", "log.cleaner.delete.retention.ms": "3600000"}
+    assert admin.alter_configs([second])[second].result(timeout=WAIT_S) is None
+    assert dynamic() == {"log.retention.bytes": "2147483648"}

@@ -303,6 +303,67 @@ def test_kafka_configs_alters_and_describes_client_quotas(kafka: KafkaDist, clus
     assert "producer_byte_rate" not in configs("--describe", "--entity-type", "clients", "--entity-default")
 
 
+def test_kafka_configs_alters_and_describes_dynamic_broker_configs(kafka: KafkaDist, cluster: LocalCluster) -> None:
+    """kafka-configs --entity-type brokers (KIP-226): a per-broker value and a cluster-wide default (--entity-default)
+    through IncrementalAlterConfigs, described with Kafka's sources and synonyms (the per-broker value over the
+    default over Kafka's default), --all listing the read-only configs too; a read-only key is refused and nothing
+    is written; `gregor configs` reads the same store and refuses an unknown key with a clear message."""
+    def configs(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_tool(kafka, CONFIG_COMMAND, "--bootstrap-server", bootstrap(cluster), *args)
+
+    try:
+        ok(configs("--alter", "--entity-type", "brokers", "--entity-name", "0", "--add-config",
+                   "log.retention.ms=7200000"))
+        ok(configs("--alter", "--entity-type", "brokers", "--entity-default", "--add-config",
+                   "log.retention.ms=172800000,log.cleaner.delete.retention.ms=3600000"))
+        zero = ok(configs("--describe", "--entity-type", "brokers", "--entity-name", "0"))
+        assert "Dynamic configs for broker 0 are:" in zero, zero
+        assert ("log.retention.ms=7200000 sensitive=false synonyms={DYNAMIC_BROKER_CONFIG:log.retention.ms=7200000, "
+                "DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=172800000, DEFAULT_CONFIG:log.retention.ms=604800000}"
+                ) in zero, zero
+        assert "log.cleaner.delete.retention.ms" not in zero  # the default's, not broker 0's own
+        default = ok(configs("--describe", "--entity-type", "brokers", "--entity-default"))
+        assert "Default configs for brokers in the cluster are:" in default, default
+        assert "log.retention.ms=172800000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:" \
+               "log.retention.ms=172800000}" in default, default
+        assert "log.cleaner.delete.retention.ms=3600000" in default, default
+        every = ok(configs("--describe", "--all", "--entity-type", "brokers", "--entity-name", "1"))
+        assert "All configs for broker 1 are:" in every, every
+        assert "log.retention.ms=172800000 sensitive=false synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:" in every, every
+        assert "broker.id=1 sensitive=false" in every and "log.segment.bytes=1073741824" in every, every
+
+        refused = configs("--alter", "--entity-type", "brokers", "--entity-name", "1", "--add-config",
+                          "num.partitions=5,log.segment.bytes=2000000")
+        assert refused.returncode != 0, refused.stdout
+        assert "Cannot update these configs dynamically: Set(num.partitions)" in refused.stdout + refused.stderr
+        one = json.loads(gregor_cli(cluster, "--output", "json", "configs", "--describe", "--entity-type", "brokers",
+                                    "--entity-name", "1"))
+        assert one == [], one  # nothing written
+
+        mine = json.loads(gregor_cli(cluster, "--output", "json", "configs", "--describe", "--entity-type", "brokers",
+                                     "--entity-name", "0"))
+        assert [(e["name"], e["value"], e["source"]) for e in mine] == [
+            ("log.retention.ms", "7200000", "DYNAMIC_BROKER_CONFIG")], mine
+        text = gregor_cli(cluster, "configs", "--describe", "--entity-type", "brokers", "--entity-default")
+        assert "Default configs for brokers in the cluster are:" in text and "log.retention.ms=172800000" in text
+        every_broker = gregor_cli(cluster, "configs", "--describe", "--entity-type", "brokers")  # Kafka's form
+        assert [line for line in every_broker.splitlines() if line.endswith(" are:")] == [
+            "Dynamic configs for broker 0 are:", "Dynamic configs for broker 1 are:",
+            "Dynamic configs for broker 2 are:", "Default configs for brokers in the cluster are:"], every_broker
+        env = {**os.environ, "GREGOR_DATA_DIR": cluster.data_dir}
+        bad = subprocess.run([*GREGOR, "configs", "--alter", "--entity-type", "brokers", "--entity-default",
+                              "--add-config", "log.retention.fortnights=1"], capture_output=True, text=True,
+                             timeout=WAIT_S, env=env, stdin=subprocess.DEVNULL)
+        assert bad.returncode != 0 and "Unknown broker config name: log.retention.fortnights" in bad.stderr, bad
+        assert "fortnights" not in gregor_cli(cluster, "configs", "--describe", "--entity-type", "brokers",
+                                              "--entity-default")
+    finally:
+        gregor_cli(cluster, "configs", "--alter", "--entity-type", "brokers", "--entity-name", "0",
+                   "--delete-config", "log.retention.ms")
+        gregor_cli(cluster, "configs", "--alter", "--entity-type", "brokers", "--entity-default",
+                   "--delete-config", "log.retention.ms,log.cleaner.delete.retention.ms")
+
+
 # ---- VerifiableProducer / VerifiableConsumer ----------------------------------------------------------
 
 def test_verifiable_producer_and_a_rebalancing_group_of_verifiable_consumers(

@@ -530,7 +530,7 @@ def test_admin_incremental_alter_configs_reach_the_controller(cluster: LocalClus
         timeout=WAIT_S)
     assert configs["retention.ms"].value == "604800000" and configs["cleanup.policy"].value == "compact"
     broker = ConfigResource(ConfigResource.Type.BROKER, "0", incremental_configs=[
-        ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+        ConfigEntry("broker.id", "7", incremental_operation=AlterConfigOpType.SET)])  # read-only (KIP-226)
     err = admin.incremental_alter_configs([broker])[broker].exception(timeout=WAIT_S)
     assert err is not None and err.args[0].name() == "INVALID_REQUEST", err
 

@@ -34,7 +34,7 @@ from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 from tests.helpers.batches import make_batch, record_values
 from tests.helpers.cluster import replica_values, tear_down
-from tests.helpers.wait import until
+from tests.helpers.wait import until, wait_for
 
 ANON = "User:ANONYMOUS"
 WAIT_S = 60.0
@@ -541,3 +541,53 @@ def test_client_quota_apis_on_the_kafka_listener_need_configs_operations_on_the_
                 "--operation", "DescribeConfigs", "--force", data_dir=cluster.data_dir)
     finally:
         raw.close()
+
+
+def test_dynamic_broker_configs_need_configs_operations_on_the_cluster(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """Kafka's rule for BROKER resources: IncrementalAlterConfigs needs AlterConfigs on the Cluster and
+    DescribeConfigs needs DescribeConfigs on the Cluster. ANONYMOUS has neither here: confluent-kafka gets
+    CLUSTER_AUTHORIZATION_FAILED for the resource, the gRPC AdminClient ClusterAuthorizationFailed, and nothing is
+    written; with the ACLs both work."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient as KafkaAdmin, AlterConfigOpType, ConfigEntry, ConfigResource
+    from confluent_kafka.admin import ConfigSource, ResourceType as KType
+
+    admin = KafkaAdmin({"bootstrap.servers": str(cluster.to_json()["kafka_bootstrap"])})
+    change = ConfigResource(KType.BROKER, "0", incremental_configs=[
+        ConfigEntry("log.retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)])
+    describe = ConfigResource(KType.BROKER, "0")
+
+    def grpc(call: Any) -> Any:
+        async def go() -> Any:
+            async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as a:
+                return await call(a)
+        return asyncio.run(go())
+
+    err = admin.incremental_alter_configs([change])[change].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "CLUSTER_AUTHORIZATION_FAILED", err
+    err = admin.describe_configs([describe])[describe].exception(timeout=WAIT_S)
+    assert isinstance(err, KafkaException) and err.args[0].name() == "CLUSTER_AUTHORIZATION_FAILED", err
+    with pytest.raises(errors.GregorError) as denied:
+        grpc(lambda a: a.alter_broker_configs(None, {"log.retention.ms": "7200000"}))
+    assert denied.value.code == errors.Code.CLUSTER_AUTHORIZATION_FAILED
+    with pytest.raises(errors.GregorError) as denied:
+        grpc(lambda a: a.describe_broker_configs(1))
+    assert denied.value.code == errors.Code.CLUSTER_AUTHORIZATION_FAILED
+    cli("acls", "add", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
+        "--operation", "DescribeConfigs", data_dir=cluster.data_dir)
+    try:
+        def described() -> Any:
+            fut = admin.describe_configs([describe])[describe]
+            return None if fut.exception(timeout=WAIT_S) is not None else fut.result()
+        wait_for(lambda: described() is not None, WAIT_S, "the new ACLs reach the broker")
+        entry = described()["log.retention.ms"]
+        assert entry.source == ConfigSource.DEFAULT_CONFIG.value, entry  # the refused changes wrote nothing
+        assert grpc(lambda a: a.describe_broker_configs(None)) == []
+        assert admin.incremental_alter_configs([change])[change].result(timeout=WAIT_S) is None
+        entry = admin.describe_configs([describe])[describe].result(timeout=WAIT_S)["log.retention.ms"]
+        assert (entry.value, entry.source) == ("7200000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+        grpc(lambda a: a.alter_broker_configs(0, delete=["log.retention.ms"]))
+    finally:
+        cli("acls", "remove", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
+            "--operation", "DescribeConfigs", "--force", data_dir=cluster.data_dir)

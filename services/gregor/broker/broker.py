@@ -18,6 +18,7 @@ from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.produce_api import ProduceStreamHandler
 from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quotas
 from gregor.broker.replica_manager import ReplicaManager
+from gregor.broker.dynamic_config import DynamicBrokerConfig
 from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
 from gregor.common import errors, uuid
 from gregor.common.authz import Authz, AuthorizerConfig, user_name
@@ -29,6 +30,7 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb
 
 log = logging.getLogger(__name__)
 AUTHORIZER_SYNC_WAIT_S = 10.0  # how long start() waits for the first read of the ACLs
+DYNAMIC_CONFIG_SYNC_WAIT_S = 5.0  # how long registration waits for the first read of config/brokers/
 
 
 class Broker:
@@ -45,6 +47,7 @@ class Broker:
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
+        self.dynamic_config = DynamicBrokerConfig(self)  # KIP-226: config/brokers/<id>, <default> (etcd)
         self.quotas = BrokerQuotas()  # client quotas (broker/quota_manager.py), configs from etcd
         rules = self.config.ssl_principal_mapping_rules
         self.quotas.principal_of = lambda conn: user_name(conn, rules)  # the TLS principal's user, or ANONYMOUS
@@ -195,6 +198,12 @@ class Broker:
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
         self.coordinator_lookup.start()
         self.quotas.start(self._etcd)
+        self.dynamic_config.start(self._etcd)
+        try:  # the dynamic topic defaults before the first LeaderAndIsr opens logs (one etcd read)
+            await asyncio.wait_for(self.dynamic_config.synced.wait(), DYNAMIC_CONFIG_SYNC_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("broker %d: dynamic broker configs not read from etcd yet; applied once they are",
+                        self.config.broker_id)
         await self.membership.start()
         if self.config.metrics_topic_enable:  # metrics.topic.enable: our samples into __gregor_metrics
             from gregor.common.metrics_reporter import MetricsReporter
@@ -251,6 +260,7 @@ class Broker:
         if self.coordinator_lookup is not None:
             await self.coordinator_lookup.stop()
         await self.quotas.stop()
+        await self.dynamic_config.stop()
         unwatch_quotas(self.quotas)
         if self._etcd is not None:
             await self._etcd.close()

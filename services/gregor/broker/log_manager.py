@@ -269,6 +269,17 @@ class LogManager:
             if t == topic:
                 lg.update_config(cfg)
 
+    def update_configs(self, changed: dict[str, dict[str, Any]]) -> None:
+        """update_config for several topics in one pass over the logs (a changed broker default: every topic
+        without its own override at once)."""
+        native_configs = {t: native.LogConfig(**log_config_kwargs(c)) for t, c in changed.items()}
+        for topic, configs in changed.items():
+            self.topic_configs[topic] = dict(configs)
+        for (t, _p), lg in self.logs.items():
+            cfg = native_configs.get(t)
+            if cfg is not None:
+                lg.update_config(cfg)
+
     def delete_log(self, topic: str, partition: int) -> None:
         self.delete_detached([((topic, partition), self.detach_log(topic, partition))])
 

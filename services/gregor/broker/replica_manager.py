@@ -201,6 +201,7 @@ class ReplicaManager:
         self.config = config
         self.log_manager = log_manager
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self.topic_overrides: dict[str, dict[str, Any]] = {}  # topic -> its overrides, as LeaderAndIsr named them
         # The newest controller epoch seen in a control request (Kafka's ReplicaManager.controllerEpoch).
         self.control_fence = ControlRequestFence()
         self.produce_purgatory: DelayedOperationPurgatory[ProduceResult] = DelayedOperationPurgatory("Produce")
@@ -342,6 +343,23 @@ class ReplicaManager:
                 p.configs = configs
         self.log_manager.update_config(topic, configs)
 
+    def reapply_topic_defaults(self) -> None:
+        """The broker's topic defaults changed (a dynamic broker config, broker/dynamic_config.py): every hosted
+        topic's effective configs again from its overrides (as the last LeaderAndIsr named them) and the new
+        defaults; the topics whose effective configs changed are updated (their logs and partitions) in one pass."""
+        changed: dict[str, dict[str, Any]] = {}
+        for topic, current in self.log_manager.topic_configs.items():
+            configs = effective_topic_configs(self.topic_overrides.get(topic, {}), self.config.topic_defaults)
+            if configs != current:
+                changed[topic] = configs
+        if not changed:
+            return
+        for p in self.partitions.values():
+            new = changed.get(p.topic)
+            if new is not None:
+                p.configs = new
+        self.log_manager.update_configs(changed)
+
     def delete_partitions(self, topic: str) -> None:
         """Standalone topic deletion: every partition of the topic, stopped and deleted."""
         self.stop_replicas([k for k in self.partitions if k[0] == topic], delete=True)
@@ -406,6 +424,7 @@ class ReplicaManager:
             self.broker_endpoints[b.broker_id] = f"{b.host}:{b.grpc_port}"
         effective: dict[str, dict[str, Any]] = _EffectiveConfigs(self.config.topic_defaults)
         for topic, overrides in topic_configs.items():
+            self.topic_overrides[topic] = dict(overrides)  # for reapply_topic_defaults
             configs = effective[topic] = effective_topic_configs(overrides, self.config.topic_defaults)
             current = self.log_manager.topic_configs.get(topic)
             if current is not None and current != configs:

@@ -425,6 +425,11 @@ class LocalAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             brokers=[self.broker.endpoint()])
 
     @rpc_method("AdminService")
+    async def DescribeBrokerConfigs(self, request: controller_pb2.DescribeBrokerConfigsRequest,
+                                    context: Ctx) -> controller_pb2.DescribeBrokerConfigsResponse:
+        return describe_broker_configs(self.broker, request.broker, context)
+
+    @rpc_method("AdminService")
     async def DescribeClientQuotas(self, request: controller_pb2.DescribeClientQuotasRequest,
                                    context: Ctx) -> controller_pb2.DescribeClientQuotasResponse:
         return _local_quotas_describe(self.broker, request)
@@ -530,6 +535,22 @@ def _forwarded(api: str) -> Any:
     return rpc_method("AdminService")(method)
 
 
+def describe_broker_configs(broker: "Broker", name: str, context: Ctx) -> controller_pb2.DescribeBrokerConfigsResponse:
+    """Kafka's DescribeConfigs of a BROKER resource, answered by that broker (the admin client routes it here):
+    DescribeConfigs on the Cluster needed; "" the dynamic defaults, our id every config with its source."""
+    if broker.authz.enabled:
+        broker.authz.require_cluster(broker.authz.caller_of(context), Operation.DESCRIBE_CONFIGS, "DescribeConfigs")
+    if name not in ("", "<default>", str(broker.config.broker_id)):
+        raise errors.error_for(errors.Code.INVALID_REQUEST, f"Unexpected broker id, expected "
+                                                            f"{broker.config.broker_id} or empty string, but received {name}")
+    return controller_pb2.DescribeBrokerConfigsResponse(entries=[
+        controller_pb2.BrokerConfigEntry(
+            name=e.name, value=e.value, source=e.source, read_only=e.read_only, sensitive=e.sensitive,
+            documentation=e.documentation,
+            synonyms=[controller_pb2.BrokerConfigSynonym(name=n, value=v, source=src) for n, v, src in e.synonyms])
+        for e in broker.dynamic_config.describe(name)])
+
+
 class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     """AdminService of a cluster-mode broker: every call goes to the active controller (read from etcd).
 
@@ -560,3 +581,9 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     CreateAcls = _forwarded("CreateAcls")
     DescribeAcls = _forwarded("DescribeAcls")
     DeleteAcls = _forwarded("DeleteAcls")
+    AlterBrokerConfigs = _forwarded("AlterBrokerConfigs")
+
+    @rpc_method("AdminService")
+    async def DescribeBrokerConfigs(self, request: controller_pb2.DescribeBrokerConfigsRequest,
+                                    context: Ctx) -> controller_pb2.DescribeBrokerConfigsResponse:
+        return describe_broker_configs(self.broker, request.broker, context)

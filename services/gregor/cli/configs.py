@@ -1,11 +1,15 @@
 """`gregor configs --alter|--describe`, shaped like kafka-configs.sh: client quotas for users and client ids,
-and topic configs (the same AlterConfigs / DescribeConfigs `gregor topics alter` uses).
+topic configs (the same AlterConfigs / DescribeConfigs `gregor topics alter` uses) and dynamic broker configs
+(KIP-226: per broker with --entity-name ID, cluster-wide with --entity-default; --describe --all lists every
+config of a broker with its source).
 
     gregor configs --alter --entity-type clients --entity-name c1 --add-config producer_byte_rate=1024
     gregor configs --alter --entity-type users --entity-default --add-config consumer_byte_rate=2048
     gregor configs --alter --user alice --client c1 --add-config request_percentage=50
     gregor configs --describe --entity-type users --entity-name alice
     gregor configs --alter --entity-type users --entity-name alice --delete-config producer_byte_rate
+    gregor configs --alter --entity-type brokers --entity-default --add-config log.retention.ms=3600000
+    gregor configs --describe --entity-type brokers --entity-name 0 --all
 
 Writes go through the AdminService (any broker forwards them to the active controller, which stores
 them in etcd; every broker watches those keys), as Kafka 2.6+'s tool uses AlterClientQuotas rather
@@ -20,6 +24,7 @@ import click
 
 from gregor.cli.common import emit_json, obj, run
 from gregor.client.admin import AdminClient
+from gregor.common import broker_configs as bc
 from gregor.common.quotas import DEFAULT
 
 ENTITY_TYPES = ("topics", "brokers", "users", "clients")
@@ -108,12 +113,13 @@ def _configs_text(configs: dict[str, str]) -> str:
 @click.option("--client-defaults", is_flag=True, help="the default client id")
 @click.option("--add-config", help="k1=v1,k2=v2: configs to set")
 @click.option("--delete-config", help="k1,k2: configs to remove")
+@click.option("--all", "all_", is_flag=True, help="--describe of a broker: every config, not only the dynamic ones")
 @click.pass_context
 def configs(ctx: click.Context, alter: bool, describe: bool, entity_types: tuple[str, ...],
             entity_names: tuple[str, ...], entity_default: bool, user: Optional[str], client: Optional[str],
             user_defaults: bool, client_defaults: bool, add_config: Optional[str],
-            delete_config: Optional[str]) -> None:
-    """Alter or describe configs of topics, users and client ids (kafka-configs.sh).
+            delete_config: Optional[str], all_: bool) -> None:
+    """Alter or describe configs of topics, brokers, users and client ids (kafka-configs.sh).
 
     User and client-id entities take the client quotas producer_byte_rate, consumer_byte_rate
     (bytes per second per broker) and request_percentage (percent of one request thread).
@@ -127,7 +133,11 @@ def configs(ctx: click.Context, alter: bool, describe: bool, entity_types: tuple
         raise click.UsageError("--alter needs --add-config and/or --delete-config")
     if describe and (add or delete):
         raise click.UsageError("--describe takes no --add-config / --delete-config")
-    if "topics" in entity or "brokers" in entity:
+    if all_ and (alter or "brokers" not in entity):
+        raise click.UsageError("--all goes with --describe --entity-type brokers")
+    if "brokers" in entity:
+        _broker_configs(ctx, entity["brokers"], alter, add, delete, all_)
+    elif "topics" in entity:
         _topic_configs(ctx, entity, alter, add, delete)
     else:
         _quota_configs(ctx, entity, alter, add, delete)
@@ -171,9 +181,6 @@ def _quota_configs(ctx: click.Context, entity: dict[str, Optional[str]], alter: 
 
 def _topic_configs(ctx: click.Context, entity: dict[str, Optional[str]], alter: bool, add: dict[str, str],
                    delete: list[str]) -> None:
-    if "brokers" in entity:
-        raise click.ClickException("broker configs are static in Gregor (set them in the broker's properties "
-                                   "file); --entity-type brokers is not supported")
     name = entity["topics"]
     if name is None or name == DEFAULT:
         if alter:
@@ -205,3 +212,63 @@ def _topic_configs(ctx: click.Context, entity: dict[str, Optional[str]], alter: 
         for e in entries:
             if not e.is_default:
                 click.echo(f"  {e.name}={e.value} sensitive=false synonyms={{DYNAMIC_TOPIC_CONFIG:{e.name}={e.value}}}")
+
+
+def _synonyms_text(synonyms: list[tuple[str, Optional[str], int]]) -> str:
+    return ", ".join(f"{bc.SOURCE_NAMES.get(src, 'UNKNOWN')}:{n}={v if v is not None else 'null'}"
+                     for n, v, src in synonyms)
+
+
+def _broker_configs(ctx: click.Context, name: Optional[str], alter: bool, add: dict[str, str], delete: list[str],
+                    all_: bool) -> None:
+    """kafka-configs.sh --entity-type brokers: --entity-name ID (one broker) or --entity-default (cluster-wide);
+    --describe without either describes every registered broker, then the default, as Kafka's tool does."""
+    if name is not None and name != DEFAULT and not name.isdigit():
+        raise click.UsageError(f"--entity-name of a broker is its integer id, got {name!r}")
+    broker = None if name in (None, DEFAULT) else int(name)
+    if alter:
+        if name is None:
+            raise click.UsageError("--alter --entity-type brokers needs --entity-name ID or --entity-default")
+        what = "default config for brokers in the cluster" if broker is None else f"config for broker {broker}"
+
+        async def change() -> dict[str, str]:
+            async with _admin(ctx) as a:
+                return await a.alter_broker_configs(broker, add, delete)
+
+        after = run(change())
+        if obj(ctx).json:
+            emit_json({"broker": name, "configs": after})
+        else:
+            click.echo(f"Completed updating {what}.")
+        return
+
+    async def read() -> list[tuple[Optional[int], Any]]:
+        async with _admin(ctx) as a:
+            if name is not None:
+                return [(broker, await a.describe_broker_configs(broker))]
+            ids = sorted(b.broker_id for b in (await a.describe_cluster()).brokers)
+            return [*[(i, await a.describe_broker_configs(i)) for i in ids],
+                    (None, await a.describe_broker_configs(None))]
+
+    found = run(read())
+    shown: list[tuple[Optional[int], Any]] = []
+    for b, entries in found:
+        wanted = bc.DYNAMIC_DEFAULT_BROKER_CONFIG if b is None else bc.DYNAMIC_BROKER_CONFIG
+        shown.append((b, entries if all_ else [e for e in entries if e.source == wanted]))
+    if obj(ctx).json:
+        rows = [{"broker": "<default>" if b is None else b, "name": e.name, "value": e.value,
+                 "source": bc.SOURCE_NAMES.get(e.source, "UNKNOWN"), "read_only": e.read_only,
+                 "sensitive": e.sensitive,
+                 "synonyms": [{"name": n, "value": v, "source": bc.SOURCE_NAMES.get(src, "UNKNOWN")}
+                              for n, v, src in e.synonyms]} for b, es in shown for e in es]
+        emit_json(rows)
+        return
+    for b, entries in shown:
+        if b is None:
+            click.echo("Default configs for brokers in the cluster are:")
+        else:
+            click.echo(f"{'All' if all_ else 'Dynamic'} configs for broker {b} are:")
+        for e in entries:
+            value = e.value if e.value is not None else "null"
+            click.echo(f"  {e.name}={value} sensitive={str(e.sensitive).lower()} "
+                       f"synonyms={{{_synonyms_text(e.synonyms)}}}")

@@ -39,6 +39,18 @@ class ConfigEntry:
 
 
 @dataclass
+class BrokerConfigEntry:
+    """One config of a broker: Kafka's ConfigSource id in source (2 DYNAMIC_BROKER_CONFIG, 3
+    DYNAMIC_DEFAULT_BROKER_CONFIG, 4 STATIC_BROKER_CONFIG, 5 DEFAULT_CONFIG) and synonyms as (name, value, source)."""
+    name: str
+    value: Optional[str]
+    source: int
+    read_only: bool
+    sensitive: bool
+    synonyms: list[tuple[str, Optional[str], int]] = field(default_factory=list)
+
+
+@dataclass
 class ClusterDescription:
     cluster_id: str
     controller_id: int
@@ -180,6 +192,40 @@ class AdminClient:
         resp = await self._call(lambda s: s.AlterConfigs(req, timeout=self.timeout_s))
         _check(resp.result.error, topic)
         return [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in resp.result.entries]
+
+    # ------------------------------------------------------------ dynamic broker configs (KIP-226)
+    async def describe_broker_configs(self, broker: Optional[int] = None) -> list[BrokerConfigEntry]:
+        """Kafka's describeConfigs of a BROKER resource: broker None is the cluster-wide default (its dynamic
+        configs, answered by any broker), else every config of that broker with its source and synonyms,
+        answered by that broker itself (as Kafka's AdminClient routes it)."""
+        req = controller_pb2.DescribeBrokerConfigsRequest(broker="" if broker is None else str(broker))
+        if broker is None:
+            resp = await self._call(lambda s: s.DescribeBrokerConfigs(req, timeout=self.timeout_s))
+        else:
+            await self.metadata.refresh(None)
+            info = self.metadata.brokers.get(broker)
+            if info is None:
+                raise errors.error_for(errors.Code.INVALID_REQUEST, f"broker {broker} is not registered")
+            stub = controller_pb2_grpc.AdminServiceStub(self.metadata.channel(info.address))
+            try:
+                resp = await stub.DescribeBrokerConfigs(req, timeout=self.timeout_s)
+            except (grpc.RpcError, asyncio.TimeoutError) as exc:
+                raise call_error(exc) from None
+        return [BrokerConfigEntry(e.name, e.value if e.HasField("value") else None, e.source, e.read_only,
+                                  e.sensitive, [(s.name, s.value if s.HasField("value") else None, s.source)
+                                                for s in e.synonyms])
+                for e in resp.entries]
+
+    async def alter_broker_configs(self, broker: Optional[int], set_: Mapping[str, str] | None = None,
+                                   delete: Iterable[str] = (), validate_only: bool = False) -> dict[str, str]:
+        """Set and/or remove dynamic configs of a broker (None: the cluster-wide default); returns the entity's
+        dynamic configs afterwards. INVALID_REQUEST for a read-only key, INVALID_CONFIG for an unknown key or a
+        bad value (nothing is written then)."""
+        req = controller_pb2.AlterBrokerConfigsRequest(
+            broker="" if broker is None else str(broker), set={k: str(v) for k, v in (set_ or {}).items()},
+            delete=list(delete), validate_only=validate_only)
+        resp = await self._call(lambda s: s.AlterBrokerConfigs(req, timeout=self.timeout_s))
+        return dict(resp.configs)
 
     # ------------------------------------------------------------ client quotas (KIP-546)
     async def describe_client_quotas(self, user: Optional[str] = None, client_id: Optional[str] = None

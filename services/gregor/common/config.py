@@ -229,6 +229,9 @@ class BrokerConfig:
     allow_everyone_if_no_acl_found: bool = False
     ssl_principal_mapping_rules: str = "DEFAULT"  # ssl.principal.mapping.rules: certificate subject -> user name
     topic_defaults: dict[str, Any] = field(default_factory=dict)  # from log.* keys
+    # The properties the broker was started with (its STATIC_BROKER_CONFIG layer): dynamic broker configs
+    # (common/broker_configs.py) are resolved over them, and DescribeConfigs tells static from default.
+    static_properties: dict[str, str] = field(default_factory=dict)
     # security.protocol / ssl.*: TLS on the gRPC port, the data port, the Kafka listener and every channel
     # the broker opens (gregor.common.tls, docs/security.md).
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -272,7 +275,7 @@ class BrokerConfig:
                 setattr(cfg, attr, parsed)
             else:
                 raise InvalidConfigError(f"Unknown broker configuration: {key}")
-        for topic_name, keys in _TIME_PRECEDENCE.items():
+        for topic_name, keys in TIME_PRECEDENCE.items():
             for key, millis_per_unit in keys:
                 if key in timed:
                     millis = timed[key] * millis_per_unit
@@ -281,6 +284,7 @@ class BrokerConfig:
                     topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(millis)
                     break
         cfg.topic_defaults = {**cfg.topic_defaults, **topic_defaults}
+        cfg.static_properties = {**cfg.static_properties, **{str(k): str(v) for k, v in props.items()}}
         return cfg
 
 
@@ -294,11 +298,11 @@ def _parse_int(key: str, value: Any) -> int:
 
 
 # Broker time keys with a unit, highest precedence first (Kafka's KafkaConfig.logRetentionTimeMillis / logRollTimeMillis).
-_TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
+TIME_PRECEDENCE: dict[str, tuple[tuple[str, int], ...]] = {
     "retention.ms": (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
     "segment.ms": (("log.roll.ms", 1), ("log.roll.hours", 3_600_000)),
 }
-_TIME_UNIT_KEYS = frozenset(key for keys in _TIME_PRECEDENCE.values() for key, _ in keys)
+_TIME_UNIT_KEYS = frozenset(key for keys in TIME_PRECEDENCE.values() for key, _ in keys)
 
 
 def log_config_kwargs(topic_configs: Mapping[str, Any]) -> dict[str, Any]:

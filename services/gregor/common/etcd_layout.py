@@ -10,6 +10,8 @@ One section per record kind; nothing else in services/ builds a key or parses a 
 - `brokers/topics/<topic>`: a topic's replica assignment
 - `brokers/topics/<topic>/partitions/<p>/state`: a partition's leader, epochs and ISR
 - `config/topics/<topic>`: a topic's config overrides
+- `config/brokers/<id>`, `config/brokers/<default>`: dynamic broker configs, per broker and cluster-wide
+  (Kafka's /config/brokers/<id> and /config/brokers/<default>; common/broker_configs.py)
 - `config/users/<user>`, `config/clients/<client-id>`, `config/users/<user>/clients/<client-id>`: client
   quota configs (Kafka's ZooKeeper paths; names URL-encoded as Kafka's Sanitizer does, `<default>` literal)
 - `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
@@ -326,6 +328,33 @@ class TopicConfigZNode:
     @staticmethod
     def decode(value: bytes) -> dict[str, str]:
         return {str(k): str(v) for k, v in _object(value).get("config", {}).items()}
+
+
+class BrokerConfigZNode:
+    """`config/brokers/<id>` and `config/brokers/<default>`: a broker's (or every broker's default) dynamic configs
+    (Kafka's ConfigEntityZNode for brokers, JSON version 1, the same codec as a topic's). Written by the
+    controller (AdminService.AlterBrokerConfigs), watched by every broker."""
+
+    @staticmethod
+    def key(etcd: KeySpace, entity: str) -> bytes:
+        return etcd.key("config", "brokers", entity)
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, "config", "brokers")
+
+    @staticmethod
+    def entity(etcd: KeySpace, key: bytes) -> str | None:
+        """The broker id (as text) or `<default>` of a key, None for any other key."""
+        return _child(etcd, key, "config", "brokers")
+
+    @staticmethod
+    def encode(configs: Mapping[str, str]) -> bytes:
+        return TopicConfigZNode.encode(configs)
+
+    @staticmethod
+    def decode(value: bytes) -> dict[str, str]:
+        return TopicConfigZNode.decode(value)
 
 
 class QuotaConfigZNode:

@@ -11,7 +11,7 @@ from gregor.common.acl import Operation, ResourceType
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.quota_admin import altered, entity_of, entry_pb
 from gregor.common.rpc import rpc_method
-from gregor.controller import client_quotas
+from gregor.controller import broker_configs, client_quotas
 from gregor.controller.event_manager import RECENT_EVENTS_MAX
 from gregor.controller.leader_balance import ElectionType
 from gregor.controller.state import ControllerState, TopicPartition
@@ -243,6 +243,16 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
 
         configs = await self.controller.run_request("AlterClientQuotas", ControllerState.IDLE, alter)
         return controller_pb2.AlterClientQuotasResponse(result=entry_pb(entity, configs))
+    @rpc_method("AdminService")
+    async def AlterBrokerConfigs(self, request: controller_pb2.AlterBrokerConfigsRequest,
+                                 context: Ctx) -> controller_pb2.AlterBrokerConfigsResponse:
+        self._cluster(context, Operation.ALTER_CONFIGS, "AlterConfigs")  # Kafka: AlterConfigs on the Cluster
+        configs = await self.controller.run_request(
+            "AlterBrokerConfigs", ControllerState.IDLE,
+            lambda: broker_configs.alter(self.controller, request.broker, dict(request.set), list(request.delete),
+                                         request.validate_only, request.replace))
+        return controller_pb2.AlterBrokerConfigsResponse(configs=configs)
+
     # -- ACLs (Kafka's CreateAcls / DescribeAcls / DeleteAcls): any controller instance, straight to etcd ----
 
     @rpc_method("AdminService")

@@ -9,7 +9,6 @@ for Produce acks=0). Per-partition failures are Kafka error codes in the respons
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -21,7 +20,8 @@ import grpc
 from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
-from gregor.common import authz as az, errors
+from gregor.common import authz as az, broker_configs as bc, errors
+from gregor.common.config import effective_topic_configs
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
@@ -673,12 +673,17 @@ class KafkaHandlers:
                                     for i, (h, p, r) in sorted(nodes.items())])
 
     async def describe_configs(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
-        """TOPIC resources from the controller (overrides and defaults); BROKER resources from this broker."""
+        """TOPIC resources from the controller (overrides), a config without an override taking this broker's
+        value and source (dynamic per-broker, dynamic default, static or Kafka's default); BROKER resources from
+        this broker (broker/dynamic_config.py): our id every config with its source, "" the dynamic defaults.
+        Synonyms when include_synonyms is set, as Kafka answers."""
         results = []
+        synonyms = bool(getattr(req, "include_synonyms", False))
+        dyn = self.broker.dynamic_config
         for res in req.resources:
             rtype, name = int(res.resource_type), str(res.resource_name)
             keys = set(res.configuration_keys) if res.configuration_keys else None
-            entries: list[tuple[str, str, bool, str]] = []  # name, value, is default, documentation
+            entries: list[bc.Entry] = []
             code, message = NONE, None
             if rtype == RESOURCE_TOPIC:
                 try:
@@ -686,7 +691,13 @@ class KafkaHandlers:
                     tc = resp.results[0]
                     if tc.HasField("error"):
                         code, message = int(tc.error.code), tc.error.message
-                    entries = [(e.name, e.value, e.is_default, e.documentation) for e in tc.entries]
+                    defaults = effective_topic_configs({}, self.broker.config.topic_defaults)
+                    for e in tc.entries:
+                        if e.is_default and e.name in defaults:
+                            entries.append(dyn.inherited(e.name, defaults[e.name]))
+                        else:
+                            entries.append(bc.Entry(e.name, e.value, bc.TOPIC_CONFIG, False, False,
+                                                    ((e.name, e.value, bc.TOPIC_CONFIG),), e.documentation))
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
             elif rtype == RESOURCE_BROKER and self.broker.authz.enabled and not self.broker.authz.check(
@@ -694,18 +705,19 @@ class KafkaHandlers:
                     "DescribeConfigs"):  # Kafka: a broker's configs need DescribeConfigs on the Cluster
                 code = int(Code.CLUSTER_AUTHORIZATION_FAILED)
             elif rtype == RESOURCE_BROKER and name in ("", str(self.broker.config.broker_id)):
-                for f in dataclasses.fields(self.broker.config):
-                    value = getattr(self.broker.config, f.name)
-                    if isinstance(value, (int, str, bool)) and f.name != "topic_defaults":
-                        entries.append((f.name.replace("_", "."), str(value).lower() if isinstance(value, bool)
-                                        else str(value), value == f.default, ""))
+                entries = dyn.describe(name)
+            elif rtype == RESOURCE_BROKER:
+                code, message = int(Code.INVALID_REQUEST), (f"Unexpected broker id, expected "
+                                                             f"{self.broker.config.broker_id} or empty string, "
+                                                             f"but received {name}")
             else:
                 code, message = int(Code.INVALID_REQUEST), f"resource type {rtype} {name!r} is not described here"
-            configs = [codec.build(mod.DescribeConfigsResourceResult, name=n, value=v, read_only=rtype != RESOURCE_TOPIC,
-                                   config_source=(5 if d else (1 if rtype == RESOURCE_TOPIC else 4)),
-                                   is_sensitive=False, synonyms=[], config_type=0,
-                                   documentation=doc or None, is_default=d)
-                       for n, v, d, doc in entries if keys is None or n in keys]
+            configs = [codec.build(mod.DescribeConfigsResourceResult, name=e.name, value=e.value,
+                                   read_only=e.read_only, config_source=e.source, is_sensitive=e.sensitive,
+                                   synonyms=[codec.build(mod.DescribeConfigsSynonym, name=n, value=v, source=src)
+                                             for n, v, src in e.synonyms] if synonyms else [],
+                                   config_type=0, documentation=e.documentation or None, is_default=e.is_default)
+                       for e in entries if keys is None or e.name in keys]
             results.append(codec.build(mod.DescribeConfigsResult, error_code=code, error_message=message,
                                        resource_type=rtype, resource_name=name, configs=configs))
         return codec.build(mod.DescribeConfigsResponse, results=results)

@@ -14,15 +14,19 @@ Cells (Kafka's tools on both systems unless said):
   rf3      three brokers (Kafka: a KRaft controller + 3 brokers; Gregor: etcd, a controller, 3 brokers, a
            group coordinator),
            topics with replication factor 3 and min.insync.replicas=2: produce acks=all (1 and 8 partitions),
-           a fixed rate acks=all (1,000 rec/s; 100 with --quick; p50/p99), EndToEndLatency one record at a
-           time (acks=all).
+           a fixed rate acks=all (1,000 rec/s; 100 with --quick; p50/p99 of every record, and the p99 of
+           the records after the first WARMUP_S seconds' worth, ProducerPerformance's --warmup-records;
+           on Gregor also the p99 of the listener's own Produce time meanwhile, from the brokers'
+           gregor_kafka_request_duration_seconds histogram: what the listener adds, without the client's
+           queueing), EndToEndLatency one record at a time (acks=all).
   path     Gregor only, rf3: the same acks=all load through `gregor perf produce` (the gRPC client) and through
            ProducerPerformance (the Kafka listener): MB/s and the fixed-rate p99 of each, and their ratio.
   rdkafka  librdkafka (confluent-kafka, bench/rdkafka_perf.py in a process of its own: the native client,
            where the JVM producer starved on a shared machine was the bottleneck of the cells above), rf3, on
            both systems: acks=all with 1 and 8 partitions (MB/s; with 8 also the CPU seconds of every server
            process per GiB produced, /proc utime + stime), a fixed rate acks=all (p50/p99 of the
-           produce()-to-delivery-report latencies). Producer settings: librdkafka's defaults plus acks=all,
+           produce()-to-delivery-report latencies, the p99 after warm-up and the listener's p99 as above).
+           Producer settings: librdkafka's defaults plus acks=all,
            enable.idempotence=true, linger.ms=5 (the gRPC client's and Kafka's Java producer's linger).
   rdkafka path  Gregor only, rf3: the same loads through librdkafka (the Kafka listener) and through
            `gregor perf produce` (gRPC; its defaults: acks=all, idempotence, linger.ms=5), same records, record
@@ -60,6 +64,10 @@ RECORD_BYTES = 1024
 TICKS = os.sysconf("SC_CLK_TCK")
 TOOL_TIMEOUT_S = 600
 MIN_ISR = "2"
+# The fixed-rate cells' first seconds are the producer's start (a JVM's class loading and JIT, the first
+# Metadata, InitProducerId): records sent meanwhile queue up and then go out at once. ProducerPerformance's
+# --warmup-records leaves this many seconds' worth out of a second, steady-state summary.
+WARMUP_S = 2
 
 
 class Sizes:
@@ -72,7 +80,7 @@ class Sizes:
         # 2-core machine a starved producer JVM manages ~300 records/s of 1 KiB with acks=all
         self.fixed_rate = 100 if quick else 1000
         # librdkafka's cells: enough records that a native client's run lasts seconds, not a fraction of one
-        self.rdkafka_records = 30_000 if quick else 100_000
+        self.rdkafka_records = 60_000 if quick else 200_000
 
 
 METRICS = [  # (name, unit, better), table order
@@ -82,6 +90,8 @@ METRICS = [  # (name, unit, better), table order
     ("rf3 produce acks=all p8 (ProducerPerformance)", "MB/s", "higher"),
     ("rf3 fixed rate acks=all p50 (ProducerPerformance)", "ms", "lower"),
     ("rf3 fixed rate acks=all p99 (ProducerPerformance)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 after warm-up (ProducerPerformance)", "ms", "lower"),
+    ("rf3 fixed rate acks=all listener Produce p99 (ProducerPerformance)", "ms", "lower"),
     ("rf3 e2e one at a time p50 (EndToEndLatency)", "ms", "lower"),
     ("rf3 e2e one at a time p99 (EndToEndLatency)", "ms", "lower"),
 ]
@@ -95,6 +105,8 @@ RDKAFKA_METRICS = [  # librdkafka on both systems, rf3
     ("rf3 produce acks=all p8 server CPU (librdkafka)", "s/GiB", "lower"),
     ("rf3 fixed rate acks=all p50 (librdkafka)", "ms", "lower"),
     ("rf3 fixed rate acks=all p99 (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 after warm-up (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all listener Produce p99 (librdkafka)", "ms", "lower"),
 ]
 RDKAFKA_PATH_METRICS = [  # Gregor only: `gregor perf produce` (gRPC) vs librdkafka (Kafka listener)
     ("rf3 produce acks=all p8, librdkafka", "MB/s", "higher"),
@@ -128,24 +140,25 @@ class Tools:
     def __init__(self, dist: KafkaDist, bootstrap: str) -> None:
         self.dist, self.bootstrap = dist, bootstrap
 
-    def produce(self, topic: str, records: int, acks: str, throughput: int = -1) -> dict[str, Any]:
+    def produce(self, topic: str, records: int, acks: str, throughput: int = -1, warmup: int = 0) -> dict[str, Any]:
         return parse_produce(_run(self.dist.command(
             PRODUCER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
             "--record-size", str(RECORD_BYTES), "--throughput", str(throughput), "--reporting-interval", "1000",
-            "--producer-props", f"acks={acks}", heap="512m")))
+            *(["--warmup-records", str(warmup)] if warmup else []), "--producer-props", f"acks={acks}", heap="512m")))
 
     def consume(self, topic: str, records: int) -> dict[str, float]:
         return parse_consume(_run(self.dist.command(
             CONSUMER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
             "--timeout", "60000", heap="512m")))
 
-    def rdkafka(self, topic: str, records: int, throughput: int = -1) -> dict[str, Any]:
+    def rdkafka(self, topic: str, records: int, throughput: int = -1, warmup: int = 0) -> dict[str, Any]:
         """librdkafka's producer (bench/rdkafka_perf.py) in a process of its own."""
         import json
 
         out = _run([sys.executable, str(ROOT / "bench" / "rdkafka_perf.py"), "--bootstrap", self.bootstrap,
                     "--topic", topic, "--num-records", str(records), "--record-size", str(RECORD_BYTES),
-                    "--throughput", str(throughput), "--producer-props", *RDKAFKA_PROPS])
+                    "--throughput", str(throughput), "--warmup-records", str(warmup), "--producer-props",
+                    *RDKAFKA_PROPS])
         return dict(json.loads(out[-1]))
 
     def e2e(self, topic: str, records: int) -> dict[str, float]:
@@ -179,6 +192,20 @@ class Gregor:
     def server_pids(self) -> list[int]:
         """Every server process: etcd, the controller, the brokers, the group coordinator."""
         return [p.pid for p in self.cluster.processes]
+
+    def produce_histogram(self) -> dict[float, float]:
+        """The brokers' gregor_kafka_request_duration_seconds{api="Produce"} buckets, summed: le -> count."""
+        import urllib.request
+
+        out: dict[float, float] = {}
+        prefix = 'gregor_kafka_request_duration_seconds_bucket{api="Produce",le="'
+        for b in self.cluster.by_role("broker"):
+            with urllib.request.urlopen(b.metrics, timeout=10) as resp:
+                for line in resp.read().decode().splitlines():
+                    if line.startswith(prefix):
+                        le = float(line[len(prefix):].split('"', 1)[0])
+                        out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
 
     def gregor(self, *args: str) -> list[str]:
         return _run([sys.executable, "-m", "gregor.cli.main", "--bootstrap", self.cluster.bootstrap, *args],
@@ -273,23 +300,48 @@ def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes, jvm: bool = True, rdkafk
     return r, paths
 
 
+def listener_p99_ms(before: dict[float, float], after: dict[float, float]) -> float:
+    """The upper bound (ms) of the histogram bucket holding the 99th percentile of the Produce requests
+    between two snapshots: the listener's own time for a Produce (read, append, acks, answer built), without
+    the client's queueing. Coarse: prometheus's default buckets (5, 10, 25, 50, 75, 100, 250, 500 ms, ...)."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    for le, count in delta:
+        if total and count >= 0.99 * total:
+            return le * 1000.0
+    return float("nan")
+
+
+def _fixed_listener_p99(side: Any, run: Any) -> tuple[Any, float]:
+    """run() on either system; on Gregor also the listener's own Produce p99 meanwhile."""
+    if not isinstance(side, Gregor):
+        return run(), float("nan")
+    before = side.produce_histogram()
+    out = run()
+    return out, listener_p99_ms(before, side.produce_histogram())
+
+
 def _jvm_cells(side: Any, tools: Tools, r: Round, sizes: Sizes) -> list[Round]:
     n = sizes.rf3_records
     out = tools.produce("p1", n, "all")
     r.put(METRICS[2][0], out["mb_per_sec"], out)
     out = tools.produce("p8", n, "all")
     r.put(METRICS[3][0], out["mb_per_sec"], out)
-    fixed = tools.produce("fixed", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
+    fixed, listener_p99 = _fixed_listener_p99(side, lambda: tools.produce(
+        "fixed", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate, warmup=sizes.fixed_rate * WARMUP_S))
     r.put(METRICS[4][0], fixed["p50_ms"], fixed)
     r.put(METRICS[5][0], fixed["p99_ms"])
+    r.put(METRICS[6][0], fixed["steady"]["p99_ms"] if "steady" in fixed else float("nan"))
+    if listener_p99 == listener_p99:
+        r.put(METRICS[7][0], listener_p99)
     e2e = tools.e2e("e2e", sizes.e2e_records)
-    r.put(METRICS[6][0], e2e["p50_ms"], e2e)
-    r.put(METRICS[7][0], e2e["p99_ms"])
+    r.put(METRICS[8][0], e2e["p50_ms"], e2e)
+    r.put(METRICS[9][0], e2e["p99_ms"])
     if not isinstance(side, Gregor):
         return []
     grpc, kafka_path = Round("gregor-grpc"), Round("gregor-kafka")
     kafka_path.put(PATH_METRICS[0][0], r.values[METRICS[3][0]])
-    kafka_path.put(PATH_METRICS[1][0], r.values[METRICS[5][0]])
+    kafka_path.put(PATH_METRICS[1][0], r.values[METRICS[5][0]])  # p99 of the whole run, as perf produce's
     out = side.grpc_produce("p8g", n, "all")
     grpc.put(PATH_METRICS[0][0], out["mb_per_sec"], out)
     out = side.grpc_produce("fixedg", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
@@ -333,9 +385,13 @@ def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: 
         grpc.put(RDKAFKA_PATH_METRICS[1][0], (cpu_s(side.server_pids()) - cpu0) / gib)
 
     def rfixed() -> None:
-        out = tools.rdkafka("rfixed", fixed_n, throughput=rate)
+        out, listener_p99 = _fixed_listener_p99(side, lambda: tools.rdkafka("rfixed", fixed_n, throughput=rate,
+                                                                            warmup=rate * WARMUP_S))
         r.put(RDKAFKA_METRICS[3][0], out["p50_ms"], out)
         r.put(RDKAFKA_METRICS[4][0], out["p99_ms"])
+        r.put(RDKAFKA_METRICS[5][0], out["steady"]["p99_ms"])
+        if listener_p99 == listener_p99:
+            r.put(RDKAFKA_METRICS[6][0], listener_p99)
         if gregor:
             kafka_path.put(RDKAFKA_PATH_METRICS[2][0], out["p50_ms"])
             kafka_path.put(RDKAFKA_PATH_METRICS[3][0], out["p99_ms"])

@@ -7,10 +7,12 @@ Run in a process of its own (the bench's own work does not share its GIL):
 
 Like Kafka's ProducerPerformance: N records of --record-size bytes (no key), at most --throughput records/s
 (-1: as fast as the client goes, waiting on a full queue), every record's latency from produce() to its
-delivery report (librdkafka's own `rd_kafka_message_latency`, microseconds). Before the measured part one
-record is produced and flushed, so the connections, the Metadata and (with idempotence) the producer id are
-not in the figures. Prints one JSON line: records, records_per_sec, mb_per_sec (MiB, as Kafka's tool),
-avg/max/p50/p95/p99/p999 latency in ms, errors, seconds.
+delivery report (librdkafka's own `rd_kafka_message_latency`, microseconds). As with Kafka's tool (and
+`gregor perf produce`) the clock starts at the first record, so the client's start (connections, Metadata,
+the producer id) is in the figures; --warmup-records K adds a "steady" summary of the records delivered
+after the first K (delivery order: send order within a partition). Prints one JSON line: records,
+records_per_sec, mb_per_sec (MiB, as Kafka's tool), avg/max/p50/p95/p99/p999 latency in ms, errors,
+seconds[, steady].
 """
 
 from __future__ import annotations
@@ -31,8 +33,15 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
+def summary(latencies_s: list[float]) -> dict[str, float]:
+    ms = sorted(x * 1000.0 for x in latencies_s)
+    return {"avg_latency_ms": sum(ms) / len(ms) if ms else float("nan"), "max_latency_ms": ms[-1] if ms else 0.0,
+            "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95), "p99_ms": percentile(ms, 0.99),
+            "p999_ms": percentile(ms, 0.999)}
+
+
 def run(bootstrap: str, topic: str, records: int, record_size: int, throughput: float,
-        props: dict[str, str]) -> dict[str, Any]:
+        props: dict[str, str], warmup: int = 0) -> dict[str, Any]:
     from confluent_kafka import KafkaException, Producer
 
     latencies: list[float] = []
@@ -45,10 +54,6 @@ def run(bootstrap: str, topic: str, records: int, record_size: int, throughput: 
             latencies.append(msg.latency())
 
     p = Producer({"bootstrap.servers": bootstrap, **props, "on_delivery": delivered})
-    p.produce(topic, value=b"warm-up")
-    if p.flush(60) != 0 or errors:
-        raise KafkaException(f"warm-up record not delivered: {errors or 'flush timed out'}")
-    latencies.clear()
     value = b"x" * record_size
     produce, poll = p.produce, p.poll
     t0 = time.perf_counter()
@@ -70,12 +75,13 @@ def run(bootstrap: str, topic: str, records: int, record_size: int, throughput: 
     elapsed = time.perf_counter() - t0
     if left:
         raise KafkaException(f"{left} records not delivered within 300 s")
-    ms = sorted(x * 1000.0 for x in latencies)
-    return {"records": records, "records_per_sec": records / elapsed,
-            "mb_per_sec": records * record_size / MIB / elapsed, "seconds": elapsed,
-            "avg_latency_ms": sum(ms) / len(ms) if ms else float("nan"), "max_latency_ms": ms[-1] if ms else 0.0,
-            "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95), "p99_ms": percentile(ms, 0.99),
-            "p999_ms": percentile(ms, 0.999), "errors": len(errors), "first_error": errors[0] if errors else None}
+    out: dict[str, Any] = {"records": records, "records_per_sec": records / elapsed,
+                           "mb_per_sec": records * record_size / MIB / elapsed, "seconds": elapsed,
+                           **summary(latencies), "errors": len(errors),
+                           "first_error": errors[0] if errors else None}
+    if warmup:
+        out["steady"] = {"records": len(latencies[warmup:]), **summary(latencies[warmup:])}
+    return out
 
 
 def main() -> None:
@@ -85,10 +91,13 @@ def main() -> None:
     ap.add_argument("--num-records", type=int, required=True)
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--throughput", type=float, default=-1, help="records/s cap; -1 for none")
+    ap.add_argument("--warmup-records", type=int, default=0,
+                    help="also summarize the records delivered after the first this many")
     ap.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     props = dict(kv.split("=", 1) for kv in args.producer_props)
-    out = run(args.bootstrap, args.topic, args.num_records, args.record_size, args.throughput, props)
+    out = run(args.bootstrap, args.topic, args.num_records, args.record_size, args.throughput, props,
+              args.warmup_records)
     print(json.dumps(out), flush=True)
     sys.exit(1 if out["errors"] else 0)
 

@@ -31,3 +31,13 @@ def test_percentile_as_kafka_producer_performance() -> None:
     ms = [float(i) for i in range(1, 101)]  # index (int)(q * count) of the sorted latencies
     assert (percentile(ms, 0.5), percentile(ms, 0.99), percentile(ms, 0.999)) == (51.0, 100.0, 100.0)
     assert math.isnan(percentile([], 0.99))
+
+
+def test_steady_throughput_leaves_the_first_window_out() -> None:
+    from bench.bench_same_client import steady_mb_per_sec
+
+    windows = [{"records": 100.0, "records_per_sec": 100.0},  # the client's start: 1 s for 100 records
+               {"records": 2048.0, "records_per_sec": 2048.0},  # 2 MiB in 1 s
+               {"records": 1024.0, "records_per_sec": 2048.0}]  # 1 MiB in 0.5 s
+    assert steady_mb_per_sec(windows) == 3 / 1.5
+    assert math.isnan(steady_mb_per_sec(windows[:1]))

@@ -38,7 +38,7 @@ Cells (Kafka's tools on both systems unless said):
 
 `--only rdkafka` runs the rf3 topology with the librdkafka and rdkafka-path cells only (no JVM tools).
 
-Writes bench/results/same_client[_quick].json and .md and prints the table (median and spread per system,
+Writes bench/results/same_client[_quick][_ONLY].json and .md and prints the table (median and spread per system,
 ratio Gregor/Kafka, median load average while the cell ran).
 """
 

@@ -14,12 +14,31 @@ Cells (Kafka's tools on both systems unless said):
   rf3      three brokers (Kafka: a KRaft controller + 3 brokers; Gregor: etcd, a controller, 3 brokers, a
            group coordinator),
            topics with replication factor 3 and min.insync.replicas=2: produce acks=all (1 and 8 partitions),
-           a fixed rate acks=all (1,000 rec/s; 100 with --quick; p50/p99), EndToEndLatency one record at a
-           time (acks=all).
+           a fixed rate acks=all (1,000 rec/s; 100 with --quick; p50/p99 of every record, and the p99 of
+           the records after the first WARMUP_S seconds' worth, ProducerPerformance's --warmup-records;
+           on Gregor also the p99 of the listener's own Produce time meanwhile, from the brokers'
+           gregor_kafka_request_duration_seconds histogram: what the listener adds, without the client's
+           queueing), EndToEndLatency one record at a time (acks=all).
   path     Gregor only, rf3: the same acks=all load through `gregor perf produce` (the gRPC client) and through
            ProducerPerformance (the Kafka listener): MB/s and the fixed-rate p99 of each, and their ratio.
+  rdkafka  librdkafka (confluent-kafka, bench/rdkafka_perf.py in a process of its own: the native client,
+           where the JVM producer starved on a shared machine was the bottleneck of the cells above), rf3, on
+           both systems: acks=all with 1 and 8 partitions (MB/s; with 8 also the MB/s after the first second,
+           the client's start left out, and the CPU seconds of every server process per GiB produced, /proc
+           utime + stime), a fixed rate acks=all (p50/p99 of the
+           produce()-to-delivery-report latencies, the p99 after warm-up and the listener's p99 as above).
+           Producer settings: librdkafka's defaults plus acks=all,
+           enable.idempotence=true, linger.ms=5 (the gRPC client's and Kafka's Java producer's linger).
+  rdkafka path  Gregor only, rf3: the same loads through librdkafka (the Kafka listener) and through
+           `gregor perf produce` (gRPC; its defaults: acks=all, idempotence, linger.ms=5), same records, record
+           size, partitions; which of the two goes first alternates by round. MB/s, the servers' CPU per GiB,
+           the fixed-rate p50/p99; "after the first second": librdkafka's records delivered after
+           it, perf produce's progress windows after the first (librdkafka's idempotent start takes ~0.5 s,
+           its producer-id timer, against either system). Ratio gRPC / Kafka listener.
 
-Writes bench/results/same_client[_quick].json and .md and prints the table (median and spread per system,
+`--only rdkafka` runs the rf3 topology with the librdkafka and rdkafka-path cells only (no JVM tools).
+
+Writes bench/results/same_client[_quick][_ONLY].json and .md and prints the table (median and spread per system,
 ratio Gregor/Kafka, median load average while the cell ran).
 """
 
@@ -45,8 +64,13 @@ from bench.vs_kafka_report import build_rows, format_table, parse_consume, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD_BYTES = 1024
+TICKS = os.sysconf("SC_CLK_TCK")
 TOOL_TIMEOUT_S = 600
 MIN_ISR = "2"
+# The fixed-rate cells' first seconds are the producer's start (a JVM's class loading and JIT, the first
+# Metadata, InitProducerId): records sent meanwhile queue up and then go out at once. ProducerPerformance's
+# --warmup-records leaves this many seconds' worth out of a second, steady-state summary.
+WARMUP_S = 2
 
 
 class Sizes:
@@ -58,6 +82,8 @@ class Sizes:
         # well under what the slowest side sustains, so the cell measures latency, not a queue: on the shared
         # 2-core machine a starved producer JVM manages ~300 records/s of 1 KiB with acks=all
         self.fixed_rate = 100 if quick else 1000
+        # librdkafka's cells: enough records that a native client's run lasts seconds, not a fraction of one
+        self.rdkafka_records = 60_000 if quick else 200_000
 
 
 METRICS = [  # (name, unit, better), table order
@@ -67,6 +93,8 @@ METRICS = [  # (name, unit, better), table order
     ("rf3 produce acks=all p8 (ProducerPerformance)", "MB/s", "higher"),
     ("rf3 fixed rate acks=all p50 (ProducerPerformance)", "ms", "lower"),
     ("rf3 fixed rate acks=all p99 (ProducerPerformance)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 after warm-up (ProducerPerformance)", "ms", "lower"),
+    ("rf3 fixed rate acks=all listener Produce p99 (ProducerPerformance)", "ms", "lower"),
     ("rf3 e2e one at a time p50 (EndToEndLatency)", "ms", "lower"),
     ("rf3 e2e one at a time p99 (EndToEndLatency)", "ms", "lower"),
 ]
@@ -74,6 +102,37 @@ PATH_METRICS = [  # Gregor only: gRPC client vs Kafka listener, same cluster, sa
     ("rf3 produce acks=all p8", "MB/s", "higher"),
     ("rf3 fixed rate acks=all p99", "ms", "lower"),
 ]
+RDKAFKA_METRICS = [  # librdkafka on both systems, rf3
+    ("rf3 produce acks=all p1 (librdkafka)", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 (librdkafka)", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 after the first second (librdkafka)", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 server CPU (librdkafka)", "s/GiB", "lower"),
+    ("rf3 fixed rate acks=all p50 (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99 after warm-up (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all listener Produce p99 (librdkafka)", "ms", "lower"),
+]
+RDKAFKA_PATH_METRICS = [  # Gregor only: `gregor perf produce` (gRPC) vs librdkafka (Kafka listener)
+    ("rf3 produce acks=all p8, librdkafka", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 after the first second, librdkafka", "MB/s", "higher"),
+    ("rf3 produce acks=all p8 server CPU, librdkafka", "s/GiB", "lower"),
+    ("rf3 fixed rate acks=all p50, librdkafka", "ms", "lower"),
+    ("rf3 fixed rate acks=all p99, librdkafka", "ms", "lower"),
+]
+RDKAFKA_PROPS = ["acks=all", "enable.idempotence=true", "linger.ms=5"]
+
+
+def cpu_s(pids: list[int]) -> float:
+    """utime + stime of these processes (/proc), seconds; a process gone since counts nothing."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
 
 
 def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
@@ -86,16 +145,26 @@ class Tools:
     def __init__(self, dist: KafkaDist, bootstrap: str) -> None:
         self.dist, self.bootstrap = dist, bootstrap
 
-    def produce(self, topic: str, records: int, acks: str, throughput: int = -1) -> dict[str, Any]:
+    def produce(self, topic: str, records: int, acks: str, throughput: int = -1, warmup: int = 0) -> dict[str, Any]:
         return parse_produce(_run(self.dist.command(
             PRODUCER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
             "--record-size", str(RECORD_BYTES), "--throughput", str(throughput), "--reporting-interval", "1000",
-            "--producer-props", f"acks={acks}", heap="512m")))
+            *(["--warmup-records", str(warmup)] if warmup else []), "--producer-props", f"acks={acks}", heap="512m")))
 
     def consume(self, topic: str, records: int) -> dict[str, float]:
         return parse_consume(_run(self.dist.command(
             CONSUMER_PERF, "--bootstrap-server", self.bootstrap, "--topic", topic, "--num-records", str(records),
             "--timeout", "60000", heap="512m")))
+
+    def rdkafka(self, topic: str, records: int, throughput: int = -1, warmup: int = 0) -> dict[str, Any]:
+        """librdkafka's producer (bench/rdkafka_perf.py) in a process of its own."""
+        import json
+
+        out = _run([sys.executable, str(ROOT / "bench" / "rdkafka_perf.py"), "--bootstrap", self.bootstrap,
+                    "--topic", topic, "--num-records", str(records), "--record-size", str(RECORD_BYTES),
+                    "--throughput", str(throughput), "--warmup-records", str(warmup), "--producer-props",
+                    *RDKAFKA_PROPS])
+        return dict(json.loads(out[-1]))
 
     def e2e(self, topic: str, records: int) -> dict[str, float]:
         return parse_e2e(_run(self.dist.command(END_TO_END_LATENCY, self.bootstrap, topic, str(records), "all",
@@ -124,6 +193,24 @@ class Gregor:
             self.cluster.down()
             shutil.rmtree(self.cluster.data_dir, ignore_errors=True)
             self.cluster = None
+
+    def server_pids(self) -> list[int]:
+        """Every server process: etcd, the controller, the brokers, the group coordinator."""
+        return [p.pid for p in self.cluster.processes]
+
+    def produce_histogram(self) -> dict[float, float]:
+        """The brokers' gregor_kafka_request_duration_seconds{api="Produce"} buckets, summed: le -> count."""
+        import urllib.request
+
+        out: dict[float, float] = {}
+        prefix = 'gregor_kafka_request_duration_seconds_bucket{api="Produce",le="'
+        for b in self.cluster.by_role("broker"):
+            with urllib.request.urlopen(b.metrics, timeout=10) as resp:
+                for line in resp.read().decode().splitlines():
+                    if line.startswith(prefix):
+                        le = float(line[len(prefix):].split('"', 1)[0])
+                        out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
 
     def gregor(self, *args: str) -> list[str]:
         return _run([sys.executable, "-m", "gregor.cli.main", "--bootstrap", self.cluster.bootstrap, *args],
@@ -156,6 +243,10 @@ class Kafka:
             self.cluster.stop()
             shutil.rmtree(self.cluster.base_dir, ignore_errors=True)
             self.cluster = None
+
+    def server_pids(self) -> list[int]:
+        assert self.cluster is not None
+        return self.cluster.pids
 
     def create_topic(self, name: str, partitions: int, rf: int) -> None:
         assert self.cluster is not None
@@ -192,42 +283,149 @@ def single_round(side: Any, dist: KafkaDist, sizes: Sizes) -> Round:
     return r
 
 
-def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes) -> tuple[Round, Optional[Round]]:
-    """Kafka's tools on either system; on Gregor also the gRPC client with the same loads (the `path` cells)."""
+def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes, jvm: bool = True, rdkafka: bool = True,
+              rep: int = 0) -> tuple[Round, list[Round]]:
+    """Kafka's tools and librdkafka on either system; on Gregor also the gRPC client with the same loads (the
+    `path` cells: one merged round per client compared, JVM and librdkafka)."""
     r = Round(side.name)
-    grpc = Round("gregor-grpc") if isinstance(side, Gregor) else None
-    kafka_path = Round("gregor-kafka") if isinstance(side, Gregor) else None
+    gregor = isinstance(side, Gregor)
+    paths: list[Round] = []
     tools = Tools(dist, side.start(3))
     try:
-        for name, parts in (("p1", 1), ("p8", 8), ("p8g", 8), ("fixed", 1), ("fixedg", 1), ("e2e", 1)):
+        topics = [("p1", 1), ("p8", 8), ("p8g", 8), ("fixed", 1), ("fixedg", 1), ("e2e", 1)] if jvm else []
+        topics += [("r1", 1), ("r8", 8), ("rfixed", 1), ("r8g", 8), ("rfixedg", 1)] if rdkafka else []
+        for name, parts in topics:
             side.create_topic(name, parts, 3)
-        n = sizes.rf3_records
-        out = tools.produce("p1", n, "all")
-        r.put(METRICS[2][0], out["mb_per_sec"], out)
-        out = tools.produce("p8", n, "all")
-        r.put(METRICS[3][0], out["mb_per_sec"], out)
-        fixed = tools.produce("fixed", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
-        r.put(METRICS[4][0], fixed["p50_ms"], fixed)
-        r.put(METRICS[5][0], fixed["p99_ms"])
-        e2e = tools.e2e("e2e", sizes.e2e_records)
-        r.put(METRICS[6][0], e2e["p50_ms"], e2e)
-        r.put(METRICS[7][0], e2e["p99_ms"])
-        if grpc is not None and kafka_path is not None:
-            kafka_path.put(PATH_METRICS[0][0], r.values[METRICS[3][0]])
-            kafka_path.put(PATH_METRICS[1][0], r.values[METRICS[5][0]])
-            out = side.grpc_produce("p8g", n, "all")
-            grpc.put(PATH_METRICS[0][0], out["mb_per_sec"], out)
-            out = side.grpc_produce("fixedg", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
-            grpc.put(PATH_METRICS[1][0], out["p99_ms"], out)
-            return r, _merge(grpc, kafka_path)
+        if jvm:
+            paths += _jvm_cells(side, tools, r, sizes)
+        if rdkafka:
+            paths += _rdkafka_cells(side, tools, r, sizes, grpc_first=gregor and rep % 2 == 1)
     finally:
         side.stop()
-    return r, None
+    return r, paths
 
 
-def _merge(grpc: Round, kafka_path: Round) -> Round:
+def steady_mb_per_sec(windows: list[dict[str, float]]) -> float:
+    """A perf tool's throughput after its first progress window (1 s): the client's start left out. The records
+    of the windows after the first over their durations (records / records_per_sec); NaN with fewer than two."""
+    ws = [w for w in windows[1:] if w["records_per_sec"] > 0]
+    if not ws:
+        return float("nan")
+    return sum(w["records"] for w in ws) * RECORD_BYTES / 2**20 / sum(w["records"] / w["records_per_sec"] for w in ws)
+
+
+def listener_p99_ms(before: dict[float, float], after: dict[float, float]) -> float:
+    """The upper bound (ms) of the histogram bucket holding the 99th percentile of the Produce requests
+    between two snapshots: the listener's own time for a Produce (read, append, acks, answer built), without
+    the client's queueing. Coarse: prometheus's default buckets (5, 10, 25, 50, 75, 100, 250, 500 ms, ...)."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    for le, count in delta:
+        if total and count >= 0.99 * total:
+            return le * 1000.0
+    return float("nan")
+
+
+def _fixed_listener_p99(side: Any, run: Any) -> tuple[Any, float]:
+    """run() on either system; on Gregor also the listener's own Produce p99 meanwhile."""
+    if not isinstance(side, Gregor):
+        return run(), float("nan")
+    before = side.produce_histogram()
+    out = run()
+    return out, listener_p99_ms(before, side.produce_histogram())
+
+
+def _jvm_cells(side: Any, tools: Tools, r: Round, sizes: Sizes) -> list[Round]:
+    n = sizes.rf3_records
+    out = tools.produce("p1", n, "all")
+    r.put(METRICS[2][0], out["mb_per_sec"], out)
+    out = tools.produce("p8", n, "all")
+    r.put(METRICS[3][0], out["mb_per_sec"], out)
+    fixed, listener_p99 = _fixed_listener_p99(side, lambda: tools.produce(
+        "fixed", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate, warmup=sizes.fixed_rate * WARMUP_S))
+    r.put(METRICS[4][0], fixed["p50_ms"], fixed)
+    r.put(METRICS[5][0], fixed["p99_ms"])
+    r.put(METRICS[6][0], fixed["steady"]["p99_ms"] if "steady" in fixed else float("nan"))
+    if listener_p99 == listener_p99:
+        r.put(METRICS[7][0], listener_p99)
+    e2e = tools.e2e("e2e", sizes.e2e_records)
+    r.put(METRICS[8][0], e2e["p50_ms"], e2e)
+    r.put(METRICS[9][0], e2e["p99_ms"])
+    if not isinstance(side, Gregor):
+        return []
+    grpc, kafka_path = Round("gregor-grpc"), Round("gregor-kafka")
+    kafka_path.put(PATH_METRICS[0][0], r.values[METRICS[3][0]])
+    kafka_path.put(PATH_METRICS[1][0], r.values[METRICS[5][0]])  # p99 of the whole run, as perf produce's
+    out = side.grpc_produce("p8g", n, "all")
+    grpc.put(PATH_METRICS[0][0], out["mb_per_sec"], out)
+    out = side.grpc_produce("fixedg", sizes.fixed_rate * sizes.fixed_s, "all", throughput=sizes.fixed_rate)
+    grpc.put(PATH_METRICS[1][0], out["p99_ms"], out)
+    return [_merge(grpc, kafka_path, "path")]
+
+
+def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: bool) -> list[Round]:
+    """librdkafka's cells; on Gregor each of the path loads goes through gRPC right before or after (by round)
+    the same load through librdkafka, so the two paths of a pair run in the same minute."""
+    n, rate, fixed_n = sizes.rdkafka_records, sizes.fixed_rate, sizes.fixed_rate * sizes.fixed_s
+    grpc, kafka_path = Round("gregor-grpc"), Round("gregor-kafka")
+    gregor = isinstance(side, Gregor)
+    out = tools.rdkafka("r1", n)
+    r.put(RDKAFKA_METRICS[0][0], out["mb_per_sec"], out)
+
+    def pair(kafka_cell: Any, grpc_cell: Any) -> None:
+        if not gregor:
+            kafka_cell()
+        elif grpc_first:
+            grpc_cell(), kafka_cell()
+        else:
+            kafka_cell(), grpc_cell()
+
+    gib = n * RECORD_BYTES / 2**30
+
+    def r8() -> None:
+        cpu0 = cpu_s(side.server_pids())
+        out = tools.rdkafka("r8", n)
+        cpu = (cpu_s(side.server_pids()) - cpu0) / gib
+        r.put(RDKAFKA_METRICS[1][0], out["mb_per_sec"], out)
+        r.put(RDKAFKA_METRICS[2][0], out["steady_mb_per_sec"])
+        r.put(RDKAFKA_METRICS[3][0], cpu)
+        if gregor:
+            kafka_path.put(RDKAFKA_PATH_METRICS[0][0], out["mb_per_sec"])
+            kafka_path.put(RDKAFKA_PATH_METRICS[1][0], out["steady_mb_per_sec"])
+            kafka_path.put(RDKAFKA_PATH_METRICS[2][0], cpu)
+
+    def g8() -> None:
+        cpu0 = cpu_s(side.server_pids())
+        out = side.grpc_produce("r8g", n, "all")
+        grpc.put(RDKAFKA_PATH_METRICS[0][0], out["mb_per_sec"], out)
+        grpc.put(RDKAFKA_PATH_METRICS[1][0], steady_mb_per_sec(out["windows"]))
+        grpc.put(RDKAFKA_PATH_METRICS[2][0], (cpu_s(side.server_pids()) - cpu0) / gib)
+
+    def rfixed() -> None:
+        out, listener_p99 = _fixed_listener_p99(side, lambda: tools.rdkafka("rfixed", fixed_n, throughput=rate,
+                                                                            warmup=rate * WARMUP_S))
+        r.put(RDKAFKA_METRICS[4][0], out["p50_ms"], out)
+        r.put(RDKAFKA_METRICS[5][0], out["p99_ms"])
+        r.put(RDKAFKA_METRICS[6][0], out["steady"]["p99_ms"])
+        if listener_p99 == listener_p99:
+            r.put(RDKAFKA_METRICS[7][0], listener_p99)
+        if gregor:
+            kafka_path.put(RDKAFKA_PATH_METRICS[3][0], out["p50_ms"])
+            kafka_path.put(RDKAFKA_PATH_METRICS[4][0], out["p99_ms"])
+
+    def gfixed() -> None:
+        out = side.grpc_produce("rfixedg", fixed_n, "all", throughput=rate)
+        grpc.put(RDKAFKA_PATH_METRICS[3][0], out["p50_ms"], out)
+        grpc.put(RDKAFKA_PATH_METRICS[4][0], out["p99_ms"])
+
+    pair(r8, g8)
+    pair(rfixed, gfixed)
+    return [_merge(grpc, kafka_path, "rdkafka-path")] if gregor else []
+
+
+def _merge(grpc: Round, kafka_path: Round, name: str) -> Round:
     """The path cells as one round: the gRPC client in the "gregor" column, the Kafka listener in "kafka"."""
-    merged = Round("path")
+    merged = Round(name)
     merged.values = {f"grpc:{k}": v for k, v in grpc.values.items()}
     merged.values.update({f"kafka:{k}": v for k, v in kafka_path.values.items()})
     merged.load = {**{f"grpc:{k}": v for k, v in grpc.load.items()},
@@ -236,7 +434,7 @@ def _merge(grpc: Round, kafka_path: Round) -> Round:
     return merged
 
 
-def path_rows(paths: list[Round]) -> str:
+def path_rows(paths: list[Round], metrics: list[tuple[str, str, str]]) -> str:
     """gRPC client vs Kafka listener on Gregor: median of each, ratio gRPC/Kafka path."""
     rounds = []
     for p in paths:
@@ -244,7 +442,7 @@ def path_rows(paths: list[Round]) -> str:
                        "load": {k[5:]: v for k, v in p.load.items() if k.startswith("grpc:")}})
         rounds.append({"system": "kafka", "values": {k[6:]: v for k, v in p.values.items() if k.startswith("kafka:")},
                        "load": {k[6:]: v for k, v in p.load.items() if k.startswith("kafka:")}})
-    table = format_table(build_rows(rounds, PATH_METRICS))
+    table = format_table(build_rows(rounds, metrics))
     table = table.replace("Gregor median", "gRPC client median").replace("Kafka median", "Kafka listener median")
     table = table.replace("Gregor/Kafka", "gRPC/Kafka listener")
     return "\n".join(line.replace("| Gregor |", "| gRPC |").replace("| Kafka |", "| Kafka listener |")
@@ -255,7 +453,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one round (a few minutes)")
     ap.add_argument("--repeat", type=int, help="rounds per system (default 3; 1 with --quick)")
-    ap.add_argument("--only", choices=["single", "rf3"], help="one topology only")
+    ap.add_argument("--only", choices=["single", "rf3", "rdkafka"],
+                    help="one topology only (rdkafka: rf3 with the librdkafka cells only)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every round's finally stops its cluster
     repeat = args.repeat or (1 if args.quick else 3)
@@ -265,33 +464,39 @@ def main() -> None:
     paths: list[Round] = []
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    topologies = {None: ("single", "rf3"), "single": ("single",), "rf3": ("rf3",), "rdkafka": ("rf3",)}[args.only]
     with tempfile.TemporaryDirectory(dir=RESULTS_DIR) as tmp:
         base = Path(tmp)
         for rep in range(repeat):
             order: list[Any] = [Gregor(base), Kafka(dist, base)]
             if rep % 2:
                 order.reverse()
-            for topo in ("single", "rf3"):
-                if args.only and topo != args.only:
-                    continue
+            for topo in topologies:
                 for side in order:
                     print(f"round {rep + 1}/{repeat} {topo} {side.name}", flush=True)
                     if topo == "single":
                         r = single_round(side, dist, sizes)
                     else:
-                        r, path_round = rf3_round(side, dist, sizes)
-                        if path_round is not None:
-                            paths.append(path_round)
+                        r, path_rounds = rf3_round(side, dist, sizes, jvm=args.only != "rdkafka", rep=rep)
+                        paths += path_rounds
                     rounds.append({"system": r.system, "round": rep, "topology": topo, "values": r.values,
                                    "load": r.load, "raw": r.raw})
-    table = format_table(build_rows(rounds, METRICS))
+    table = format_table(build_rows(rounds, METRICS + RDKAFKA_METRICS))
+    jvm_paths = [p for p in paths if p.system == "path"]
+    rdkafka_paths = [p for p in paths if p.system == "rdkafka-path"]
     text = f"{table}\n\nGregor's two paths (same rf3 cluster, same load; ratio = gRPC / Kafka listener):\n\n"
-    text += path_rows(paths) if paths else "(not run)"
+    text += "Kafka's Java producer on the Kafka listener:\n\n"
+    text += path_rows(jvm_paths, PATH_METRICS) if jvm_paths else "(not run)"
+    text += "\n\nlibrdkafka on the Kafka listener:\n\n"
+    text += path_rows(rdkafka_paths, RDKAFKA_PATH_METRICS) if rdkafka_paths else "(not run)"
     name = "same_client_quick" if args.quick else "same_client"
-    params = {"repeat": repeat, "quick": args.quick, "record_bytes": RECORD_BYTES, 
-              "sizes": vars(sizes), "kafka_version": dist.version, "wall_s": round(time.monotonic() - t0, 1)}
-    path = write_results(name, params, rounds + [{"system": "path", "round": i, "values": p.values, "load": p.load,
-                                                  "raw": p.raw} for i, p in enumerate(paths)])
+    if args.only:
+        name += f"_{args.only}"
+    params = {"repeat": repeat, "quick": args.quick, "only": args.only, "record_bytes": RECORD_BYTES,
+              "sizes": vars(sizes), "kafka_version": dist.version, "rdkafka_props": RDKAFKA_PROPS,
+              "wall_s": round(time.monotonic() - t0, 1)}
+    path = write_results(name, params, rounds + [{"system": p.system, "round": i, "values": p.values,
+                                                  "load": p.load, "raw": p.raw} for i, p in enumerate(paths)])
     (RESULTS_DIR / f"{name}.md").write_text(text + "\n")
     print(text)
     print(f"results: {path} ({time.monotonic() - t0:.0f} s)")

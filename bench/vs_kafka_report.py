@@ -15,6 +15,10 @@ from typing import Any, Iterable, Optional
 
 PRODUCE_SUMMARY = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
                              r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th\.$")
+# --warmup-records: the same summary for the records after the warm-up ("N steady state records sent, ...")
+PRODUCE_STEADY = re.compile(r"^(\d+) steady state records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg "
+                            r"latency, ([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, "
+                            r"(\d+) ms 99\.9th\.$")
 PRODUCE_WINDOW = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
                             r"([\d.]+) ms max latency\.$")
 CONSUME_ROW = re.compile(r"^(\S+ \S+), (\S+ \S+), ([\d.]+), ([\d.]+), (\d+), ([\d.]+), (-?\d+), (-?\d+), ([\d.]+), "
@@ -28,21 +32,25 @@ class ParseError(ValueError):
 
 
 def parse_produce(lines: Iterable[str]) -> dict[str, Any]:
-    """kafka-producer-perf-test output: the summary line plus every progress window (avg, max ms)."""
+    """kafka-producer-perf-test output: the summary line plus every progress window (avg, max ms); with
+    --warmup-records also the steady-state summary, under "steady"."""
     windows: list[dict[str, float]] = []
     summary: Optional[dict[str, float]] = None
+    steady: Optional[dict[str, float]] = None
+    keys = ("records", "records_per_sec", "mb_per_sec", "avg_latency_ms", "max_latency_ms", "p50_ms",
+            "p95_ms", "p99_ms", "p999_ms")
     for line in lines:
         line = line.strip()
         if m := PRODUCE_SUMMARY.match(line):
-            keys = ("records", "records_per_sec", "mb_per_sec", "avg_latency_ms", "max_latency_ms", "p50_ms",
-                    "p95_ms", "p99_ms", "p999_ms")
             summary = dict(zip(keys, map(float, m.groups())))
+        elif m := PRODUCE_STEADY.match(line):
+            steady = dict(zip(keys, map(float, m.groups())))
         elif m := PRODUCE_WINDOW.match(line):
             windows.append({"records": float(m[1]), "records_per_sec": float(m[2]), "avg_ms": float(m[4]),
                             "max_ms": float(m[5])})
     if summary is None:
         raise ParseError("no producer summary line in the output")
-    return {**summary, "windows": windows}
+    return {**summary, "windows": windows, **({"steady": steady} if steady is not None else {})}
 
 
 def window_stats(windows: list[dict[str, float]], skip_first: int = 1) -> dict[str, float]:

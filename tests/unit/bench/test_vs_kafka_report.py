@@ -33,6 +33,15 @@ def test_parse_produce_summary_and_windows() -> None:
     assert len(r["windows"]) == 6 and r["windows"][2]["avg_ms"] == 40.4
 
 
+def test_parse_produce_steady_state_summary_of_warmup_records() -> None:
+    out = PRODUCER_OUT + ("8008 steady state records sent, 2000.1 records/sec (1.95 MB/sec), 6.50 ms avg latency, "
+                          "90.00 ms max latency, 6 ms 50th, 11 ms 95th, 40 ms 99th, 88 ms 99.9th.\n")
+    r = parse_produce(out.splitlines())
+    assert r["p99_ms"] == 120  # the whole run's summary stays the cell's
+    assert r["steady"]["records"] == 8008 and r["steady"]["p99_ms"] == 40 and r["steady"]["p50_ms"] == 6
+    assert "steady" not in parse_produce(PRODUCER_OUT.splitlines())
+
+
 def test_window_stats_skips_the_first_and_a_partial_last_window() -> None:
     ws = window_stats(parse_produce(PRODUCER_OUT.splitlines())["windows"])
     assert ws["worst_window_ms"] == 40.4  # not the 12.3 ms first window nor the 12-record tail

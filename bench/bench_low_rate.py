@@ -59,14 +59,14 @@ def create_cell_topics(cli: list[str], env: dict[str, str], topic: str, others: 
     return int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
 
 
-def produce_requests(metrics_endpoints: list[str]) -> float:
-    """ProduceStream requests the brokers have answered (gregor_requests_total, every code)."""
+def produce_requests(metrics_endpoints: list[str], api: str = "ProduceStream") -> float:
+    """Requests of api the brokers have answered (gregor_requests_total, every code)."""
     total = 0.0
     for endpoint in metrics_endpoints:
         url = endpoint if endpoint.startswith("http") else f"http://{endpoint}/metrics"
         with urllib.request.urlopen(url, timeout=10) as resp:
             for line in resp.read().decode().splitlines():
-                if line.startswith("gregor_requests_total{") and 'api="ProduceStream"' in line:
+                if line.startswith("gregor_requests_total{") and f'api="{api}"' in line:
                     total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -96,7 +96,7 @@ def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[s
             procs = {(f"{p.role}-{p.id}" + ("*" if p.role == "broker" and p.id == leader else "")): p.pid
                      for p in cluster.processes}
             brokers = [p.metrics for p in cluster.by_role("broker")]
-            requests0 = produce_requests(brokers)
+            requests0, fetches0 = produce_requests(brokers), produce_requests(brokers, "ReplicaFetch")
             cpu0 = {name: proc_cpu_seconds(pid) for name, pid in procs.items()}
             t0 = time.monotonic()
             out = subprocess.run([*cli, "perf", "produce", "--topic", "fixed", "--num-records",
@@ -106,12 +106,13 @@ def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[s
             wall = time.monotonic() - t0
             cores = {name: (proc_cpu_seconds(pid) - cpu0[name]) / wall for name, pid in procs.items()}
             requests = produce_requests(brokers) - requests0
+            fetches = produce_requests(brokers, "ReplicaFetch") - fetches0
         finally:
             cluster.down()
     result = parse_produce(out.splitlines())
     result.update(window_stats(result["windows"]))
     return {"legacy": baseline is not None, "load": os.getloadavg()[0], "wall_s": wall, "cores": cores,
-            "server_cores": sum(cores.values()), "produce_requests": requests,
+            "server_cores": sum(cores.values()), "produce_requests": requests, "replica_fetches": fetches,
             "us_per_request": sum(cores.values()) * wall / requests * 1e6 if requests else 0.0, **{k: v for k, v in result.items() if k != "windows"}}
 
 
@@ -120,7 +121,8 @@ def show(r: dict[str, Any]) -> None:
     print(f"  {'old' if r['legacy'] else 'new'}  p50 {r['p50_ms']:.0f}  p99 {r['p99_ms']:.0f}  "
           f"p99.9 {r['p999_ms']:.0f} ms  median 1-s window {r['median_window_ms']:.2f} ms  "
           f"server {r['server_cores']:.3f} cores ({per})  {r['produce_requests']:.0f} requests, "
-          f"{r['us_per_request']:.0f} µs CPU each  load {r['load']:.2f}", flush=True)
+          f"{r['us_per_request']:.0f} µs CPU each, {r['replica_fetches'] / max(r['produce_requests'], 1):.2f} replica "
+          f"fetches each  load {r['load']:.2f}", flush=True)
 
 
 def main() -> None:

@@ -137,11 +137,11 @@ class ReplicaFetchSession:
             except errors.GregorError as err:
                 slot = listed[key] = err
             prev = before.get(key)
+            if prev is None and self._changes is not None and key not in self.entries:  # once, even if named twice
+                self._changes.listen(key, self._on_change)
             entry = self.entries[key] = _SessionEntry(part, slot)
             if prev is not None:
                 entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
-            elif self._changes is not None:
-                self._changes.listen(key, self._on_change)
         if not incremental and self._changes is not None:
             for key in before:
                 if key not in self.entries:

@@ -154,6 +154,9 @@ async def test_close_and_a_full_request_end_the_listening() -> None:
     assert set(rm.fetch_purgatory._listeners) == {a.key, b.key}
     await fetch(rm, session, [b], incremental=False)  # a full request without a: a is no longer listened to
     assert set(rm.fetch_purgatory._listeners) == {b.key}
+    await fetch(rm, session, [a, a, b], incremental=False)  # a named twice is listened to once
+    assert {k: len(v) for k, v in rm.fetch_purgatory._listeners.items()} == {a.key: 1, b.key: 1}
+    await fetch(rm, session, [b], incremental=False)
     rm.append(a)
     assert await fetch(rm, session, [], incremental=True) == {}
     session.close()

@@ -11,6 +11,11 @@ quick loop for the replication path's CPU and latency (a few minutes, no JVM).
 another checkout (DIR/services, e.g. `git archive main services | tar -x -C DIR`) on PYTHONPATH for
 the servers and the perf tool, once with this checkout's, and prints the new/old ratio of the
 medians (the native module is the same for both).
+
+Each line also gives the server CPU per produce request (µs, every server process over the brokers'
+ProduceStream requests, from their gregor_requests_total): on a loaded machine the producer's batches
+grow with its latency, so cores alone compare runs of different request rates; the CPU per request
+does not depend on that.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +59,18 @@ def create_cell_topics(cli: list[str], env: dict[str, str], topic: str, others: 
     return int(m[1]) if (m := re.search(r'"leader":\s*(\d+)', described)) else -1
 
 
+def produce_requests(metrics_endpoints: list[str], api: str = "ProduceStream") -> float:
+    """Requests of api the brokers have answered (gregor_requests_total, every code)."""
+    total = 0.0
+    for endpoint in metrics_endpoints:
+        url = endpoint if endpoint.startswith("http") else f"http://{endpoint}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("gregor_requests_total{") and f'api="{api}"' in line:
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[str, Any]:
     """A fresh cluster, one fixed-rate produce run: latency percentiles and per-process CPU cores."""
     from gregor.cli.local_cluster import LocalCluster
@@ -77,6 +95,8 @@ def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[s
             time.sleep(5)  # every partition's followers caught up, as in bench_vs_kafka
             procs = {(f"{p.role}-{p.id}" + ("*" if p.role == "broker" and p.id == leader else "")): p.pid
                      for p in cluster.processes}
+            brokers = [p.metrics for p in cluster.by_role("broker")]
+            requests0, fetches0 = produce_requests(brokers), produce_requests(brokers, "ReplicaFetch")
             cpu0 = {name: proc_cpu_seconds(pid) for name, pid in procs.items()}
             t0 = time.monotonic()
             out = subprocess.run([*cli, "perf", "produce", "--topic", "fixed", "--num-records",
@@ -85,19 +105,24 @@ def one_round(seconds: int, baseline: str | None, others: bool = True) -> dict[s
                                  env=env, capture_output=True, text=True, check=True).stdout
             wall = time.monotonic() - t0
             cores = {name: (proc_cpu_seconds(pid) - cpu0[name]) / wall for name, pid in procs.items()}
+            requests = produce_requests(brokers) - requests0
+            fetches = produce_requests(brokers, "ReplicaFetch") - fetches0
         finally:
             cluster.down()
     result = parse_produce(out.splitlines())
     result.update(window_stats(result["windows"]))
     return {"legacy": baseline is not None, "load": os.getloadavg()[0], "wall_s": wall, "cores": cores,
-            "server_cores": sum(cores.values()), **{k: v for k, v in result.items() if k != "windows"}}
+            "server_cores": sum(cores.values()), "produce_requests": requests, "replica_fetches": fetches,
+            "us_per_request": sum(cores.values()) * wall / requests * 1e6 if requests else 0.0, **{k: v for k, v in result.items() if k != "windows"}}
 
 
 def show(r: dict[str, Any]) -> None:
     per = "  ".join(f"{name} {c:.3f}" for name, c in sorted(r["cores"].items()))
     print(f"  {'old' if r['legacy'] else 'new'}  p50 {r['p50_ms']:.0f}  p99 {r['p99_ms']:.0f}  "
           f"p99.9 {r['p999_ms']:.0f} ms  median 1-s window {r['median_window_ms']:.2f} ms  "
-          f"server {r['server_cores']:.3f} cores ({per})  load {r['load']:.2f}", flush=True)
+          f"server {r['server_cores']:.3f} cores ({per})  {r['produce_requests']:.0f} requests, "
+          f"{r['us_per_request']:.0f} µs CPU each, {r['replica_fetches'] / max(r['produce_requests'], 1):.2f} replica "
+          f"fetches each  load {r['load']:.2f}", flush=True)
 
 
 def main() -> None:
@@ -119,12 +144,13 @@ def main() -> None:
         rs = [r for r in runs if r["legacy"] == legacy]
         print(f"{'old' if legacy else 'new'} median of {len(rs)}: p50 {statistics.median(r['p50_ms'] for r in rs):.1f} ms"
               f"  p99 {statistics.median(r['p99_ms'] for r in rs):.1f} ms"
-              f"  server {statistics.median(r['server_cores'] for r in rs):.3f} cores")
+              f"  server {statistics.median(r['server_cores'] for r in rs):.3f} cores"
+              f"  {statistics.median(r['us_per_request'] for r in rs):.0f} µs CPU per produce request")
     if args.baseline:
         old = [r for r in runs if r["legacy"]]
         new = [r for r in runs if not r["legacy"]]
         for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("median_window_ms", "median 1-s window"),
-                           ("server_cores", "server CPU")):
+                           ("server_cores", "server CPU"), ("us_per_request", "CPU per produce request")):
             o, n = statistics.median(r[key] for r in old), statistics.median(r[key] for r in new)
             print(f"new/old {label}: {n:.3f} / {o:.3f} = {n / o:.2f}x" if o else f"new/old {label}: {n} / {o}")
     write_results("low_rate", {"seconds": args.seconds, "rounds": args.rounds, "baseline": args.baseline,

@@ -61,6 +61,9 @@ class FollowerFetchState(Generic[K]):
     # The session (KIP-227): (fetch offset, leader epoch, state identity) last named per partition.
     _sent: dict[K, tuple[int, int, int, int]] = field(default_factory=dict)
     _full_at: float = float("-inf")
+    # Bumped when a partition is added or dropped, backs off, or the session forgets it: while it stays put, the
+    # fetcher may name only the partitions whose answers it applied (moved_request) instead of walking them all.
+    version: int = 0
 
     @classmethod
     def for_lag_time(cls, replica_lag_time_max_ms: int, backoff_s: float = REPLICA_FETCH_BACKOFF_S
@@ -72,12 +75,14 @@ class FollowerFetchState(Generic[K]):
     # -- partitions ------------------------------------------------------------------------
     def add(self, key: K, leader_epoch: int) -> PartitionFetchState:
         st = self.partitions[key] = PartitionFetchState(leader_epoch)
+        self.version += 1
         return st
 
     def drop(self, key: K, st: PartitionFetchState | None = None) -> None:
         """Stop fetching key (only if it is still `st`, when given)."""
         if st is None or self.partitions.get(key) is st:
-            self.partitions.pop(key, None)
+            if self.partitions.pop(key, None) is not None:
+                self.version += 1
 
     def current(self, key: K, st: PartitionFetchState) -> bool:
         return self.partitions.get(key) is st
@@ -123,9 +128,26 @@ class FollowerFetchState(Generic[K]):
             self._sent[key] = (offset, st.leader_epoch, id(st), log_starts[i] if log_starts else -1)
         return listed, not full
 
+    def moved_request(self, moved: Sequence[tuple[K, PartitionFetchState, int, int]], now: float) -> list[int] | None:
+        """session_request's incremental case in O(moved): the same partitions as the last request, none backing
+        off or truncating (the caller's version check), and only `moved` (key, state, fetch offset, log start: the
+        partitions whose answers were applied since) can have changed. Indexes into moved to name; None when
+        a full request is due (refresh_after), which the caller then builds with session_request."""
+        if now - self._full_at >= self.refresh_after:
+            return None
+        sent = self._sent
+        listed = []
+        for i, (key, st, offset, log_start) in enumerate(moved):
+            sig = (offset, st.leader_epoch, id(st), log_start)
+            if sent.get(key) != sig:
+                sent[key] = sig
+                listed.append(i)
+        return listed
+
     def forget(self, key: K) -> None:
         """The leader's session will not read key again until it is named: name it next time (a full request)."""
         self._sent.pop(key, None)
+        self.version += 1
 
     # -- answers ---------------------------------------------------------------------------
     def on_error(self, key: K, st: PartitionFetchState, code: int, now: float) -> ErrorOutcome:
@@ -145,6 +167,7 @@ class FollowerFetchState(Generic[K]):
     def on_truncation_failed(self, st: PartitionFetchState, now: float) -> None:
         st.truncation_rounds = 0
         st.backoff_until = now + self.backoff
+        self.version += 1
 
     # -- truncation by leader epoch (seed 002) -----------------------------------------------
     @staticmethod

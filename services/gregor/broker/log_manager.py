@@ -166,6 +166,9 @@ class LogManager:
         # Retention never deletes at or above a partition's high watermark (Kafka's
         # upperBoundOffset); the ReplicaManager, which owns the HW, installs this.
         self.retention_upper_bound: Callable[[tuple[str, int]], int | None] = lambda _key: None
+        # Retention moved a log's start (on the loop): the ReplicaManager wakes what waits on that partition
+        # (a follower's fetch session learns its log start from it, issue 24).
+        self.on_log_start_moved: Callable[[tuple[str, int]], object] = lambda _key: None
         # Told when a partition's directory was quarantined (the ReplicaManager forgets its checkpointed HW).
         self.on_quarantine: Callable[[tuple[str, int]], None] = lambda _key: None
         self.topic_configs: dict[str, dict[str, Any]] = {}
@@ -326,7 +329,10 @@ class LogManager:
         deleted = 0
         for key, lg in list(self.logs.items()):
             bound = self.retention_upper_bound(key)
-            deleted += await asyncio.to_thread(lg.delete_old_segments, now_ms(), upper_bound_offset=bound)
+            n = await asyncio.to_thread(lg.delete_old_segments, now_ms(), upper_bound_offset=bound)
+            if n:
+                self.on_log_start_moved(key)
+            deleted += n
         return deleted
 
     async def flush_dirty_logs(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -88,6 +88,10 @@ class DelayedOperationPurgatory(Generic[T]):
     def __init__(self, name: str) -> None:
         self.name = name
         self._watchers: dict[Hashable, list[DelayedOperation[T]]] = defaultdict(list)
+        # Standing listeners per key (a follower's fetch session): told of every check_and_complete of the key
+        # for as long as they listen, so a session learns which of its partitions changed without walking all.
+        self._listeners: dict[Hashable, list[Callable[[Hashable], bool]]] = defaultdict(list)
+        self._unkeyed: set[DelayedOperation[T]] = set()  # waiting ops watched under no key (a listener wakes them)
         self._gauge = PURGATORY_SIZE.labels(purgatory=name)
         self._gauge.set_function(self.size)
         self._remote_time = REMOTE_TIME.labels(api=name)
@@ -97,7 +101,24 @@ class DelayedOperationPurgatory(Generic[T]):
         """Watched entries of waiting operations. Called from the metrics server's thread while the loop changes
         the watch lists: iterate a copy (list() of a dict's values is one step under the GIL), or a scrape
         that races a fetch parking on 1,000 partitions fails with 'dictionary changed size during iteration'."""
-        return sum(1 for ops in list(self._watchers.values()) for op in list(ops) if not op.is_completed)
+        return (sum(1 for ops in list(self._watchers.values()) for op in list(ops) if not op.is_completed)
+                + len(self._unkeyed))
+
+    def listen(self, key: Hashable, listener: Callable[[Hashable], bool]) -> None:
+        """Call listener(key) on every check_and_complete(key) until unlisten (it returns whether that completed
+        an operation of its own). Standing, unlike a watch: registered once, not per parked operation."""
+        self._listeners[key].append(listener)
+
+    def unlisten(self, key: Hashable, listener: Callable[[Hashable], bool]) -> None:
+        listeners = self._listeners.get(key)
+        if listeners is None:
+            return
+        try:
+            listeners.remove(listener)
+        except ValueError:
+            pass
+        if not listeners:
+            del self._listeners[key]
 
     def try_complete_else_watch(self, op: DelayedOperation[T], keys: list[Hashable], checked: bool = False) -> bool:
         """Complete op at once if it can; otherwise watch it under keys and arm its timer.
@@ -111,6 +132,8 @@ class DelayedOperationPurgatory(Generic[T]):
         # The condition may have become true between the check and the watch.
         if not checked and op.try_complete():
             return True
+        if not keys:
+            self._unkeyed.add(op)
         loop = asyncio.get_running_loop()
         parked_at = loop.time()
         op._timer = loop.call_later(op.delay_ms / 1000.0, op._expire)
@@ -119,16 +142,21 @@ class DelayedOperationPurgatory(Generic[T]):
 
     def _on_done(self, op: DelayedOperation[T], keys: list[Hashable], waited_s: float) -> None:
         self._unwatch(op, keys)
+        self._unkeyed.discard(op)
         self._remote_time.observe(waited_s)
         if op.expired:
             self._expirations.inc()
 
     def check_and_complete(self, key: Hashable) -> int:
-        """Try to complete every operation watching key; returns how many completed."""
+        """Tell key's listeners, then try to complete every operation watching key; returns how many completed."""
+        completed = 0
+        listeners = self._listeners.get(key)
+        if listeners:
+            for listener in list(listeners):
+                completed += listener(key)
         ops = self._watchers.get(key)
         if not ops:
-            return 0
-        completed = 0
+            return completed
         for op in list(ops):
             if not op.is_completed and op.try_complete_for(key):
                 completed += 1
@@ -148,10 +176,11 @@ class DelayedOperationPurgatory(Generic[T]):
 
     def cancel_all(self, exc: BaseException) -> None:
         """Fail every waiting operation (shutdown), so nothing hangs."""
-        for ops in list(self._watchers.values()):
+        for ops in [*self._watchers.values(), list(self._unkeyed)]:
             for op in list(ops):
                 if not op.future.done():
                     if op._timer is not None:
                         op._timer.cancel()
                     op.future.set_exception(exc)
         self._watchers.clear()
+        self._unkeyed.clear()

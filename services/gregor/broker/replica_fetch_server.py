@@ -16,9 +16,9 @@ are IO-free: tests/sim drives the same class over its in-memory log.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Union
 
-from gregor.broker.purgatory import DelayedOperation
+from gregor.broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from gregor.common import errors
 
 if TYPE_CHECKING:
@@ -81,10 +81,40 @@ class ReplicaFetchSession:
     brokers' CPU went from ~0.25 to ~0.45 cores with an idle 100-partition topic). The session keeps
     each partition's last fetch offset and the HW last sent; an incremental request names only
     partitions that moved, and the answer carries only partitions with news.
+
+    With `changes` (the broker's fetch purgatory) the session listens to its partitions' changes (every
+    append, HW move, log start move and leadership change reports its key there) and looks only at the
+    partitions named in the request or reported changed since: a fetch costs O(partitions that moved),
+    not O(session) as when it walked all ~50 of a leader's partitions twice per fetch (issue 24: the
+    leader's largest per-fetch cost at 2,000 records/s beside bench_vs_kafka's 150 idle partitions).
+    Retention reports its log start moves there too (LogManager.on_log_start_moved); anything else
+    unreported would still reach the follower with its next full request (at least every
+    replica.lag.time.max.ms / 3). Without `changes` (tests/sim, whose log reports nothing) every fetch
+    looks at every partition. close() must end the listening when the stream ends.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, changes: "DelayedOperationPurgatory[Any] | None" = None) -> None:
         self.entries: dict[tuple[str, int], _SessionEntry] = {}
+        self._changes = changes
+        self._changed: dict[tuple[str, int], None] = {}  # reported since the last news() (ordered set)
+        self.parked: "DelayedSessionFetch | None" = None  # the fetch waiting for news, if any
+
+    def _on_change(self, key: Hashable) -> bool:
+        """The purgatory's report of a change to key; wakes the parked fetch when that partition moved."""
+        self._changed[key] = None  # type: ignore[index]
+        op = self.parked
+        return op is not None and not op.is_completed and op.try_complete_for(key)
+
+    @property
+    def listening(self) -> bool:
+        return self._changes is not None
+
+    def close(self) -> None:
+        """The stream ended: stop listening."""
+        if self._changes is not None:
+            for key in self.entries:
+                self._changes.unlisten(key, self._on_change)
+        self.entries, self._changed, self.parked = {}, {}, None
 
     def apply_request(self, parts: list[ReplicaFetchPart], incremental: bool,
                       open_part: Callable[[ReplicaFetchPart], "tuple[Partition, Callable[[], FetchResult], FetchResult]"]
@@ -93,8 +123,10 @@ class ReplicaFetchSession:
         session's partitions, an incremental one updates those it names. open_part validates and reads one named
         partition (recording the follower's fetch): the partition, how to read it again, and the first read; or it
         raises the partition's error. Returns what each named partition got, for news()."""
+        before = self.entries
         if not incremental:
             self.entries = {}
+            self._changed = {}  # every partition is named now
         listed: dict[tuple[str, int], Outcome] = {}
         for part in parts:
             key = (part.topic, part.partition)
@@ -104,42 +136,65 @@ class ReplicaFetchSession:
                 slot = _Watched(p, part.fetch_offset, p.leader_epoch, read)
             except errors.GregorError as err:
                 slot = listed[key] = err
-            prev = self.entries.get(key)
+            prev = before.get(key)
+            if prev is None and self._changes is not None and key not in self.entries:  # once, even if named twice
+                self._changes.listen(key, self._on_change)
             entry = self.entries[key] = _SessionEntry(part, slot)
             if prev is not None:
                 entry.sent_hw, entry.sent_log_start = prev.sent_hw, prev.sent_log_start
+        if not incremental and self._changes is not None:
+            for key in before:
+                if key not in self.entries:
+                    self._changes.unlisten(key, self._on_change)
         return listed
 
-    def news(self, listed: dict[tuple[str, int], Outcome],
-             hosted: "dict[tuple[str, int], Partition]") -> list[tuple[_SessionEntry, Outcome]]:
-        """The partitions to answer now (session order): listed ones with records, a new HW or log start
-        or an error; unlisted ones whose log grew, HW or log start moved or leadership changed.
+    def news(self, listed: dict[tuple[str, int], Outcome], hosted: "dict[tuple[str, int], Partition]",
+             consume: bool = True) -> list[tuple[_SessionEntry, Outcome]]:
+        """The partitions to answer now: listed ones with records, a new HW or log start or an error; unlisted
+        ones whose log grew, HW or log start moved or leadership changed (with a change feed: of those reported
+        changed, which consume forgets; else of all, in session order).
         hosted: the broker's partitions now (a partition deleted or created anew since it was listed
         is an error for the follower, which then lists it again)."""
         out: list[tuple[_SessionEntry, Outcome]] = []
-        for key, e in self.entries.items():
-            outcome = listed.get(key)
-            if outcome is None:
-                slot = e.slot
-                if isinstance(slot, errors.GregorError):
-                    continue  # told once; the follower drops or re-lists it
-                p = slot.partition
-                if hosted.get(key) is not p:
-                    outcome = errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
-                                               "the partition was deleted or created anew since it was fetched",
-                                               topic=key[0], partition=key[1])
-                elif (p.log_end_offset <= slot.fetch_offset and p.is_leader and p.leader_epoch == slot.leader_epoch
-                        and p.high_watermark == e.sent_hw and p.log.log_start_offset == e.sent_log_start):
-                    continue
-                else:
-                    outcome = _read_or_error(slot.read)
-            if isinstance(outcome, errors.GregorError):
-                if not e.error_sent:
-                    out.append((e, outcome))
-            elif (outcome.slice.length or outcome.high_watermark != e.sent_hw
-                  or outcome.log_start_offset != e.sent_log_start):
-                out.append((e, outcome))
+        if self._changes is None:
+            for key, e in self.entries.items():
+                self._examine(key, e, listed, hosted, out)
+            return out
+        changed = self._changed
+        if consume:
+            self._changed = {}
+        entries = self.entries
+        for key in listed:
+            self._examine(key, entries[key], listed, hosted, out)
+        for key in changed:
+            if key not in listed and (entry := entries.get(key)) is not None:
+                self._examine(key, entry, listed, hosted, out)
         return out
+
+    @staticmethod
+    def _examine(key: tuple[str, int], e: _SessionEntry, listed: dict[tuple[str, int], Outcome],
+                 hosted: "dict[tuple[str, int], Partition]", out: list[tuple[_SessionEntry, Outcome]]) -> None:
+        outcome = listed.get(key)
+        if outcome is None:
+            slot = e.slot
+            if isinstance(slot, errors.GregorError):
+                return  # told once; the follower drops or re-lists it
+            p = slot.partition
+            if hosted.get(key) is not p:
+                outcome = errors.error_for(errors.Code.UNKNOWN_TOPIC_OR_PARTITION,
+                                           "the partition was deleted or created anew since it was fetched",
+                                           topic=key[0], partition=key[1])
+            elif (p.log_end_offset <= slot.fetch_offset and p.is_leader and p.leader_epoch == slot.leader_epoch
+                    and p.high_watermark == e.sent_hw and p.log.log_start_offset == e.sent_log_start):
+                return
+            else:
+                outcome = _read_or_error(slot.read)
+        if isinstance(outcome, errors.GregorError):
+            if not e.error_sent:
+                out.append((e, outcome))
+        elif (outcome.slice.length or outcome.high_watermark != e.sent_hw
+              or outcome.log_start_offset != e.sent_log_start):
+            out.append((e, outcome))
 
     @staticmethod
     def sent(answered: list[tuple[_SessionEntry, Outcome]]) -> None:
@@ -155,8 +210,10 @@ class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]])
     changed leadership, then min_bytes over the partitions with news, or its max wait; it answers only
     the partitions with news.
 
-    The wake-up check is an offset comparison per partition (no read): appends to a busy partition
-    wake it often, and reading every partition on each wake-up would cost O(partitions) reads.
+    The wake-up check is an offset comparison of the partition a change was reported for (no read):
+    appends to a busy partition wake it often, and reading or walking every partition on each wake-up
+    would cost O(partitions). Watched in the purgatory under every session key (a session without a
+    change feed), or under none when the session's listener wakes it (ReplicaFetchSession.parked).
     """
 
     def __init__(self, delay_ms: int, session: ReplicaFetchSession, min_bytes: int,
@@ -165,35 +222,34 @@ class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]])
         self.session = session
         self.hosted = hosted
         self.min_bytes = min_bytes
-        self.slots = [e.slot for e in session.entries.values()]
-        self._watched = [e for e in session.entries.values() if isinstance(e.slot, _Watched)]
-        self._by_key = {e.slot.partition.key: e for e in self._watched}  # type: ignore[union-attr]
 
     @staticmethod
     def _slot_moved(e: _SessionEntry) -> bool:
         """Grew past the follower's offset, leadership changed, or the log start moved (DeleteRecords: the
         follower learns it now rather than after its max wait, and a parked DeleteRecords waits on that)."""
         w = e.slot
-        assert isinstance(w, _Watched)
+        if not isinstance(w, _Watched):
+            return False
         p = w.partition
         return (p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
                 or p.log.log_start_offset != e.sent_log_start)
 
-    def _moved(self) -> bool:
-        return any(self._slot_moved(e) for e in self._watched)
-
     def try_complete_for(self, key: object) -> bool:
         """An append, HW move or leadership change on one partition: only its slot can have moved, so a
         fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
-        e = self._by_key.get(key)  # type: ignore[call-overload]
-        if e is not None and not self._slot_moved(e):
+        e = self.session.entries.get(key)  # type: ignore[call-overload]
+        if e is None or not self._slot_moved(e):
             return False
-        return self.try_complete()
+        return self._complete_with_enough()
 
     def try_complete(self) -> bool:
-        if not self._moved():
+        if not any(self._slot_moved(e) for e in self.session.entries.values()):
             return False
-        if self.min_bytes > 1 and _size([o for _, o in self.on_complete()]) < self.min_bytes:
+        return self._complete_with_enough()
+
+    def _complete_with_enough(self) -> bool:
+        if self.min_bytes > 1 and _size([o for _, o in self.session.news({}, self.hosted, consume=False)]) \
+                < self.min_bytes:
             return False  # Kafka's DelayedFetch: wait for replica.fetch.min.bytes over the partitions
         return self.force_complete()
 
@@ -212,7 +268,7 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
         raise errors.error_for(errors.Code.INVALID_REQUEST, f"invalid replica fetch: replica_id={replica_id} "
                                f"min_bytes={min_bytes} max_wait_ms={max_wait_ms}")
     if session is None:
-        session = ReplicaFetchSession()
+        session = ReplicaFetchSession()  # one request, no stream: no listening to close
     live_epoch = rm.live_broker_epoch(replica_id)
 
     def open_part(part: ReplicaFetchPart) -> "tuple[Partition, Callable[[], FetchResult], FetchResult]":
@@ -238,9 +294,16 @@ async def handle_replica_fetch(rm: "ReplicaManager", replica_id: int, broker_epo
     answered = session.news(listed, rm.partitions)
     if not answered and max_wait_ms > 0 and session.entries:
         op = DelayedSessionFetch(max_wait_ms, session, max(min_bytes, 1), rm.partitions)
-        keys = [s.partition.key for s in op.slots if isinstance(s, _Watched)]
+        if session.listening:  # the session's listener wakes it: watched under no key
+            keys: list[Hashable] = []
+            session.parked = op
+        else:
+            keys = [e.slot.partition.key for e in session.entries.values() if isinstance(e.slot, _Watched)]
         # news() just found nothing moved, and no await since (one event loop): skip the two walks.
         rm.fetch_purgatory.try_complete_else_watch(op, keys, checked=True)  # type: ignore[arg-type]
-        answered = await op.future  # type: ignore[assignment]
+        try:
+            answered = await op.future  # type: ignore[assignment]
+        finally:
+            session.parked = None
     session.sent(answered)
     return [(e.part, outcome) for e, outcome in answered]

@@ -211,6 +211,7 @@ class ReplicaManager:
         # KIP-227 consumer fetch sessions (broker/consumer_fetch.py), shared by gRPC and the Kafka listener.
         self.fetch_sessions = FetchSessionCache(config.max_incremental_fetch_session_cache_slots)
         log_manager.retention_upper_bound = self._retention_upper_bound
+        log_manager.on_log_start_moved = self.fetch_purgatory.check_and_complete
         log_manager.on_quarantine = self._forget_checkpointed_hw
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))

@@ -210,7 +210,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """A follower's fetch stream, which is also its fetch session: one response per request, in order.
         Each request is timed and counted like a unary call (api="ReplicaFetch"); an error for the whole
         request ends the stream with its status."""
-        session = ReplicaFetchSession()
         requests = self._replica_fetches
         if self.authz.enabled:  # a follower's fetch: ClusterAction on the Cluster (Kafka)
             try:
@@ -218,21 +217,26 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             except errors.GregorError as err:
                 await errors.abort_with(context, err)
                 return
-        async for request in request_iterator:
-            start = time.perf_counter()
-            parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
-                                      q.topic_id, q.log_start_offset)
-                     for q in request.partitions]
-            try:
-                answered = await handle_replica_fetch(
-                    self.replicas, request.replica_id,
-                    request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                    request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
-            except errors.GregorError as err:
-                requests.record(start, err.name)
-                raise  # rpc_stream: the stream ends with the error's status
-            requests.record(start, "NONE")
-            yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
+        # The session learns of its partitions' changes from the fetch purgatory (O(moved) per fetch).
+        session = ReplicaFetchSession(self.replicas.fetch_purgatory)
+        try:
+            async for request in request_iterator:
+                start = time.perf_counter()
+                parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
+                                          q.topic_id, q.log_start_offset)
+                         for q in request.partitions]
+                try:
+                    answered = await handle_replica_fetch(
+                        self.replicas, request.replica_id,
+                        request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
+                        request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
+                except errors.GregorError as err:
+                    requests.record(start, err.name)
+                    raise  # rpc_stream: the stream ends with the error's status
+                requests.record(start, "NONE")
+                yield broker_pb2.ReplicaFetchResponse(partitions=[replica_fetch_partition(q, o) for q, o in answered])
+        finally:
+            session.close()
 
     @rpc_method("BrokerService")
     async def ListOffsets(self, request: broker_pb2.ListOffsetsRequest,

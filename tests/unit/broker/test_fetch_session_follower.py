@@ -98,3 +98,34 @@ def test_truncation_stops_when_converged_when_the_epoch_stays_or_after_max_round
     rounds = [FollowerFetchState.truncation_round_done(st, False, 10 - n, 9 - n)
               for n in range(MAX_TRUNCATION_ROUNDS)]
     assert rounds == [False] * (MAX_TRUNCATION_ROUNDS - 1) + [True]
+
+
+def test_moved_request_names_only_moved_partitions_until_the_refresh() -> None:
+    """The fetcher's steady case (issue 24): the same partitions as the last request, so only those whose
+    answers it applied are looked at; what did not change since it was last named is not named again."""
+    f = fetcher(lag_ms=3_000)
+    a, b = item(0, 5), item(1, 7)
+    assert f.session_request([a, b], NEW, 100.0, [0, 0]) == ([0, 1], False)  # both at log start 0
+    assert f.moved_request([(a[0], a[1], 6, 0)], now=100.1) == [0]
+    assert f.moved_request([(a[0], a[1], 6, 0), (b[0], b[1], 7, 0)], now=100.2) == []  # named already / unmoved
+    assert f.moved_request([(b[0], b[1], 7, 3)], now=100.3) == [0]  # a new log start is news too
+    assert f.moved_request([(a[0], a[1], 6, 0)], now=101.1) is None  # the full refresh is due
+
+
+def test_version_moves_with_the_partition_set_and_backoffs_not_with_fetches() -> None:
+    f = fetcher()
+    v0 = f.version
+    st = f.add(("t", 0), 1)
+    f.add(("t", 1), 1)
+    assert f.version == v0 + 2
+    v = f.version
+    request(f, [(("t", 0), st, 5)], NEW, now=1.0)
+    f.moved_request([(("t", 0), st, 6, 0)], now=1.1)
+    assert f.version == v  # fetching does not move it
+    f.on_error(("t", 0), st, errors.Code.NOT_LEADER_OR_FOLLOWER, now=1.2)  # backs off, forgotten
+    assert f.version == v + 1
+    f.drop(("t", 1))
+    f.drop(("t", 1))  # already gone: no change
+    assert f.version == v + 2
+    f.on_truncation_failed(st, now=1.3)
+    assert f.version == v + 3

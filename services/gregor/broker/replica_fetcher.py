@@ -28,6 +28,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_MIN_BYTES,
     REPLICA_FETCH_BACKOFF_S,
     FETCH_RPC_TIMEOUT_S,
+    REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS,
 )
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -54,9 +55,9 @@ class _FetchStream:
             self.call = None
 
     async def exchange(self, request: broker_pb2.ReplicaFetchRequest,
-                       wake: asyncio.Event) -> "broker_pb2.ReplicaFetchResponse | None":
-        """The response to request; None if wake fired first (the stream is then reset). Raises
-        AioRpcError for a failed stream, REQUEST_TIMED_OUT after FETCH_RPC_TIMEOUT_S."""
+                       wake: asyncio.Event | None) -> "broker_pb2.ReplicaFetchResponse | None":
+        """The response to request; None if wake fired first (the stream is then reset; wake None: the poll
+        is never cut short). Raises AioRpcError for a failed stream, REQUEST_TIMED_OUT after FETCH_RPC_TIMEOUT_S."""
         if self.call is None or self.call.done():  # first use, or the leader ended the last stream
             self.call = self.stub.ReplicaFetch()
         try:
@@ -65,17 +66,18 @@ class _FetchStream:
             self.reset()
             raise errors.error_for(errors.Code.NETWORK_EXCEPTION, "the replica fetch stream ended") from None
         read = asyncio.ensure_future(self.call.read())
-        waker = asyncio.ensure_future(wake.wait())
+        waker = asyncio.ensure_future(wake.wait()) if wake is not None else None
         try:
-            done, _ = await asyncio.wait([read, waker], timeout=FETCH_RPC_TIMEOUT_S,
+            done, _ = await asyncio.wait([read] if waker is None else [read, waker], timeout=FETCH_RPC_TIMEOUT_S,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
-            waker.cancel()
+            if waker is not None:
+                waker.cancel()
             if not read.done():
                 self.reset()
                 await asyncio.gather(read, return_exceptions=True)
         if read not in done:
-            if waker in done:
+            if waker is not None and waker in done:
                 return None
             raise errors.error_for(errors.Code.REQUEST_TIMED_OUT,
                                    f"no replica fetch response within {FETCH_RPC_TIMEOUT_S} s")
@@ -137,7 +139,8 @@ class ReplicaFetcher:
         replica.fetch.wait.max.ms per leader instead of one per partition. The fetches are messages
         of one stream (no call setup per fetch: the largest cost of the acks=all path in the py-spy
         profile). A partition added while a poll is out (a leadership move) resets the stream, so it
-        is fetched at once.
+        is fetched at once, unless the session is larger than REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS (then
+        it is named in the next, incremental, request).
         """
         loop = asyncio.get_running_loop()
         stream = _FetchStream(stub)
@@ -169,8 +172,9 @@ class ReplicaFetcher:
                     topic=p.topic, partition=p.partition, fetch_offset=offset, current_leader_epoch=st.leader_epoch,
                     max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset, topic_id=p.topic_id)
                     for _key, st, p, offset in (batch[i] for i in listed)])
+            interruptible = len(self.partitions) <= REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS
             try:
-                resp = await stream.exchange(request, self._wake)
+                resp = await stream.exchange(request, self._wake if interruptible else None)
             except grpc.aio.AioRpcError as exc:
                 stream.reset()
                 for key, st, _p, _offset in batch:

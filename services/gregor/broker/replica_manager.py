@@ -228,13 +228,6 @@ class ReplicaManager:
         # LeaderAndIsr and StopReplica apply one at a time, in arrival order (Kafka's replicaStateChangeLock):
         # a chunked apply yields to the loop, and another control request must not interleave with it.
         self._control_lock = asyncio.Lock()
-        # Leaders whose new epoch is still to be written into their leader-epoch-checkpoint: key -> (partition,
-        # epoch, its start offset, the LEO when it became leader). Kafka's makeLeader assigns the epoch there;
-        # left to the first append, it was an fsync per partition on the loop (~3.5 ms: 35 s for a broker leading
-        # 10,000 new partitions, issue 24). A worker thread writes them (one native call each, the GIL released);
-        # an append that comes first assigns the epoch itself, as before, and the thread's call is then a no-op.
-        self._epoch_starts: dict[tuple[str, int], tuple[Partition, int, int]] = {}
-        self._epoch_writer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ replication (cluster mode)
     def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
@@ -386,38 +379,8 @@ class ReplicaManager:
                        for s in chunk if (s.topic, s.partition) not in self.partitions]
                 open_errors = await self.log_manager.open_logs(new) if new else {}
                 failed.update(self._apply_partition_states(chunk, effective, open_errors))
-                self._queue_epoch_starts(chunk)
                 await asyncio.sleep(0)
             return failed
-
-    def _queue_epoch_starts(self, states: Iterable[LeaderAndIsrState]) -> None:
-        """The partitions of states this broker now leads, for the epoch writer (see _epoch_starts)."""
-        for s in states:
-            p = self.partitions.get((s.topic, s.partition))
-            if p is not None and p.is_leader and p.leader_epoch == s.leader_epoch:
-                self._epoch_starts[p.key] = (p, p.leader_epoch, p.log.log_end_offset)
-        if self._epoch_starts and (self._epoch_writer is None or self._epoch_writer.done()):
-            self._epoch_writer = asyncio.get_running_loop().create_task(self._write_epoch_starts(),
-                                                                        name="leader-epoch-writer")
-
-    async def _write_epoch_starts(self) -> None:
-        while self._epoch_starts:
-            await asyncio.to_thread(self.assign_leader_epochs)
-
-    def assign_leader_epochs(self) -> None:
-        """Write each queued leader's epoch start (a worker thread). A partition that is no longer that leader
-        (moved, deleted) is skipped; an epoch the log already has (an append came first) changes nothing."""
-        while True:
-            try:
-                key, (p, epoch, start) = self._epoch_starts.popitem()
-            except KeyError:
-                return
-            if self.partitions.get(key) is not p or not p.is_leader or p.leader_epoch != epoch:
-                continue
-            try:
-                p.log.assign_epoch_start_offset(epoch, start)
-            except Exception as exc:  # a log closed meanwhile (deleted): its next leader assigns its own
-                log.debug("%s-%d: leader epoch %d not assigned ahead of the first append: %s", *key, epoch, exc)
 
     async def apply_stop_replica(self, partitions: Sequence[tuple[str, int]], delete: bool) -> None:
         """StopReplica as the control service applies it: under the control lock, in chunks, the logs of a

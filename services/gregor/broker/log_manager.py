@@ -260,10 +260,10 @@ class LogManager:
         await asyncio.to_thread(self.write_partition_metadata_due)
 
     def _forget_metadata_due(self, path: str) -> None:
-        """A directory about to be renamed or deleted: its partition.metadata is no longer to be written."""
-        if path in self._metadata_due:
-            with self._metadata_lock:
-                self._metadata_due.pop(path, None)
+        """A directory about to be renamed or deleted: its partition.metadata is no longer to be written, and
+        a write into it in progress is over (the lock is held across each write)."""
+        with self._metadata_lock:
+            self._metadata_due.pop(path, None)
 
     def _adopt(self, o: "_OpenedLog") -> native.Log:
         """Register what _open_log_files did (on the loop): the quarantined directory, the opened log."""

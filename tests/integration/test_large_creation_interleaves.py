@@ -8,9 +8,13 @@ them processed before the large creation's last NewPartitionCreation batch: they
 not wait behind it. On a controller that creates every partition in one event they
 would run only after it (and there would be no batches at all).
 
-The large creation still answers only once every partition has a leader, with the
-one topic id and the full assignment it was written with, and every broker converges
-on 400 partitions with leaders.
+The large creation answers with the full assignment it was written with, and every
+broker converges on 400 partitions with leaders. It answers once its topic key is
+written and its first batch is online, as Kafka answers CreateTopics once the topic
+is in the metadata: a 1,000-partition creation (twenty events) is answered while
+partitions are still to be created, and the controller answers a DescribeConfigs
+in the meantime (before, the answer waited for the last batch, and a 10,000-partition
+creation outlived the brokers' 30 s forward timeout).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tests.helpers.wait import until
 from tests.integration.test_cluster_topic_admin import admin, wait_converged
 
 LARGE = 400  # partitions of the large creation, RF 1 (few files per broker)
+ANSWERED = 1_000  # partitions of the creation answered before its last batch (twenty events)
 PER_EVENT = 50  # --new-partitions-per-event: the large creation takes eight events
 FAILOVER_PER_EVENT = 10  # smaller batches for the failover test: forty events, time to kill the controller
 
@@ -97,9 +102,17 @@ async def test_small_requests_are_answered_between_the_batches_of_a_large_creati
     assert resp.results[0].error.code == 0, resp
     assert resp.results[0].num_partitions == LARGE
 
-    events = await processed_events(ctl)
+    # 400 partitions at 50 per event: the first 50 inline, the other 350 in seven more events (the answer
+    # came after the first).
+    events: list[str] = []
+
+    async def all_batches() -> bool:
+        nonlocal events
+        events = await processed_events(ctl)
+        return events.count("NewPartitionCreation") >= LARGE // PER_EVENT - 1
+
+    await until(all_batches, 60, "the large creation's seven NewPartitionCreation events processed")
     batches = [i for i, name in enumerate(events) if name == "NewPartitionCreation"]
-    # 400 partitions at 50 per event: the first 50 inline, the other 350 in seven more events.
     assert len(batches) == LARGE // PER_EVENT - 1, events
     small_at = max(i for i, name in enumerate(events) if name == "CreateTopics" and i > events.index("CreateTopics"))
     describe_at = events.index("DescribeConfigs")
@@ -126,6 +139,24 @@ async def test_create_partitions_during_a_creation_keeps_the_partitions_still_to
     assert sorted(assignment) == list(range(LARGE + 10))
     view = await wait_converged(cluster.by_role("broker"), "growing", LARGE + 10, 1)
     assert len(view) == LARGE + 10
+
+
+async def test_a_large_creation_is_answered_before_its_last_batch(cluster: LocalCluster, etcd: EtcdClient) -> None:
+    ctl = controller(cluster)
+    resp = await create(ctl, "answered", ANSWERED)
+    # What etcd holds when the answer is in: the whole assignment, not yet every partition's state.
+    states = (await etcd.get_prefix(store.topic_key(etcd, "answered") + b"/")).kvs
+    assert resp.results[0].error.code == 0 and resp.results[0].num_partitions == ANSWERED, resp
+    assignment = store.decode_assignment((await etcd.get(store.topic_key(etcd, "answered"))).value)  # type: ignore[union-attr]
+    assert sorted(assignment) == list(range(ANSWERED))
+    assert PER_EVENT <= len(states) < ANSWERED, f"answered after {len(states)} of {ANSWERED} partitions were created"
+    # The controller answers other admin requests while the creation goes on.
+    async with channel(ctl.grpc) as ch:
+        configs = await controller_pb2_grpc.AdminServiceStub(ch).DescribeConfigs(
+            controller_pb2.DescribeConfigsRequest(topics=["answered"]), timeout=30)
+    assert configs.results[0].error.code == 0, configs
+    view = await wait_converged(cluster.by_role("broker"), "answered", ANSWERED, 1)
+    assert sorted(view) == list(range(ANSWERED))
 
 
 @pytest.fixture(scope="module")

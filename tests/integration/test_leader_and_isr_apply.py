@@ -20,6 +20,8 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gregor.broker.log_manager import PARTITION_METADATA, read_partition_metadata
 from gregor.cli.local_cluster import LocalCluster, Process, start_broker, start_etcd, stop_process
 from gregor.common import errors
 from gregor.common.etcd import EtcdClient
@@ -179,3 +182,17 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
         await write_every_partition(brokers)
         print(f"creation applied on both brokers in {applied_s:.1f} s, every partition written "
               f"{time.monotonic() - started - applied_s:.1f} s later; probe answers {[len(p.answers) for p in probes]}")
+
+        # partition.metadata is written off the loop, after the apply: every replica's file comes, with the id.
+        async with channel(brokers[0].grpc) as ch:
+            md = await broker_pb2_grpc.BrokerServiceStub(ch).Metadata(broker_pb2.MetadataRequest(topics=[TOPIC]),
+                                                                     timeout=30)
+        topic_id = md.topics[0].topic_id
+        assert topic_id
+
+        def ids_on_disk() -> bool:
+            found = [read_partition_metadata(path) for b in brokers for path in glob.glob(os.path.join(b.data_dir, f"{TOPIC}-*"))
+                     if os.path.exists(os.path.join(path, PARTITION_METADATA))]
+            return len(found) == 2 * PARTITIONS and set(found) == {topic_id}
+
+        await until(ids_on_disk, 120, "every replica's partition.metadata written with the topic id")

@@ -110,11 +110,15 @@ class FollowerFetchState(Generic[K]):
                         now: float, log_starts: Sequence[int] | None = None) -> tuple[list[int], bool]:
         """Indexes into batch (key, state, fetch offset) to name in the next request, and whether it is incremental.
 
-        Full on a new stream (a new session on the leader), when the set of partitions changed, and every
-        refresh_after (so the leader records a fetch of every idle partition well within the lag limit);
-        otherwise only partitions whose fetch offset, epoch or log start offset (log_starts, parallel to batch:
-        the leader's DeleteRecords waits for it) moved."""
-        full = new_stream or len(batch) != len(self._sent) or any(k not in self._sent for k, _st, _o in batch) \
+        Full on a new stream (a new session on the leader), when a partition left the set (the request has no
+        way to take one out of the leader's session), and every refresh_after (so the leader records a fetch of
+        every idle partition well within the lag limit); otherwise only partitions whose fetch offset, epoch or
+        log start offset (log_starts, parallel to batch: the leader's DeleteRecords waits for it) moved, and
+        partitions new to the set, which an incremental request adds to the leader's session (KIP-227): a
+        creation adding 100 partitions per LeaderAndIsr chunk to a session of thousands re-listed them all per
+        chunk (issue 24)."""
+        sent = self._sent
+        full = new_stream or sum(1 for k, _st, _o in batch if k in sent) != len(sent) \
             or now - self._full_at >= self.refresh_after
         if full:
             self._sent, self._full_at = {}, now

@@ -11,6 +11,12 @@ REPLICA_FETCH_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 REPLICA_FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: the leader holds an empty fetch this long
 REPLICA_FETCH_MIN_BYTES = 1  # replica.fetch.min.bytes: answer as soon as any partition has a byte
 REPLICA_FETCH_BACKOFF_S = 0.2  # replica.fetch.backoff.ms: pause after an error or a fenced epoch
+# A partition added while a fetch is out cuts the poll short (a new stream, so its session starts over with a
+# full request) only while the session has at most this many partitions: re-listing a large session costs the
+# leader a read per partition, and a creation adding 100 partitions per LeaderAndIsr chunk to sessions of
+# thousands re-listed them all per chunk (issue 24). Larger sessions name the new partitions in the next
+# incremental request, once the poll is answered (within replica.fetch.wait.max.ms), as Kafka's fetcher does.
+REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS = 100
 # A follower's fetch session names every partition again at least this many times per
 # replica.lag.time.max.ms, so the leader records a recent fetch of each idle one (KIP-227 sessions).
 REPLICA_FETCH_SESSION_REFRESH_PARTS = 3

@@ -113,13 +113,16 @@ class _OpenedLog:
     error: Exception | None = None
     stray: tuple[str, str, bytes] | None = None  # (directory, its -stray name, the topic id it held)
     seconds: float = 0.0
+    # The topic id its partition.metadata is still to say (defer_metadata: written later, off the loop).
+    metadata_due: bytes = b""
 
 
 def _open_log_files(key: tuple[str, int], log_dirs: list[str], fewest: str, configs: dict[str, Any],
-                    topic_id: bytes) -> _OpenedLog:
+                    topic_id: bytes, defer_metadata: bool = False) -> _OpenedLog:
     """The file work of opening one partition's log; touches only that partition's directories. The log
     is in the log dir that already holds the partition's directory, else in `fewest`; a directory of
-    another topic id is renamed -stray first and a new log started."""
+    another topic id is renamed -stray first and a new log started. With defer_metadata a partition.metadata
+    to write is left in `metadata_due` (LogManager writes it on a worker thread) instead of written here."""
     out = _OpenedLog(key)
     name = f"{key[0]}-{key[1]}"
     try:
@@ -140,7 +143,10 @@ def _open_log_files(key: tuple[str, int], log_dirs: list[str], fewest: str, conf
         try:
             # A directory made just now has no partition.metadata to read.
             if topic_id and (not existing or out.stray or read_partition_metadata(path) != topic_id):
-                write_partition_metadata(path, topic_id)
+                if defer_metadata:
+                    out.metadata_due = topic_id
+                else:
+                    write_partition_metadata(path, topic_id)
         except BaseException:
             opened.close()
             raise
@@ -174,6 +180,17 @@ class LogManager:
         self.topic_configs: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.cleaner = LogCleaner(self)
+        # partition.metadata files of new replicas still to write: log directory -> topic id. A LeaderAndIsr's
+        # new logs (open_logs) leave theirs here and a worker thread writes them (temp file, fsync, rename),
+        # as Kafka's UnifiedLog flushes its PartitionMetadataFile on a scheduler thread: the fsync was ~3.5 ms
+        # per replica on the loop, half of a 1,000-partition apply (issue 24). Until written, log_topic_id
+        # answers from here; a crash before the write leaves no file, and the next LeaderAndIsr's id is adopted
+        # (a log from before topic ids). The loop adds entries without a lock (a dict store is atomic); the
+        # writer takes one entry at a time under _metadata_lock, and a directory about to be renamed or deleted
+        # is taken out under it too, so no write lands in a directory being moved.
+        self._metadata_due: dict[str, bytes] = {}
+        self._metadata_lock = threading.Lock()
+        self._metadata_writer: asyncio.Task[None] | None = None
 
     def _fewest_dir(self, counts: "collections.Counter[str] | None" = None) -> str:
         """The log dir with the fewest partitions, where Kafka places a new log."""
@@ -210,13 +227,46 @@ class LogManager:
             if (topic, partition) in self.logs:
                 continue
             try:
-                self._adopt(_open_log_files((topic, partition), self.log_dirs, self._fewest_dir(), configs, topic_id))
+                self._adopt(_open_log_files((topic, partition), self.log_dirs, self._fewest_dir(), configs, topic_id,
+                                            defer_metadata=True))
             except Exception as exc:  # this partition only: the others of the request go on
                 failed[(topic, partition)] = exc
             if time.perf_counter() - slice_start >= OPEN_LOGS_SLICE_S:
                 await asyncio.sleep(0)
                 slice_start = time.perf_counter()
+        if self._metadata_due and (self._metadata_writer is None or self._metadata_writer.done()):
+            self._metadata_writer = asyncio.get_running_loop().create_task(
+                self._write_metadata_due(), name="partition-metadata-writer")
         return failed
+
+    async def _write_metadata_due(self) -> None:
+        while self._metadata_due:
+            await asyncio.to_thread(self.write_partition_metadata_due)
+
+    def write_partition_metadata_due(self) -> int:
+        """Write every partition.metadata still due (a worker thread, or close); returns how many."""
+        written = 0
+        while True:
+            with self._metadata_lock:
+                try:
+                    path, topic_id = self._metadata_due.popitem()
+                except KeyError:
+                    return written
+                try:
+                    write_partition_metadata(path, topic_id)
+                    written += 1
+                except OSError as exc:  # the directory went (a deletion raced the writer): nothing to record
+                    log.warning("cannot write %s in %s: %s", PARTITION_METADATA, path, exc)
+
+    async def flush_partition_metadata(self) -> None:
+        """Wait until every partition.metadata due so far is written (tests, tools)."""
+        await asyncio.to_thread(self.write_partition_metadata_due)
+
+    def _forget_metadata_due(self, path: str) -> None:
+        """A directory about to be renamed or deleted: its partition.metadata is no longer to be written, and
+        a write into it in progress is over (the lock is held across each write)."""
+        with self._metadata_lock:
+            self._metadata_due.pop(path, None)
 
     def _adopt(self, o: "_OpenedLog") -> native.Log:
         """Register what _open_log_files did (on the loop): the quarantined directory, the opened log."""
@@ -234,6 +284,8 @@ class LogManager:
         if existing is not None:  # opened meanwhile by another path: keep that one, never two on one dir
             o.log.close()
             return existing
+        if o.metadata_due:
+            self._metadata_due[o.log.dir] = o.metadata_due
         self.logs[o.key] = o.log
         self._logs_per_dir[os.path.dirname(os.path.normpath(o.log.dir))] += 1
         return o.log
@@ -243,6 +295,9 @@ class LogManager:
         lg = self.logs.get((topic, partition))
         if lg is None:
             return b""
+        due = self._metadata_due.get(lg.dir)
+        if due:
+            return due
         try:
             return read_partition_metadata(lg.dir)
         except InconsistentTopicIdError:
@@ -254,7 +309,9 @@ class LogManager:
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
             self._logs_per_dir[os.path.dirname(os.path.normpath(lg.dir))] -= 1
+            self._forget_metadata_due(lg.dir)
             lg.close()
+        self._forget_metadata_due(path)
         stray = _rename_stray(path, stored)
         self._quarantined((topic, partition), path, stray, stored)
         return stray
@@ -291,6 +348,7 @@ class LogManager:
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
             self._logs_per_dir[os.path.dirname(os.path.normpath(lg.dir))] -= 1
+            self._forget_metadata_due(lg.dir)
         return lg
 
     def delete_detached(self, logs: "list[tuple[tuple[str, int], native.Log | None]]") -> None:
@@ -347,6 +405,7 @@ class LogManager:
         self.cleaner.stop()
         for task in self._tasks:
             task.cancel()
+        self.write_partition_metadata_due()  # a clean shutdown leaves every replica's topic id on disk
         for lg in self.logs.values():
             try:
                 lg.close()

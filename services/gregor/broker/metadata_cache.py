@@ -64,21 +64,28 @@ class MetadataCache:
 
     def metadata_response(self, topics: list[str]) -> broker_pb2.MetadataResponse:
         """BrokerService.Metadata: every known topic when none is asked."""
+        return broker_pb2.MetadataResponse(
+            brokers=[self.live_brokers[b] for b in sorted(self.live_brokers)], cluster_id=self.cluster_id,
+            controller_id=self.controller_id, topics=[answer for answer, _ in self.topic_answers(topics)])
+
+    def topic_answers(self, topics: list[str]) -> list[tuple[broker_pb2.TopicMetadata, bool]]:
+        """Each named topic's answer (every known topic when none is named) and whether it is the cached one:
+        a cached answer is the same object until the topic or the live brokers change (the Kafka listener
+        keys its encoded topics on it). Callers must not change the answers."""
         out = []
         for name in topics or sorted(self.partitions):
             answer = self._answers.get(name)
             if answer is None:
                 parts = self.partitions.get(name)
                 if parts is None:
-                    out.append(broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION))
+                    out.append((broker_pb2.TopicMetadata(name=name, error=errors.Code.UNKNOWN_TOPIC_OR_PARTITION),
+                                False))
                     continue
                 answer = self._answers[name] = broker_pb2.TopicMetadata(
                     name=name, is_internal=name.startswith("__"), topic_id=self.topic_ids.get(name, b""),
                     partitions=[self._partition(p, parts[p]) for p in sorted(parts)])
-            out.append(answer)
-        return broker_pb2.MetadataResponse(
-            brokers=[self.live_brokers[b] for b in sorted(self.live_brokers)], cluster_id=self.cluster_id,
-            controller_id=self.controller_id, topics=out)
+            out.append((answer, True))
+        return out
 
     def _partition(self, partition: int, p: CachedPartition) -> broker_pb2.PartitionMetadata:
         offline = [r for r in p.replicas if r not in self.live_brokers]

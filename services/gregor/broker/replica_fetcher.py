@@ -28,6 +28,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_MIN_BYTES,
     REPLICA_FETCH_BACKOFF_S,
     FETCH_RPC_TIMEOUT_S,
+    REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS,
 )
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
@@ -72,9 +73,9 @@ class _FetchStream:
             self.reset()
 
     async def exchange(self, request: broker_pb2.ReplicaFetchRequest,
-                       wake: asyncio.Event) -> "broker_pb2.ReplicaFetchResponse | None":
-        """The response to request; None if wake fired first (the stream is then reset). Raises
-        AioRpcError for a failed stream, REQUEST_TIMED_OUT after FETCH_RPC_TIMEOUT_S."""
+                       wake: asyncio.Event | None) -> "broker_pb2.ReplicaFetchResponse | None":
+        """The response to request; None if wake fired first (the stream is then reset; wake None: the poll
+        is never cut short). Raises AioRpcError for a failed stream, REQUEST_TIMED_OUT after FETCH_RPC_TIMEOUT_S."""
         if self.call is None or self.call.done():  # first use, or the leader ended the last stream
             self.call = self.stub.ReplicaFetch()
         call = self.call
@@ -83,7 +84,7 @@ class _FetchStream:
         except asyncio.InvalidStateError:  # it ended between the check and the write
             self.reset()
             raise errors.error_for(errors.Code.NETWORK_EXCEPTION, "the replica fetch stream ended") from None
-        if wake.is_set():  # set while the request was built or written
+        if wake is not None and wake.is_set():  # set while the request was built or written
             self.reset()
             return None
         self._wake, self._cut_by = wake, None
@@ -163,7 +164,8 @@ class ReplicaFetcher:
         replica.fetch.wait.max.ms per leader instead of one per partition. The fetches are messages
         of one stream (no call setup per fetch: the largest cost of the acks=all path in the py-spy
         profile). A partition added while a poll is out (a leadership move) resets the stream, so it
-        is fetched at once.
+        is fetched at once, unless the session is larger than REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS (then
+        it is named in the next, incremental, request).
         """
         loop = asyncio.get_running_loop()
         stream = self._stream = _FetchStream(stub)
@@ -227,8 +229,9 @@ class ReplicaFetcher:
                     max_bytes=REPLICA_FETCH_MAX_BYTES, log_start_offset=p.log.log_start_offset, topic_id=p.topic_id)
                     for _key, st, p, offset in listed_items])
             every = steady.values() if steady is not None else batch
+            interruptible = len(self.partitions) <= REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS
             try:
-                resp = await stream.exchange(request, self._wake)
+                resp = await stream.exchange(request, self._wake if interruptible else None)
             except grpc.aio.AioRpcError as exc:
                 stream.reset()
                 for key, st, _p, _offset in list(every):

@@ -218,8 +218,6 @@ class Controller:
         # New partitions whose creation waits for a later NewPartitionCreation event, in creation order:
         # partition -> (replicas, topic id of the topic they were assigned under). Active role only.
         self._creation_backlog: dict[TopicPartition, tuple[list[int], bytes]] = {}
-        # Requests waiting until no partition of their topic is left in the backlog.
-        self._creation_waiters: list[tuple[str, asyncio.Future[None]]] = []
         self._creation_scheduled = False  # one NewPartitionCreation event at a time is queued
 
     @property
@@ -557,12 +555,6 @@ class Controller:
         # The next controller finds the rest of a half-created topic New in etcd and creates it on failover.
         self._creation_backlog.clear()
         self._creation_scheduled = False
-        waiters, self._creation_waiters = self._creation_waiters, []
-        for _, waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(errors.error_for(
-                    errors.Code.NOT_CONTROLLER, "the controller moved while the topic's partitions were being "
-                    "created; the next controller creates the rest"))
         epoch = self.ctx.epoch
         self.ctx = ControllerContext()
         self.metrics.active_controller_count.set(0)
@@ -734,7 +726,6 @@ class Controller:
         for topic in sorted(known):
             process_partition_modifications(self.ctx, topic, assignments[topic], actions)
         await self.apply_actions(actions)
-        self._after_creation_batch()
         if new or deleted:
             log.info("topics: new %s, gone %s", sorted(new), sorted(deleted))
 
@@ -801,18 +792,6 @@ class Controller:
         await self.apply_actions(actions)
         if self._creation_backlog:
             self._schedule_creation_batch()
-        self._after_creation_batch()
-
-    def _after_creation_batch(self) -> None:
-        """Release the requests whose topic has no partition left in the creation backlog."""
-        pending = {tp.topic for tp in self._creation_backlog}
-        still: list[tuple[str, asyncio.Future[None]]] = []
-        for topic, waiter in self._creation_waiters:
-            if topic in pending:
-                still.append((topic, waiter))
-            elif not waiter.done():
-                waiter.set_result(None)
-        self._creation_waiters = still
 
     def assigned_partitions(self, topic: str) -> dict[int, list[int]]:
         """The topic's assignment as etcd holds it: created partitions and those still backlogged."""
@@ -823,19 +802,6 @@ class Controller:
     def backlogged_replicas(self) -> list[list[int]]:
         """The replica lists of every partition still waiting in the creation backlog."""
         return [replicas for replicas, _ in self._creation_backlog.values()]
-
-    def partitions_created(self, topic: str) -> asyncio.Future[None]:
-        """Done once no partition of `topic` waits in the creation backlog (event task or RPC side).
-
-        CreateTopics and CreatePartitions answer only then, so an answered creation has every
-        partition's leader chosen and its LeaderAndIsr queued, however many events it took.
-        """
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if any(tp.topic == topic for tp in self._creation_backlog):
-            self._creation_waiters.append((topic, waiter))
-        else:
-            waiter.set_result(None)
-        return waiter
 
     async def on_topic_deletion(self) -> None:
         """TopicDeletion: topics marked under admin/delete_topics are stopped, deleted on brokers, then removed."""

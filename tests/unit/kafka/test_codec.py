@@ -80,3 +80,31 @@ def test_produce_responses_written_by_struct_are_kios_bytes(version: int) -> Non
     struct.pack_into(">i", expected, 0, len(expected) - 4)
     assert codec.encode_produce_response(header, body) == bytes(expected)
     assert codec.encode_response(header, body) == bytes(expected)
+
+
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_responses_with_encoded_topics_are_kios_bytes(version: int) -> None:
+    """A Metadata answer whose topics were encoded beforehand (EncodedTopics, the listener's per-topic cache)
+    is byte for byte kio's encoding of the same answer, in every version: topics before and after the cluster
+    fields, with and without authorized operations (v8-v10) and tagged fields (v9+), none and several topics."""
+    import dataclasses
+    import datetime
+    import uuid as uuid_
+
+    from kio.static.constants import EntityType
+
+    mod = codec.module(3, version, EntityType.response)
+    header = codec.RequestHeader(3, version, 7, "c")
+    parts = [codec.build(mod.MetadataResponsePartition, error_code=0, partition_index=i, leader_id=i % 3,
+                         leader_epoch=2, replica_nodes=[0, 1, 2], isr_nodes=[0, 2], offline_replicas=[1])
+             for i in range(3)]
+    topics = [codec.build(mod.MetadataResponseTopic, error_code=0, name="orders", topic_id=uuid_.uuid4(),
+                          is_internal=False, partitions=parts, topic_authorized_operations=-2147483648),
+              codec.build(mod.MetadataResponseTopic, error_code=3, name="gone", topic_id=uuid_.UUID(int=0),
+                          is_internal=False, partitions=[], topic_authorized_operations=-2147483648)]
+    for chosen in ([], topics[:1], topics):
+        body = codec.build(mod.MetadataResponse, throttle_time=datetime.timedelta(milliseconds=30),
+                           brokers=[codec.build(mod.MetadataResponseBroker, node_id=1, host="h", port=9092, rack=None)],
+                           cluster_id="cid", controller_id=1, topics=chosen, cluster_authorized_operations=-2147483648)
+        spliced = dataclasses.replace(body, topics=codec.EncodedTopics(codec.encode_entity(t) for t in chosen))
+        assert codec.encode_response(header, spliced) == codec.encode_response(header, body)

@@ -9,6 +9,7 @@ for Produce acks=0). Per-partition failures are Kafka error codes in the respons
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time

@@ -172,6 +172,17 @@ def back_in_every_isr(bootstrap: str, topic: str, n: int, broker_id: int) -> boo
     return len(parts) == n and all(broker_id in p.isrs for p in parts.values() if broker_id in p.replicas)
 
 
+def patient_timeouts(budget_s: float) -> dict[str, int]:
+    """librdkafka timeouts as long as the step may take. librdkafka sends one ProduceRequest per partition,
+    and a Kafka broker serves one request at a time per connection (it mutes the channel until the response
+    is sent), so with acks=all 1,000s of partitions queue ~1,000s of requests behind each other per broker;
+    at the default request.timeout.ms (30 s) the tail of that queue timed out, was sent again and queued
+    again, and Kafka's 5,000-partition "write all" never finished in 600 s. Waiting instead measures the
+    queue once."""
+    ms = int(max(30.0, min(budget_s, 900.0)) * 1000)  # request.timeout.ms allows at most 900,000
+    return {"message.timeout.ms": ms, "request.timeout.ms": ms}
+
+
 def write_every_partition(bootstrap: str, topic: str, n: int, timeout_s: float) -> float:
     """One record per partition, acks=all; failed deliveries are sent again until all are in."""
     from confluent_kafka import Producer
@@ -182,7 +193,8 @@ def write_every_partition(bootstrap: str, topic: str, n: int, timeout_s: float) 
         if time.monotonic() - start > timeout_s:
             raise StepFailed(f"write to every partition: {len(pending)} of {n} not written within {timeout_s:.0f} s")
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                             "message.timeout.ms": 30000, "queue.buffering.max.messages": max(100_000, 2 * n)})
+                             **patient_timeouts(timeout_s - (time.monotonic() - start)),
+                             "queue.buffering.max.messages": max(100_000, 2 * n)})
         done: set[int] = set()
 
         def report(err: Any, msg: Any) -> None:
@@ -203,7 +215,7 @@ def produce_spread(bootstrap: str, topic: str, n: int, records: int) -> float:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "queue.buffering.max.messages": 1_000_000,
-                         "message.timeout.ms": 120000})
+                         **patient_timeouts(STEP_TIMEOUT_S)})
     value = os.urandom(RECORD_BYTES)
     failed = [0]
 
@@ -233,6 +245,24 @@ def idle(pids: dict[str, int], seconds: float) -> tuple[float, dict[str, float],
     cores = {name: (proc_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
     rss = {name: proc_status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
     return sum(cores.values()), cores, rss
+
+
+CLEAN_STOP_TIMEOUT_S = 300.0  # a clean shutdown of a broker with 1,000s of replicas may take minutes
+
+
+def signal_and_wait(pid: int, sig: int, alive: Callable[[], bool]) -> dict[str, Any]:
+    """Signal a broker and wait until it exited; SIGKILL only after CLEAN_STOP_TIMEOUT_S (the clusters' own
+    stop helpers SIGKILL after 15 s (Gregor) or 30 s (Kafka), which would turn a slow clean restart into an
+    unclean one). Returns how long it took and whether it had to be killed."""
+    start = time.monotonic()
+    os.kill(pid, sig)
+    forced = False
+    while alive():
+        if time.monotonic() - start > CLEAN_STOP_TIMEOUT_S and not forced:
+            os.kill(pid, signal.SIGKILL)
+            forced = True
+        time.sleep(0.05)
+    return {"stop s": round(time.monotonic() - start, 2), "forced": forced}
 
 
 # ---------------------------------------------------------------- the two systems
@@ -287,17 +317,18 @@ class GregorCell:
     def broker_ids(self) -> list[int]:
         return [p.id for p in self.cluster.by_role("broker")]
 
-    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> None:
-        from gregor.cli.local_cluster import start_broker, stop_process
+    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> dict[str, Any]:
+        from gregor.cli.local_cluster import start_broker
 
         old = next(p for p in self.cluster.by_role("broker") if p.id == broker_id)
-        stop_process(old, sig)
+        stopped = signal_and_wait(old.pid, sig, old.alive)
         etcd = ",".join(p.grpc for p in self.cluster.by_role("etcd"))
         port = int(old.kafka.rsplit(":", 1)[1])  # the same Kafka listener port: clients know it
         new = start_broker(self.cluster.data_dir, broker_id, overrides={"listeners": f"PLAINTEXT://127.0.0.1:{port}"},
                            etcd_endpoint=etcd)
         self.cluster.processes[self.cluster.processes.index(old)] = new
         self.cluster.save()
+        return stopped
 
 
 class KafkaCell:
@@ -349,11 +380,14 @@ class KafkaCell:
         assert self.cluster is not None
         return [n.node_id for n in self.cluster.nodes if "broker" in n.roles]
 
-    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> None:
+    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> dict[str, Any]:
         assert self.cluster is not None
         node = next(n for n in self.cluster.nodes if n.node_id == broker_id)
-        self.cluster.stop_node(node, sig)
+        proc = node.proc
+        assert proc is not None
+        stopped = signal_and_wait(proc.pid, sig, lambda: proc.poll() is None)
         self.cluster.start_node(node)
+        return stopped
 
 
 # ---------------------------------------------------------------- one cell
@@ -417,14 +451,14 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
         step = begin("restart broker")
         broker_id = side.broker_ids()[1]
         start = time.monotonic()
-        side.restart_broker(broker_id)
+        detail["clean restart stop"] = side.restart_broker(broker_id)
         poll(lambda: back_in_every_isr(bootstrap, topic, partitions, broker_id), STEP_TIMEOUT_S,
              f"broker {broker_id} back in every ISR", 0.2)
         values["restart ISR s"] = time.monotonic() - start
         step = begin("unclean restart broker")
         broker_id = side.broker_ids()[2]
         start = time.monotonic()
-        side.restart_broker(broker_id, signal.SIGKILL)
+        detail["unclean restart stop"] = side.restart_broker(broker_id, signal.SIGKILL)
         poll(lambda: back_in_every_isr(bootstrap, topic, partitions, broker_id), STEP_TIMEOUT_S,
              f"broker {broker_id} back in every ISR after SIGKILL", 0.2)
         values["unclean restart ISR s"] = time.monotonic() - start
@@ -567,6 +601,14 @@ def chart(cells: list[dict[str, Any]], counts: tuple[int, ...], path: Path) -> N
     fig.savefig(path, dpi=90)
 
 
+def save(name: str, params: dict[str, Any], cells: list[dict[str, Any]], counts: tuple[int, ...]) -> str:
+    """bench/results/<name>.json and .md; returns the table."""
+    write_results(name, params, cells)
+    md = table(cells, counts)
+    (RESULTS_DIR / f"{name}.md").write_text(md)
+    return md
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 and 1,000 partitions, one round")
@@ -609,6 +651,12 @@ def main() -> None:
     args.records = args.records or (10_000 if args.quick else 50_000)
     dist = ensure_kafka() if "kafka" in args.systems else None
     cells: list[dict[str, Any]] = []
+    name = "partitions_quick" if args.quick else "partitions"
+    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only:
+        name += "_partial"  # a chosen subset does not overwrite the standard result files
+    name = args.name or name
+    params = {"partitions": list(counts), "rounds": repeat, "records": args.records, "idle_s": args.idle_s, "rf": RF,
+              "min.insync.replicas": MIN_ISR, "client": "confluent-kafka (librdkafka) on both"}
     with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp:
         base = Path(tmp)
         for r in range(repeat):
@@ -625,16 +673,8 @@ def main() -> None:
                     cell = run_cell(side, p, args)
                     cell["round"] = r
                     cells.append(cell)
-    name = "partitions_quick" if args.quick else "partitions"
-    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only:
-        name += "_partial"  # a chosen subset does not overwrite the standard result files
-    name = args.name or name
-    write_results(name, {"partitions": list(counts), "rounds": repeat, "records": args.records,
-                         "idle_s": args.idle_s, "rf": RF, "min.insync.replicas": MIN_ISR,
-                         "client": "confluent-kafka (librdkafka) on both"}, cells)
-    md = table(cells, counts)
-    (RESULTS_DIR / f"{name}.md").write_text(md)
-    print(md)
+                    save(name, params, cells, counts)  # after every cell: a run stopped midway keeps its cells
+    print(save(name, params, cells, counts))
     if args.chart:
         chart(cells, counts, ROOT / "docs" / "partitions.png")
         print(f"chart: {ROOT / 'docs' / 'partitions.png'}")

@@ -176,11 +176,11 @@ def patient_timeouts(budget_s: float) -> dict[str, int]:
     """librdkafka timeouts as long as the step may take. librdkafka sends one ProduceRequest per partition,
     and a Kafka broker serves one request at a time per connection (it mutes the channel until the response
     is sent), so with acks=all 1,000s of partitions queue ~1,000s of requests behind each other per broker;
-    at the default request.timeout.ms (30 s) the tail of that queue timed out, was sent again and queued
-    again, and Kafka's 5,000-partition "write all" never finished in 600 s. Waiting instead measures the
+    at the default request.timeout.ms (30 s) and socket.timeout.ms (60 s, which bounds a request in
+    flight) the tail of that queue timed out, was sent again and queued again, and Kafka's 5,000-partition "write all" never finished in 600 s. Waiting instead measures the
     queue once."""
     ms = int(max(30.0, min(budget_s, 900.0)) * 1000)  # request.timeout.ms allows at most 900,000
-    return {"message.timeout.ms": ms, "request.timeout.ms": ms}
+    return {"message.timeout.ms": ms, "request.timeout.ms": ms, "socket.timeout.ms": min(ms, 300_000)}  # its max
 
 
 def write_every_partition(bootstrap: str, topic: str, n: int, timeout_s: float) -> float:

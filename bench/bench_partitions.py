@@ -430,8 +430,10 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
         step = begin("leaders")
         poll(lambda: all_led(bootstrap, topic, partitions), STEP_TIMEOUT_S, "every partition led", 0.2)
         values["leaders s"] = time.monotonic() - start
-        step = begin("write all")
-        values["write all s"] = write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+        no_writes = getattr(args, "no_writes", False)
+        if not no_writes:
+            step = begin("write all")
+            values["write all s"] = write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
         if getattr(args, "failover_only", False):
             step = begin("controller failover")
             run_failover(side, topic, partitions, values, detail)
@@ -446,8 +448,12 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
         values["RSS max broker MiB"] = max(v for k, v in rss.items() if k.startswith("broker"))
         detail["idle cores per process"] = per_cores
         detail["RSS MiB per process"] = rss
-        step = begin("produce")
-        values["produce MB/s"] = produce_spread(bootstrap, topic, partitions, args.records)
+        if no_writes:  # the server-side cells first: the controller failover's admin clock, then the restarts
+            step = begin("controller failover")
+            run_failover(side, topic, partitions, values, detail, writes=False)
+        else:
+            step = begin("produce")
+            values["produce MB/s"] = produce_spread(bootstrap, topic, partitions, args.records)
         step = begin("restart broker")
         broker_id = side.broker_ids()[1]
         start = time.monotonic()
@@ -462,8 +468,9 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
         poll(lambda: back_in_every_isr(bootstrap, topic, partitions, broker_id), STEP_TIMEOUT_S,
              f"broker {broker_id} back in every ISR after SIGKILL", 0.2)
         values["unclean restart ISR s"] = time.monotonic() - start
-        step = begin("controller failover")
-        run_failover(side, topic, partitions, values, detail)
+        if not no_writes:
+            step = begin("controller failover")
+            run_failover(side, topic, partitions, values, detail)
     except Exception as exc:
         out["broken"] = f"{step}: {exc}"[:2000]
         print(f"  {side.name} {partitions}: broken at {step}: {str(exc)[:300]}", flush=True)
@@ -502,7 +509,8 @@ def profile_idle(side: Any, partitions: int, seconds: float) -> list[Any]:
     return procs
 
 
-def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float], detail: dict[str, Any]) -> None:
+def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float], detail: dict[str, Any],
+                 writes: bool = True) -> None:
     """The controller failover cell: SIGKILL the active controller; "failover admin s" until a CreateTopics
     succeeds, "failover write all s" until one record reached every partition of the big topic again."""
     bootstrap = side.bootstrap
@@ -531,8 +539,9 @@ def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float
 
     thread = threading.Thread(target=admin_loop, name="failover-admin", daemon=True)
     thread.start()
-    write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
-    values["failover write all s"] = time.monotonic() - killed
+    if writes:
+        write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+        values["failover write all s"] = time.monotonic() - killed
     thread.join(STEP_TIMEOUT_S + 60)
     if not admin_s:
         raise StepFailed(admin_error[0] if admin_error else "the admin probe did not finish")
@@ -624,6 +633,10 @@ def main() -> None:
     ap.add_argument("--failover-only", action="store_true",
                     help="per cell only create, leaders, write all and the controller failover (no idle, produce or "
                          "broker restart); results go to a _partial file")
+    ap.add_argument("--no-writes", action="store_true",
+                    help="no client writes (no write all, produce or failover write-all clock): create, leaders, idle, "
+                         "the controller failover's admin clock, clean and unclean restart; for a system whose "
+                         "one-record-per-partition writes do not finish at that count (Kafka 4.4 at 10,000 here)")
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep every cell's server logs under bench/results/logs/ (broken cells always keep them)")
     ap.add_argument("--profile-idle", action="store_true",
@@ -652,7 +665,7 @@ def main() -> None:
     dist = ensure_kafka() if "kafka" in args.systems else None
     cells: list[dict[str, Any]] = []
     name = "partitions_quick" if args.quick else "partitions"
-    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only:
+    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only or args.no_writes:
         name += "_partial"  # a chosen subset does not overwrite the standard result files
     name = args.name or name
     params = {"partitions": list(counts), "rounds": repeat, "records": args.records, "idle_s": args.idle_s, "rf": RF,

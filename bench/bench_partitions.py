@@ -26,14 +26,21 @@ min.insync.replicas=2. Per cell:
   (the new controller answers admin writes) and, separately, until one record reached every
   partition of the big topic again (acks=all);
 - broker restart s: SIGTERM of one broker (clean shutdown), relaunch, until Metadata shows it back
-  in the ISR of every partition it hosts (time from the SIGTERM).
+  in the ISR of every partition it hosts (time from the SIGTERM); then the same with SIGKILL of
+  another broker ("unclean restart ISR s": log recovery included).
 
-Writes bench/results/partitions[_quick].json and .md; with --chart docs/partitions.png.
+Each cell also records the machine's load average (sampled every 5 s: min, median, max) and when
+each step started, since the machine may be shared.
+
+Writes bench/results/partitions[_quick].json and .md (--name another name); with --chart
+docs/partitions.png. --merge a.json b.json [--chart] runs nothing and draws the table and the chart of
+the cells of several runs together (e.g. the QUICK points and a --partitions 5000 10000 run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -71,6 +78,7 @@ METRICS = [  # (key, unit, better)
     ("failover admin s", "s", "lower"),
     ("failover write all s", "s", "lower"),
     ("restart ISR s", "s", "lower"),
+    ("unclean restart ISR s", "s", "lower"),
 ]
 
 
@@ -95,14 +103,47 @@ def admin_client(bootstrap: str) -> Any:
     return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 60000})
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, rf: int, timeout_s: float) -> float:
-    from confluent_kafka.admin import NewTopic
+# Kafka's KRaft controller writes one user operation as one atomic batch of at most 10,000 metadata
+# records (ReplicationControlManager.MAX_RECORDS_PER_USER_OP, hard-coded in 4.4): a CreateTopics of
+# one 10,000-partition topic is 10,000 PartitionRecords plus its TopicRecord and ConfigRecord, so it is
+# refused ("Unable to perform excessively large batch operation", POLICY_VIOLATION). What a Kafka user
+# does then is what this does: create the topic with fewer partitions and add the rest with
+# CreatePartitions, each request under the limit. Gregor takes any count in one request.
+KAFKA_MAX_RECORDS_PER_USER_OP = 10_000
+CHUNK_PARTITIONS = 9_000  # partitions per request when a single request is refused
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, rf: int, timeout_s: float,
+                 requests: Optional[list[str]] = None) -> float:
+    """CreateTopics of `name`; if the one request is refused as too large, the topic is created with
+    CHUNK_PARTITIONS and grown by CreatePartitions. `requests` gets what was sent (for the results)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewPartitions, NewTopic
 
     admin = admin_client(bootstrap)
+    log = requests if requests is not None else []
     start = time.monotonic()
-    futures = admin.create_topics([NewTopic(name, partitions, rf, config={"min.insync.replicas": MIN_ISR})],
-                                  request_timeout=timeout_s, operation_timeout=timeout_s)
-    futures[name].result(timeout=timeout_s)
+
+    def create(count: int) -> None:
+        futures = admin.create_topics([NewTopic(name, count, rf, config={"min.insync.replicas": MIN_ISR})],
+                                      request_timeout=timeout_s, operation_timeout=timeout_s)
+        futures[name].result(timeout=timeout_s)
+        log.append(f"CreateTopics {count}")
+
+    try:
+        create(partitions)
+    except KafkaException as exc:
+        if partitions <= CHUNK_PARTITIONS or "xcessively large" not in str(exc):
+            raise
+        log.append(f"CreateTopics {partitions} refused: {exc}")
+        create(CHUNK_PARTITIONS)
+        total = CHUNK_PARTITIONS
+        while total < partitions:
+            total = min(partitions, total + CHUNK_PARTITIONS)
+            futures = admin.create_partitions([NewPartitions(name, total)], request_timeout=timeout_s,
+                                              operation_timeout=timeout_s)
+            futures[name].result(timeout=timeout_s)
+            log.append(f"CreatePartitions to {total}")
     return time.monotonic() - start
 
 
@@ -126,9 +167,43 @@ def all_led(bootstrap: str, topic: str, n: int) -> bool:
     return len(parts) == n and all(p.leader >= 0 for p in parts.values())
 
 
+def out_of_some_isr(bootstrap: str, topic: str, n: int, broker_id: int) -> bool:
+    parts = topic_partitions(bootstrap, topic)
+    return len(parts) == n and any(broker_id not in p.isrs for p in parts.values() if broker_id in p.replicas)
+
+
+def restart_until_back(side: Any, bootstrap: str, topic: str, n: int, broker_id: int, sig: int,
+                       detail: dict[str, Any], name: str) -> float:
+    """Stop (sig) and relaunch a broker; seconds from the signal until Metadata shows it in every ISR it
+    belongs to, after first seeing it out of at least one (up to 120 s). Without that first wait a SIGKILL
+    measured nothing on Kafka: its metadata keeps a killed broker in every ISR until the controller
+    fences it, so "back in every ISR" held 2 s after the kill."""
+    start = time.monotonic()
+    detail[name] = side.restart_broker(broker_id, sig)
+    try:
+        poll(lambda: out_of_some_isr(bootstrap, topic, n, broker_id), 120, f"broker {broker_id} out of an ISR", 0.2)
+        detail[name]["left an ISR s"] = round(time.monotonic() - start, 2)
+    except StepFailed:
+        detail[name]["left an ISR s"] = None  # never seen out (a restart faster than the ISR shrink)
+    poll(lambda: back_in_every_isr(bootstrap, topic, n, broker_id), STEP_TIMEOUT_S,
+         f"broker {broker_id} back in every ISR", 0.2)
+    return time.monotonic() - start
+
+
 def back_in_every_isr(bootstrap: str, topic: str, n: int, broker_id: int) -> bool:
     parts = topic_partitions(bootstrap, topic)
     return len(parts) == n and all(broker_id in p.isrs for p in parts.values() if broker_id in p.replicas)
+
+
+def patient_timeouts(budget_s: float) -> dict[str, int]:
+    """librdkafka timeouts as long as the step may take. librdkafka sends one ProduceRequest per partition,
+    and a Kafka broker serves one request at a time per connection (it mutes the channel until the response
+    is sent), so with acks=all 1,000s of partitions queue ~1,000s of requests behind each other per broker;
+    at the default request.timeout.ms (30 s) and socket.timeout.ms (60 s, which bounds a request in
+    flight) the tail of that queue timed out, was sent again and queued again, and Kafka's 5,000-partition "write all" never finished in 600 s. Waiting instead measures the
+    queue once."""
+    ms = int(max(30.0, min(budget_s, 900.0)) * 1000)  # request.timeout.ms allows at most 900,000
+    return {"message.timeout.ms": ms, "request.timeout.ms": ms, "socket.timeout.ms": min(ms, 300_000)}  # its max
 
 
 def write_every_partition(bootstrap: str, topic: str, n: int, timeout_s: float) -> float:
@@ -141,7 +216,8 @@ def write_every_partition(bootstrap: str, topic: str, n: int, timeout_s: float) 
         if time.monotonic() - start > timeout_s:
             raise StepFailed(f"write to every partition: {len(pending)} of {n} not written within {timeout_s:.0f} s")
         producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                             "message.timeout.ms": 30000, "queue.buffering.max.messages": max(100_000, 2 * n)})
+                             **patient_timeouts(timeout_s - (time.monotonic() - start)),
+                             "queue.buffering.max.messages": max(100_000, 2 * n)})
         done: set[int] = set()
 
         def report(err: Any, msg: Any) -> None:
@@ -162,7 +238,7 @@ def produce_spread(bootstrap: str, topic: str, n: int, records: int) -> float:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "queue.buffering.max.messages": 1_000_000,
-                         "message.timeout.ms": 120000})
+                         **patient_timeouts(STEP_TIMEOUT_S)})
     value = os.urandom(RECORD_BYTES)
     failed = [0]
 
@@ -192,6 +268,24 @@ def idle(pids: dict[str, int], seconds: float) -> tuple[float, dict[str, float],
     cores = {name: (proc_cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
     rss = {name: proc_status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
     return sum(cores.values()), cores, rss
+
+
+CLEAN_STOP_TIMEOUT_S = 300.0  # a clean shutdown of a broker with 1,000s of replicas may take minutes
+
+
+def signal_and_wait(pid: int, sig: int, alive: Callable[[], bool]) -> dict[str, Any]:
+    """Signal a broker and wait until it exited; SIGKILL only after CLEAN_STOP_TIMEOUT_S (the clusters' own
+    stop helpers SIGKILL after 15 s (Gregor) or 30 s (Kafka), which would turn a slow clean restart into an
+    unclean one). Returns how long it took and whether it had to be killed."""
+    start = time.monotonic()
+    os.kill(pid, sig)
+    forced = False
+    while alive():
+        if time.monotonic() - start > CLEAN_STOP_TIMEOUT_S and not forced:
+            os.kill(pid, signal.SIGKILL)
+            forced = True
+        time.sleep(0.05)
+    return {"stop s": round(time.monotonic() - start, 2), "forced": forced}
 
 
 # ---------------------------------------------------------------- the two systems
@@ -246,17 +340,18 @@ class GregorCell:
     def broker_ids(self) -> list[int]:
         return [p.id for p in self.cluster.by_role("broker")]
 
-    def restart_broker(self, broker_id: int) -> None:
-        from gregor.cli.local_cluster import start_broker, stop_process
+    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> dict[str, Any]:
+        from gregor.cli.local_cluster import start_broker
 
         old = next(p for p in self.cluster.by_role("broker") if p.id == broker_id)
-        stop_process(old, signal.SIGTERM)
+        stopped = signal_and_wait(old.pid, sig, old.alive)
         etcd = ",".join(p.grpc for p in self.cluster.by_role("etcd"))
         port = int(old.kafka.rsplit(":", 1)[1])  # the same Kafka listener port: clients know it
         new = start_broker(self.cluster.data_dir, broker_id, overrides={"listeners": f"PLAINTEXT://127.0.0.1:{port}"},
                            etcd_endpoint=etcd)
         self.cluster.processes[self.cluster.processes.index(old)] = new
         self.cluster.save()
+        return stopped
 
 
 class KafkaCell:
@@ -308,11 +403,14 @@ class KafkaCell:
         assert self.cluster is not None
         return [n.node_id for n in self.cluster.nodes if "broker" in n.roles]
 
-    def restart_broker(self, broker_id: int) -> None:
+    def restart_broker(self, broker_id: int, sig: int = signal.SIGTERM) -> dict[str, Any]:
         assert self.cluster is not None
         node = next(n for n in self.cluster.nodes if n.node_id == broker_id)
-        self.cluster.stop_node(node, signal.SIGTERM)
+        proc = node.proc
+        assert proc is not None
+        stopped = signal_and_wait(proc.pid, sig, lambda: proc.poll() is None)
         self.cluster.start_node(node)
+        return stopped
 
 
 # ---------------------------------------------------------------- one cell
@@ -324,51 +422,110 @@ def run_cell(side: Any, partitions: int, args: argparse.Namespace) -> dict[str, 
     out: dict[str, Any] = {"system": side.name, "partitions": partitions, "values": values, "detail": detail}
     topic = f"p{partitions}"
     step = "start"
+    loads: list[float] = []
+    stop_sampling = threading.Event()
+
+    def sample_load() -> None:  # the machine is shared: the load average over the whole cell, every 5 s
+        while True:
+            loads.append(os.getloadavg()[0])
+            if stop_sampling.wait(5.0):
+                return
+
+    threading.Thread(target=sample_load, name="load-sampler", daemon=True).start()
+    cell_start = time.monotonic()
+    marks: dict[str, float] = {}
+    detail["step start s"] = marks
+
+    def begin(name: str) -> str:
+        marks[name] = round(time.monotonic() - cell_start, 1)
+        print(f"  {time.strftime('%H:%M:%S')} {side.name} {partitions}: {name} (load {os.getloadavg()[0]:.1f})",
+              flush=True)
+        return name
+
     side.start()
     try:
         bootstrap = side.bootstrap
-        step = "create"
+        step = begin("create")
         start = time.monotonic()
-        values["create s"] = create_topic(bootstrap, topic, partitions, RF, STEP_TIMEOUT_S)
-        step = "leaders"
+        requests: list[str] = []
+        detail["create requests"] = requests
+        values["create s"] = create_topic(bootstrap, topic, partitions, RF, STEP_TIMEOUT_S, requests)
+        step = begin("leaders")
         poll(lambda: all_led(bootstrap, topic, partitions), STEP_TIMEOUT_S, "every partition led", 0.2)
         values["leaders s"] = time.monotonic() - start
-        step = "write all"
-        values["write all s"] = write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+        no_writes = getattr(args, "no_writes", False)
+        if not no_writes:
+            step = begin("write all")
+            values["write all s"] = write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
         if getattr(args, "failover_only", False):
-            step = "controller failover"
+            step = begin("controller failover")
             run_failover(side, topic, partitions, values, detail)
             return out
-        step = "idle"
+        step = begin("idle")
+        profilers = profile_idle(side, partitions, args.idle_s) if getattr(args, "profile_idle", False) else []
         cores, per_cores, rss = idle(side.server_pids(), args.idle_s)
+        for proc in profilers:
+            proc.wait(60)
         values["idle cores"] = cores
         values["RSS total MiB"] = sum(rss.values())
         values["RSS max broker MiB"] = max(v for k, v in rss.items() if k.startswith("broker"))
         detail["idle cores per process"] = per_cores
         detail["RSS MiB per process"] = rss
-        step = "produce"
-        values["produce MB/s"] = produce_spread(bootstrap, topic, partitions, args.records)
-        step = "restart broker"
-        broker_id = side.broker_ids()[1]
-        start = time.monotonic()
-        side.restart_broker(broker_id)
-        poll(lambda: back_in_every_isr(bootstrap, topic, partitions, broker_id), STEP_TIMEOUT_S,
-             f"broker {broker_id} back in every ISR", 0.2)
-        values["restart ISR s"] = time.monotonic() - start
-        step = "controller failover"
-        run_failover(side, topic, partitions, values, detail)
+        if no_writes:  # the server-side cells first: the controller failover's admin clock, then the restarts
+            step = begin("controller failover")
+            run_failover(side, topic, partitions, values, detail, writes=False)
+        else:
+            step = begin("produce")
+            values["produce MB/s"] = produce_spread(bootstrap, topic, partitions, args.records)
+        step = begin("restart broker")
+        values["restart ISR s"] = restart_until_back(side, bootstrap, topic, partitions, side.broker_ids()[1],
+                                                     signal.SIGTERM, detail, "clean restart stop")
+        step = begin("unclean restart broker")
+        values["unclean restart ISR s"] = restart_until_back(side, bootstrap, topic, partitions, side.broker_ids()[2],
+                                                             signal.SIGKILL, detail, "unclean restart stop")
+        if not no_writes:
+            step = begin("controller failover")
+            run_failover(side, topic, partitions, values, detail)
     except Exception as exc:
         out["broken"] = f"{step}: {exc}"[:2000]
         print(f"  {side.name} {partitions}: broken at {step}: {str(exc)[:300]}", flush=True)
         side.keep_logs(RESULTS_DIR / "logs" / f"partitions-{side.name}-{partitions}")
     finally:
+        begin("stop")
+        if getattr(args, "keep_logs", False) and "broken" not in out:
+            side.keep_logs(RESULTS_DIR / "logs" / f"partitions-{side.name}-{partitions}")
         side.stop()
+        stop_sampling.set()
+        out["load"] = {"min": min(loads), "median": statistics.median(loads), "max": max(loads),
+                       "samples": len(loads)}
+        out["wall s"] = time.monotonic() - cell_start
         for k, v in values.items():
             print(f"  {side.name:<6} {partitions:>6}p  {k:<22} {v:10.2f}  (load {os.getloadavg()[0]:.1f})", flush=True)
     return out
 
 
-def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float], detail: dict[str, Any]) -> None:
+def profile_idle(side: Any, partitions: int, seconds: float) -> list[Any]:
+    """py-spy record (raw, 20 Hz, --nonblocking) of every Gregor server over the idle window, into
+    bench/results/logs/partitions-gregor-<P>/pyspy-<process>.txt: what idle CPU is spent on."""
+    import subprocess
+
+    if side.name != "gregor":
+        return []
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    dest = RESULTS_DIR / "logs" / f"partitions-gregor-{partitions}-pyspy"
+    dest.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name, pid in side.server_pids().items():
+        if name.startswith("etcd"):
+            continue
+        procs.append(subprocess.Popen([spy, "record", "--nonblocking", "-r", "20", "-d", str(int(seconds)), "-f", "raw",
+                                       "-p", str(pid), "-o", str(dest / f"{name}.txt")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
+
+
+def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float], detail: dict[str, Any],
+                 writes: bool = True) -> None:
     """The controller failover cell: SIGKILL the active controller; "failover admin s" until a CreateTopics
     succeeds, "failover write all s" until one record reached every partition of the big topic again."""
     bootstrap = side.bootstrap
@@ -397,8 +554,9 @@ def run_failover(side: Any, topic: str, partitions: int, values: dict[str, float
 
     thread = threading.Thread(target=admin_loop, name="failover-admin", daemon=True)
     thread.start()
-    write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
-    values["failover write all s"] = time.monotonic() - killed
+    if writes:
+        write_every_partition(bootstrap, topic, partitions, STEP_TIMEOUT_S)
+        values["failover write all s"] = time.monotonic() - killed
     thread.join(STEP_TIMEOUT_S + 60)
     if not admin_s:
         raise StepFailed(admin_error[0] if admin_error else "the admin probe did not finish")
@@ -467,6 +625,14 @@ def chart(cells: list[dict[str, Any]], counts: tuple[int, ...], path: Path) -> N
     fig.savefig(path, dpi=90)
 
 
+def save(name: str, params: dict[str, Any], cells: list[dict[str, Any]], counts: tuple[int, ...]) -> str:
+    """bench/results/<name>.json and .md; returns the table."""
+    write_results(name, params, cells)
+    md = table(cells, counts)
+    (RESULTS_DIR / f"{name}.md").write_text(md)
+    return md
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="100 and 1,000 partitions, one round")
@@ -478,16 +644,47 @@ def main() -> None:
     ap.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S,
                     help="seconds any one step may take before the cell is reported broken there (default 600)")
     ap.add_argument("--chart", action="store_true", help="draw docs/partitions.png")
+    ap.add_argument("--name", help="results file name under bench/results/ (default partitions[_quick][_partial])")
     ap.add_argument("--failover-only", action="store_true",
                     help="per cell only create, leaders, write all and the controller failover (no idle, produce or "
                          "broker restart); results go to a _partial file")
+    ap.add_argument("--no-writes", action="store_true",
+                    help="no client writes (no write all, produce or failover write-all clock): create, leaders, idle, "
+                         "the controller failover's admin clock, clean and unclean restart; for a system whose "
+                         "one-record-per-partition writes do not finish at that count (Kafka 4.4 at 10,000 here)")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep every cell's server logs under bench/results/logs/ (broken cells always keep them)")
+    ap.add_argument("--profile-idle", action="store_true",
+                    help="py-spy record every Gregor server process over the idle window (raw stacks under "
+                         "bench/results/logs/partitions-gregor-<P>-pyspy/); its sampling costs the servers a little")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="run nothing: the table (bench/results/<--name or partitions>.md) and, with --chart, the "
+                         "PNG of the cells in these result files together (e.g. a QUICK run and a 5,000/10,000 run)")
     args = ap.parse_args()
+    if args.merge:
+        merged: list[dict[str, Any]] = []
+        for f in args.merge:
+            merged += json.loads(Path(f).read_text())["results"]
+        all_counts = tuple(sorted({int(c["partitions"]) for c in merged}))
+        md = table(merged, all_counts)
+        (RESULTS_DIR / f"{args.name or 'partitions'}.md").write_text(md)
+        print(md)
+        if args.chart:
+            chart(merged, all_counts, ROOT / "docs" / "partitions.png")
+            print(f"chart: {ROOT / 'docs' / 'partitions.png'}")
+        return
     globals()["STEP_TIMEOUT_S"] = args.step_timeout
     counts = tuple(args.partitions or (QUICK_PARTITIONS if args.quick else FULL_PARTITIONS))
     repeat = args.repeat or (1 if args.quick else 3)
     args.records = args.records or (10_000 if args.quick else 50_000)
     dist = ensure_kafka() if "kafka" in args.systems else None
     cells: list[dict[str, Any]] = []
+    name = "partitions_quick" if args.quick else "partitions"
+    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only or args.no_writes:
+        name += "_partial"  # a chosen subset does not overwrite the standard result files
+    name = args.name or name
+    params = {"partitions": list(counts), "rounds": repeat, "records": args.records, "idle_s": args.idle_s, "rf": RF,
+              "min.insync.replicas": MIN_ISR, "client": "confluent-kafka (librdkafka) on both"}
     with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp:
         base = Path(tmp)
         for r in range(repeat):
@@ -503,17 +700,9 @@ def main() -> None:
                     print(f"round {r + 1}/{repeat}: {side.name} at {p:,} partitions", flush=True)
                     cell = run_cell(side, p, args)
                     cell["round"] = r
-                    cell["load"] = os.getloadavg()[0]
                     cells.append(cell)
-    name = "partitions_quick" if args.quick else "partitions"
-    if args.partitions or args.systems != ["gregor", "kafka"] or args.failover_only:
-        name += "_partial"  # a chosen subset does not overwrite the standard result files
-    write_results(name, {"partitions": list(counts), "rounds": repeat, "records": args.records,
-                         "idle_s": args.idle_s, "rf": RF, "min.insync.replicas": MIN_ISR,
-                         "client": "confluent-kafka (librdkafka) on both"}, cells)
-    md = table(cells, counts)
-    (RESULTS_DIR / f"{name}.md").write_text(md)
-    print(md)
+                    save(name, params, cells, counts)  # after every cell: a run stopped midway keeps its cells
+    print(save(name, params, cells, counts))
     if args.chart:
         chart(cells, counts, ROOT / "docs" / "partitions.png")
         print(f"chart: {ROOT / 'docs' / 'partitions.png'}")

@@ -276,6 +276,7 @@ class Broker:
         if self.kafka is not None:
             await self.kafka.stop()
         await self._server.stop(grace_s)
+        await self.replica_manager.close_control()
         self.log_manager.close()
         self._stopped.set()
 

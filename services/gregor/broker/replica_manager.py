@@ -230,6 +230,7 @@ class ReplicaManager:
         # LeaderAndIsr and StopReplica apply one at a time, in arrival order (Kafka's replicaStateChangeLock):
         # a chunked apply yields to the loop, and another control request must not interleave with it.
         self._control_lock = asyncio.Lock()
+        self._control_closed = False  # set by close_control(): control requests stop between chunks
 
     # ------------------------------------------------------------------ replication (cluster mode)
     def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
@@ -394,6 +395,10 @@ class ReplicaManager:
             failed: dict[tuple[str, int], int] = {}
             for start in range(0, len(states), LEADER_AND_ISR_CHUNK):
                 chunk = states[start:start + LEADER_AND_ISR_CHUNK]
+                if self._control_closed:  # shutting down: the rest is not applied (the logs are closing)
+                    failed.update({(s.topic, s.partition): errors.Code.NOT_LEADER_OR_FOLLOWER
+                                   for s in states[start:]})
+                    break
                 new = [(s.topic, s.partition, effective[s.topic], bytes(getattr(s, "topic_id", b"")))
                        for s in chunk if (s.topic, s.partition) not in self.partitions]
                 open_errors = await self.log_manager.open_logs(new) if new else {}
@@ -401,11 +406,22 @@ class ReplicaManager:
                 await asyncio.sleep(0)
             return failed
 
+    async def close_control(self) -> None:
+        """Before the logs close: a LeaderAndIsr or StopReplica being applied (it goes on after its caller gave
+        up) stops at its next chunk, and this returns once it has; later ones apply nothing. Before, a
+        10,000-partition LeaderAndIsr still applying at shutdown failed with LogClosedError in a task nobody
+        awaited."""
+        self._control_closed = True
+        async with self._control_lock:
+            pass
+
     async def apply_stop_replica(self, partitions: Sequence[tuple[str, int]], delete: bool) -> None:
         """StopReplica as the control service applies it: under the control lock, in chunks, the logs of a
         deletion removed on a worker thread (thousands of directories when a large topic goes)."""
         async with self._control_lock:
             for start in range(0, len(partitions), LEADER_AND_ISR_CHUNK):
+                if self._control_closed:
+                    break
                 chunk = partitions[start:start + LEADER_AND_ISR_CHUNK]
                 self.stop_replicas(chunk, delete=False)
                 if delete:

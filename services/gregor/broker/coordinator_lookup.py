@@ -32,7 +32,7 @@ from gregor.broker.limits import (
     LOOKUP_RETRY_S as RETRY_S,
 )
 from gregor.common import errors
-from gregor.common.etcd import EtcdClient, EtcdError, follow_prefix
+from gregor.common.etcd import EtcdClient, EtcdError, WatchTask, follow_prefix
 from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode, TopicZNode
 from gregor.common.coordinator_ownership import (
     OFFSETS_TOPIC, TXN_TOPIC, apply_coordinator_key, desired_owner, partition_for,
@@ -56,18 +56,14 @@ class CoordinatorLookup:
         self.txn_claims: dict[int, int] = {}  # __transaction_state partition -> coordinator id
         self.num_txn_partitions = 0
         self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._watcher = WatchTask("coordinator-lookup")
 
     def start(self) -> None:
         """Start watching (returns at once: the broker never waits on coordinators to serve)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="coordinator-lookup")
+        self._watcher.start(self._watch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watcher.stop()
 
     async def _watch(self) -> None:
         def reset() -> None:

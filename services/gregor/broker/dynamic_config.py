@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 from gregor.common import broker_configs as bc
+from gregor.common.etcd import WatchTask
 from gregor.common.etcd_layout import BrokerConfigZNode
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class DynamicBrokerConfig:
         self.static = dict(broker.config.static_properties)
         self.static_topic_defaults = dict(broker.config.topic_defaults)
         self.entities: dict[str, dict[str, str]] = {}  # every `config/brokers/*` entity (tiny: one per broker)
-        self._task: Optional[asyncio.Task[None]] = None
+        self._watcher = WatchTask("dynamic-broker-config")
         self._etcd: Any = None
         self.synced = asyncio.Event()
         self._loading = True
@@ -43,14 +44,10 @@ class DynamicBrokerConfig:
 
     def start(self, etcd: Any) -> None:
         self._etcd = etcd
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="dynamic-broker-config")
+        self._watcher.start(self._watch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watcher.stop()
 
     async def _watch(self) -> None:
         from gregor.common.etcd import follow_prefix

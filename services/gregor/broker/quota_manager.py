@@ -45,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from gregor.common.etcd_layout import QuotaConfigZNode
+from gregor.common.etcd import WatchTask
 from gregor.common.quotas import (
     ANONYMOUS, CLIENT_ID_METADATA, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QUOTA_WINDOW_NUM, QUOTA_WINDOW_SIZE_SECONDS,
     REQUEST_PERCENTAGE, QuotaConfigError, QuotaConfigs, QuotaEntity, Rate, validate_quota_configs,
@@ -208,7 +209,7 @@ class BrokerQuotas:
         # The principal name of a gRPC call (TLS sets it from the certificate); plain text: ANONYMOUS.
         self.principal_of: Callable[[Any], str] = lambda context: ANONYMOUS
         self._peers: dict[str, ChannelThrottle] = {}
-        self._task: Optional[asyncio.Task[None]] = None
+        self._watcher = WatchTask("client-quotas")
         self._etcd: Any = None
         self.synced = asyncio.Event()
 
@@ -227,14 +228,10 @@ class BrokerQuotas:
     def start(self, etcd: Any) -> None:
         """Read the quota configs from etcd and watch them (cluster mode); returns at once."""
         self._etcd = etcd
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="client-quotas")
+        self._watcher.start(self._watch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watcher.stop()
 
     async def _watch(self) -> None:
         from gregor.common.etcd import follow_prefix

@@ -6,9 +6,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import aetcd
 import grpc
@@ -183,6 +183,25 @@ class WatchEvent:
     create_revision: int
     mod_revision: int
     version: int
+
+
+class WatchTask:
+    """The one background task of an etcd-fed cache (its follow_prefix loop): started once, stopped by
+    cancelling it and waiting for it to end. Concurrency: event-loop owned."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
 
 
 async def follow_prefix(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[], None],

@@ -165,7 +165,12 @@ class ReplicaFetchSession:
             self._changed = {}
         entries = self.entries
         for key in listed:
+            found = len(out)
             self._examine(key, entries[key], listed, hosted, out)
+            if consume and len(out) == found and key in changed:
+                # Changed after its read in this request (the HW this very fetch moved): its listed outcome is
+                # older than the change, so it is looked at again when the parked fetch completes.
+                self._changed[key] = None
         for key in changed:
             if key not in listed and (entry := entries.get(key)) is not None:
                 self._examine(key, entry, listed, hosted, out)

@@ -55,6 +55,7 @@ async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed() -> None:
     poll = asyncio.create_task(stream.exchange("first", wake))  # type: ignore[arg-type]
     await asyncio.sleep(0)
     wake.set()
+    stream.woken()  # as ReplicaFetcher.add does after setting the event
     assert await poll is None
     assert stub.calls[0].cancelled and stream.call is None
 
@@ -63,6 +64,7 @@ async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed() -> None:
     poll = asyncio.create_task(stream.exchange("second", None))  # type: ignore[arg-type]
     await asyncio.sleep(0)
     wake.set()
+    stream.woken()
     await asyncio.sleep(0.05)
     assert not poll.done(), "the poll was cut short"
     stub.calls[1].answer.set_result("answer")

@@ -42,6 +42,9 @@ from tests.helpers.cluster import start_controller_with, tear_down
 from tests.helpers.wait import until
 
 PARTITIONS = 1000  # at RF 2 on two brokers: every broker hosts all of them, one LeaderAndIsr each
+# Eight partitions spread over the topic: the controller's order of a LeaderAndIsr's partitions is not the
+# topic's, so two probed partitions could fall into the same 100-partition chunk and flip together.
+PROBED = tuple(range(0, PARTITIONS, PARTITIONS // 8))
 TOPIC = "wide"
 LEASE_MS = 2000  # the brokers' registration lease: a fraction of the time laying out the logs takes
 
@@ -88,8 +91,10 @@ class Probe:
         async with channel(self.broker.grpc) as ch:
             stub = broker_pb2_grpc.BrokerServiceStub(ch)
             while not self.stop.is_set():
-                for partition in (0, PARTITIONS - 1):
-                    self.answers.append((partition, await self.hosted(stub, partition)))
+                # One round asks every probed partition at once: the broker answers them between the same two
+                # chunks of its apply, so a round taken mid-apply has some hosted and some not.
+                hosted = await asyncio.gather(*(self.hosted(stub, partition) for partition in PROBED))
+                self.answers.extend(zip(PROBED, hosted))
                 await asyncio.sleep(0)  # sample as often as the broker answers: a fast apply is still seen mid-way
 
     @staticmethod
@@ -102,14 +107,9 @@ class Probe:
             return errors.from_rpc_error(exc).code != errors.Code.UNKNOWN_TOPIC_OR_PARTITION
 
     def saw_partial_apply(self) -> bool:
-        """An answer saying one partition is hosted, followed by one saying the other is not yet."""
-        hosted_seen: set[int] = set()
-        for partition, hosted in self.answers:
-            if hosted:
-                hosted_seen.add(partition)
-            elif hosted_seen - {partition}:
-                return True
-        return False
+        """A round whose answers say some probed partitions are hosted and others not yet."""
+        n = len(PROBED)
+        return any(len({h for _, h in self.answers[k:k + n]}) == 2 for k in range(0, len(self.answers), n))
 
 
 async def write_every_partition(brokers: list[Process]) -> None:
@@ -161,7 +161,8 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
         assert resp.results[0].error.code == 0, resp
 
         async def all_hosted() -> bool:
-            return all(p.answers and p.answers[-1][1] and p.answers[-2][1] for p in probes)
+            return all(len(p.answers) >= len(PROBED) and all(h for _, h in p.answers[-len(PROBED):])
+                       for p in probes)
 
         await until(all_hosted, 240, "both brokers host the first and last partitions")
         for p in probes:

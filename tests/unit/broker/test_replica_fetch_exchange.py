@@ -104,3 +104,34 @@ async def test_cancelling_the_fetcher_still_cancels_it() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# A large session (issue 24): a partition added while the poll is out cuts the poll short only when the fetcher
+# passes the wake-up event; for a session of thousands of partitions, which a large creation grows a LeaderAndIsr
+# chunk at a time, it passes None, and the stream waits for the answer and stays open for the next, incremental,
+# request (a cut stream takes the leader's fetch session with it: the next request re-lists every partition).
+async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed() -> None:
+    stub = FakeStub()
+    stream = _FetchStream(stub)  # type: ignore[arg-type]
+    wake = asyncio.Event()
+
+    # Interruptible (a small session): the wake returns None at once and the stream is gone.
+    poll = asyncio.create_task(stream.exchange("first", wake))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    wake.set()
+    stream.woken()  # as ReplicaFetcher.add does after setting the event
+    assert await poll is None
+    assert stub.calls[0].cancelled and stream.call is None
+
+    # Not interruptible (a large session): the wake is ignored, the answer comes, the stream stays open.
+    wake.clear()
+    poll = asyncio.create_task(stream.exchange("second", None))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    wake.set()
+    stream.woken()
+    await asyncio.sleep(0.05)
+    assert not poll.done(), "the poll was cut short"
+    stub.calls[1].answer.set_result("answer")
+    assert await poll == "answer"
+    assert not stub.calls[1].cancelled and stream.call is stub.calls[1]
+    assert len(stub.calls) == 2

@@ -3,14 +3,16 @@
 etcd, one controller that creates a topic in one event (`--new-partitions-per-event` above the
 topic's size, so each broker gets the whole creation as ONE LeaderAndIsr), and two brokers whose
 registration lease is 2 s (`broker.session.timeout.ms=2000`). A topic of PARTITIONS partitions at
-RF 2 is created. While it is being created, a probe asks each broker about the topic's first and
-last partitions (gRPC ListOffsets, answered on the broker's event loop) over and over.
+RF 2 is created. While it is being created, a probe asks each broker about eight of the topic's
+partitions (gRPC ListOffsets, answered on the broker's event loop) over and over.
 
 What must hold:
-- each broker answered the probe WHILE it was applying that one LeaderAndIsr: one answer says a
-  partition is hosted and a later answer says another one is not yet (partitions are only added
-  during the creation, so between those two answers the broker held part of the request). A broker
-  that applies the request in one go on its loop answers nothing in between;
+- each broker answered the probe WHILE it was applying that one LeaderAndIsr: some probe call was
+  sent after the broker logged "Handling LeaderAndIsr request for 1000 partitions" and answered
+  before it logged "Finished LeaderAndIsr request" (Kafka's two lines, wall-clock stamped by the
+  broker's log). A broker that applies the request in one go on its loop answers nothing inside that
+  window. (An earlier form looked for a round of answers half hosted, half not: a fast apply on a
+  quiet machine fell between two rounds and the check failed with the broker serving all along.);
 - neither broker lost its registration: its broker epoch in etcd (the key's creation revision) is
   the one it had before the creation, and its log says nothing about a lost registration. Laying
   out thousands of logs takes many times the 2 s lease; a keepalive that waited for the loop lost it;
@@ -25,6 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -79,37 +82,52 @@ async def broker_epochs(etcd: EtcdClient, brokers: list[Process]) -> dict[int, i
 
 
 class Probe:
-    """ListOffsets for the topic's first and last partitions, alternately, until stopped; keeps (partition,
-    hosted) per answer in the order answered."""
+    """ListOffsets for each of the PROBED partitions, concurrently and over and over until stopped; keeps
+    (partition, hosted, sent, answered) per answer, timed by the wall clock the broker's log is stamped with."""
 
     def __init__(self, broker: Process) -> None:
         self.broker = broker
-        self.answers: list[tuple[int, bool]] = []
+        self.answers: list[tuple[int, bool, float, float]] = []
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
         async with channel(self.broker.grpc) as ch:
             stub = broker_pb2_grpc.BrokerServiceStub(ch)
-            while not self.stop.is_set():
-                # One round asks every probed partition at once: the broker answers them between the same two
-                # chunks of its apply, so a round taken mid-apply has some hosted and some not.
-                hosted = await asyncio.gather(*(self.hosted(stub, partition) for partition in PROBED))
-                self.answers.extend(zip(PROBED, hosted))
-                await asyncio.sleep(0)  # sample as often as the broker answers: a fast apply is still seen mid-way
+
+            async def keep_asking(partition: int) -> None:
+                # Each partition asks again as soon as it is answered: a call answered mid-apply is followed by
+                # one sent mid-apply (rounds waiting for their slowest answer straddled the whole apply).
+                while not self.stop.is_set():
+                    self.answers.append(await self.ask(stub, partition))
+
+            await asyncio.gather(*(keep_asking(partition) for partition in PROBED))
 
     @staticmethod
-    async def hosted(stub: broker_pb2_grpc.BrokerServiceStub, partition: int) -> bool:
+    async def ask(stub: broker_pb2_grpc.BrokerServiceStub, partition: int) -> tuple[int, bool, float, float]:
+        sent = time.time()
         try:
             await stub.ListOffsets(broker_pb2.ListOffsetsRequest(topic=TOPIC, partition=partition, timestamp_ms=-1),
                                    timeout=60)
-            return True
+            hosted = True
         except grpc.aio.AioRpcError as exc:
-            return errors.from_rpc_error(exc).code != errors.Code.UNKNOWN_TOPIC_OR_PARTITION
+            hosted = errors.from_rpc_error(exc).code != errors.Code.UNKNOWN_TOPIC_OR_PARTITION
+        return partition, hosted, sent, time.time()
 
-    def saw_partial_apply(self) -> bool:
-        """A round whose answers say some probed partitions are hosted and others not yet."""
-        n = len(PROBED)
-        return any(len({h for _, h in self.answers[k:k + n]}) == 2 for k in range(0, len(self.answers), n))
+    def hosted_now(self) -> bool:
+        last = {a[0]: a[1] for a in self.answers}
+        return len(last) == len(PROBED) and all(last.values())
+
+
+def apply_window(log_text: str) -> tuple[float, float] | None:
+    """Wall-clock start and end of the broker's LeaderAndIsr for the whole topic, from its log's lines."""
+    began = None
+    for line in log_text.splitlines():
+        stamp = line[:23]
+        if began is None and f"Handling LeaderAndIsr request for {PARTITIONS} partitions" in line:
+            began = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        elif began is not None and f"Finished LeaderAndIsr request in" in line and f"for {PARTITIONS} partitions" in line:
+            return began, datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return None
 
 
 async def write_every_partition(brokers: list[Process]) -> None:
@@ -160,11 +178,12 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
                 timeout=300)
         assert resp.results[0].error.code == 0, resp
 
-        async def all_hosted() -> bool:
-            return all(len(p.answers) >= len(PROBED) and all(h for _, h in p.answers[-len(PROBED):])
+        async def applied() -> bool:
+            # The probed partitions can all be hosted before the last chunk: the Finished line is waited for too.
+            return all(p.hosted_now() and apply_window(Path(p.broker.log).read_text(errors="replace")) is not None
                        for p in probes)
 
-        await until(all_hosted, 240, "both brokers host the first and last partitions")
+        await until(applied, 240, "both brokers host the probed partitions and logged the end of their apply")
         for p in probes:
             p.stop.set()
         await asyncio.gather(*probing)
@@ -173,8 +192,21 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
         after = await broker_epochs(etcd, brokers)
         logs = {b.id: Path(b.log).read_text(errors="replace") for b in brokers}
         lost = {b: [line for line in text.splitlines() if "lost its registration" in line] for b, text in logs.items()}
-        failures = [f"broker {p.broker.id} answered nothing while it applied the LeaderAndIsr ({len(p.answers)} "
-                    f"answers: {p.answers[:4]} ... {p.answers[-4:]})" for p in probes if not p.saw_partial_apply()]
+        failures = []
+        for p in probes:
+            window = apply_window(logs[p.broker.id])
+            if window is None:
+                failures.append(f"broker {p.broker.id} logged no Handling/Finished LeaderAndIsr for {PARTITIONS} "
+                                f"partitions")
+                continue
+            inside = [a for a in p.answers if window[0] <= a[2] and a[3] <= window[1]]
+            print(f"broker {p.broker.id}: apply {window[1] - window[0]:.2f} s, {len(inside)} of {len(p.answers)} "
+                  f"probe answers sent and received inside it")
+            if not inside:
+                failures.append(f"broker {p.broker.id} answered nothing while it applied the LeaderAndIsr "
+                                f"({window[1] - window[0]:.2f} s; {len(p.answers)} answers, "
+                                f"{sum(1 for a in p.answers if a[2] < window[0] < a[3] or a[2] < window[1] < a[3])} "
+                                f"in flight across its start or end)")
         if after != before or any(lost.values()):
             failures.append(f"a broker lost its registration while applying the creation ({applied_s:.0f} s): "
                             f"broker epochs before {before}, after {after}; {lost}")

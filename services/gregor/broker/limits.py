@@ -51,7 +51,14 @@ PRODUCER_ID_BLOCK_WAIT_S = 10.0  # InitProducerId waits this long for a block be
 PRODUCER_ID_BLOCK_RETRY_S = 0.2  # pause between failed block requests
 
 # -- Control requests from the controller: replica_manager.py
-# LeaderAndIsr / StopReplica are applied this many partitions at a time: one worker-thread hop lays out the
-# chunk's new logs, then the loop serves what waits before the next chunk (issue 24: a 10,000-partition
+# LeaderAndIsr / StopReplica are applied this many partitions at a time: the chunk's new logs are laid out
+# (in slices of OPEN_LOGS_SLICE_S, log_manager.py), then the loop serves what waits before the next chunk (issue 24: a 10,000-partition
 # creation held a broker's loop for minutes and cost it its etcd session).
 LEADER_AND_ISR_CHUNK = 100
+# How long a LeaderAndIsr/StopReplica apply waits in the event loop between chunks and between slices of
+# LogManager.open_logs. Not asyncio.sleep(0): that is one loop iteration, and a gRPC call needs several (each
+# step's completion comes back through grpc's poller thread, which needs the GIL the apply holds), so a broker
+# answered one queued call per 50-70 ms chunk and nothing sent during a 1,000-partition apply was answered in
+# it (test_leader_and_isr_apply, measured: 0-3 calls in 0.45 s). Waiting 1 ms in select lets them through:
+# 50-57 calls sent and answered inside the same apply, now 1.2 s because it shared the loop with 2,000 probes.
+CONTROL_YIELD_S = 0.001

@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
-from gregor.broker.limits import HW_CHECKPOINT_INTERVAL_MS, LEADER_AND_ISR_CHUNK
+from gregor.broker.limits import CONTROL_YIELD_S, HW_CHECKPOINT_INTERVAL_MS, LEADER_AND_ISR_CHUNK
 from gregor.broker import checkpoint
 from gregor.broker.log_manager import LogManager, write_partition_metadata
 from gregor.broker.partition import DuplicateAppendInfo, Partition, native_error
@@ -391,6 +392,11 @@ class ReplicaManager:
         holds the loop for minutes (issue 24). Each partition is applied whole, so a request answered
         between chunks sees every partition either before or after its change."""
         async with self._control_lock:
+            # Kafka's "Handling/Finished LeaderAndIsr request" lines: INFO once the request spans chunks (a
+            # topic creation, a broker coming back), DEBUG for the everyday one-partition changes.
+            level = logging.INFO if len(states) > LEADER_AND_ISR_CHUNK else logging.DEBUG
+            began = time.monotonic()
+            log.log(level, "Handling LeaderAndIsr request for %d partitions", len(states))
             effective = self._prepare_leader_and_isr(topic_configs, live_leaders)
             failed: dict[tuple[str, int], int] = {}
             for start in range(0, len(states), LEADER_AND_ISR_CHUNK):
@@ -403,7 +409,9 @@ class ReplicaManager:
                        for s in chunk if (s.topic, s.partition) not in self.partitions]
                 open_errors = await self.log_manager.open_logs(new) if new else {}
                 failed.update(self._apply_partition_states(chunk, effective, open_errors))
-                await asyncio.sleep(0)
+                await asyncio.sleep(CONTROL_YIELD_S)
+            log.log(level, "Finished LeaderAndIsr request in %dms for %d partitions (%d failed)",
+                    (time.monotonic() - began) * 1000, len(states), len(failed))
             return failed
 
     async def close_control(self) -> None:
@@ -429,7 +437,7 @@ class ReplicaManager:
                         self.partitions.pop(key, None)
                     detached = [(key, self.log_manager.detach_log(*key)) for key in chunk]
                     await asyncio.to_thread(self.log_manager.delete_detached, detached)
-                await asyncio.sleep(0)
+                await asyncio.sleep(CONTROL_YIELD_S)
 
     def _prepare_leader_and_isr(self, topic_configs: dict[str, dict[str, Any]],
                                 live_leaders: Iterable[Any]) -> dict[str, dict[str, Any]]:

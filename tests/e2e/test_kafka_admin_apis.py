@@ -21,7 +21,8 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                    NewTopic, ResourceType)
 
 from gregor.cli.local_cluster import LocalCluster, Process
-from gregor.client.admin import AdminClient as GregorAdmin
+from gregor.client.admin import AdminClient as GregorAdmin, SyncAdminClient
+from gregor.common import errors
 from tests.helpers.wait import wait_for
 
 WAIT_S = 60.0
@@ -346,3 +347,32 @@ def test_legacy_alter_configs_replaces_a_brokers_dynamic_configs_whole(
     assert dynamic() == {"log.retention.bytes": "1073741824", "log.cleaner.delete.retention.ms": "3600000"}
     assert admin.alter_configs([second])[second].result(timeout=WAIT_S) is None
     assert dynamic() == {"log.retention.bytes": "2147483648"}
+
+
+def test_the_blocking_admin_client_alters_and_describes_broker_configs(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """The same dynamic broker configs through SyncAdminClient, the blocking facade of Gregor's gRPC AdminClient:
+    broker 2's own value and the cluster-wide default each with its source, validate_only writing nothing, a
+    read-only key refused with Kafka's message and nothing of the request written, a delete falling back."""
+    with SyncAdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
+        def described(broker: int | None) -> dict[str, tuple[str | None, int]]:
+            return {e.name: (e.value, e.source) for e in admin.describe_broker_configs(broker)}
+
+        assert admin.alter_broker_configs(2, {"log.retention.ms": "3600000"}) == {"log.retention.ms": "3600000"}
+        assert admin.alter_broker_configs(None, {"log.retention.ms": "7200000"}) == {"log.retention.ms": "7200000"}
+        assert described(2)["log.retention.ms"] == ("3600000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+        assert described(1)["log.retention.ms"] == ("7200000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+        assert described(None) == {"log.retention.ms": ("7200000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)}
+
+        # validate_only answers what the configs would be, and writes nothing
+        assert admin.alter_broker_configs(2, {"log.segment.bytes": "2000000"}, validate_only=True) == {
+            "log.retention.ms": "3600000", "log.segment.bytes": "2000000"}
+        assert described(2)["log.segment.bytes"] == ("1073741824", ConfigSource.DEFAULT_CONFIG.value)
+        with pytest.raises(errors.GregorError) as refused:
+            admin.alter_broker_configs(2, {"log.segment.bytes": "2000000", "num.io.threads": "16"})
+        assert refused.value.code == errors.Code.INVALID_REQUEST, refused.value
+        assert "Cannot update these configs dynamically: Set(num.io.threads)" in str(refused.value)
+        assert described(2)["log.segment.bytes"] == ("1073741824", ConfigSource.DEFAULT_CONFIG.value)
+
+        assert admin.alter_broker_configs(2, delete=["log.retention.ms"]) == {}
+        assert described(2)["log.retention.ms"] == ("7200000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)

@@ -376,3 +376,35 @@ def test_the_blocking_admin_client_alters_and_describes_broker_configs(
 
         assert admin.alter_broker_configs(2, delete=["log.retention.ms"]) == {}
         assert described(2)["log.retention.ms"] == ("7200000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+
+
+def test_a_topics_configs_are_the_same_through_grpc_and_the_kafka_listener(
+        cluster: LocalCluster, clean_broker_configs: None) -> None:
+    """DescribeConfigs of a topic through Gregor's gRPC AdminClient and through librdkafka on the Kafka listener
+    give every config the same value and source: the topic's override (DYNAMIC_TOPIC_CONFIG), a cluster-wide
+    dynamic default (DYNAMIC_DEFAULT_BROKER_CONFIG) and Kafka's default (DEFAULT_CONFIG). Before, the gRPC answer
+    was the controller's alone, Kafka's defaults where the brokers had the dynamic default."""
+    topic = create_topic(cluster, configs={"segment.bytes": "2000000"})
+    set_broker_configs(cluster, "", {"log.retention.ms": "172800000"})
+
+    def kafka_view() -> dict[str, tuple[str | None, int]]:
+        res = ConfigResource(ResourceType.TOPIC, topic)
+        admin = broker_admin(cluster)  # kept: a collected client fails its futures
+        [fut] = admin.describe_configs([res]).values()
+        return {k: (e.value, int(e.source)) for k, e in fut.result(timeout=WAIT_S).items()}
+
+    def grpc_view() -> dict[str, tuple[str | None, int]]:
+        found = grpc_admin(cluster, lambda a: a.describe_configs([topic]))[topic]
+        return {e.name: (e.value, e.source) for e in found}
+
+    # every broker applies the new default within its watch's delay
+    wait_for(lambda: kafka_view()["retention.ms"][0] == "172800000" == grpc_view()["retention.ms"][0], WAIT_S,
+             "the new default on the broker answering each view")
+    kafka, grpc_ = kafka_view(), grpc_view()
+    assert grpc_["segment.bytes"] == ("2000000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert grpc_["retention.ms"] == ("172800000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    assert grpc_["cleanup.policy"] == ("delete", ConfigSource.DEFAULT_CONFIG.value)
+    assert grpc_ == kafka
+    altered = grpc_admin(cluster, lambda a: a.alter_configs(topic, {"retention.bytes": "1048576"}))
+    assert {e.name: (e.value, e.source) for e in altered} == {
+        **kafka, "retention.bytes": ("1048576", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)}

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gregor.common import broker_configs as bc
+from gregor.common.config import effective_topic_configs
 from gregor.common.etcd import WatchTask
 from gregor.common.etcd_layout import BrokerConfigZNode
 
@@ -99,3 +100,18 @@ class DynamicBrokerConfig:
 
     def inherited(self, topic_config: str, value: Any) -> bc.Entry:
         return bc.inherited_topic_entry(topic_config, value, self.static, self.default_layer, self.broker_layer)
+
+    def topic_entries(self, entries: Iterable[Any]) -> list[bc.Entry]:
+        """A topic's configs as the controller described them (its overrides, Kafka's defaults for the rest), as
+        this broker describes them, the way Kafka's brokers answer DescribeConfigs of a topic: a config without
+        an override takes this broker's value and source (dynamic per-broker, dynamic default, static or Kafka's
+        default). Both the Kafka listener and the gRPC AdminService answer with these."""
+        defaults = effective_topic_configs({}, self.broker.config.topic_defaults)
+        out = []
+        for e in entries:
+            if e.is_default and e.name in defaults:
+                out.append(self.inherited(e.name, defaults[e.name]))
+            else:
+                out.append(bc.Entry(e.name, e.value, bc.TOPIC_CONFIG, False, False,
+                                    ((e.name, e.value, bc.TOPIC_CONFIG),), e.documentation))
+        return out

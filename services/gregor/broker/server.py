@@ -18,7 +18,7 @@ from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_m
 from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.broker.replica_manager import collect_produce
-from gregor.common import errors, uuid
+from gregor.common import broker_configs as bc, errors, uuid
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.authz import FORWARDED_HOST_HEADER, FORWARDED_PRINCIPAL_HEADER, produce_denials, with_denials
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
@@ -576,8 +576,29 @@ class ForwardingAdminServicer(controller_pb2_grpc.AdminServiceServicer):
     CreateTopics = _forwarded("CreateTopics")
     DeleteTopics = _forwarded("DeleteTopics")
     CreatePartitions = _forwarded("CreatePartitions")
-    DescribeConfigs = _forwarded("DescribeConfigs")
-    AlterConfigs = _forwarded("AlterConfigs")
+    @rpc_method("AdminService")
+    async def DescribeConfigs(self, request: controller_pb2.DescribeConfigsRequest,
+                              context: Ctx) -> controller_pb2.DescribeConfigsResponse:
+        resp = await self.forward("DescribeConfigs", request, context)
+        for tc in resp.results:
+            self._localize(tc)
+        return resp
+
+    @rpc_method("AdminService")
+    async def AlterConfigs(self, request: controller_pb2.AlterConfigsRequest,
+                           context: Ctx) -> controller_pb2.AlterConfigsResponse:
+        resp = await self.forward("AlterConfigs", request, context)
+        self._localize(resp.result)
+        return resp
+
+    def _localize(self, tc: controller_pb2.TopicConfigs) -> None:
+        """A topic's configs as this broker has them, as Kafka's brokers answer (the controller knows the topic's
+        overrides, not our static and dynamic defaults): the same entries the Kafka listener's DescribeConfigs gives."""
+        entries = self.broker.dynamic_config.topic_entries(tc.entries)
+        del tc.entries[:]
+        tc.entries.extend(controller_pb2.ConfigEntry(name=e.name, value=e.value or "", is_default=e.source != bc.TOPIC_CONFIG,
+                                                     documentation=e.documentation, source=e.source)
+                          for e in entries)
     ElectLeaders = _forwarded("ElectLeaders")
     DescribeCluster = _forwarded("DescribeCluster")
     DescribeClientQuotas = _forwarded("DescribeClientQuotas")

@@ -32,10 +32,14 @@ class NewTopic:
 
 @dataclass
 class ConfigEntry:
+    """One config of a topic: source is Kafka's ConfigSource id (1 DYNAMIC_TOPIC_CONFIG, the topic's override;
+    else where the answering broker took the value: 2 DYNAMIC_BROKER_CONFIG, 3 DYNAMIC_DEFAULT_BROKER_CONFIG,
+    4 STATIC_BROKER_CONFIG, 5 DEFAULT_CONFIG)."""
     name: str
     value: str
     is_default: bool
     documentation: str = ""
+    source: int = 5
 
 
 @dataclass
@@ -181,7 +185,7 @@ class AdminClient:
         out: dict[str, list[ConfigEntry]] = {}
         for r in resp.results:
             _check(r.error, r.topic)
-            out[r.topic] = [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in r.entries]
+            out[r.topic] = [ConfigEntry(e.name, e.value, e.is_default, e.documentation, e.source) for e in r.entries]
         return out
 
     async def alter_configs(self, topic: str, set_: Mapping[str, str] | None = None,
@@ -191,7 +195,7 @@ class AdminClient:
                                                  delete=list(delete), validate_only=validate_only)
         resp = await self._call(lambda s: s.AlterConfigs(req, timeout=self.timeout_s))
         _check(resp.result.error, topic)
-        return [ConfigEntry(e.name, e.value, e.is_default, e.documentation) for e in resp.result.entries]
+        return [ConfigEntry(e.name, e.value, e.is_default, e.documentation, e.source) for e in resp.result.entries]
 
     # ------------------------------------------------------------ dynamic broker configs (KIP-226)
     async def describe_broker_configs(self, broker: Optional[int] = None) -> list[BrokerConfigEntry]:

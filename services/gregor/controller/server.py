@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 
-from gregor.common import authz as az, errors
+from gregor.common import authz as az, broker_configs as bc, errors
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.config import TOPIC_CONFIGS, effective_topic_configs
 from gregor.common.quota_admin import altered, entity_of, entry_pb
@@ -92,7 +92,8 @@ def _topic_configs(name: str, overrides: dict[str, str], err: errors.GregorError
     if err is not None:
         return controller_pb2.TopicConfigs(topic=name, error=err.to_detail())
     entries = [controller_pb2.ConfigEntry(name=k, value=_config_str(v), is_default=k not in overrides,
-                                          documentation=TOPIC_CONFIGS[k].doc)
+                                          documentation=TOPIC_CONFIGS[k].doc,
+                                          source=bc.DEFAULT_CONFIG if k not in overrides else bc.TOPIC_CONFIG)
                for k, v in sorted(effective_topic_configs(overrides).items())]
     return controller_pb2.TopicConfigs(topic=name, entries=entries)
 

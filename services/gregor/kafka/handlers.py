@@ -22,7 +22,6 @@ from prometheus_client import Counter, Gauge
 from kio.static.constants import EntityType
 
 from gregor.common import authz as az, broker_configs as bc, errors
-from gregor.common.config import effective_topic_configs
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
 from gregor.common.rpc import channel
@@ -726,13 +725,7 @@ class KafkaHandlers:
                     tc = resp.results[0]
                     if tc.HasField("error"):
                         code, message = int(tc.error.code), tc.error.message
-                    defaults = effective_topic_configs({}, self.broker.config.topic_defaults)
-                    for e in tc.entries:
-                        if e.is_default and e.name in defaults:
-                            entries.append(dyn.inherited(e.name, defaults[e.name]))
-                        else:
-                            entries.append(bc.Entry(e.name, e.value, bc.TOPIC_CONFIG, False, False,
-                                                    ((e.name, e.value, bc.TOPIC_CONFIG),), e.documentation))
+                    entries = dyn.topic_entries(tc.entries)
                 except errors.GregorError as err:
                     code, message = int(err.code), err.message
             elif rtype == RESOURCE_BROKER and self.broker.authz.enabled and not self.broker.authz.check(

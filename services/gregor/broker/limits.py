@@ -55,10 +55,12 @@ PRODUCER_ID_BLOCK_RETRY_S = 0.2  # pause between failed block requests
 # (in slices of OPEN_LOGS_SLICE_S, log_manager.py), then the loop serves what waits before the next chunk (issue 24: a 10,000-partition
 # creation held a broker's loop for minutes and cost it its etcd session).
 LEADER_AND_ISR_CHUNK = 100
-# How long a LeaderAndIsr/StopReplica apply waits in the event loop between chunks and between slices of
-# LogManager.open_logs. Not asyncio.sleep(0): that is one loop iteration, and a gRPC call needs several (each
-# step's completion comes back through grpc's poller thread, which needs the GIL the apply holds), so a broker
-# answered one queued call per 50-70 ms chunk and nothing sent during a 1,000-partition apply was answered in
-# it (test_leader_and_isr_apply, measured: 0-3 calls in 0.45 s). Waiting 1 ms in select lets them through:
-# 50-57 calls sent and answered inside the same apply, now 1.2 s because it shared the loop with 2,000 probes.
+# How long a LeaderAndIsr/StopReplica apply waits in the event loop between chunks. Not asyncio.sleep(0): that
+# is one loop iteration, and a gRPC call needs several (each step's completion comes back through grpc's poller
+# thread, which needs the GIL the apply holds), so a broker answered one queued call per 50-70 ms chunk and
+# nothing sent during a 1,000-partition apply was answered in it (test_leader_and_isr_apply: 0-3 of ~2,000
+# calls in 0.45 s). A 1 ms wait in select lets each waiting call take a step per chunk: 24-63 calls sent and
+# answered inside 3-11 s applies on a loaded machine. Waiting at every 20 ms slice of open_logs as well let 84-174
+# through in 1.7-3.8 s, but made a 5,000-partition creation ~15 % slower (bench_leader_and_isr, same run):
+# slices keep sleep(0).
 CONTROL_YIELD_S = 0.001

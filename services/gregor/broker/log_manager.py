@@ -26,7 +26,6 @@ from typing import Any, Callable
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
-from gregor.broker.limits import CONTROL_YIELD_S
 from gregor.common.config import BrokerConfig, is_compacted, log_config_kwargs
 from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
@@ -233,7 +232,7 @@ class LogManager:
             except Exception as exc:  # this partition only: the others of the request go on
                 failed[(topic, partition)] = exc
             if time.perf_counter() - slice_start >= OPEN_LOGS_SLICE_S:
-                await asyncio.sleep(CONTROL_YIELD_S)
+                await asyncio.sleep(0)
                 slice_start = time.perf_counter()
         if self._metadata_due and (self._metadata_writer is None or self._metadata_writer.done()):
             self._metadata_writer = asyncio.get_running_loop().create_task(

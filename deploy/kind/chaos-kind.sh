@@ -10,7 +10,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 NAMESPACE=${NAMESPACE:-gregor}
 HELM=${HELM:-helm}
 KUBECTL=${KUBECTL:-kubectl}
-CHAOS_MESH_VERSION=${CHAOS_MESH_VERSION:-2.7.2}
+# The release whose CRDs `make test` validates the experiments against (the Makefile's CHAOS_MESH_VERSION).
+CHAOS_MESH_VERSION=${CHAOS_MESH_VERSION:-2.8.3}
 # Seconds between experiments: each one heals (its duration) before the next starts.
 FAULT_GAP_S=${FAULT_GAP_S:-30}
 

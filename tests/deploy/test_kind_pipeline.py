@@ -191,6 +191,30 @@ def test_the_chart_installs_into_the_api_server(chaos_crds: Api, tmp_path: Path)
     assert r.returncode == 0 and json.loads(r.stdout)["info"]["status"] == "deployed", r.stderr
 
 
+def _make_var(name: str) -> str:
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith(f"{name} :="):
+            return line.split(":=", 1)[1].strip()
+    raise AssertionError(f"{name} not in the Makefile")
+
+
+def test_the_validated_crds_are_those_of_the_chaos_mesh_the_pipeline_installs() -> None:
+    """The CRDs the experiments are validated against (fetched by `make kube-tools`) are the release the
+    script installs: the checksum the Makefile checks them by is of CHAOS_MESH_VERSION's manifests/crd.yaml,
+    and the script (alone or through `make chaos-kind`) installs that chart version."""
+    import hashlib
+
+    assert CHAOS_CRDS.exists(), "run `make kube-tools` (make test does) to fetch Chaos Mesh's CRDs"
+    assert hashlib.sha256(CHAOS_CRDS.read_bytes()).hexdigest() == _make_var("CHAOS_MESH_CRD_SHA256")
+    version = _make_var("CHAOS_MESH_VERSION")
+    env = {k: v for k, v in os.environ.items() if k != "CHAOS_MESH_VERSION"}
+    r = subprocess.run(["bash", str(ROOT / "deploy" / "kind" / "chaos-kind.sh")], capture_output=True, text=True,
+                       env={**env, "DRY_RUN": "1"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    installs = [line for line in r.stdout.splitlines() if " upgrade --install chaos-mesh " in line]
+    assert len(installs) == 1 and f"--version {version} " in installs[0], r.stdout
+
+
 def test_the_pipeline_script_dry_run_applies_every_experiment_and_both_jobs() -> None:
     r = subprocess.run(["bash", str(ROOT / "deploy" / "kind" / "chaos-kind.sh")], capture_output=True, text=True,
                        env={**os.environ, "DRY_RUN": "1"}, timeout=60)

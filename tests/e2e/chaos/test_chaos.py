@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.chaos.faults import KINDS, schedule
+from tests.e2e.chaos.faults import ETCD_KINDS, KINDS, schedule
 from tests.e2e.chaos.netns import SMALL_FS_MARK, our_namespaces
 
 SEED = int(os.environ.get("GREGOR_CHAOS_SEED", "7"))
@@ -36,6 +36,26 @@ def test_the_ci_schedule_covers_every_fault_kind() -> None:
     faults = schedule(SEED, DURATION_S, every_kind_once=True)
     assert sorted(f.kind for f in faults) == sorted(KINDS)
     assert schedule(SEED, DURATION_S, True) == faults  # the same seed, the same schedule
+    assert all(f.leader for f in faults if f.kind in ETCD_KINDS)  # both etcd faults aim at the leader
+
+
+def _etcd_leader_hit(ops: list[dict[str, Any]], kinds: tuple[str, ...]) -> None:
+    """Each etcd fault of the run found the etcd leader and hit it (the nemesis records detail.leader)."""
+    starts = [o for o in ops if o["op"] == "nemesis" and o.get("fault") in kinds and o["phase"] == "start"]
+    assert sorted(o["fault"] for o in starts) == sorted(kinds), starts
+    assert all(o["detail"]["leader"] is True for o in starts), starts
+
+
+def _clock_jumped(ops: list[dict[str, Any]], shm_before: set[str]) -> None:
+    """clock-skew moved the running target's wall clock forward, then back, then to the real clock again,
+    and the process showed each offset (the Date of its /metrics answers), all within one instance."""
+    stop = [o for o in ops if o["op"] == "nemesis" and o.get("fault") == "clock-skew" and o["phase"] == "stop"]
+    assert len(stop) == 1, stop
+    jumps = stop[0]["detail"]["jumps"]
+    assert [j["set"] > 0 for j in jumps[1:3]] == [True, False] and jumps[0]["set"] == jumps[-1]["set"] == 0, jumps
+    for j in jumps:  # Date has one-second resolution; 2 s of slack for a second boundary crossed while asking
+        assert j["observed"] is not None and abs(j["observed"] - j["set"]) <= 2, jumps
+    assert {f for f in os.listdir("/dev/shm") if "faketime" in f} <= shm_before  # libfaketime's shm removed
 
 
 def _valid_run(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
@@ -56,6 +76,7 @@ def _valid_run(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
 @pytest.mark.timeout(900)
 def test_chaos_short_schedule(tmp_path: Path) -> None:
     out = tmp_path / "chaos"
+    shm_before = {f for f in os.listdir("/dev/shm") if "faketime" in f}
     log, verdict = _valid_run(out, "--seed", str(SEED), "--duration", str(DURATION_S), "--every-kind-once")
     assert sorted(verdict["fault_kinds_fired"]) == sorted(KINDS), log
     stats = verdict["stats"]
@@ -68,6 +89,8 @@ def test_chaos_short_schedule(tmp_path: Path) -> None:
     counts = degrade[0]["detail"].get("netem_counts")  # only where the kernel lacks sch_netem (user-space netem)
     assert counts is None or (counts["packets"] > 0 and counts["delayed"] > 0), degrade
     assert sum(stats["ops"]["replica"].values()) == 12  # 3 replicas of 4 partitions, both of broker-0's dirs
+    _etcd_leader_hit(ops, ETCD_KINDS)
+    _clock_jumped(ops, shm_before)
     assert our_namespaces() == []
 
 
@@ -99,6 +122,7 @@ def test_chaos_tls_schedule(tmp_path: Path) -> None:
     ops = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines() if line.strip()]
     ok_by_client = {o.get("client") for o in ops if o["op"] in ("send", "txn") and o["outcome"] == "ok"}
     assert {"sdk", "sync", "gateway"} <= ok_by_client, ok_by_client
+    _etcd_leader_hit(ops, ("etcd-kill",))
     assert verdict["stats"]["values_acknowledged"] > 0 and verdict["stats"]["partitions_with_final_read"] == 4
     assert our_namespaces() == []
 

@@ -15,6 +15,7 @@ orchestrator's own etcd reads (client_properties()).
 
 from __future__ import annotations
 
+import email.utils
 import glob
 import json
 import os
@@ -254,6 +255,11 @@ class ChaosCluster:
             except subprocess.TimeoutExpired:
                 os.kill(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
+        if "LD_PRELOAD" in p.env:
+            # libfaketime's shared memory outlives a process killed without its exit handlers.
+            for leftover in (f"/dev/shm/faketime_shm_{p.popen.pid}", f"/dev/shm/sem.faketime_sem_{p.popen.pid}"):
+                if os.path.exists(leftover):
+                    os.remove(leftover)
         p.popen = None
         p.paused = False
 
@@ -282,6 +288,31 @@ class ChaosCluster:
             self._spawn(p)
             self._wait_ready(p)
         self.save()
+
+    def faketime_file(self, name: str) -> str:
+        """The libfaketime offset file of process name (clock-skew)."""
+        return os.path.join(self.data_dir, f"faketime-{name}.rc")
+
+    def metrics_url(self, name: str) -> str:
+        """Process name's /metrics URL, from the ready file its current instance wrote."""
+        with open(self.procs[name].ready) as f:
+            return str(json.load(f)["metrics"])
+
+    def http_date(self, url: str) -> int | None:
+        """The Date header (whole seconds since the epoch) of a GET of url, by the process's own clock; None
+        when it does not answer."""
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if url.startswith("https:"):
+            handlers.append(urllib.request.HTTPSHandler(context=self.client_tls().client_ssl_context()))
+        try:
+            with urllib.request.build_opener(*handlers).open(url, timeout=2) as r:
+                r.read()
+                date = r.headers.get("Date")
+        except OSError:
+            return None
+        if not date:
+            return None
+        return int(email.utils.parsedate_to_datetime(date).timestamp())
 
     def tear_log_tail(self, name: str, rng: random.Random) -> str:
         """With the broker down: cut 1..64 bytes off the end of one partition's newest segment (a write the

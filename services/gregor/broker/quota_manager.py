@@ -287,10 +287,15 @@ class BrokerQuotas:
 
     async def admit(self, api: str, request: Any, context: Any) -> Optional[StreamQuota]:
         """A unary call's quota view after its connection's mute; None when nothing is configured or the call
-        is exempt as in Kafka: ClusterAction requests (controller and inter-broker) and follower fetches."""
-        if not self.enabled or api in CLUSTER_ACTION_APIS or from_follower(request):
+        is exempt (`exempt`)."""
+        if not self.enabled or self.exempt(api, request, context):
             return None
         return await self.unary(context)
+
+    def exempt(self, api: str, request: Any, context: Any) -> bool:
+        """Calls outside the request quota, as in Kafka: ClusterAction requests (controller and inter-broker)
+        and follower fetches. The coordinators' view (coordinator/quotas.py) names its own."""
+        return api in CLUSTER_ACTION_APIS or from_follower(request)
 
     def charge(self, view: StreamQuota, seconds: float, response: Any) -> None:
         """Record a call's handler time; over request_percentage the connection is muted and a response with

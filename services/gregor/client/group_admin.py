@@ -21,6 +21,7 @@ from gregor.common.tls import from_client_config
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.group_membership import find_coordinator
 from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.throttles import Throttles
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -70,6 +71,7 @@ class GroupAdmin:
         self.api_timeout_s = cfg["default.api.timeout.ms"] / 1000
         self.backoff_s = cfg["retry.backoff.ms"] / 1000
         self._owner: dict[str, str] = {}
+        self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
 
     async def __aenter__(self) -> "GroupAdmin":
         return self
@@ -101,7 +103,9 @@ class GroupAdmin:
         while True:
             try:
                 address = await self.find_coordinator(group_id)
+                await self.throttles.wait(address)  # KIP-219: a throttled coordinator gets nothing before its time
                 resp = await getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+                self.throttles.record(address, resp.throttle_time_ms)
                 detail = body_error(resp) if body_error is not None else None
                 if detail is None or detail.code == 0 or not errors.from_detail(detail).retriable:
                     return resp

@@ -25,8 +25,11 @@ fetch, and its bytes are taken back out of the sensor; a fetch never asks more t
 one window (Kafka's getMaxValueInQuotaWindow). Follower fetches are never throttled (they use the
 ReplicaFetch stream, which has no hook at all).
 
+The group/transaction coordinators use this same view for request_percentage on their calls
+(coordinator/quotas.py: BrokerQuotas with their own `exempt`).
+
 Identity: the user is the connection's principal name (`principal_of`: `ANONYMOUS` on plain text, the
-mapped certificate subject with TLS once issue 23's TLS work sets it) and the client id comes from the
+certificate subject mapped by ssl.principal.mapping.rules with TLS) and the client id comes from the
 `client-id` gRPC metadata (FetchRequest.client_id on the data port, the request header on the Kafka
 listener). With no quota configured anywhere nothing is recorded (Kafka's quotasEnabled).
 

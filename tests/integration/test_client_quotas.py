@@ -497,3 +497,49 @@ def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_onl
     finally:
         asyncio.run(alter(None))
         asyncio.run(alter(None, quiet))
+
+
+@pytest.mark.parametrize("path", ["produce-stream", "data-port"])
+def test_request_percentage_throttles_produce_streams_and_data_port_fetches(cluster: LocalCluster, path: str) -> None:
+    """request_percentage on the two paths that record their own handler time outside rpc_method: a producer's
+    ProduceStream (each request's synchronous append) and a consumer's fetches on the zero-copy data port.
+    The client has only a request quota of 1 % (no byte rate), so the throttle it gets is the request
+    quota's: its answers carry throttle_time_ms (the producer's produce-throttle-time, the consumer's
+    fetch-throttle-time) and the broker counts Request throttles for its client id, none of Produce/Fetch."""
+    topic = new_topic(cluster)
+    client_id = f"req-{path}-{uuid.uuid4().hex[:6]}"
+    if path == "data-port":
+        asyncio.run(Tenant(cluster, "filler", topic).run(asyncio.Event(), max_records=1000))
+    set_quota(cluster, None, client_id, request_percentage=1)
+    try:
+        async def produce() -> float:
+            t = Tenant(cluster, client_id, topic)
+            stop = asyncio.Event()
+            run = asyncio.ensure_future(t.run(stop))
+            await until(lambda: t.producer.metrics()["produce-throttle-time-max"] > 0, 60,
+                        "a throttled ProduceStream answer")
+            stop.set()
+            await run
+            return float(t.producer.metrics()["produce-throttle-time-max"])
+
+        async def fetch() -> float:
+            # Small fetches from the start again and again: many data-port requests, each a little handler time.
+            async with Consumer({"bootstrap.servers": boot(cluster), "client.id": client_id,
+                                 "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 4096,
+                                 "fetch.max.wait.ms": 0, "fetch.transport": "data"}) as consumer:
+                consumer.assign([(topic, 0)])
+
+                async def throttled() -> bool:
+                    if not await consumer.poll(timeout_ms=100):
+                        consumer.seek_to_beginning((topic, 0))
+                    return fetch_throttles(consumer.metadata).metrics()["fetch-throttle-time-max"] > 0
+
+                await until(throttled, 60, "a throttled data-port fetch answer", interval_s=0)
+                return fetch_throttles(consumer.metadata).metrics()["fetch-throttle-time-max"]
+
+        assert asyncio.run(produce() if path == "produce-stream" else fetch()) > 0
+        byte_type = "Produce" if path == "produce-stream" else "Fetch"
+        assert quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request")[client_id] > 0
+        assert client_id not in quota_samples(cluster, "gregor_client_quota_throttled_requests_total", byte_type)
+    finally:
+        set_quota(cluster, None, client_id, request_percentage=0)

@@ -7,10 +7,15 @@ SDK calls directly over gRPC, so each keeps the brokers' quota view (broker/quot
 the same etcd configs and watch, sensors, channel mutes and metrics) and hands it to its servicers as
 rpc_method's `request_quota`. Byte rates do not apply here (no records go through a coordinator).
 
-Exempt, as Kafka exempts its inter-broker (ClusterAction) requests: the coordinators' calls to each other,
-ValidateTxnOffsetCommit (transaction coordinator -> group coordinator, KIP-447) and the ListGroups /
-ListTransactions fan-out (`gregor-list-scope: local`) from a caller allowed ClusterAction on the Cluster.
-Without an authorizer nobody can be told apart, so a local-scope call is metered like any other.
+Not metered, as Kafka meters a request once, on the broker that received it, and exempts its
+inter-broker (ClusterAction) requests:
+- ValidateTxnOffsetCommit (transaction coordinator -> group coordinator, KIP-447), by name;
+- calls marked relayed (common/quotas.RELAYED_METADATA): the Kafka listener relaying a Kafka client's
+  JoinGroup, EndTxn... (the broker metered that request already, for that client; metering it here
+  again would charge the broker's one connection and mute it for every client relayed through it), a
+  coordinator's ListGroups / ListTransactions fan-out and its transactional OffsetCommit. With the
+  authorizer on the mark counts only from a peer allowed ClusterAction on the Cluster (a broker or a
+  coordinator); without it nobody's identity is checked anyway (a client may pick any client.id too).
 
 Concurrency: event-loop owned (BrokerQuotas's).
 """
@@ -21,11 +26,9 @@ from typing import Any
 
 from gregor.broker.quota_manager import BrokerQuotas
 from gregor.common import authz as az
-from gregor.common.acl import CLUSTER_NAME, Operation, ResourceType
-from gregor.coordinator.server import LIST_SCOPE_HEADER
+from gregor.common.quotas import RELAYED_METADATA
 
 INTERNAL_APIS = frozenset({"ValidateTxnOffsetCommit"})
-FAN_OUT_APIS = frozenset({"ListGroups", "ListTransactions"})
 
 
 class CoordinatorQuotas(BrokerQuotas):
@@ -38,13 +41,7 @@ class CoordinatorQuotas(BrokerQuotas):
     def exempt(self, api: str, request: Any, context: Any) -> bool:
         if api in INTERNAL_APIS:
             return True
-        if api not in FAN_OUT_APIS or not self.authz.enabled:
+        key, value = RELAYED_METADATA
+        if not any(k == key and v == value for k, v in context.invocation_metadata() or ()):
             return False
-        if dict(context.invocation_metadata() or ()).get(LIST_SCOPE_HEADER) != "local":
-            return False
-        try:
-            caller = self.authz.caller_of(context)
-        except Exception:  # an unmappable principal: metered, and the servicer answers the denial
-            return False
-        return self.authz.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME,
-                                api, audit=False)
+        return self.authz.peer_may_cluster_action(context)

@@ -8,6 +8,7 @@ import grpc
 
 from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
+from gregor.common.quotas import RELAYED_METADATA
 from gregor.common.rpc import RequestQuota, channel, rpc_method
 from gregor.coordinator.server import LIST_SCOPE_HEADER
 from gregor.coordinator.txn_coordinator import TransactionCoordinator
@@ -124,7 +125,7 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
                 async with channel(f"{info['host']}:{info['port']}") as ch:
                     try:
                         resp = await transaction_pb2_grpc.TransactionCoordinatorServiceStub(ch).ListTransactions(
-                            request, timeout=10, metadata=((LIST_SCOPE_HEADER, "local"),))
+                            request, timeout=10, metadata=((LIST_SCOPE_HEADER, "local"), RELAYED_METADATA))
                     except grpc.RpcError as exc:
                         err = errors.from_rpc_error(exc)
                         raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE,

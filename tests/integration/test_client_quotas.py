@@ -40,7 +40,10 @@ PRODUCER_CFG = {"acks": "1", "linger.ms": 5, "batch.size": 8192, "max.request.si
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(str(tmp_path_factory.mktemp("quotas")), brokers=1, controllers=1) as c:
+    # One group/transaction coordinator (one offsets partition: every group is its own) for the coordinator test.
+    with running_cluster(str(tmp_path_factory.mktemp("quotas")), brokers=1, controllers=1, coordinators=1,
+                         coordinator_overrides={"offsets.topic.num.partitions": "1",
+                                                "transaction.state.log.num.partitions": "1"}) as c:
         yield c
 
 
@@ -82,8 +85,8 @@ def new_topic(c: LocalCluster) -> str:
     return name
 
 
-def broker_samples(c: LocalCluster, name: str) -> list[Any]:
-    with urllib.request.urlopen(c.by_role("broker")[0].metrics, timeout=10) as resp:
+def broker_samples(c: LocalCluster, name: str, role: str = "broker") -> list[Any]:
+    with urllib.request.urlopen(c.by_role(role)[0].metrics, timeout=10) as resp:
         text = resp.read().decode()
     return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
@@ -303,9 +306,10 @@ def test_librdkafka_sees_throttle_time_and_stays_within_its_quota(cluster: Local
     assert low <= rate <= high, rate
 
 
-def quota_samples(c: LocalCluster, name: str, quota_type: str) -> dict[str, float]:
-    """client_id -> value of a per-entity quota metric of one type (Produce, Fetch, Request)."""
-    return {s.labels["client_id"]: s.value for s in broker_samples(c, name) if s.labels["type"] == quota_type}
+def quota_samples(c: LocalCluster, name: str, quota_type: str, role: str = "broker") -> dict[str, float]:
+    """client_id -> value of a per-entity quota metric of one type (Produce, Fetch, Request) of the first
+    process of a role (broker, coordinator)."""
+    return {s.labels["client_id"]: s.value for s in broker_samples(c, name, role) if s.labels["type"] == quota_type}
 
 
 def test_request_percentage_throttles_every_unary_call_of_the_greedy_client_only(cluster: LocalCluster) -> None:
@@ -407,3 +411,135 @@ def test_request_percentage_throttles_kafka_listener_requests(cluster: LocalClus
     finally:
         c.close()
         asyncio.run(alter(None))
+
+
+def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_only(cluster: LocalCluster) -> None:
+    """The group and transaction coordinators meter request_percentage too (in Kafka every broker is one, and
+    OffsetFetch, DescribeGroups, Heartbeat, JoinGroup, EndTxn... all count): a client calling OffsetFetch and
+    DescribeGroups on the coordinator as fast as it can goes over a `<default>` client-id quota of 2 % and
+    gets answers with throttle_time_ms (its connection muted); a client making a few of the same calls on its
+    own connection, under a quota of its own of 50 %, never does (the design of the broker's test above, and
+    its reasons for 2 % and 50 %). The SDK's GroupAdmin sends its client.id to the coordinator and records the
+    throttle it is handed (KIP-219: it waits before its next call). Each greedy request names 200 partitions
+    or 50 groups, so the flood's handler time, not the Python client, is what the quota sees."""
+    import grpc
+
+    from gregor.client.group_admin import GroupAdmin
+    from gregor.common.quotas import CLIENT_ID_METADATA
+    from gregor.rpc.v1 import common_pb2, coordinator_pb2 as pb, coordinator_pb2_grpc
+
+    suffix = uuid.uuid4().hex[:6]
+    greedy, quiet, sdk = f"greedy-c-{suffix}", f"quiet-c-{suffix}", f"sdk-c-{suffix}"
+    coordinator = cluster.by_role("coordinator")[0].grpc
+
+    async def alter(value: str | None, client: str = DEFAULT) -> None:
+        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
+            await a.alter_client_quotas(None, client, {"request_percentage": value} if value else {},
+                                        [] if value else ["request_percentage"])
+
+    asyncio.run(alter("2"))
+    asyncio.run(alter("50", quiet))
+    try:
+        async def go() -> tuple[list[int], list[int], float]:
+            opts = [("grpc.use_local_subchannel_pool", 1)]  # a connection each: the coordinator mutes one
+            async with grpc.aio.insecure_channel(coordinator, options=opts) as g, \
+                    grpc.aio.insecure_channel(coordinator, options=opts) as q:
+                gstub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(g)
+                qstub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(q)
+                many = pb.OffsetFetchRequest(group_id=f"g-{suffix}", partitions=[
+                    common_pb2.TopicPartition(topic=f"t-{i % 20}", partition=i) for i in range(200)])
+                groups = pb.DescribeGroupsRequest(group_ids=[f"g-{suffix}-{i}" for i in range(50)])
+
+                async def serving() -> bool:
+                    try:
+                        await qstub.OffsetFetch(pb.OffsetFetchRequest(group_id=f"g-{suffix}"), timeout=5)
+                        return True
+                    except grpc.RpcError:  # COORDINATOR_LOAD_IN_PROGRESS while it loads __consumer_offsets
+                        return False
+
+                await until(serving, 60, "the coordinator serving its offsets partition")
+                greedy_throttles: list[int] = []
+
+                async def one_round() -> bool:
+                    md = ((CLIENT_ID_METADATA, greedy),)
+                    answers = await asyncio.gather(*(gstub.OffsetFetch(many, metadata=md) for _ in range(20)),
+                                                   *(gstub.DescribeGroups(groups, metadata=md) for _ in range(20)))
+                    greedy_throttles.extend(a.throttle_time_ms for a in answers)
+                    return any(greedy_throttles)
+
+                await until(one_round, 60, "a throttled coordinator answer for the greedy client", interval_s=0)
+                quiet_throttles = []
+                md = ((CLIENT_ID_METADATA, quiet),)
+                for _ in range(4):
+                    quiet_throttles.append((await qstub.OffsetFetch(pb.OffsetFetchRequest(group_id=f"g-{suffix}"),
+                                                                    metadata=md)).throttle_time_ms)
+                    quiet_throttles.append((await qstub.DescribeGroups(pb.DescribeGroupsRequest(
+                        group_ids=[f"g-{suffix}"]), metadata=md)).throttle_time_ms)
+                    await asyncio.sleep(0.3)
+
+            async with GroupAdmin({"bootstrap.servers": boot(cluster), "client.id": sdk}) as admin:
+                async def sdk_throttled() -> bool:
+                    await asyncio.gather(*(admin.committed_offsets(f"g-{suffix}", [(f"t-{i % 20}", i)
+                                                                                  for i in range(200)])
+                                           for _ in range(20)))
+                    return admin.throttles.throttle_time_ms_max > 0
+
+                await until(sdk_throttled, 60, "the SDK's GroupAdmin handed a throttle", interval_s=0)
+                return greedy_throttles, quiet_throttles, admin.throttles.throttle_time_ms_max
+
+        greedy_throttles, quiet_throttles, sdk_max = asyncio.run(go())
+        assert max(greedy_throttles) > 0 and sdk_max > 0
+        assert quiet_throttles == [0] * 8
+        throttled = quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request", "coordinator")
+        assert throttled[greedy] > 0 and throttled[sdk] > 0 and throttled[quiet] == 0
+        ratio = quota_samples(cluster, "gregor_client_quota_request_time_ratio", "Request", "coordinator")
+        assert ratio[greedy] > ratio[quiet] > 0  # both measured, the greedy client more
+    finally:
+        asyncio.run(alter(None))
+        asyncio.run(alter(None, quiet))
+
+
+@pytest.mark.parametrize("path", ["produce-stream", "data-port"])
+def test_request_percentage_throttles_produce_streams_and_data_port_fetches(cluster: LocalCluster, path: str) -> None:
+    """request_percentage on the two paths that record their own handler time outside rpc_method: a producer's
+    ProduceStream (each request's synchronous append) and a consumer's fetches on the zero-copy data port.
+    The client has only a request quota of 1 % (no byte rate), so the throttle it gets is the request
+    quota's: its answers carry throttle_time_ms (the producer's produce-throttle-time, the consumer's
+    fetch-throttle-time) and the broker counts Request throttles for its client id, none of Produce/Fetch."""
+    topic = new_topic(cluster)
+    client_id = f"req-{path}-{uuid.uuid4().hex[:6]}"
+    if path == "data-port":
+        asyncio.run(Tenant(cluster, "filler", topic).run(asyncio.Event(), max_records=1000))
+    set_quota(cluster, None, client_id, request_percentage=1)
+    try:
+        async def produce() -> float:
+            t = Tenant(cluster, client_id, topic)
+            stop = asyncio.Event()
+            run = asyncio.ensure_future(t.run(stop))
+            await until(lambda: t.producer.metrics()["produce-throttle-time-max"] > 0, 60,
+                        "a throttled ProduceStream answer")
+            stop.set()
+            await run
+            return float(t.producer.metrics()["produce-throttle-time-max"])
+
+        async def fetch() -> float:
+            # Small fetches from the start again and again: many data-port requests, each a little handler time.
+            async with Consumer({"bootstrap.servers": boot(cluster), "client.id": client_id,
+                                 "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 4096,
+                                 "fetch.max.wait.ms": 0, "fetch.transport": "data"}) as consumer:
+                consumer.assign([(topic, 0)])
+
+                async def throttled() -> bool:
+                    if not await consumer.poll(timeout_ms=100):
+                        consumer.seek_to_beginning((topic, 0))
+                    return fetch_throttles(consumer.metadata).metrics()["fetch-throttle-time-max"] > 0
+
+                await until(throttled, 60, "a throttled data-port fetch answer", interval_s=0)
+                return fetch_throttles(consumer.metadata).metrics()["fetch-throttle-time-max"]
+
+        assert asyncio.run(produce() if path == "produce-stream" else fetch()) > 0
+        byte_type = "Produce" if path == "produce-stream" else "Fetch"
+        assert quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request")[client_id] > 0
+        assert client_id not in quota_samples(cluster, "gregor_client_quota_throttled_requests_total", byte_type)
+    finally:
+        set_quota(cluster, None, client_id, request_percentage=0)

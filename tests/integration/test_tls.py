@@ -207,6 +207,31 @@ async def test_a_user_quota_applies_to_the_certificates_principal(cluster: Local
             await admin.alter_client_quotas(user, None, {}, ["producer_byte_rate"])
 
 
+async def test_a_user_request_quota_applies_on_the_coordinator_to_the_certificates_principal(
+        cluster: LocalCluster) -> None:
+    """The group coordinator meters request_percentage for the TLS principal's user as the brokers do: a
+    `users/<user>` request quota of 1 % (an entity ANONYMOUS would not match) throttles the SDK's GroupAdmin
+    flooding the coordinator with OffsetFetch calls, and the SDK records the throttle_time_ms handed out."""
+    from gregor.client.group_admin import GroupAdmin
+
+    assert cluster.tls is not None
+    user = cluster.tls.principal("client").split(":", 1)[1]
+    async with AdminClient(cluster.client_config()) as admin:
+        await admin.alter_client_quotas(user, None, {"request_percentage": "1"}, [])
+    try:
+        async with GroupAdmin({**cluster.client_config(), "client.id": "tls-req-quota"}) as groups:
+            wanted = [(f"t-{i % 20}", i) for i in range(200)]  # each call some handler time on the coordinator
+
+            async def throttled() -> bool:
+                await asyncio.gather(*(groups.committed_offsets("tls-quota-group", wanted) for _ in range(20)))
+                return groups.throttles.throttle_time_ms_max > 0
+
+            await until(throttled, 60, "the coordinator throttling the certificate's user", interval_s=0)
+    finally:
+        async with AdminClient(cluster.client_config()) as admin:
+            await admin.alter_client_quotas(user, None, {}, ["request_percentage"])
+
+
 async def test_gateway_produces_over_tls(cluster: LocalCluster) -> None:
     async with GatewayClient(cluster.by_role("gateway")[0].grpc, security=good(cluster)) as gw:
         results = await gw.produce(TOPIC, [record(b"gw-%d" % i) for i in range(5)], partition=1)

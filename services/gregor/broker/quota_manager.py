@@ -25,8 +25,11 @@ fetch, and its bytes are taken back out of the sensor; a fetch never asks more t
 one window (Kafka's getMaxValueInQuotaWindow). Follower fetches are never throttled (they use the
 ReplicaFetch stream, which has no hook at all).
 
+The group/transaction coordinators use this same view for request_percentage on their calls
+(coordinator/quotas.py: BrokerQuotas with their own `exempt`).
+
 Identity: the user is the connection's principal name (`principal_of`: `ANONYMOUS` on plain text, the
-mapped certificate subject with TLS once issue 23's TLS work sets it) and the client id comes from the
+certificate subject mapped by ssl.principal.mapping.rules with TLS) and the client id comes from the
 `client-id` gRPC metadata (FetchRequest.client_id on the data port, the request header on the Kafka
 listener). With no quota configured anywhere nothing is recorded (Kafka's quotasEnabled).
 
@@ -287,10 +290,15 @@ class BrokerQuotas:
 
     async def admit(self, api: str, request: Any, context: Any) -> Optional[StreamQuota]:
         """A unary call's quota view after its connection's mute; None when nothing is configured or the call
-        is exempt as in Kafka: ClusterAction requests (controller and inter-broker) and follower fetches."""
-        if not self.enabled or api in CLUSTER_ACTION_APIS or from_follower(request):
+        is exempt (`exempt`)."""
+        if not self.enabled or self.exempt(api, request, context):
             return None
         return await self.unary(context)
+
+    def exempt(self, api: str, request: Any, context: Any) -> bool:
+        """Calls outside the request quota, as in Kafka: ClusterAction requests (controller and inter-broker)
+        and follower fetches. The coordinators' view (coordinator/quotas.py) names its own."""
+        return api in CLUSTER_ACTION_APIS or from_follower(request)
 
     def charge(self, view: StreamQuota, seconds: float, response: Any) -> None:
         """Record a call's handler time; over request_percentage the connection is muted and a response with

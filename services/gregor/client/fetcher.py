@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol
 
 import grpc
@@ -20,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from gregor.common.tls import client_ssl
 from gregor.client.metadata import ClusterMetadata, call_error
+from gregor.client.throttles import Throttles
 from gregor.common import errors
 from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.rpc.v1 import broker_pb2
@@ -43,28 +43,10 @@ def aborted_of(resp: broker_pb2.FetchResponse) -> tuple[tuple[int, int], ...]:
     return tuple((a.producer_id, a.first_offset) for a in resp.aborted_transactions)
 
 
-@dataclass
-class FetchThrottles:
-    """A consumer's throttled brokers (KIP-219) and Kafka's fetch-throttle-time sensor, shared by the
-    consumer's per-partition fetch loops: a broker that answered with throttle_time_ms gets no fetch
-    from this consumer until the time has passed. Concurrency: one event loop."""
-
-    until: dict[int, float] = field(default_factory=dict)  # broker id -> monotonic seconds
-    responses: int = 0
-    throttle_time_ms_total: int = 0
-    throttle_time_ms_max: int = 0
-
-    async def wait(self, broker: int) -> None:
-        delay = self.until.get(broker, 0.0) - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    def record(self, broker: int, throttle_ms: int) -> None:
-        self.responses += 1
-        if throttle_ms > 0:
-            self.throttle_time_ms_total += throttle_ms
-            self.throttle_time_ms_max = max(self.throttle_time_ms_max, throttle_ms)
-            self.until[broker] = max(self.until.get(broker, 0.0), time.monotonic() + throttle_ms / 1000)
+class FetchThrottles(Throttles):
+    """A consumer's throttled brokers (KIP-219, client/throttles.py) and Kafka's fetch-throttle-time sensor,
+    shared by the consumer's per-partition fetch loops: a broker that answered with throttle_time_ms gets no
+    fetch from this consumer until the time has passed. Concurrency: one event loop."""
 
     def metrics(self) -> dict[str, float]:
         """Kafka's fetch-throttle-time-avg / -max (ms; over the consumer's life, not a window)."""

@@ -32,6 +32,8 @@ from gregor.client.assignors import (
 )
 from gregor.client.config import ConfigError
 from gregor.client.metadata import call_error
+from gregor.client.throttles import Throttles
+from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -158,6 +160,8 @@ class GroupMember:
         self.auto_commit = bool(cfg["enable.auto.commit"])
         self.auto_commit_interval_s = int(cfg["auto.commit.interval.ms"]) / 1000
         self.pattern_refresh_s = int(cfg["metadata.max.age.ms"]) / 1000
+        self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
+        self.call_metadata = ((CLIENT_ID_METADATA, self.client_id),)  # client quotas key on it, as on brokers
         self.coordinator_bootstrap = [a.strip() for a in str(cfg["coordinator.bootstrap.servers"]).split(",")
                                       if a.strip()]
         if self.heartbeat_interval_s * 1000 >= self.session_timeout_ms:
@@ -326,8 +330,12 @@ class GroupMember:
         while True:
             address = await self.ensure_coordinator(deadline)
             stub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(self.metadata.channel(address))
+            await self.throttles.wait(address)  # KIP-219: a throttled coordinator gets nothing before its time
             try:
-                return await getattr(stub, method)(request, timeout=timeout_s or self.request_timeout_s)
+                resp = await getattr(stub, method)(request, timeout=timeout_s or self.request_timeout_s,
+                                                  metadata=self.call_metadata)
+                self.throttles.record(address, resp.throttle_time_ms)
+                return resp
             except (grpc.RpcError, asyncio.TimeoutError) as exc:
                 err = call_error(exc)
             if err.code not in RETRY_COORDINATOR or time.monotonic() >= deadline:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional, P
 import grpc
 
 from gregor.client.metadata import call_error
+from gregor.client.throttles import Throttles
+from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
@@ -96,6 +98,9 @@ class TransactionManager:
         self.offsets_added = False
         self._adding: Optional[asyncio.Task[None]] = None
         self._coordinator: Optional[str] = None
+        self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
+        # client.id goes with every call, the client quotas key on it (Kafka's default: producer-<transactional.id>).
+        self.call_metadata = ((CLIENT_ID_METADATA, str(cfg.get("client.id") or f"producer-{self.transactional_id}")),)
 
     # ------------------------------------------------------------ state checks
     def _raise_if_failed(self) -> None:
@@ -184,7 +189,11 @@ class TransactionManager:
                 stub = transaction_pb2_grpc.TransactionCoordinatorServiceStub(
                     self.producer.metadata.channel(self._coordinator))
                 rpc: Callable[..., Awaitable[Any]] = getattr(stub, method)
-                return await rpc(request, timeout=self.request_timeout_s)
+                coordinator = self._coordinator
+                await self.throttles.wait(coordinator)  # KIP-219: a throttled coordinator gets nothing before its time
+                resp = await rpc(request, timeout=self.request_timeout_s, metadata=self.call_metadata)
+                self.throttles.record(coordinator, resp.throttle_time_ms)
+                return resp
             except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:
                 err = call_error(exc)
                 if err.code in FATAL_CODES:

@@ -271,17 +271,32 @@ class Authz:
         """The principal and host of a gRPC call (see the module doc for forwarded calls)."""
         if self.cache is None:
             return Caller()
-        host = peer_host(context.peer())
-        try:
-            principal = principal_from_subject(_peer_subject(context), self.config.principal_mapping_rules)
-        except PrincipalMappingError as exc:
-            raise errors.error_for(errors.Code.CLUSTER_AUTHORIZATION_FAILED, str(exc)) from None
-        caller = Caller(principal, host or "*")
+        caller = self._peer_caller(context)
         forwarded = _metadata(context, FORWARDED_PRINCIPAL_HEADER)
         if forwarded and self.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME,
                                     "ForwardedRequest"):
             return Caller(forwarded, _metadata(context, FORWARDED_HOST_HEADER) or "*")
         return caller
+
+    def _peer_caller(self, context: Any) -> Caller:
+        host = peer_host(context.peer())
+        try:
+            principal = principal_from_subject(_peer_subject(context), self.config.principal_mapping_rules)
+        except PrincipalMappingError as exc:
+            raise errors.error_for(errors.Code.CLUSTER_AUTHORIZATION_FAILED, str(exc)) from None
+        return Caller(principal, host or "*")
+
+    def peer_may_cluster_action(self, context: Any) -> bool:
+        """Whether the gRPC call's own peer (not a principal it forwards) may ClusterAction on the Cluster: a
+        broker or coordinator calling for itself or relaying (True with the authorizer off)."""
+        if self.cache is None:
+            return True
+        try:
+            caller = self._peer_caller(context)
+        except errors.GregorError:
+            return False
+        return self.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME, "Relayed",
+                          audit=False)
 
     # -- decisions --------------------------------------------------------------
 

@@ -35,6 +35,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 CLIENT_ID_METADATA = "client-id"  # the gRPC metadata key carrying client.id (Kafka's request header field)
+# Marks a coordinator call a Gregor service makes for a request it metered already (the Kafka listener relaying
+# JoinGroup, EndTxn...) or for itself (coordinator to coordinator): the coordinators do not meter it again, as
+# Kafka meters a request once, on the broker that received it (coordinator/quotas.py; honoured from a caller
+# allowed ClusterAction when the authorizer is on).
+RELAYED_METADATA = ("gregor-relayed", "1")
 DEFAULT = "<default>"  # Kafka's ConfigEntityName.Default
 ANONYMOUS = "ANONYMOUS"  # KafkaPrincipal.ANONYMOUS's name: the user of a plain-text connection
 

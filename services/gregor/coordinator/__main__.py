@@ -118,11 +118,13 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
 
 async def run(a: argparse.Namespace) -> int:
     from gregor.common.metrics_reporter import MetricsReporter
-    from gregor.common.authz import Authz
+    from gregor.broker.quota_manager import unwatch_quotas, watch_quotas
+    from gregor.common.authz import Authz, user_name
     from gregor.common.etcd import EtcdClient
     from gregor.common.metrics import register_build_info, serve_metrics
     from gregor.common.rpc import add_health_and_reflection, make_server, wait_for_shutdown
     from gregor.coordinator.coordinator import GroupCoordinator
+    from gregor.coordinator.quotas import CoordinatorQuotas
     from gregor.coordinator.server import GroupCoordinatorServicer
     from gregor.coordinator.txn_coordinator import TransactionCoordinator
     from gregor.coordinator.txn_server import TransactionCoordinatorServicer
@@ -140,12 +142,18 @@ async def run(a: argparse.Namespace) -> int:
     authz.start()
     if not await authz.wait_synced(10.0):
         log.warning("the ACLs are not read from etcd yet; only super users are allowed until then")
-    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(GroupCoordinatorServicer(coordinator, authz),
-                                                                       server)
+    # Client quotas (request_percentage) on every call, from the brokers' etcd configs (coordinator/quotas.py).
+    quotas = CoordinatorQuotas(authz)
+    rules = a.authorizer.principal_mapping_rules
+    quotas.principal_of = lambda conn: user_name(conn, rules)  # the TLS principal's user, or ANONYMOUS
+    watch_quotas(quotas)
+    quotas.start(etcd)
+    coordinator_pb2_grpc.add_GroupCoordinatorServiceServicer_to_server(
+        GroupCoordinatorServicer(coordinator, authz, quotas), server)
     # The transaction coordinator lives beside the group coordinator (txn_coordinator.py says why).
     transactions = TransactionCoordinator(coordinator, a.txn_config)
     transaction_pb2_grpc.add_TransactionCoordinatorServiceServicer_to_server(
-        TransactionCoordinatorServicer(transactions, authz), server)
+        TransactionCoordinatorServicer(transactions, authz, quotas), server)
     add_health_and_reflection(server, ["gregor.rpc.v1.GroupCoordinatorService",
                                        "gregor.rpc.v1.TransactionCoordinatorService"])
     await server.start()
@@ -167,6 +175,8 @@ async def run(a: argparse.Namespace) -> int:
     await coordinator.stop()
     await server.stop(1.0)
     await authz.stop()
+    await quotas.stop()
+    unwatch_quotas(quotas)
     await etcd.close()
     return code
 

@@ -28,6 +28,7 @@ from gregor.common.clock import monotonic_ms, now_ms
 from gregor.common.etcd import EtcdClient, WatchCompacted
 from gregor.common.etcd_layout import CoordinatorsZNode, TopicZNode
 from gregor.common.metrics_reporter import etcd_bootstrap
+from gregor.common.quotas import RELAYED_METADATA
 from gregor.coordinator import offsets_log as ol
 from gregor.coordinator.coordinator_metrics import COMMITTED_OFFSETS, RebalanceTimer
 from gregor.coordinator.group import Group, GroupState
@@ -287,7 +288,7 @@ class GroupCoordinator:
                 stub = coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch)
                 try:
                     resp = await stub.ListGroups(pb.ListGroupsRequest(), timeout=timeout_s,
-                                                 metadata=(("gregor-list-scope", "local"),))
+                                                 metadata=(("gregor-list-scope", "local"), RELAYED_METADATA))
                 except grpc.RpcError as exc:
                     err = errors.from_rpc_error(exc)
                     code = err.code if err.code == Code.COORDINATOR_LOAD_IN_PROGRESS else Code.COORDINATOR_NOT_AVAILABLE

@@ -10,7 +10,7 @@ import grpc
 from gregor.common import authz as az, errors
 from gregor.common.acl import CLUSTER_NAME, Operation, ResourceType
 from gregor.common.clock import monotonic_ms
-from gregor.common.rpc import rpc_method
+from gregor.common.rpc import RequestQuota, rpc_method
 from gregor.coordinator.coordinator import GroupCoordinator
 from gregor.coordinator.group import Group, GroupState
 from gregor.rpc.v1 import common_pb2, coordinator_pb2 as pb, coordinator_pb2_grpc
@@ -38,10 +38,12 @@ def _ok() -> common_pb2.ErrorDetail:
 class GroupCoordinatorServicer(coordinator_pb2_grpc.GroupCoordinatorServiceServicer):
     """GroupCoordinatorService over one GroupCoordinator instance."""
 
-    def __init__(self, coordinator: GroupCoordinator, authz: az.Authz | None = None) -> None:
+    def __init__(self, coordinator: GroupCoordinator, authz: az.Authz | None = None,
+                 request_quota: RequestQuota | None = None) -> None:
         self.c = coordinator
         self.m = coordinator.manager
         self.authz = authz or az.Authz()
+        self.request_quota = request_quota  # request_percentage: rpc_method meters every call (quotas.py)
 
     def _group(self, context: Ctx, operation: Operation, group_id: str, api: str) -> None:
         """Kafka's group checks: Read on the group to join, sync, heartbeat, leave and commit."""

@@ -41,6 +41,7 @@ from gregor.common.clock import now_ms
 from gregor.common.coordinator_ownership import partition_for
 from gregor.common.etcd import EtcdError
 from gregor.common.etcd_layout import BrokerIdsZNode, CoordinatorsZNode, TopicZNode
+from gregor.common.quotas import RELAYED_METADATA
 from gregor.common.rpc import channel
 from gregor.coordinator import txn_metadata as tm
 from gregor.coordinator.loading import partition_bounds, replay_partition
@@ -377,7 +378,7 @@ class TransactionCoordinator:
                     req.partitions.add(topic=topic, partition=part, offset=offset, metadata=meta)
                 try:
                     resp = await coordinator_pb2_grpc.GroupCoordinatorServiceStub(ch).OffsetCommit(
-                        req, timeout=self.gc.write_timeout_ms / 1000 + 1)
+                        req, timeout=self.gc.write_timeout_ms / 1000 + 1, metadata=(RELAYED_METADATA,))
                 except grpc.RpcError as exc:
                     raise errors.from_rpc_error(exc) from None
             failed = [r for r in resp.results if r.error.code]

@@ -8,7 +8,8 @@ import grpc
 
 from gregor.common import authz as az, errors
 from gregor.common.acl import Operation, ResourceType
-from gregor.common.rpc import channel, rpc_method
+from gregor.common.quotas import RELAYED_METADATA
+from gregor.common.rpc import RequestQuota, channel, rpc_method
 from gregor.coordinator.server import LIST_SCOPE_HEADER
 from gregor.coordinator.txn_coordinator import TransactionCoordinator
 from gregor.coordinator.txn_metadata import TxnMetadata
@@ -33,9 +34,11 @@ def description(c: TransactionCoordinator, md: TxnMetadata) -> pb.TransactionDes
 class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinatorServiceServicer):
     """TransactionCoordinatorService over one TransactionCoordinator."""
 
-    def __init__(self, coordinator: TransactionCoordinator, authz: az.Authz | None = None) -> None:
+    def __init__(self, coordinator: TransactionCoordinator, authz: az.Authz | None = None,
+                 request_quota: RequestQuota | None = None) -> None:
         self.c = coordinator
         self.authz = authz or az.Authz()
+        self.request_quota = request_quota  # request_percentage: rpc_method meters every call (quotas.py)
 
     def _require(self, context: Ctx, api: str, txn_id: str, groups: tuple[str, ...] = (),
                  topics: tuple[str, ...] = (), topic_op: Operation = Operation.WRITE) -> None:
@@ -122,7 +125,7 @@ class TransactionCoordinatorServicer(transaction_pb2_grpc.TransactionCoordinator
                 async with channel(f"{info['host']}:{info['port']}") as ch:
                     try:
                         resp = await transaction_pb2_grpc.TransactionCoordinatorServiceStub(ch).ListTransactions(
-                            request, timeout=10, metadata=((LIST_SCOPE_HEADER, "local"),))
+                            request, timeout=10, metadata=((LIST_SCOPE_HEADER, "local"), RELAYED_METADATA))
                     except grpc.RpcError as exc:
                         err = errors.from_rpc_error(exc)
                         raise errors.error_for(errors.Code.COORDINATOR_NOT_AVAILABLE,

@@ -24,6 +24,7 @@ from kio.static.constants import EntityType
 from gregor.common import authz as az, broker_configs as bc, errors
 from gregor.common.acl import Operation, ResourceType
 from gregor.common.etcd_layout import BrokerIdsZNode
+from gregor.common.quotas import RELAYED_METADATA
 from gregor.common.rpc import channel
 from gregor.kafka import acl_handlers, codec, zero_copy
 from gregor.kafka.admin_handlers import ADMIN_SUPPORTED, AdminApis
@@ -504,8 +505,8 @@ class KafkaHandlers:
     async def group_call(self, group_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         stub = await self._group_stub(group_id)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s, metadata=az.forwarded_metadata(
-                self.broker.authz, az.connection_caller()))
+            return await getattr(stub, method)(request, timeout=timeout_s, metadata=(
+                *(az.forwarded_metadata(self.broker.authz, az.connection_caller()) or ()), RELAYED_METADATA))
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 

@@ -26,6 +26,7 @@ from gregor.broker.coordinator_lookup import KEY_TYPE_TRANSACTION
 from gregor.broker.txn_markers import describe_producers
 from gregor.common import authz as az, errors
 from gregor.common.coordinator_ownership import partition_for
+from gregor.common.quotas import RELAYED_METADATA
 from gregor.kafka import codec
 from gregor.rpc.v1 import common_pb2, transaction_pb2 as tpb, transaction_pb2_grpc
 
@@ -96,9 +97,10 @@ class TxnApis:
         _, host, port, _ = await lookup.find(transactional_id, KEY_TYPE_TRANSACTION)
         return f"{host}:{port}"
 
-    def _caller(self) -> tuple[tuple[str, str], ...] | None:
-        """The Kafka client's principal for the coordinator's ACL checks (None with the authorizer off)."""
-        return az.forwarded_metadata(self.h.broker.authz, az.connection_caller())
+    def _caller(self) -> tuple[tuple[str, str], ...]:
+        """The Kafka client's principal for the coordinator's ACL checks (with the authorizer on), and the mark
+        of a relayed call: the listener metered the request already (its request quota)."""
+        return (*(az.forwarded_metadata(self.h.broker.authz, az.connection_caller()) or ()), RELAYED_METADATA)
 
     async def call(self, transactional_id: str, method: str, request: Any, timeout_s: float = 30.0) -> Any:
         """One TransactionCoordinatorService call to the owner of transactional_id; a GregorError on failure."""

@@ -13,6 +13,7 @@ user space (netem_user.py: an NFQUEUE on the node's OUTPUT chain and the Netfilt
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -26,6 +27,43 @@ SMALL_FS_MARK = f"{PREFIX}small"  # in the path of the small log filesystem (the
 
 class CapabilityError(RuntimeError):
     """The machine lacks something the suite needs (root, ip, iptables, a kernel feature): says which."""
+
+
+# One run at a time owns everything named with PREFIX: a run holds an flock on LOCK_PATH from Network.up() to
+# down(), and cleanup() works only while this process holds it (taking it for the call when free). A second run,
+# the netem tests or `python -m tests.e2e.chaos.netns` started meanwhile used to remove the first run's namespaces
+# under it; now they stop with Busy. The kernel drops the lock of a killed run, so its leftovers are still removed.
+LOCK_PATH = os.path.join("/run/lock" if os.path.isdir("/run/lock") else "/tmp", "gregor-chaos.lock")
+_lock_fd: int | None = None
+
+
+class Busy(RuntimeError):
+    """Another process's chaos run holds the network namespaces."""
+
+
+def acquire_lock() -> None:
+    """Hold LOCK_PATH for this process (Busy, naming the holder, if another process has it)."""
+    global _lock_fd
+    if _lock_fd is not None:
+        return
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise Busy(f"another chaos run (pid {holder}) holds the network namespaces ({LOCK_PATH}): wait for it to end "
+                   f"or stop it; its namespaces are left alone") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _lock_fd = fd
+
+
+def release_lock() -> None:
+    global _lock_fd
+    if _lock_fd is not None:
+        os.close(_lock_fd)  # closing drops the flock
+        _lock_fd = None
 
 
 def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -95,6 +133,7 @@ class Network:
     _next_host: int = 10
 
     def up(self) -> None:
+        acquire_lock()
         cleanup()
         run("ip", "link", "add", BRIDGE, "type", "bridge")
         run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", BRIDGE)
@@ -151,6 +190,7 @@ class Network:
     def down(self) -> None:
         cleanup()
         self.nodes.clear()
+        release_lock()
 
 
 def our_namespaces() -> list[str]:
@@ -160,7 +200,18 @@ def our_namespaces() -> list[str]:
 
 def cleanup() -> list[str]:
     """Remove every namespace, process in one, link and small-filesystem mount named with PREFIX; returns
-    what it removed. Mounts are unmounted lazily (-l), so a file a process still holds cannot stop it."""
+    what it removed. Mounts are unmounted lazily (-l), so a file a process still holds cannot stop it. Busy if
+    another process's run holds the lock (its namespaces are not leftovers)."""
+    if _lock_fd is not None:
+        return _remove_ours()
+    acquire_lock()
+    try:
+        return _remove_ours()
+    finally:
+        release_lock()
+
+
+def _remove_ours() -> list[str]:
     removed = []
     try:
         with open("/proc/mounts") as f:
@@ -192,5 +243,8 @@ def cleanup() -> list[str]:
 
 
 if __name__ == "__main__":  # `python -m tests.e2e.chaos.netns`: remove leftovers of a killed run
-    gone = cleanup()
+    try:
+        gone = cleanup()
+    except Busy as exc:
+        raise SystemExit(f"not removed: {exc}") from None
     print("removed: " + (", ".join(gone) if gone else "nothing"))

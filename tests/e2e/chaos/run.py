@@ -36,7 +36,7 @@ from typing import Any
 from gregor.chaos import checker
 from tests.e2e.chaos.faults import KINDS, MISSING, Nemesis, describe, schedule
 from gregor.chaos.history import OK, HistoryWriter
-from tests.e2e.chaos.netns import CapabilityError, cleanup, ns_name, require_capabilities
+from tests.e2e.chaos.netns import Busy, CapabilityError, acquire_lock, cleanup, ns_name, require_capabilities
 from tests.e2e.chaos.topology import CI, FULL, ChaosCluster, Counts
 from gregor.chaos.workload import TOPIC, TXN_TOPIC
 
@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     except CapabilityError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 3
+    try:
+        acquire_lock()  # before anything is created: a second run must not take the first one's namespaces down
+    except Busy as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 4
     if not features["netem"]:
         print("note: this kernel has no sch_netem (CONFIG_NET_SCH_NETEM): network-degrade runs netem in user "
               "space (tests/e2e/chaos/netem_user.py, NFQUEUE)", flush=True)
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "transaction.state.log.min.isr": str(min(2, rf)),
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
         "transaction.max.timeout.ms": "60000", "group.initial.rebalance.delay.ms": "0"}
-    atexit.register(cleanup)
+    atexit.register(_cleanup_unless_busy)
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     workload: subprocess.Popen[bytes] | None = None
     started = time.monotonic()
@@ -348,6 +353,15 @@ def main(argv: list[str] | None = None) -> int:
             leftovers = cleanup()
             if leftovers:
                 print(f"removed leftovers: {leftovers}", file=sys.stderr)
+
+
+
+def _cleanup_unless_busy() -> None:
+    """At exit: what this run left, unless another run took the lock after ours was released (its own then)."""
+    try:
+        cleanup()
+    except Busy:
+        pass
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.chaos.netem_user import MARK, NetemModel
-from tests.e2e.chaos.netns import Network, cleanup, netns_exec, ns_name, require_capabilities
+from tests.e2e.chaos.netns import Network, netns_exec, ns_name, require_capabilities
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -83,7 +83,7 @@ def test_between_two_namespaces_packets_are_delayed_lost_duplicated_and_reordere
         netem.terminate()
         counts = json.loads(netem.communicate(timeout=30)[0].strip().splitlines()[-1])
     finally:
-        cleanup()
+        net.down()
     seen, late = got["seen"], sorted(got["late"])
     distinct = set(seen)
     assert counts["packets"] == 2000 and counts["lost"] > 0 and counts["duplicated"] > 0

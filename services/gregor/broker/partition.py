@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import gregor_native as native
 
+from gregor.broker.log_dirs import LogDirHealth, is_storage_error
 from gregor.broker.producer_state import (
     PRODUCER_ID_EXPIRATION_MS_DEFAULT,
     BatchInfo,
@@ -90,6 +91,9 @@ class Partition:
     # The topic id (KIP-516) of this replica's log, as its partition.metadata says; b"" when unknown
     # (standalone, or a log from before topic ids that no LeaderAndIsr has named yet).
     topic_id: bytes = b""
+    # The broker's offline log dirs (LogManager.health): appends to a log in an offline dir are refused up
+    # front, and a storage error in an append takes the dir offline. None: no such bookkeeping (unit tests).
+    dir_health: LogDirHealth | None = None
     state: ReplicationState = field(init=False)
     # Follower id -> (leader epoch, its log start offset) as its replica fetches report it (DeleteRecords'
     # low watermark); only entries of the current leader epoch count (Kafka resets them on becoming leader).
@@ -309,6 +313,9 @@ class Partition:
         appending; a gap or a stale epoch rejects the request before any write.
         """
         self.state.check_append(required_acks, self.min_insync_replicas)
+        health = self.dir_health
+        if health is not None:
+            health.check(self.log.dir, self.topic, self.partition)
         records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
         if batches is not None and not is_marker and any(b.is_control for b in batches):
@@ -323,7 +330,7 @@ class Partition:
         try:
             info = self.log.append_as_leader(records, self.leader_epoch, now_ms())
         except Exception as exc:
-            raise native_error(exc, self.topic, self.partition) from exc
+            raise self._append_error(exc) from exc
         self._update_producer_state(batches, info.first_offset)
         return info, self.maybe_increment_leader_hw()
 
@@ -347,10 +354,25 @@ class Partition:
 
     def append_records_to_follower(self, records: bytes) -> native.AppendInfo:
         """Append replicated batches (offsets and epochs kept) and apply them to the producer state."""
+        health = self.dir_health
+        if health is not None:
+            health.check(self.log.dir, self.topic, self.partition)
         self.producer_state_manager()
-        info = self.log.append_as_follower(records)
+        try:
+            info = self.log.append_as_follower(records)
+        except Exception as exc:
+            raise self._append_error(exc) from exc
         self._update_producer_state(parse_batch_infos(records), None)
         return info
+
+    def _append_error(self, exc: Exception) -> errors.GregorError:
+        """The Kafka error of a failed append; a storage error takes the log dir offline (KAFKA_STORAGE_ERROR
+        naming the dir) and the producer state is reloaded from the log at the next append."""
+        if is_storage_error(exc):
+            self.producer_state = None  # the log may hold part of what failed: rebuild from the log
+            if self.dir_health is not None:
+                return self.dir_health.failed(self.log.dir, exc, self.topic, self.partition)
+        return native_error(exc, self.topic, self.partition)
 
     # ------------------------------------------------------------------ producer state (idempotence)
     def producer_state_manager(self) -> ProducerStateManager:

@@ -214,6 +214,7 @@ class ReplicaManager:
         log_manager.retention_upper_bound = self._retention_upper_bound
         log_manager.on_log_start_moved = self.fetch_purgatory.check_and_complete
         log_manager.on_quarantine = self._forget_checkpointed_hw
+        log_manager.on_log_reopened = self._log_reopened
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
         UNDER_REPLICATED.set_function(
@@ -301,6 +302,17 @@ class ReplicaManager:
         return self.broker_endpoints.get(broker_id)
 
     # ------------------------------------------------------------------ partitions
+    def _log_reopened(self, key: tuple[str, int], lg: Any) -> None:
+        """Its log dir came back: the Partition serves the reopened (recovered) log; the producer state reloads
+        from it at the next append, and a follower truncates against its leader before fetching again."""
+        p = self.partitions.get(key)
+        if p is None:
+            return
+        p.log = lg
+        p.producer_state = None
+        if not p.is_leader:
+            p.restart_truncation()
+
     def _forget_checkpointed_hw(self, key: tuple[str, int]) -> None:
         """A quarantined log's HW is not the new topic's (its log starts empty)."""
         self._checkpointed_hws.pop(key, None)
@@ -332,7 +344,8 @@ class ReplicaManager:
         p = Partition(topic, partition, lg, self.config.broker_id, configs,
                       replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
                       live_broker_epochs=self.live_broker_epochs,
-                      topic_id=topic_id or self.log_manager.log_topic_id(topic, partition))
+                      topic_id=topic_id or self.log_manager.log_topic_id(topic, partition),
+                      dir_health=self.log_manager.health)
         self._load_high_watermark(p)
         p.producer_id_expiration_ms = self.config.producer_id_expiration_ms
         self.partitions[p.key] = p

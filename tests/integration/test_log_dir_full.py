@@ -1,0 +1,192 @@
+"""Issue 21's disk-full fault, proven on one real broker: a log dir on an 8 MiB tmpfs filled to ENOSPC.
+
+The broker has a normal log dir and the small one, a topic in each (new logs go to the dir with the
+fewest partitions, the first dir on a tie). Once the tmpfs is full, a produce to the partition there is
+answered KAFKA_STORAGE_ERROR naming the dir and ENOSPC (on gRPC and on the Kafka listener), not left to
+time out; the other dir keeps taking writes; gregor_log_dir_offline says which dir is offline; every
+acknowledged record reads back at its offset with no gap; and once the filler is removed the same
+partition takes writes again and the gauge clears. Needs root (mount), as CI runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gregor.cli.local_cluster import Process, _process_dir, _spawn, _wait_ready, stop_process
+from gregor.common import errors
+from gregor.common.rpc import channel
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+from tests.helpers.batches import make_batch, record_values, split_batches
+from tests.helpers.wait import until
+from tests.integration.test_broker import create_topic
+
+SMALL_MB = 8
+# Long enough that a produce the broker left hanging fails as DEADLINE_EXCEEDED instead of an answer.
+REQUEST_TIMEOUT_S = 30.0
+VALUE = b"v" * 1000
+# Sends a full dir may still take (the tmpfs pages its files already hold) before it answers an error.
+MAX_SENDS_AFTER_FULL = 400
+
+
+def fill(path: str) -> int:
+    """Write zeros to path until ENOSPC; returns the bytes written."""
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096):
+            while True:
+                try:
+                    written += f.write(b"\0" * size)
+                except OSError:
+                    break
+    return written
+
+
+def metric_value(proc: Process, name: str, labels: str = "") -> float | None:
+    with urllib.request.urlopen(proc.metrics, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + (labels or " ")):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture
+def small_dir(tmp_path) -> Iterator[str]:
+    d = str(tmp_path / "small")
+    os.makedirs(d)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_MB}m", "gregor-test", d],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, f"mounting a tmpfs needs root (CI runs as root): {res.stderr.strip()}"
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", d], capture_output=True)
+
+
+@pytest.fixture
+def broker(tmp_path, small_dir: str) -> Iterator[Process]:
+    """A standalone broker with log.dirs = <normal dir>,<the tmpfs>."""
+    data = str(tmp_path / "data")
+    broker_dir, ready = _process_dir(data, "broker-0")
+    log_path = os.path.join(data, "logs", "broker-0.log")
+    cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", "0", "--log-dirs", f"{broker_dir},{small_dir}",
+           "--host", "127.0.0.1", "--port", "0", "--data-port", "0", "--metrics-port", "0", "--ready-file", ready,
+           "--override", "listeners=PLAINTEXT://127.0.0.1:0"]
+    proc = _spawn(cmd, log_path)
+    info = _wait_ready(proc, ready, log_path)
+    p = Process("broker", 0, proc.pid, info["grpc"], info["metrics"], log_path, broker_dir, data=info["data"],
+                kafka=info.get("kafka", ""))
+    try:
+        yield p
+    finally:
+        stop_process(p, signal.SIGTERM)
+
+
+async def produce(stub: broker_pb2_grpc.BrokerServiceStub, topic: str, value: bytes) -> int:
+    """The base offset of one acks=1 record; raises the broker's error as a GregorError."""
+    try:
+        resp = await stub.Produce(broker_pb2.ProduceRequest(topic=topic, partition=0, records=make_batch([value]),
+                                                            acks=1, timeout_ms=5000), timeout=REQUEST_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        raise errors.from_rpc_error(exc) from exc
+    return int(resp.base_offset)
+
+
+async def read_all(stub: broker_pb2_grpc.BrokerServiceStub, topic: str) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record of the partition, from 0 to its high watermark."""
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while True:
+        resp = await stub.Fetch(broker_pb2.FetchRequest(topic=topic, partition=0, fetch_offset=offset,
+                                                        max_bytes=1 << 20), timeout=REQUEST_TIMEOUT_S)
+        if not resp.records:
+            assert offset == resp.high_watermark, (offset, resp.high_watermark)
+            return out
+        for h, raw in split_batches(resp.records):
+            values = record_values(raw)
+            out += [(h.base_offset + i, v) for i, v in enumerate(values)]
+            offset = h.base_offset + h.records_count
+
+
+async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: Process, small_dir: str) -> None:
+    await create_topic(broker.grpc, "on-disk")  # fewest partitions, first on a tie: the normal dir
+    await create_topic(broker.grpc, "on-tmpfs")
+    assert os.listdir(small_dir) == ["on-tmpfs-0"], os.listdir(small_dir)
+    small = os.path.normpath(small_dir)
+    async with channel(broker.grpc) as ch:
+        stub = broker_pb2_grpc.BrokerServiceStub(ch)
+        acked: dict[int, bytes] = {}
+        for i in range(20):
+            value = b"before-%d-" % i + VALUE
+            acked[await produce(stub, "on-tmpfs", value)] = value
+        assert metric_value(broker, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 0.0
+
+        filler = os.path.join(small_dir, "filler")
+        assert fill(filler) > 0
+        storage_error: errors.GregorError | None = None
+        for i in range(MAX_SENDS_AFTER_FULL):
+            value = b"full-%d-" % i + VALUE
+            try:
+                acked[await produce(stub, "on-tmpfs", value)] = value
+            except errors.GregorError as err:
+                storage_error = err
+                break
+        assert storage_error is not None, f"{MAX_SENDS_AFTER_FULL} sends into a full dir all succeeded"
+        assert storage_error.code == errors.Code.KAFKA_STORAGE_ERROR, storage_error
+        assert small in str(storage_error) and "ENOSPC" in str(storage_error), storage_error
+        # The dir is offline now: refused up front, the same way, however often asked.
+        for _ in range(3):
+            with pytest.raises(errors.GregorError) as again:
+                await produce(stub, "on-tmpfs", b"refused")
+            assert again.value.code == errors.Code.KAFKA_STORAGE_ERROR and small in str(again.value)
+        # The other dir keeps serving.
+        other = [await produce(stub, "on-disk", b"other-%d" % i) for i in range(50)]
+        assert other == list(range(50))
+        assert metric_value(broker, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0
+        assert metric_value(broker, "gregor_broker_offline_log_directory_count") == 1.0
+        # Reads of the offline dir's data keep working, and nothing acknowledged is missing or moved.
+        read = await read_all(stub, "on-tmpfs")
+        assert [o for o, _ in read] == list(range(len(read)))
+        assert {o: v for o, v in read if o in acked} == acked
+
+        if broker.kafka:
+            from confluent_kafka import KafkaError, Producer as KafkaProducer
+            kp = KafkaProducer({"bootstrap.servers": broker.kafka, "message.send.max.retries": 0,
+                                "enable.idempotence": False, "acks": 1, "message.timeout.ms": 30000})
+            reports: list[KafkaError | None] = []
+            kp.produce("on-tmpfs", b"via-kafka", partition=0, on_delivery=lambda err, _msg: reports.append(err))
+            kp.produce("on-disk", b"via-kafka", partition=0, on_delivery=lambda err, _msg: reports.append(err))
+            assert kp.flush(REQUEST_TIMEOUT_S) == 0
+            by_code = sorted((e.code() if e is not None else 0) for e in reports)
+            assert by_code == [0, KafkaError.KAFKA_STORAGE_ERROR], reports
+
+        os.remove(filler)
+
+        async def takes_writes() -> bool:
+            try:
+                acked[await produce(stub, "on-tmpfs", b"after-" + VALUE)] = b"after-" + VALUE
+                return True
+            except errors.GregorError as err:
+                assert err.code == errors.Code.KAFKA_STORAGE_ERROR, err
+                return False
+
+        await until(takes_writes, 30, "the partition takes writes again once space returns")
+        assert metric_value(broker, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 0.0
+        assert metric_value(broker, "gregor_broker_offline_log_directory_count") == 0.0
+        for i in range(20):
+            value = b"again-%d-" % i + VALUE
+            acked[await produce(stub, "on-tmpfs", value)] = value
+        read = await read_all(stub, "on-tmpfs")
+        assert [o for o, _ in read] == list(range(len(read)))
+        assert {o: v for o, v in read if o in acked} == acked
+        assert max(acked) == len(read) - 1
+    log_text = open(broker.log).read()
+    assert log_text.count(f"log dir {small} is offline") == 1, log_text[-3000:]
+    assert log_text.count(f"log dir {small} is online again") == 1, log_text[-3000:]

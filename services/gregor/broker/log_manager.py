@@ -404,8 +404,7 @@ class LogManager:
             path = os.path.normpath(lg.dir)
             if path not in health.failed_logs or health.dir_of(path) != d:
                 continue
-            configs = self.topic_configs.get(key[0], {})
-            reopened = await asyncio.to_thread(self._reopen, lg, configs)
+            reopened = await asyncio.to_thread(self._reopen, lg)
             if self.logs.get(key) is not lg:  # deleted or replaced meanwhile
                 reopened.close()
                 continue
@@ -420,10 +419,12 @@ class LogManager:
         return True
 
     @staticmethod
-    def _reopen(lg: native.Log, configs: dict[str, Any]) -> native.Log:
+    def _reopen(lg: native.Log) -> native.Log:
         """Close a log and open it again with full recovery of its active segment (the clean-shutdown marker
-        the close wrote is removed: a failed write may have left bytes past the log end the engine tracked)."""
-        path = lg.dir
+        the close wrote is removed), then cut it back to the log end it had: a failed pwritev leaves the part of
+        the append it wrote past the end the engine tracks, whole batches with their offsets among it, and
+        recovery would take those back although their produce was answered KAFKA_STORAGE_ERROR."""
+        path, end, config = lg.dir, lg.log_end_offset, lg.config
         try:
             lg.close()
         except Exception as exc:  # no marker then: the open below recovers all the same
@@ -432,7 +433,12 @@ class LogManager:
             os.remove(os.path.join(path, CLEAN_SHUTDOWN_FILE))
         except FileNotFoundError:
             pass
-        return native.Log(path, native.LogConfig(**log_config_kwargs(configs)), now_ms())
+        reopened = native.Log(path, config, now_ms())
+        if reopened.log_end_offset > end:
+            log.info("%s: cutting %d offsets past the log end %d that a failed write left", path,
+                     reopened.log_end_offset - end, end)
+            reopened.truncate_to(end)
+        return reopened
 
     async def _every(self, interval_ms: int, job: Any) -> None:
         while True:

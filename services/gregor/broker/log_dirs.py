@@ -123,15 +123,22 @@ class LogDirHealth:
         """A write in the partition's log dir failed with a storage error: the dir goes offline (one WARN);
         returns the KAFKA_STORAGE_ERROR to answer with."""
         d = self.dir_of(partition_dir)
-        LOG_DIR_STORAGE_ERRORS.labels(dir=d).inc()
         self.failed_logs.add(os.path.normpath(partition_dir))
-        if d not in self.offline:
-            self.offline[d] = describe(exc)
-            LOG_DIR_OFFLINE.labels(dir=d).set(1)
-            OFFLINE_LOG_DIRS.set(len(self.offline))
-            log.warning("log dir %s is offline after a failed write to %s-%d (%s): its partitions answer "
-                        "KAFKA_STORAGE_ERROR until it can be written again", d, topic, partition, self.offline[d])
+        self.failed_dir(d, exc, f"{topic}-{partition}")
         return self._error(d, topic, partition)
+
+    def failed_dir(self, log_dir: str, exc: BaseException, what: str) -> None:
+        """A write of `what` in log_dir failed with a storage error (an append, the HW checkpoint): the dir goes
+        offline, with one WARN when it was online."""
+        d = os.path.normpath(log_dir)
+        LOG_DIR_STORAGE_ERRORS.labels(dir=d).inc()
+        if d in self.offline:
+            return
+        self.offline[d] = describe(exc)
+        LOG_DIR_OFFLINE.labels(dir=d).set(1)
+        OFFLINE_LOG_DIRS.set(len(self.offline))
+        log.warning("log dir %s is offline after a failed write of %s (%s): its partitions answer "
+                    "KAFKA_STORAGE_ERROR until it can be written again", d, what, self.offline[d])
 
     def online(self, log_dir: str) -> None:
         """The dir can be written again (probe passed and its logs recovered): one INFO."""

@@ -262,16 +262,25 @@ class ReplicaManager:
         return by_dir
 
     @staticmethod
-    def _write_high_watermarks(by_dir: dict[str, dict[tuple[str, int], int]]) -> None:
+    def _write_high_watermarks(by_dir: dict[str, dict[tuple[str, int], int]]) -> list[tuple[str, OSError]]:
+        """Write each dir's checkpoint (a worker thread may run this); returns the dirs whose write failed."""
+        failed: list[tuple[str, OSError]] = []
         for d, offsets in by_dir.items():
             try:
                 checkpoint.write_offsets(os.path.join(d, checkpoint.REPLICATION_OFFSET_CHECKPOINT), offsets)
             except OSError as exc:
-                log.warning("cannot checkpoint high watermarks in %s: %s", d, exc)
+                failed.append((d, exc))
+        return failed
+
+    def _checkpoints_failed(self, failed: list[tuple[str, OSError]]) -> None:
+        """A failed checkpoint write takes its dir offline, as Kafka's checkpoint IOException does (one WARN for
+        the dir, not one every checkpoint interval)."""
+        for d, exc in failed:
+            self.log_manager.health.failed_dir(d, exc, checkpoint.REPLICATION_OFFSET_CHECKPOINT)
 
     def checkpoint_high_watermarks(self) -> None:
         """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
-        self._write_high_watermarks(self._high_watermarks_by_dir())
+        self._checkpoints_failed(self._write_high_watermarks(self._high_watermarks_by_dir()))
 
     async def _checkpoint_loop(self) -> None:
         """Every HW_CHECKPOINT_INTERVAL_MS, on a worker thread and only when a HW moved: the write
@@ -283,7 +292,7 @@ class ReplicaManager:
             await asyncio.sleep(HW_CHECKPOINT_INTERVAL_MS / 1000.0)
             current = self._high_watermarks_by_dir()
             if current != last:
-                await asyncio.to_thread(self._write_high_watermarks, current)
+                self._checkpoints_failed(await asyncio.to_thread(self._write_high_watermarks, current))
                 last = current
 
     async def stop_replication(self) -> None:

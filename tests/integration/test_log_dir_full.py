@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, Producer as KafkaProducer
 from gregor.cli.local_cluster import Process, _process_dir, _spawn, _wait_ready, stop_process
 from gregor.common import errors
 from gregor.common.rpc import channel
-from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.batches import make_batch, record_values, split_batches
 from tests.helpers.wait import until
 from tests.integration.test_broker import create_topic
@@ -71,19 +71,29 @@ def small_dir(tmp_path) -> Iterator[str]:
         subprocess.run(["umount", "-l", d], capture_output=True)
 
 
-@pytest.fixture
-def broker(tmp_path, small_dir: str) -> Iterator[Process]:
-    """A standalone broker with log.dirs = <normal dir>,<the tmpfs>."""
-    data = str(tmp_path / "data")
-    broker_dir, ready = _process_dir(data, "broker-0")
-    log_path = os.path.join(data, "logs", "broker-0.log")
-    cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", "0", "--log-dirs", f"{broker_dir},{small_dir}",
-           "--host", "127.0.0.1", "--port", "0", "--data-port", "0", "--metrics-port", "0", "--ready-file", ready,
-           "--override", "listeners=PLAINTEXT://127.0.0.1:0"]
+def spawn_broker(data: str, broker_id: int, log_dirs: list[str], etcd: str | None = None,
+                 overrides: dict[str, str] | None = None) -> Process:
+    """A broker process like local_cluster.start_broker, with several log dirs; its Process's data_dir is the
+    first of them (where its first replica goes)."""
+    broker_dir, ready = _process_dir(data, f"broker-{broker_id}")
+    log_path = os.path.join(data, "logs", f"broker-{broker_id}.log")
+    cmd = [sys.executable, "-m", "gregor.broker", "--broker-id", str(broker_id), "--log-dirs",
+           ",".join(d if d else broker_dir for d in log_dirs), "--host", "127.0.0.1", "--port", "0",
+           "--data-port", "0", "--metrics-port", "0", "--ready-file", ready]
+    if etcd:
+        cmd += ["--etcd", etcd, "--cluster", "gregor"]
+    for k, v in {"listeners": "PLAINTEXT://127.0.0.1:0", **(overrides or {})}.items():
+        cmd += ["--override", f"{k}={v}"]
     proc = _spawn(cmd, log_path)
     info = _wait_ready(proc, ready, log_path)
-    p = Process("broker", 0, proc.pid, info["grpc"], info["metrics"], log_path, broker_dir, data=info["data"],
-                kafka=info.get("kafka", ""))
+    return Process("broker", broker_id, proc.pid, info["grpc"], info["metrics"], log_path, log_dirs[0] or broker_dir,
+                   data=info["data"], kafka=info.get("kafka", ""))
+
+
+@pytest.fixture
+def broker(tmp_path, small_dir: str) -> Iterator[Process]:
+    """A standalone broker with log.dirs = <normal dir>,<the tmpfs> ("" is its own data dir)."""
+    p = spawn_broker(str(tmp_path / "data"), 0, ["", small_dir])
     try:
         yield p
     finally:
@@ -234,3 +244,78 @@ async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path) -> None:
     finally:
         manager.close()
         subprocess.run(["umount", "-l", d], capture_output=True)
+
+
+async def test_a_follower_whose_log_dir_fills_leaves_the_isr_quietly_and_catches_up(tmp_path, small_dir: str) -> None:
+    """Broker 1 follows partition 0 (led by broker 0) from a replica on the tmpfs. Once the tmpfs is full, its
+    append fails, the dir goes offline, it stops fetching for that replica (no retry loop: its storage-error count
+    stays at the few writes that failed) and the leader shrinks it out of the ISR, while acks=all produce goes on;
+    once space returns it truncates, catches up byte-identical and rejoins the ISR."""
+    from tests.helpers.cluster import replica_log_bytes, running_cluster
+    from tests.integration.test_cluster_control import metadata, partitions
+
+    data = str(tmp_path / "cluster")
+    lag = {"replica.lag.time.max.ms": "2000"}
+    with running_cluster(data, brokers=1, controllers=1, broker_overrides=lag) as c:
+        leader = c.by_role("broker")[0]
+        follower = spawn_broker(data, 1, [small_dir, ""], etcd=c.etcd_endpoints, overrides=lag)
+        c.processes.append(follower)
+        small = os.path.normpath(small_dir)
+
+        def under_replicated() -> float | None:
+            """The leader's own view of the ISR (the metadata cache learns ISR changes seconds later)."""
+            return metric_value(leader, "gregor_broker_under_replicated_partitions")
+
+        async with channel(leader.grpc) as ch:
+            admin = controller_pb2_grpc.AdminServiceStub(ch)
+
+            async def created() -> bool:
+                resp = await admin.CreateTopics(controller_pb2.CreateTopicsRequest(topics=[
+                    controller_pb2.CreatableTopic(name="r", num_partitions=-1, replication_factor=-1,
+                                                  configs={"min.insync.replicas": "1"},
+                                                  assignments={0: controller_pb2.ReplicaList(broker_ids=[0, 1])})]),
+                    timeout=30)
+                code = resp.results[0].error.code
+                assert code in (0, errors.Code.INVALID_REPLICA_ASSIGNMENT, errors.Code.TOPIC_ALREADY_EXISTS), resp
+                return code != errors.Code.INVALID_REPLICA_ASSIGNMENT  # until broker 1 is registered
+
+            await until(created, 30, "topic r created on brokers 0 and 1")
+            await until(lambda: os.path.isdir(os.path.join(small_dir, "r-0")), 30, "broker 1's replica on the tmpfs")
+            stub = broker_pb2_grpc.BrokerServiceStub(ch)
+
+            async def produce_all(value: bytes) -> int:
+                resp = await stub.Produce(broker_pb2.ProduceRequest(
+                    topic="r", partition=0, records=make_batch([value]), acks=-1, timeout_ms=20000),
+                    timeout=REQUEST_TIMEOUT_S)
+                return int(resp.base_offset)
+
+            async def in_sync() -> bool:
+                return sorted(partitions(await metadata(leader, "r")).get(0, (-1, -1, (), ()))[3]) == [0, 1] \
+                    and under_replicated() == 0.0
+
+            await until(in_sync, 30, "both replicas in the ISR")
+            for i in range(10):
+                await produce_all(b"before-%d-" % i + VALUE)
+            fill(os.path.join(small_dir, "filler"))
+            for i in range(30):  # acks=all goes on: past the follower's slack, then without it (ISR shrink)
+                await produce_all(b"full-%d-" % i + VALUE)
+
+            def offline() -> bool:
+                return metric_value(follower, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0
+
+            await until(offline, 30, "broker 1's tmpfs dir offline")
+            await until(lambda: under_replicated() == 1.0, 30, "broker 1 out of the ISR")
+            errors_so_far = metric_value(follower, "gregor_log_dir_storage_errors_total", f'{{dir="{small}"}}')
+            assert errors_so_far is not None and errors_so_far <= 5, errors_so_far  # no retry loop
+            for i in range(20):
+                await produce_all(b"shrunk-%d" % i)
+
+            os.remove(os.path.join(small_dir, "filler"))
+            await until(lambda: under_replicated() == 0.0, 60, "broker 1 back in the ISR")
+            assert metric_value(follower, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 0.0
+            await until(lambda: replica_log_bytes(follower, "r", 0) == replica_log_bytes(leader, "r", 0), 30,
+                        "the replicas byte-identical")
+    text = open(follower.log).read()
+    assert text.count(f"log dir {small} is offline") == 1, text[-3000:]
+    assert text.count(f"log dir {small} is online again") == 1, text[-3000:]
+    assert "replication from leader 0 failed" not in text, text[-3000:]

@@ -68,6 +68,8 @@ def test_chaos_short_schedule(tmp_path: Path) -> None:
     counts = degrade[0]["detail"].get("netem_counts")  # only where the kernel lacks sch_netem (user-space netem)
     assert counts is None or (counts["packets"] > 0 and counts["delayed"] > 0), degrade
     assert sum(stats["ops"]["replica"].values()) == 12  # 3 replicas of 4 partitions, both of broker-0's dirs
+    # While broker-0's small log dir was full, the partitions with no replica in it kept taking acks=all writes.
+    assert verdict["disk_full"] and all(not d["not_served"] for d in verdict["disk_full"]), verdict["disk_full"]
     assert our_namespaces() == []
 
 

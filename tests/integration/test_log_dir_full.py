@@ -21,6 +21,7 @@ import grpc
 import pytest
 from confluent_kafka import KafkaError, Producer as KafkaProducer
 
+from gregor.client.producer import Producer
 from gregor.cli.local_cluster import Process, _process_dir, _spawn, _wait_ready, stop_process
 from gregor.common import errors
 from gregor.common.rpc import channel
@@ -177,6 +178,15 @@ async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: 
         assert kp.flush(REQUEST_TIMEOUT_S) == 0
         by_code = sorted((e.code() if e is not None else 0) for e in reports)
         assert by_code == [0, KafkaError.KAFKA_STORAGE_ERROR], reports
+
+        # The SDK retries the retriable KAFKA_STORAGE_ERROR until delivery.timeout.ms, as Kafka's producer does;
+        # the timeout's message says what the attempts failed with.
+        async with Producer({"bootstrap.servers": broker.grpc, "linger.ms": 0, "request.timeout.ms": 1000,
+                             "delivery.timeout.ms": 1500}) as sdk:
+            with pytest.raises(errors.GregorError) as expired:
+                await sdk.send_and_wait("on-tmpfs", b"via-sdk", partition=0)
+        assert expired.value.code == errors.Code.REQUEST_TIMED_OUT, expired.value
+        assert "KAFKA_STORAGE_ERROR" in str(expired.value) and "ENOSPC" in str(expired.value), expired.value
 
         os.remove(filler)
 

@@ -20,6 +20,7 @@ import errno as errno_mod
 import logging
 import os
 import re
+import weakref
 
 from prometheus_client import Counter, Gauge
 
@@ -38,6 +39,9 @@ LOG_DIR_OFFLINE = Gauge("gregor_log_dir_offline",
                         ["dir"])
 OFFLINE_LOG_DIRS = Gauge("gregor_broker_offline_log_directory_count",
                          "Log dirs offline after a storage error (Kafka's LogManager OfflineLogDirectoryCount)")
+# Every broker's LogDirHealth in this process (tests run several brokers in one): the count sums them.
+_HEALTHS: "weakref.WeakSet[LogDirHealth]" = weakref.WeakSet()
+OFFLINE_LOG_DIRS.set_function(lambda: sum(len(h.offline) for h in list(_HEALTHS)))
 LOG_DIR_STORAGE_ERRORS = Counter("gregor_log_dir_storage_errors_total",
                                  "Writes that failed with a storage error (ENOSPC, EIO...) in a log dir, each "
                                  "append, replica append or refused append of an offline dir counted once",
@@ -96,7 +100,7 @@ class LogDirHealth:
         self.failed_logs: set[str] = set()
         for d in self.dirs:
             LOG_DIR_OFFLINE.labels(dir=d).set(0)
-        OFFLINE_LOG_DIRS.set(0)
+        _HEALTHS.add(self)
 
     @staticmethod
     def dir_of(partition_dir: str) -> str:
@@ -136,7 +140,6 @@ class LogDirHealth:
             return
         self.offline[d] = describe(exc)
         LOG_DIR_OFFLINE.labels(dir=d).set(1)
-        OFFLINE_LOG_DIRS.set(len(self.offline))
         log.warning("log dir %s is offline after a failed write of %s (%s): its partitions answer "
                     "KAFKA_STORAGE_ERROR until it can be written again", d, what, self.offline[d])
 
@@ -146,5 +149,4 @@ class LogDirHealth:
         if reason is None:
             return
         LOG_DIR_OFFLINE.labels(dir=log_dir).set(0)
-        OFFLINE_LOG_DIRS.set(len(self.offline))
         log.info("log dir %s is online again (it was offline: %s)", log_dir, reason)

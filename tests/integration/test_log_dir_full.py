@@ -1,11 +1,17 @@
-"""Issue 21's disk-full fault, proven on one real broker: a log dir on an 8 MiB tmpfs filled to ENOSPC.
+"""Issue 21's disk-full fault, proven with real brokers: a log dir on a small tmpfs filled to ENOSPC.
 
-The broker has a normal log dir and the small one, a topic in each (new logs go to the dir with the
+1. One broker has a normal log dir and the small one, a topic in each (new logs go to the dir with the
 fewest partitions, the first dir on a tie). Once the tmpfs is full, a produce to the partition there is
 answered KAFKA_STORAGE_ERROR naming the dir and ENOSPC (on gRPC and on the Kafka listener), not left to
 time out; the other dir keeps taking writes; gregor_log_dir_offline says which dir is offline; every
 acknowledged record reads back at its offset with no gap; and once the filler is removed the same
-partition takes writes again and the gauge clears. Needs root (mount), as CI runs.
+partition takes writes again and the gauge clears. The SDK, which retries the retriable error until
+delivery.timeout.ms as Kafka's producer does, names it in its timeout.
+2. The native engine's failed multi-batch append leaves what fit past the log end it tracks; the broker cuts
+it at once and reopens the log before the dir takes writes again (byte-clean on disk).
+3. A follower whose replica is in the filled dir goes offline once, stops fetching for it (no retry loop),
+leaves the ISR, and rejoins it byte-identical once space returns.
+Needs root (mount), as CI runs.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import gregor_native as native
 from prometheus_client import Counter, Gauge
 
+from gregor.broker import log_dirs
 from gregor.common.config import BrokerConfig, is_compacted, log_config_kwargs
 from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 PARTITION_METADATA = "partition.metadata"
 STRAY_SUFFIX = "-stray"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"  # the native engine's marker of a cleanly closed log (native/src/log.rs)
 
 FLUSH_NEVER_MS = 2**63 - 1  # flush.ms default (Long.MAX_VALUE): leave flushing to the OS
 # open_logs yields to the event loop after this much file work (a new log is ~2-5 ms of syscalls here).
@@ -165,6 +167,10 @@ class LogManager:
         for d in self.log_dirs:
             os.makedirs(d, exist_ok=True)
         self.logs: dict[tuple[str, int], native.Log] = {}
+        # Offline log dirs (a failed write: ENOSPC, EIO) and their recovery (broker/log_dirs.py).
+        self.health = log_dirs.LogDirHealth(self.log_dirs)
+        # A log reopened after its dir came back (the ReplicaManager points its Partition at the new one).
+        self.on_log_reopened: Callable[[tuple[str, int], native.Log], None] = lambda _key, _log: None
         # Open logs per log dir, for placing new ones (Kafka's localLogsByDir counts): counting a directory's
         # entries for every new partition made creating N partitions O(N^2) (issue 24: 10,000 partitions
         # blocked a broker's event loop for minutes, 41 ms per scan of a 10,000-entry dir under load).
@@ -371,8 +377,67 @@ class LogManager:
         # flush.ms is per topic; check at least once a second whether any log is due.
         self._tasks.append(loop.create_task(self._every(min(1000, self.config.log_flush_scheduler_interval_ms),
                                                         self.flush_dirty_logs), name="log-flusher"))
+        self._tasks.append(loop.create_task(self._probe_offline_dirs(), name="log-dir-probe"))
         if self.config.log_cleaner_enable:
             self.cleaner.start()
+
+    async def _probe_offline_dirs(self) -> None:
+        while True:
+            await asyncio.sleep(log_dirs.PROBE_INTERVAL_S)
+            for d in list(self.health.offline):
+                try:
+                    await self.try_recover_dir(d)
+                except Exception:  # keep probing; the next round retries
+                    log.exception("recovering log dir %s failed", d)
+
+    async def try_recover_dir(self, d: str) -> bool:
+        """An offline log dir whose probe write passes: reopen every log of it that saw a failed write (recovery
+        cuts a torn batch and rebuilds offsets, indexes and epochs from what is on disk, as after a crash), then
+        put the dir online. False (still offline) while the probe fails."""
+        try:
+            await asyncio.to_thread(log_dirs.probe, d)
+        except OSError:
+            return False
+        health = self.health
+        for key, lg in list(self.logs.items()):
+            path = os.path.normpath(lg.dir)
+            if path not in health.failed_logs or health.dir_of(path) != d:
+                continue
+            reopened = await asyncio.to_thread(self._reopen, lg)
+            if self.logs.get(key) is not lg:  # deleted or replaced meanwhile
+                reopened.close()
+                continue
+            self.logs[key] = reopened
+            LOG_RECOVERED_BYTES_TRUNCATED.inc(reopened.recovered_bytes_truncated)
+            log.info("reopened %s-%d after its log dir came back: log end %d, cut %d bytes of torn tail",
+                     key[0], key[1], reopened.log_end_offset, reopened.recovered_bytes_truncated)
+            self.on_log_reopened(key, reopened)
+            health.failed_logs.discard(path)
+        health.failed_logs = {p for p in health.failed_logs if health.dir_of(p) != d}
+        health.online(d)
+        return True
+
+    @staticmethod
+    def _reopen(lg: native.Log) -> native.Log:
+        """Close a log and open it again with full recovery of its active segment (the clean-shutdown marker
+        the close wrote is removed), then cut it back to the log end it had: a failed pwritev leaves the part of
+        the append it wrote past the end the engine tracks, whole batches with their offsets among it, and
+        recovery would take those back although their produce was answered KAFKA_STORAGE_ERROR."""
+        path, end, config = lg.dir, lg.log_end_offset, lg.config
+        try:
+            lg.close()
+        except Exception as exc:  # no marker then: the open below recovers all the same
+            log.info("closing %s before recovery: %s", path, exc)
+        try:
+            os.remove(os.path.join(path, CLEAN_SHUTDOWN_FILE))
+        except FileNotFoundError:
+            pass
+        reopened = native.Log(path, config, now_ms())
+        if reopened.log_end_offset > end:
+            log.info("%s: cutting %d offsets past the log end %d that a failed write left", path,
+                     reopened.log_end_offset - end, end)
+            reopened.truncate_to(end)
+        return reopened
 
     async def _every(self, interval_ms: int, job: Any) -> None:
         while True:

@@ -7,11 +7,13 @@ thread-safe on its own, so zero-copy sends may run on worker threads.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gregor_native as native
 
+from gregor.broker.log_dirs import LogDirHealth, is_storage_error
 from gregor.broker.producer_state import (
     PRODUCER_ID_EXPIRATION_MS_DEFAULT,
     BatchInfo,
@@ -90,6 +92,9 @@ class Partition:
     # The topic id (KIP-516) of this replica's log, as its partition.metadata says; b"" when unknown
     # (standalone, or a log from before topic ids that no LeaderAndIsr has named yet).
     topic_id: bytes = b""
+    # The broker's offline log dirs (LogManager.health): appends to a log in an offline dir are refused up
+    # front, and a storage error in an append takes the dir offline. None: no such bookkeeping (unit tests).
+    dir_health: LogDirHealth | None = None
     state: ReplicationState = field(init=False)
     # Follower id -> (leader epoch, its log start offset) as its replica fetches report it (DeleteRecords'
     # low watermark); only entries of the current leader epoch count (Kafka resets them on becoming leader).
@@ -309,6 +314,9 @@ class Partition:
         appending; a gap or a stale epoch rejects the request before any write.
         """
         self.state.check_append(required_acks, self.min_insync_replicas)
+        health = self.dir_health
+        if health is not None:
+            health.check(self.log.dir, self.topic, self.partition)
         records = self._recompress(records)
         batches = parse_batch_infos(records)  # None: not whole batches, the engine rejects it below
         if batches is not None and not is_marker and any(b.is_control for b in batches):
@@ -323,7 +331,7 @@ class Partition:
         try:
             info = self.log.append_as_leader(records, self.leader_epoch, now_ms())
         except Exception as exc:
-            raise native_error(exc, self.topic, self.partition) from exc
+            raise self._append_error(exc) from exc
         self._update_producer_state(batches, info.first_offset)
         return info, self.maybe_increment_leader_hw()
 
@@ -347,10 +355,38 @@ class Partition:
 
     def append_records_to_follower(self, records: bytes) -> native.AppendInfo:
         """Append replicated batches (offsets and epochs kept) and apply them to the producer state."""
+        health = self.dir_health
+        if health is not None:
+            health.check(self.log.dir, self.topic, self.partition)
         self.producer_state_manager()
-        info = self.log.append_as_follower(records)
+        try:
+            info = self.log.append_as_follower(records)
+        except Exception as exc:
+            raise self._append_error(exc) from exc
         self._update_producer_state(parse_batch_infos(records), None)
         return info
+
+    def _cut_torn_tail(self) -> None:
+        """A failed pwritev leaves what it wrote past the end the engine tracks (native Segment::append does not
+        cut it back): whole batches with their offsets among it, which a crash's recovery would take back although
+        their produce failed. Cut the active segment's file to the tracked size now (a truncation needs no
+        space); LogManager.try_recover_dir reopens the log before the dir serves writes again."""
+        try:
+            seg = self.log.segments()[-1]
+            if os.path.getsize(seg.log_path) > seg.size_bytes:
+                os.truncate(seg.log_path, seg.size_bytes)
+        except Exception as exc:  # the reopen on recovery cuts it all the same
+            log.warning("%s-%d: cannot cut the torn tail of a failed write: %s", self.topic, self.partition, exc)
+
+    def _append_error(self, exc: Exception) -> errors.GregorError:
+        """The Kafka error of a failed append; a storage error takes the log dir offline (KAFKA_STORAGE_ERROR
+        naming the dir) and the producer state is reloaded from the log at the next append."""
+        if is_storage_error(exc):
+            self.producer_state = None  # the log may hold part of what failed: rebuild from the log
+            self._cut_torn_tail()
+            if self.dir_health is not None:
+                return self.dir_health.failed(self.log.dir, exc, self.topic, self.partition)
+        return native_error(exc, self.topic, self.partition)
 
     # ------------------------------------------------------------------ producer state (idempotence)
     def producer_state_manager(self) -> ProducerStateManager:

@@ -261,8 +261,15 @@ class ReplicaFetcher:
         still followed from this leader, truncated first where needed (concurrently)."""
         todo = self.state.ready(loop.time())
         batch, truncating = [], []
+        health = rm.log_manager.health
         for key, st in todo:  # one pass when nothing truncates: this runs once per fetch
             if (p := self._current(rm, key, st)) is not None:
+                if health.offline and health.is_offline(p.log.dir):
+                    # Its log dir is offline (full): fetch nothing for it, check again after the backoff. The
+                    # leader drops it from the ISR after replica.lag.time.max.ms, as Kafka's offline replica.
+                    self.state.on_apply_failed(key, st, loop.time())
+                    p.restart_truncation()
+                    continue
                 if p.is_truncating:
                     truncating.append((key, st, p))
                 else:
@@ -309,7 +316,11 @@ class ReplicaFetcher:
                 # The leader's log start moved (DeleteRecords, retention): Kafka's follower follows it.
                 p.log.maybe_increment_log_start_offset(min(part.log_start_offset, p.log.log_end_offset))
         except Exception as exc:  # a bad batch or a storage error: back off, truncate and retry
-            log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            if isinstance(exc, errors.GregorError) and exc.code == errors.Code.KAFKA_STORAGE_ERROR:
+                # The log dir went offline: LogDirHealth logged it once for the whole dir.
+                log.debug("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
+            else:
+                log.warning("%s-%d: replication from leader %d failed: %s", key[0], key[1], self.leader_id, exc)
             self.state.on_apply_failed(key, st, loop.time())
             p.restart_truncation()
             return 0

@@ -214,6 +214,7 @@ class ReplicaManager:
         log_manager.retention_upper_bound = self._retention_upper_bound
         log_manager.on_log_start_moved = self.fetch_purgatory.check_and_complete
         log_manager.on_quarantine = self._forget_checkpointed_hw
+        log_manager.on_log_reopened = self._log_reopened
         PARTITION_COUNT.set_function(lambda: len(self.partitions))
         LEADER_COUNT.set_function(lambda: sum(1 for p in self.partitions.values() if p.is_leader))
         UNDER_REPLICATED.set_function(
@@ -261,16 +262,25 @@ class ReplicaManager:
         return by_dir
 
     @staticmethod
-    def _write_high_watermarks(by_dir: dict[str, dict[tuple[str, int], int]]) -> None:
+    def _write_high_watermarks(by_dir: dict[str, dict[tuple[str, int], int]]) -> list[tuple[str, OSError]]:
+        """Write each dir's checkpoint (a worker thread may run this); returns the dirs whose write failed."""
+        failed: list[tuple[str, OSError]] = []
         for d, offsets in by_dir.items():
             try:
                 checkpoint.write_offsets(os.path.join(d, checkpoint.REPLICATION_OFFSET_CHECKPOINT), offsets)
             except OSError as exc:
-                log.warning("cannot checkpoint high watermarks in %s: %s", d, exc)
+                failed.append((d, exc))
+        return failed
+
+    def _checkpoints_failed(self, failed: list[tuple[str, OSError]]) -> None:
+        """A failed checkpoint write takes its dir offline, as Kafka's checkpoint IOException does (one WARN for
+        the dir, not one every checkpoint interval)."""
+        for d, exc in failed:
+            self.log_manager.health.failed_dir(d, exc, checkpoint.REPLICATION_OFFSET_CHECKPOINT)
 
     def checkpoint_high_watermarks(self) -> None:
         """Write replication-offset-checkpoint in every log dir (Kafka's format)."""
-        self._write_high_watermarks(self._high_watermarks_by_dir())
+        self._checkpoints_failed(self._write_high_watermarks(self._high_watermarks_by_dir()))
 
     async def _checkpoint_loop(self) -> None:
         """Every HW_CHECKPOINT_INTERVAL_MS, on a worker thread and only when a HW moved: the write
@@ -282,7 +292,7 @@ class ReplicaManager:
             await asyncio.sleep(HW_CHECKPOINT_INTERVAL_MS / 1000.0)
             current = self._high_watermarks_by_dir()
             if current != last:
-                await asyncio.to_thread(self._write_high_watermarks, current)
+                self._checkpoints_failed(await asyncio.to_thread(self._write_high_watermarks, current))
                 last = current
 
     async def stop_replication(self) -> None:
@@ -301,6 +311,17 @@ class ReplicaManager:
         return self.broker_endpoints.get(broker_id)
 
     # ------------------------------------------------------------------ partitions
+    def _log_reopened(self, key: tuple[str, int], lg: Any) -> None:
+        """Its log dir came back: the Partition serves the reopened (recovered) log; the producer state reloads
+        from it at the next append, and a follower truncates against its leader before fetching again."""
+        p = self.partitions.get(key)
+        if p is None:
+            return
+        p.log = lg
+        p.producer_state = None
+        if not p.is_leader:
+            p.restart_truncation()
+
     def _forget_checkpointed_hw(self, key: tuple[str, int]) -> None:
         """A quarantined log's HW is not the new topic's (its log starts empty)."""
         self._checkpointed_hws.pop(key, None)
@@ -332,7 +353,8 @@ class ReplicaManager:
         p = Partition(topic, partition, lg, self.config.broker_id, configs,
                       replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
                       live_broker_epochs=self.live_broker_epochs,
-                      topic_id=topic_id or self.log_manager.log_topic_id(topic, partition))
+                      topic_id=topic_id or self.log_manager.log_topic_id(topic, partition),
+                      dir_health=self.log_manager.health)
         self._load_high_watermark(p)
         p.producer_id_expiration_ms = self.config.producer_id_expiration_ms
         self.partitions[p.key] = p

@@ -452,6 +452,32 @@ def unavailability(ops: list[Op]) -> dict[str, Any]:
             "txn_longest_gap": _longest_txn_gap(ops, commits_by_client, txn_clients)}
 
 
+def disk_full(ops: list[Op]) -> list[dict[str, Any]]:
+    """Per disk-full fault: what the filled broker kept serving while its small log dir was full (issue 21). The
+    nemesis start names the partitions whose replica on that broker is in the filled dir (detail
+    `full_dir_partitions`); every other partition sent to in the history should have acks=all sends invoked
+    after the fill and completed before the heal (`served`: their count; `not_served`: the partitions with none).
+    Not an anomaly: the chaos suite's test asserts `not_served` is empty."""
+    stops = sorted(o.invoke for o in ops if o.op == "nemesis" and o.get("fault") == "disk-full"
+                   and o.get("phase") == "stop")
+    sends = [o for o in ops if o.op == "send"]
+    all_tps = sorted({o.tp for o in sends})
+    out: list[dict[str, Any]] = []
+    for start in sorted((o for o in ops if o.op == "nemesis" and o.get("fault") == "disk-full"
+                         and o.get("phase") == "start"), key=lambda o: o.invoke):
+        t0 = start.complete if start.complete is not None else start.invoke  # the fill is done by then
+        t1 = next((t for t in stops if t >= t0), None)
+        full = sorted((start.get("detail") or {}).get("full_dir_partitions") or [])
+        served = {tp: 0 for tp in all_tps if tp not in full}
+        for o in sends:
+            if (o.ok and o.tp in served and o.invoke >= t0 and o.complete is not None
+                    and (t1 is None or o.complete <= t1)):
+                served[o.tp] += 1
+        out.append({"start": t0, "stop": t1, "full_dir_partitions": full, "served": served,
+                    "not_served": sorted(tp for tp, n in served.items() if n == 0)})
+    return out
+
+
 def _longest_txn_gap(ops: list[Op], commits_by_client: dict[str, list[Op]],
                      clients: set[str]) -> dict[str, Any] | None:
     """The longest time one transactional client went without a commit (from its previous commit, or its
@@ -547,6 +573,7 @@ def check(ops: list[Op], examples: int = 5) -> dict[str, Any]:
         "anomalies": {k: v for k, v in out.examples.items() if v},
         "stats": stats,
         "unavailability": unavailability(ops),
+        "disk_full": disk_full(ops),
         "warnings": warnings,
     }
 
@@ -582,6 +609,10 @@ def summary(verdict: dict[str, Any]) -> str:
         lines.append(f"longest time without a committed transaction: {gap['seconds']} s ({gap['client']}"
                      + ("" if fault is None else f"; {fault['seconds_before']} s after {fault['fault']} began")
                      + ("; until the workload ended" if gap["ends_with_history"] else "") + ")")
+    for d in verdict.get("disk_full", []):
+        lines.append(f"disk-full at {d['start']:.3f}: full dir held {', '.join(d['full_dir_partitions']) or 'none'}; "
+                     f"the other partitions served {sum(d['served'].values())} acks=all sends meanwhile"
+                     + (f", none on {', '.join(d['not_served'])}" if d["not_served"] else ""))
     lines.extend(f"warning: {w}" for w in verdict["warnings"])
     return "\n".join(lines)
 

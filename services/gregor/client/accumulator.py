@@ -36,7 +36,8 @@ class ProducerBatch:
 
     __slots__ = ("topic", "partition", "records", "size_bytes", "created", "future", "callbacks",
                  "attempts", "retry_at", "sealed", "payload", "log_append_time", "base_timestamp", "max_timestamp",
-                 "producer_id", "producer_epoch", "base_sequence", "parts", "registry", "transactional")
+                 "producer_id", "producer_epoch", "base_sequence", "parts", "registry", "transactional",
+                 "last_error")
 
     def __init__(self, topic: str, partition: int, created: float, base_timestamp: int = 0) -> None:
         self.topic = topic
@@ -65,6 +66,8 @@ class ProducerBatch:
         # The accumulator's set of incomplete batches, left once the batch completes or fails
         # (directly, not through a future callback: one scheduled callback less per batch).
         self.registry: Optional[set["ProducerBatch"]] = None
+        # The retriable error of its last attempt (the delivery timeout's message names it).
+        self.last_error: Optional[BaseException] = None
 
     @property
     def tp(self) -> TopicPartition:

@@ -122,7 +122,9 @@ class Sender:
                 self._fail(batch, errors.RequestTimedOutError(  # type: ignore[attr-defined]
                     f"Expiring {len(batch.records)} record(s) for {batch.topic}-{batch.partition}: "
                     f"{int((now - batch.created) * 1000)} ms has passed since batch creation "
-                    f"(delivery.timeout.ms)", topic=batch.topic, partition=batch.partition))
+                    f"(delivery.timeout.ms)" + ("" if batch.last_error is None else
+                                                f"; the last attempt failed: {batch.last_error}"),
+                    topic=batch.topic, partition=batch.partition))
             # Kafka's Sender sends one request per broker per pass and passes again while one was
             # sent (more may be ready: a full request, up to max.in.flight per broker).
             need_metadata, sent = False, True
@@ -377,6 +379,7 @@ class Sender:
             if retriable and batch.attempts <= self.retries and not expired and not self.closing_forced:
                 log.debug("retrying %s-%s after %s (attempt %d)", *tp, err.name, batch.attempts)
                 self.stats.retries += 1
+                batch.last_error = err
                 self.acc.reenqueue(batch, now)
             else:
                 self._fail(batch, err)

@@ -322,6 +322,25 @@ def test_unavailability_per_fault_and_per_kind() -> None:
     assert u["per_kind"]["partition"]["never_recovered"] == 1
 
 
+def test_disk_full_reports_what_the_filled_broker_kept_serving() -> None:
+    """A disk-full fault (filled at 10.5, healed at 20) whose dir held t/0: t/1 took an acks=all send while it was
+    full, t/2 none (a send before the fill, one completed after the heal, one that failed do not count)."""
+    h = H()
+    h.send("early", 0, tp=("t", 2), invoke=9.0, complete=9.5)
+    h.add("nemesis", "nemesis", invoke=10.0, complete=10.5, fault="disk-full", phase="start", targets=["broker-0"],
+          detail={"full_dir_partitions": ["t/0"], "filled_bytes": 1 << 20})
+    h.send("stalled", 0, tp=("t", 0), invoke=11.0, complete=21.0)
+    h.send("served", 0, tp=("t", 1), invoke=11.0, complete=11.2)
+    h.send("late", 1, tp=("t", 2), invoke=19.0, complete=20.5)
+    h.send("failed", None, tp=("t", 2), invoke=12.0, complete=12.5, outcome="fail")
+    h.add("nemesis", "nemesis", invoke=20.0, complete=20.0, fault="disk-full", phase="stop", targets=["broker-0"])
+    v = h.verdict()
+    assert v["disk_full"] == [{"start": 10.5, "stop": 20.0, "full_dir_partitions": ["t/0"],
+                               "served": {"t/1": 1, "t/2": 0}, "not_served": ["t/2"]}]
+    assert v["valid"]
+    assert "the other partitions served 1 acks=all sends meanwhile, none on t/2" in summary(v)
+
+
 def test_transactional_unavailability_shows_a_stuck_transaction_coordinator() -> None:
     """Produce recovers at once, but the transaction coordinator cannot complete transactions for a minute
     (its lease clock stopped after an etcd member was killed: the TLS chaos schedule's etcd-kill, seed 7):

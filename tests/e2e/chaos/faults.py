@@ -266,7 +266,8 @@ class Nemesis:
             filler = os.path.join(self.c.small_dir, "chaos-filler")
             detail["targets"] = ["broker-0"]
             # The partitions whose broker-0 replica is in the dir being filled (the checker's disk_full report).
-            detail["full_dir_partitions"] = sorted(tp_name(*d.rsplit("-", 1)) for d in os.listdir(self.c.small_dir)
+            detail["full_dir_partitions"] = sorted(tp_name(d.rsplit("-", 1)[0], int(d.rsplit("-", 1)[1]))
+                                                   for d in os.listdir(self.c.small_dir)
                                                    if d.rsplit("-", 1)[-1].isdigit())
             detail["filled_bytes"] = _fill(filler)
             heal = lambda: os.remove(filler)  # noqa: E731

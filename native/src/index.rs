@@ -168,7 +168,12 @@ impl<E: Entry> Index<E> {
         }
         self.entries.push(e);
         if self.entries.len() - self.written >= WRITE_BATCH {
-            self.write_pending()?;
+            // A failed write (ENOSPC) keeps the entries pending in memory, where
+            // lookups read them; the next write_pending (a later batch, the
+            // roll, flush or close) writes them or reports the error. Failing
+            // here instead would fail an append whose data is already in the
+            // segment and counted, part-way through indexing its batches.
+            let _ = self.write_pending();
         }
         Ok(())
     }

@@ -393,8 +393,15 @@ impl Segment {
 
     /// Writes `parts` (together whole batches at the given positions) with
     /// one pwritev(2) per 1024 parts, then indexes each batch.
+    /// A write that fails part-way (ENOSPC, EIO) is cut back to the segment's
+    /// end: whole batches it did land would otherwise come back at recovery
+    /// as records whose produce failed (seen on a full tmpfs: 3 complete
+    /// batches past the tracked end after a failed 20-batch append).
     pub fn append(&mut self, parts: &[&[u8]], batches: &[(usize, BatchHeader)]) -> Result<()> {
-        write_all_vectored_at(&self.file, parts, self.size)?;
+        if let Err(e) = write_all_vectored_at(&self.file, parts, self.size) {
+            let _ = self.file.set_len(self.size); // shrinking needs no free space
+            return Err(e.into());
+        }
         self.commit_written(parts.iter().map(|p| p.len() as u64).sum::<u64>(), batches)
     }
 

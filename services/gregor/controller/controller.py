@@ -18,6 +18,7 @@ from gregor.common.lease_thread import ThreadedLease
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
+from gregor.controller.standby_metadata import StandbyMetadata, TakeOver
 from gregor.controller.broker_registry import (BrokerRegistration, ClusterDescription, broker_epochs, open_file_limits,
                                               registrations)
 from gregor.controller.channel_manager import ControllerChannelManager
@@ -219,6 +220,10 @@ class Controller:
         # partition -> (replicas, topic id of the topic they were assigned under). Active role only.
         self._creation_backlog: dict[TopicPartition, tuple[list[int], bytes]] = {}
         self._creation_scheduled = False  # one NewPartitionCreation event at a time is queued
+        # While standby: the topics, partition states, configs and deletion marks kept current from etcd,
+        # handed to the failover (verified key by key against etcd) instead of a cold read (issue 24).
+        self.standby_metadata = StandbyMetadata(etcd)
+        self.last_takeover: TakeOver | None = None  # what the last failover verified (None: it read cold)
 
     @property
     def is_active(self) -> bool:
@@ -229,6 +234,7 @@ class Controller:
     async def start(self) -> None:
         """Watch the controller key, then queue Startup (Kafka's startup())."""
         self.events.start()
+        self.standby_metadata.start()
         # Read the revision first and watch from just after it: no change can fall between.
         revision = (await self.etcd.get_prefix(ControllerZNode.key(self.etcd))).revision
         self._controller_watch = self._spawn(self._watch_controller(revision + 1), "controller-watch")
@@ -241,6 +247,7 @@ class Controller:
         if self.is_active:
             self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
+        await self.standby_metadata.stop()
         for task in (self._controller_watch, *self._active_watches, self._rebalance_timer):
             if task is not None:
                 task.cancel()
@@ -474,7 +481,15 @@ class Controller:
         self.ctx.broker_open_file_limits = open_file_limits(registered)
         await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
         phases.lap("brokers")
-        snapshot = await metadata_store.load_topics(self.etcd)
+        # A warm standby hands over its copy, verified against etcd key by key (mod_revisions, no values):
+        # only what changed since its watch last applied is read and parsed (StandbyMetadata's module doc
+        # says why a missed watch event cannot leave a stale key). Not loaded yet: a cold read.
+        warm = await self.standby_metadata.take()
+        if warm is not None:
+            snapshot, self.last_takeover = warm
+            source = str(self.last_takeover)
+        else:
+            snapshot, source, self.last_takeover = await metadata_store.load_topics(self.etcd), "cold read", None
         phases.lap("read")
         self._load_topics(snapshot)
         phases.lap("load")
@@ -512,9 +527,9 @@ class Controller:
                 self._auto_leader_rebalance_timer(), name="auto-leader-rebalance")
         self.metrics.active_controller_count.set(1)
         self.metrics.epoch.set(self.ctx.epoch)
-        log.info("controller %d active: epoch %d, live brokers %s, %d topics, %d partitions; failover took %s",
-                 self.controller_id, self.ctx.epoch, sorted(self.ctx.live_broker_epochs), len(self.ctx.all_topics),
-                 len(self.ctx.partition_leadership_info), phases)
+        log.info("controller %d active: epoch %d, live brokers %s, %d topics, %d partitions; metadata %s; "
+                 "failover took %s", self.controller_id, self.ctx.epoch, sorted(self.ctx.live_broker_epochs),
+                 len(self.ctx.all_topics), len(self.ctx.partition_leadership_info), source, phases)
 
     def _load_topics(self, snapshot: metadata_store.TopicsSnapshot) -> None:
         for topic, assignment in snapshot.assignments.items():
@@ -558,6 +573,8 @@ class Controller:
         epoch = self.ctx.epoch
         self.ctx = ControllerContext()
         self.metrics.active_controller_count.set(0)
+        if not self._closing:  # a standby again: follow the metadata from a fresh read
+            self.standby_metadata.start()
         self.metrics.update_partition_gauges(self.ctx)
         log.info("controller %d resigned (was epoch %d)", self.controller_id, epoch)
 

@@ -234,3 +234,70 @@ async def test_take_before_the_copy_is_loaded_reads_cold(etcd_clients: tuple[Etc
     copy = StandbyMetadata(own)
     assert await copy.take() is None
     assert await copy.take() is None
+
+
+async def standby_with_other_active(admin: EtcdClient, own: EtcdClient, epochs: dict[int, int]
+                                    ) -> tuple[Controller, Lease]:
+    """A topic t (3 partitions), controller 1 a registration on a lease (active, acting on nothing),
+    controller 2 in-process, standby with its copy loaded."""
+    await write_topic(admin, "t", 3, epochs)
+    other = await admin.grant_lease(60)
+    await elector.register_controller_and_increment_epoch(admin, 1, other.id)
+    ctl = Controller(2, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
+                     leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+    await ctl.start()
+    await until(lambda: ctl.standby_metadata.ready, 10, "the standby's copy loaded")
+    return ctl, other
+
+
+async def test_a_failover_decided_while_standby_is_used_when_nothing_changed_since(
+        etcd_clients: tuple[EtcdClient, EtcdClient]) -> None:
+    """Broker 1 died while the active controller (a registration) did nothing about it. The standby
+    decides the failover ahead (broker 1 out of every ISR, t-1 led by 0); when the active goes, it
+    applies that decision without deciding again, and etcd shows it."""
+    admin, own = etcd_clients
+    leases, epochs = await register_brokers(admin)
+    await leases[1].revoke()
+    ctl, other = await standby_with_other_active(admin, own, epochs)
+    try:
+        await until(lambda: ctl._prepared is not None, 20, "the failover prepared")
+        await other.revoke()
+        await until(lambda: ctl.is_active and ctl.last_takeover is not None, 20, "the standby active")
+        assert ctl.last_failover_prepared
+        expected = {("t", 0): (0, (0, 2)), ("t", 1): (2, (2, 0)), ("t", 2): (2, (2, 0))}
+        await until(lambda: leaders_and_isrs(admin, expected), 20, f"the new controller wrote {expected}")
+    finally:
+        await ctl.stop()
+        for lease in leases.values():
+            await lease.revoke()
+
+
+@pytest.mark.parametrize("change", ["isr", "broker"])
+async def test_a_failover_decided_while_standby_is_dropped_when_its_inputs_changed(
+        etcd_clients: tuple[EtcdClient, EtcdClient], change: str) -> None:
+    """The standby has decided the failover ahead; then, just before the active controller goes (too
+    soon for the standby to decide again), a leader shrinks an ISR, or a broker goes. The prepared
+    decision is not used: the failover decides on what etcd holds now."""
+    admin, own = etcd_clients
+    leases, epochs = await register_brokers(admin)
+    ctl, other = await standby_with_other_active(admin, own, epochs)
+    try:
+        await until(lambda: ctl._prepared is not None, 20, "the failover prepared")
+        if change == "isr":
+            await shrink_isr(admin, "t", 1, (1, 0))
+            await leases[0].revoke()  # with broker 0 gone, t-1's new ISR decides who leads it now
+        else:
+            await leases[1].revoke()
+        await other.revoke()
+        await until(lambda: ctl.is_active and ctl.last_takeover is not None, 20, "the standby active")
+        assert not ctl.last_failover_prepared
+        if change == "isr":
+            # t-1: leader 1, ISR [1, 0] with 0 gone -> [1]; from the prepared (old) ISR it would be [1, 2].
+            expected = {("t", 0): (1, (1, 2)), ("t", 1): (1, (1,)), ("t", 2): (2, (2, 1))}
+        else:
+            expected = {("t", 0): (0, (0, 2)), ("t", 1): (2, (2, 0)), ("t", 2): (2, (2, 0))}
+        await until(lambda: leaders_and_isrs(admin, expected), 20, f"the new controller wrote {expected}")
+    finally:
+        await ctl.stop()
+        for lease in leases.values():
+            await lease.revoke()

@@ -42,6 +42,12 @@ class TakeOver:
     reread: int
     dropped: int
     revision: int
+    generation: int  # the copy's generation when handed over (before any re-read)
+
+    @property
+    def unchanged(self) -> bool:
+        """The copy was current: nothing re-read or dropped."""
+        return self.reread == 0 and self.dropped == 0
 
     def __str__(self) -> str:
         return f"warm: {self.keys} keys verified at revision {self.revision}, {self.reread} re-read, " \
@@ -65,6 +71,9 @@ class StandbyMetadata:
         self._loaded: set[bytes] = set()
         self._watches = {p: WatchTask(f"standby-metadata {p.decode(errors='replace')}") for p in self.prefixes}
         self.revision = 0  # the newest revision applied (logs and tests)
+        # Bumped by every change to the copy: a decision prepared from it (Controller) is still the one the
+        # failover would take while the generation it was prepared at stands.
+        self.generation = 0
         self._clear_topics()
         self.configs: dict[str, dict[str, str]] = {}
         self.topics_to_delete: set[str] = set()
@@ -91,6 +100,7 @@ class StandbyMetadata:
 
     async def _follow(self, prefix: bytes) -> None:
         def reset() -> None:
+            self.generation += 1
             self._loaded.discard(prefix)
             self._forget_prefix(prefix)
 
@@ -101,6 +111,7 @@ class StandbyMetadata:
                      revision, len(self._revisions[prefix]))
 
         def apply(kv: KeyValue, revision: int) -> None:
+            self.generation += 1
             self._apply(prefix, kv)
             self.revision = max(self.revision, revision)
 
@@ -163,6 +174,15 @@ class StandbyMetadata:
             else:
                 self.states.pop(TopicPartition(*tp), None)
 
+    def peek(self, revision: int = 0) -> metadata_store.TopicsSnapshot:
+        """The copy as a TopicsSnapshot (its own dicts: the copy goes on changing)."""
+        return metadata_store.TopicsSnapshot(
+            revision=revision or self.revision, assignments=dict(self.assignments), topic_ids=dict(self.topic_ids),
+            topic_revisions=dict(self.topic_revisions),
+            # A state whose topic key is gone is a leftover of a half-done deletion (as load_topics).
+            states={tp: s for tp, s in self.states.items() if tp.partition in self.assignments.get(tp.topic, {})},
+            configs={t: dict(c) for t, c in self.configs.items()}, topics_to_delete=set(self.topics_to_delete))
+
     # -- failover ----------------------------------------------------------------
 
     async def take(self) -> tuple[metadata_store.TopicsSnapshot, TakeOver] | None:
@@ -174,6 +194,7 @@ class StandbyMetadata:
             for prefix in self.prefixes:
                 self._forget_prefix(prefix)
             return None
+        generation = self.generation
         first_revision = 0
         keys = reread = dropped = 0
         for prefix in self.prefixes:
@@ -198,14 +219,9 @@ class StandbyMetadata:
                     if key not in seen:
                         self._apply(prefix, KeyValue(key))
                 reread += len(stale)
-        snap = metadata_store.TopicsSnapshot(
-            revision=first_revision, assignments=self.assignments, topic_ids=self.topic_ids,
-            topic_revisions=self.topic_revisions,
-            # A state whose topic key is gone is a leftover of a half-done deletion (as load_topics).
-            states={tp: s for tp, s in self.states.items() if tp.partition in self.assignments.get(tp.topic, {})},
-            configs={t: dict(c) for t, c in self.configs.items()}, topics_to_delete=set(self.topics_to_delete))
+        snap = self.peek(first_revision)
         self._loaded.clear()
         self._revisions = {p: {} for p in self.prefixes}
         self._clear_topics()
         self.configs, self.topics_to_delete = {}, set()
-        return snap, TakeOver(keys, reread, dropped, first_revision)
+        return snap, TakeOver(keys, reread, dropped, first_revision, generation)

@@ -260,7 +260,7 @@ async def test_a_failover_decided_while_standby_is_used_when_nothing_changed_sin
     await leases[1].revoke()
     ctl, other = await standby_with_other_active(admin, own, epochs)
     try:
-        await until(lambda: ctl._prepared is not None, 20, "the failover prepared")
+        await until(lambda: ctl.failover_prepared, 20, "the failover prepared")
         await other.revoke()
         await until(lambda: ctl.is_active and ctl.last_takeover is not None, 20, "the standby active")
         assert ctl.last_failover_prepared
@@ -282,7 +282,7 @@ async def test_a_failover_decided_while_standby_is_dropped_when_its_inputs_chang
     leases, epochs = await register_brokers(admin)
     ctl, other = await standby_with_other_active(admin, own, epochs)
     try:
-        await until(lambda: ctl._prepared is not None, 20, "the failover prepared")
+        await until(lambda: ctl.failover_prepared, 20, "the failover prepared")
         if change == "isr":
             await shrink_isr(admin, "t", 1, (1, 0))
             await leases[0].revoke()  # with broker 0 gone, t-1's new ISR decides who leads it now

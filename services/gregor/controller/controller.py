@@ -271,6 +271,11 @@ class Controller:
         self.last_failover_prepared = False  # the last failover used the decision prepared while standby
 
     @property
+    def failover_prepared(self) -> bool:
+        """A failover decided ahead is waiting (standby role)."""
+        return self._prepared is not None
+
+    @property
     def is_active(self) -> bool:
         return self.active_controller_id == self.controller_id
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -81,7 +81,7 @@ def failover_lines(p: Process) -> list[str]:
     return [line for line in log_text(p).splitlines() if "failover took" in line]
 
 
-async def leaders_and_isrs(etcd: EtcdClient, expected: dict[tuple[str, int], tuple[int, tuple[int, ...]]]) -> bool:
+async def leaders_and_isrs(etcd: EtcdClient, expected: Mapping[tuple[str, int], tuple[int, tuple[int, ...]]]) -> bool:
     for (topic, partition), (leader, isr) in expected.items():
         s = await state(etcd, topic, partition)
         if s is None or (s.leader, tuple(sorted(s.isr))) != (leader, tuple(sorted(isr))):

@@ -301,3 +301,25 @@ async def test_a_failover_decided_while_standby_is_dropped_when_its_inputs_chang
         await ctl.stop()
         for lease in leases.values():
             await lease.revoke()
+
+
+async def test_a_malformed_value_fails_the_take_over_as_a_cold_read(etcd_clients: tuple[EtcdClient, EtcdClient]) -> None:
+    """A partition state that is not JSON: the watch leaves it out of the copy and goes on; the take-over
+    re-reads it and fails as load_topics does, instead of deciding without it."""
+    admin, own = etcd_clients
+    _, epochs = await register_brokers(admin)
+    await write_topic(admin, "a", 2, epochs)
+    copy = StandbyMetadata(own)
+    copy.start()
+    try:
+        await until(lambda: copy.ready, 10, "copy loaded")
+        await admin.put(PartitionStateZNode.key(admin, "a", 1), b"{not json")
+        await write_topic(admin, "b", 1, epochs)
+        await until(lambda: "b" in copy.assignments, 10, "the watch went on past the malformed value")
+        assert TopicPartition("a", 1) not in copy.states
+        with pytest.raises(ValueError):
+            await metadata_store.load_topics(admin)
+        with pytest.raises(ValueError):
+            await copy.take()
+    finally:
+        await copy.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -521,8 +522,9 @@ class Controller:
         """Load the context from etcd, start senders and watches, bring partitions online (onControllerFailover).
 
         Reads live brokers (epoch = creation revision) and their endpoints, deletes pending
-        ISR change notifications, loads topics, partition states and configs, then runs the
-        pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
+        ISR change notifications, loads topics, partition states and configs (from the standby's
+        warm copy, verified against etcd, when it has one; the decision too if the standby made it
+        on the same inputs), then runs the pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
         replicas. Topics queued for deletion resume deleting.
         """
         phases = _PhaseClock()
@@ -633,6 +635,10 @@ class Controller:
             actions = ControllerActions()
             bounced = on_controller_failover(ctx, actions, _offline_election(ctx))
             self._prepared = _PreparedFailover(generation, key, ctx, actions, bounced)
+            # A full collection now, while idle, not during the failover: the copy and the prepared context
+            # are hundreds of thousands of objects no full collection has seen yet, and the first one was
+            # otherwise due during the takeover's apply (0.3-0.9 s longer at 10,000 partitions).
+            gc.collect()
             log.debug("controller %d: failover prepared at copy generation %d", self.controller_id, generation)
 
     def _start_standby(self) -> None:

@@ -129,8 +129,10 @@ class StandbyMetadata:
         else:
             self.topics_to_delete = set()
 
-    def _apply(self, prefix: bytes, kv: KeyValue) -> None:
-        """One key put (version > 0) or deleted (version 0) into the copy."""
+    def _apply(self, prefix: bytes, kv: KeyValue, strict: bool = False) -> None:
+        """One key put (version > 0) or deleted (version 0) into the copy. A value that does not parse is
+        left out with a warning (the watch goes on), or, `strict` (the take-over's re-read), raises as a
+        cold read would."""
         revisions = self._revisions[prefix]
         revisions.pop(kv.key, None)
         try:
@@ -148,7 +150,10 @@ class StandbyMetadata:
                 else:
                     self.topics_to_delete.discard(topic)
         except (ValueError, KeyError, TypeError) as exc:  # a malformed value: take() re-reads it
+            if strict:
+                raise
             log.warning("standby metadata: cannot parse %r (%s); it is read again on failover", kv.key, exc)
+            self._apply(prefix, KeyValue(kv.key))  # nor is its previous value kept
             return
         if kv.version:
             revisions[kv.key] = kv.mod_revision
@@ -213,7 +218,7 @@ class StandbyMetadata:
                 fresh = await self.etcd.get_prefix(prefix, min_mod_revision=min(now[k] for k in stale))
                 seen = set()
                 for kv in fresh.kvs:
-                    self._apply(prefix, kv)
+                    self._apply(prefix, kv, strict=True)
                     seen.add(kv.key)
                 for key in stale:
                     if key not in seen:

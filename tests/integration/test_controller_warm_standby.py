@@ -89,7 +89,8 @@ async def leaders_and_isrs(etcd: EtcdClient, expected: Mapping[tuple[str, int], 
     return True
 
 
-async def test_standby_takes_over_with_what_changed_while_it_was_standby(etcd: Process, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_standby_takes_over_with_what_changed_while_it_was_standby(  # type: ignore[no-untyped-def]
+        etcd: Process, tmp_path) -> None:
     """Two controller processes. While controller 2 is standby (its copy loaded), the active one is
     frozen (SIGSTOP: it acts on nothing more) and the cluster changes: a topic is created, a leader
     shrinks an ISR, a broker goes. The frozen controller's lease expires, controller 2 takes over from
@@ -163,7 +164,8 @@ async def test_standby_whose_watches_missed_changes_acts_on_current_state(
         fresh = {0: [1, 0, 2]}
         assert await admin.txn([], [Put(TopicConfigZNode.key(admin, "fresh"),
                                         TopicConfigZNode.encode({"retention.ms": "1000"})),
-                                    Put(TopicZNode.key(admin, "fresh"), TopicZNode.encode(fresh, uuid.random_topic_id()))])
+                                    Put(TopicZNode.key(admin, "fresh"),
+                                        TopicZNode.encode(fresh, uuid.random_topic_id()))])
         assert await admin.txn([], metadata_store.delete_topic_ops(admin, "old"))
         await shrink_isr(admin, "t", 1, (1, 0))
         await leases[1].revoke()
@@ -303,7 +305,8 @@ async def test_a_failover_decided_while_standby_is_dropped_when_its_inputs_chang
             await lease.revoke()
 
 
-async def test_a_malformed_value_fails_the_take_over_as_a_cold_read(etcd_clients: tuple[EtcdClient, EtcdClient]) -> None:
+async def test_a_malformed_value_fails_the_take_over_as_a_cold_read(
+        etcd_clients: tuple[EtcdClient, EtcdClient]) -> None:
     """A partition state that is not JSON: the watch leaves it out of the copy and goes on; the take-over
     re-reads it and fails as load_topics does, instead of deciding without it."""
     admin, own = etcd_clients

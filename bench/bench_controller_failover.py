@@ -10,6 +10,7 @@ controller itself spends: lease expiry, election, loading P partition states and
 The new controller's own account of its failover (its log line "failover took ...") is printed too.
 
     python bench/bench_controller_failover.py --partitions 1000 10000 [--lease-ttl-ms N] [--rounds 3]
+        [--standby-wait-s S]   # default 1 s; a warm standby needs a few to have loaded and decided
 
 bench_partitions.py's "failover admin s" cell measures the same thing end to end against real
 brokers through a Kafka client (Gregor side alone: --systems gregor).
@@ -99,7 +100,8 @@ def failover_line(log_path: str) -> str:
     return found.group(1) if found else "?"
 
 
-async def one_round(base: Path, partitions: int, lease_ttl_ms: int | None) -> dict[str, float | str]:
+async def one_round(base: Path, partitions: int, lease_ttl_ms: int | None,
+                    standby_wait_s: float = 1.0) -> dict[str, float | str]:
     etcd_proc = start_etcd(str(base))
     procs = [etcd_proc]
     try:
@@ -112,7 +114,7 @@ async def one_round(base: Path, partitions: int, lease_ttl_ms: int | None) -> di
                         "controller 1 finished its failover")
             second = start_controller(str(base), 2, etcd_proc.grpc, lease_ttl_ms=lease_ttl_ms)
             procs.append(second)
-            await asyncio.sleep(1.0)  # the standby is watching
+            await asyncio.sleep(standby_wait_s)  # the standby is watching (and, warm, has loaded and decided)
             killed = time.monotonic()
             os.kill(first.pid, signal.SIGKILL)
             await until(lambda: _registered(etcd, 2), 120, "controller 2 registered")
@@ -153,6 +155,9 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--lease-ttl-ms", type=int, help="the controllers' --lease-ttl-ms (default: theirs)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--standby-wait-s", type=float, default=1.0,
+                    help="seconds between starting the standby and killing the active controller (a standby "
+                         "that has run a while has its copy loaded and its failover decided)")
     ap.add_argument("--keep", help="run in this directory (kept, with the processes' logs) instead of a temporary one")
     args = ap.parse_args()
     for p in args.partitions:
@@ -161,10 +166,10 @@ def main() -> None:
             if args.keep:
                 base = Path(args.keep) / f"p{p}-r{r}"
                 base.mkdir(parents=True, exist_ok=True)
-                res = asyncio.run(one_round(base, p, args.lease_ttl_ms))
+                res = asyncio.run(one_round(base, p, args.lease_ttl_ms, args.standby_wait_s))
             else:
                 with tempfile.TemporaryDirectory(prefix="bench-ctl-failover-") as tmp:
-                    res = asyncio.run(one_round(Path(tmp), p, args.lease_ttl_ms))
+                    res = asyncio.run(one_round(Path(tmp), p, args.lease_ttl_ms, args.standby_wait_s))
             results.append(res)
             print(f"{p:>6} partitions, round {r + 1}: elected {res['elected s']:.2f} s, admin write "
                   f"{res['admin s']:.2f} s after SIGKILL (a CreateTopics later: {res['steady admin s']:.3f} s); new controller's failover {res['failover']}; "

@@ -19,9 +19,10 @@ from gregor.common import errors
 from gregor.common.config import BrokerConfig
 from gregor.common.etcd import CompareFailed, EtcdClient, EtcdUnavailable, LeaseLost, Put
 from gregor.common.etcd_layout import ProducerIdBlockZNode
-from gregor.controller import elector, metadata_store
+from gregor.controller import elector
 from gregor.controller.controller import (CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT, FIRST_AUTO_LEADER_REBALANCE_DELAY_S,
                                          Controller, ControllerState, _Event)
+from gregor.controller.standby_metadata import StandbyMetadata
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import Process, tear_down
 from tests.helpers.wait import until
@@ -380,21 +381,23 @@ async def _keep_refreshing(client: EtcdClient, lease_id: int) -> None:
 
 async def test_a_failover_that_fails_gives_the_registration_up(client: EtcdClient,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """etcd fails the new controller's first read of the topics (fault injected there): Kafka's
+    """etcd fails the new controller's first read of the topics (fault injected there: the standby copy's
+    hand-over, which reads etcd whether the copy is warm or not): Kafka's
     triggerControllerMove. The registration goes (the lease is revoked) and the next election, here the
     same controller's, runs the failover to the end. Its guarded delete of the key had been refused (the
     guard used the epoch of the context the resignation had just reset), and no controller was ever active."""
-    real = metadata_store.load_topics
+    real = StandbyMetadata.take
     calls = 0
 
-    async def fails_once(etcd: EtcdClient) -> metadata_store.TopicsSnapshot:
+    async def fails_once(self: StandbyMetadata) -> object:
         nonlocal calls
         calls += 1
         if calls == 1:
+            await self.stop()
             raise EtcdUnavailable("injected: etcd did not answer the failover's read")
-        return await real(etcd)
+        return await real(self)
 
-    monkeypatch.setattr(metadata_store, "load_topics", fails_once)
+    monkeypatch.setattr(StandbyMetadata, "take", fails_once)
     async with EtcdClient(client.endpoint, cluster="gregor") as own:
         ctl = Controller(1, own, lease_ttl_ms=LEASE_TTL_MS, registry=CollectorRegistry())
         await ctl.start()

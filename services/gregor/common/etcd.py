@@ -211,15 +211,27 @@ async def follow_prefix(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[]
     (reset(), then apply(key, value, revision) each, then loaded(revision)), then watch from the next revision
     (apply(key, value or None when deleted, revision)); a compacted watch starts over with a fresh read; an
     etcd error is logged and retried after retry_s. Runs until cancelled, on the caller's event loop."""
+    await follow_prefix_kvs(etcd, prefix, reset=reset,
+                            apply=lambda kv, revision: apply(kv.key, kv.value if kv.version else None, revision),
+                            loaded=loaded, what=what, retry_s=retry_s)
+
+
+async def follow_prefix_kvs(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[], None],
+                            apply: Callable[[KeyValue, int], None], loaded: Callable[[int], None],
+                            what: str, retry_s: float = 0.5) -> None:
+    """follow_prefix with whole KeyValues: apply(kv, revision) gets each key's revisions and version (a
+    deletion is a KeyValue of version 0 whose mod_revision is the deletion's), revision being the snapshot
+    read's during the read, the event's after. For caches that need more than the value (the standby
+    controller's, which checks every key's mod_revision against etcd when it takes over)."""
     while True:
         try:
             res = await etcd.get_prefix(prefix)
             reset()
             for kv in res.kvs:
-                apply(kv.key, kv.value, res.revision)
+                apply(kv, res.revision)
             loaded(res.revision)
             async for ev in etcd.watch_prefix(prefix, res.revision + 1):
-                apply(ev.key, ev.value if ev.type == "put" else None, ev.mod_revision)
+                apply(KeyValue(ev.key, ev.value, ev.create_revision, ev.mod_revision, ev.version), ev.mod_revision)
         except WatchCompacted:
             continue
         except EtcdError as exc:
@@ -542,13 +554,23 @@ class EtcdClient:
         resp = await self._call(f"get {key!r}", "kvstub", "Range", rpc.RangeRequest(key=key), idempotent=True)
         return KeyValue.from_pb(resp.kvs[0]) if resp.kvs else None  # type: ignore[attr-defined]
 
-    async def get_prefix(self, prefix: bytes) -> RangeResult:
-        """Every key under prefix, sorted by key, with the store revision of the read."""
-        req = rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix),
+    async def get_prefix(self, prefix: bytes, *, keys_only: bool = False, min_mod_revision: int = 0) -> RangeResult:
+        """Every key under prefix, sorted by key, with the store revision of the read.
+
+        keys_only: without values (revisions and versions only, a fraction of the bytes);
+        min_mod_revision: only keys last written at that revision or later."""
+        req = rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix), keys_only=keys_only,
+                               min_mod_revision=min_mod_revision,
                                sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
         resp = await self._call(f"get prefix {prefix!r}", "kvstub", "Range", req, idempotent=True)
         return RangeResult(tuple(KeyValue.from_pb(kv) for kv in resp.kvs),  # type: ignore[attr-defined]
                            resp.header.revision)  # type: ignore[attr-defined]
+
+    async def compact(self, revision: int) -> None:
+        """Compact etcd's history up to revision (operators and tests: a watch from before it then fails
+        with WatchCompacted)."""
+        await self._call(f"compact {revision}", "kvstub", "Compact",
+                         rpc.CompactionRequest(revision=revision, physical=True), idempotent=True)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         """Unconditional put (tests and tools; controller writes go through guarded_txn); returns the revision."""

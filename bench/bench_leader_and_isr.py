@@ -7,18 +7,22 @@ Not in CI (minutes per cell at 5,000-10,000 partitions). Per partition count, on
 - leaders s: from the same start until Metadata shows every partition with a leader;
 - write all s: one record to every partition (acks=all, failed sends sent again) until every
   delivery report is in, timed from the same start as create (so it includes the two above);
+- writes s: write all s minus leaders s, the writes alone;
 - probe max s: the slowest answer of a gRPC Metadata call made to each broker every 0.5 s while
   the above runs (how long a broker's event loop was unable to answer anything);
 - re-registrations: how often a broker registered again in etcd (a lost lease), from its log.
 
 With --trees A B the same cell runs once per source tree (PYTHONPATH of the servers), alternating,
-so a before/after comparison shares the machine's conditions. With --profile the first broker is
+so a before/after comparison shares the machine's conditions. --native-paths gives each tree a
+directory holding its own build of gregor_native, put first on the servers' PYTHONPATH ("-" for
+the venv's), for a change to native/ compared before the shared wheel is rebuilt. With --profile the first broker is
 sampled by py-spy (--py-spy PATH) from the creation until every partition took its write, and the
 hottest functions (self and inclusive) are printed.
 
 Usage:
   PYTHONPATH=services python bench/bench_leader_and_isr.py --partitions 1000 5000 10000 \
       --trees /work/main /work/wt/lai10k
+  ... --trees /work/main /work/wt/epoch --native-paths - /work/wt/epoch/native_build
 """
 
 from __future__ import annotations
@@ -99,11 +103,13 @@ def summarize_profile(raw: Path, top: int = 25) -> str:
     return "\n".join(out)
 
 
-def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path) -> dict[str, Any]:
+def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path, native: str = "-") -> dict[str, Any]:
     from gregor.cli.local_cluster import LocalCluster
 
-    os.environ["PYTHONPATH"] = f"{tree}/services:{tree}/spark"
+    os.environ["PYTHONPATH"] = ("" if native == "-" else f"{native}:") + f"{tree}/services:{tree}/spark"
     values: dict[str, Any] = {"tree": tree, "partitions": partitions}
+    if native != "-":
+        values["native"] = native
     cluster = LocalCluster.up(str(base / f"c-{time.monotonic_ns()}"), brokers=3, controllers=1)
     brokers = cluster.by_role("broker")
     prober = Prober([b.grpc for b in brokers])
@@ -134,6 +140,7 @@ def run_cell(tree: str, partitions: int, args: argparse.Namespace, base: Path) -
         step = "write all"
         write_every_partition(bootstrap, topic, partitions, args.step_timeout)
         values["write all s"] = time.monotonic() - start
+        values["writes s"] = values["write all s"] - values["leaders s"]
     except (StepFailed, Exception) as exc:
         values["broken"] = f"{step}: {str(exc)[:300]}"
     finally:
@@ -168,18 +175,23 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, nargs="+", default=[1000, 5000, 10000])
     ap.add_argument("--trees", nargs="+", default=[str(Path(__file__).resolve().parent.parent)],
                     help="source trees whose services/ the servers run (alternated per count)")
+    ap.add_argument("--native-paths", nargs="+",
+                    help="per tree, a directory with its gregor_native first on the servers' PYTHONPATH ('-': the venv's)")
     ap.add_argument("--step-timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true", help="py-spy the first broker until every partition took its write")
     ap.add_argument("--py-spy", default="py-spy")
     ap.add_argument("--keep-logs", help="copy a broken cell's server logs under this directory")
     ap.add_argument("--json", help="write the cells here")
     args = ap.parse_args()
+    natives = args.native_paths or ["-"] * len(args.trees)
+    if len(natives) != len(args.trees):
+        ap.error(f"--native-paths needs one entry per tree ({len(args.trees)}), got {len(natives)}")
     cells = []
     with tempfile.TemporaryDirectory(prefix="bench-lai-") as tmp:
         for p in args.partitions:
-            for tree in args.trees:
+            for tree, native in zip(args.trees, natives):
                 print(f"{tree} at {p:,} partitions (load {os.getloadavg()[0]:.1f})", flush=True)
-                cell = run_cell(tree, p, args, Path(tmp))
+                cell = run_cell(tree, p, args, Path(tmp), native)
                 profile = cell.pop("profile", None)
                 print("  " + json.dumps(cell), flush=True)
                 if profile:

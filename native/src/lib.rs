@@ -1026,7 +1026,12 @@ impl PyLog {
         self.with(py, |l| Ok(l.epochs().entries().to_vec()))
     }
     fn assign_epoch_start_offset(&self, py: Python<'_>, epoch: i32, start_offset: i64) -> PyResult<()> {
-        self.with(py, |l| l.epochs_mut().assign(epoch, start_offset).map(|_| ()))
+        // Not an append: nothing in the batches would bring it back after a
+        // crash, so it is written at once, as before.
+        self.with(py, |l| {
+            l.epochs_mut().assign(epoch, start_offset)?;
+            l.epochs_mut().flush().map(|_| ())
+        })
     }
     fn end_offset_for_epoch(&self, py: Python<'_>, epoch: i32) -> PyResult<(i32, i64)> {
         self.with(py, |l| Ok(l.epochs().end_offset_for(epoch, l.log_end_offset())))

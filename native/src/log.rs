@@ -233,15 +233,32 @@ impl Log {
         let first_base = *log.segments.keys().next().expect("at least one segment");
         log.log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(leo);
         log.recovery_point = leo;
-        // Entries beyond the recovered end describe data that is gone.
+        // Entries beyond the recovered end describe data that is gone, and
+        // entries below the log start history that is (a crash between a
+        // segment deletion and the cache's trim; Kafka's LogLoader does both).
         log.epochs.truncate_from_end(leo + 1)?;
+        log.epochs.truncate_from_start(log.log_start_offset)?;
         log.recover_epochs()?;
+        log.checkpoint_sealed_epochs()?;
         Ok(log)
     }
 
+    /// Writes the epoch checkpoint once an epoch not on disk yet starts below
+    /// the active segment: the file then misses at most epochs that start in
+    /// the active segment, so recovery after a crash scans at most that
+    /// segment (which an unclean open reads anyway) to find them again. One
+    /// comparison per append; an fsync only on the append that rolled past a
+    /// new epoch's first batch.
+    fn checkpoint_sealed_epochs(&mut self) -> Result<()> {
+        if self.epochs.first_unflushed_start().is_some_and(|s| s < self.active().base_offset) {
+            self.epochs.flush()?;
+        }
+        Ok(())
+    }
+
     /// Re-assigns epochs from the batches' partitionLeaderEpoch where the
-    /// checkpoint lags the data (a crash between the segment write and the
-    /// checkpoint rename), as Kafka's LogSegment.recover does. Epochs grow
+    /// checkpoint lags the data (a crash before the Log wrote the epochs its
+    /// appends assigned: see epoch.rs), as Kafka's LogSegment.recover does. Epochs grow
     /// with offsets, so only the newest segments whose last batch carries an
     /// epoch above the cache's latest are scanned. Data below the log start
     /// is ignored (an epoch covering it starts at the log start).
@@ -444,6 +461,7 @@ impl Log {
                 info.offset_of_max_timestamp = h.last_offset();
             }
         }
+        self.checkpoint_sealed_epochs()?;
         if leo - self.recovery_point >= self.config.flush_messages {
             self.flush_at(now_ms)?;
         }
@@ -511,7 +529,9 @@ impl Log {
 
     pub fn roll(&mut self, now_ms: i64) -> Result<i64> {
         let leo = self.log_end_offset();
-        self.roll_at(leo, now_ms)
+        let base = self.roll_at(leo, now_ms)?;
+        self.checkpoint_sealed_epochs()?;
+        Ok(base)
     }
 
     /// Whole batches from the one holding `start_offset` within one segment.
@@ -576,8 +596,9 @@ impl Log {
         Ok(true)
     }
 
-    /// fsyncs every segment holding unflushed data, and the directory if a
-    /// segment was created since. The active segment's indexes are left to
+    /// fsyncs every segment holding unflushed data, then writes the epochs
+    /// appends assigned since the last write (epoch.rs), then fsyncs the
+    /// directory if a segment or a checkpoint was created since. The active segment's indexes are left to
     /// the page cache: crash recovery rebuilds them from the .log anyway, so
     /// a flush per append costs one fdatasync (close() syncs them too).
     pub fn flush_at(&mut self, now_ms: i64) -> Result<()> {
@@ -590,6 +611,9 @@ impl Log {
         let active = self.active().base_offset;
         for seg in self.segments.range_mut(from..).map(|(_, s)| s) {
             seg.flush(active_indexes || seg.base_offset != active)?;
+        }
+        if self.epochs.flush()? {
+            self.dir_dirty = true;
         }
         if self.dir_dirty {
             File::open(&self.dir)?.sync_all()?;

@@ -17,6 +17,11 @@ impl Log {
             self.truncate_fully_and_start_at(offset, now_ms)?;
             return Ok(true);
         }
+        // The cache is cut (durably) before the data: a crash in between
+        // leaves batches the checkpoint lacks, which open re-assigns from the
+        // batches, where the other order could leave a checkpoint entry at
+        // the recovered end for data that is gone, which nothing removes.
+        self.epochs.truncate_from_end(offset)?;
         let doomed: Vec<i64> = self.segments.range(offset + 1..).map(|(b, _)| *b).collect();
         // Keep at least one segment: if every one starts after offset, the
         // first of them is emptied instead of deleted.
@@ -29,6 +34,7 @@ impl Log {
         let leo = self.log_end_offset();
         crate::cleaner::truncate_checkpoint(&self.dir, leo)?;
         self.recovery_point = self.recovery_point.min(leo);
+        // Below `offset` only when the batch holding it was cut whole.
         self.epochs.truncate_from_end(leo)?;
         // Cutting the whole batch that holds the log start takes the end below
         // it: the start comes down too (Kafka: min(target, logStartOffset)).
@@ -41,6 +47,8 @@ impl Log {
 
     /// Deletes every segment and starts empty at `offset`; clears the cache.
     pub fn truncate_fully_and_start_at(&mut self, offset: i64, now_ms: i64) -> Result<()> {
+        // Cleared before the segments go, as in truncate_to.
+        self.epochs.clear()?;
         for (_, mut seg) in std::mem::take(&mut self.segments) {
             seg.delete_files()?;
         }
@@ -49,7 +57,6 @@ impl Log {
         self.dir_dirty = true;
         self.log_start_offset = offset;
         self.recovery_point = offset;
-        self.epochs.clear()?;
         self.persist_log_start_offset()
     }
 

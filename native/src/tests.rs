@@ -62,6 +62,18 @@ fn read_all(log: &Log, from: i64) -> Vec<(i64, i64)> {
     out
 }
 
+/// A replicated batch of `count` records (values of 40 bytes) at `base` under `epoch`.
+fn follower_batch(base: i64, epoch: i32, count: i32) -> Vec<u8> {
+    let mut b = batch_with(count, T0, 40);
+    batch::rewrite_offset_and_epoch(&mut b, 0, base, epoch);
+    b
+}
+
+/// The batches of the segment holding `from`, from there on.
+fn read_bytes(log: &Log, from: i64) -> Vec<u8> {
+    slice_bytes(&log.read_slice(from, 1 << 20, None, true).unwrap())
+}
+
 fn slice_bytes(s: &Slice) -> Vec<u8> {
     let mut buf = vec![0u8; s.length as usize];
     if let Some(f) = &s.file {
@@ -610,14 +622,128 @@ fn crash_recovery_restores_epochs_the_checkpoint_missed() {
     let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
     let mut log = open(dir.path(), LogConfig::default());
     log.append_as_leader(&batch_with(3, T0, 10), 1, T0).unwrap();
+    log.flush_at(T0).unwrap();
     let before = fs::read(&checkpoint).unwrap();
     log.append_as_leader(&batch_with(2, T0, 10), 2, T0).unwrap();
+    log.flush_at(T0).unwrap();
     drop(log); // a crash: no clean-shutdown marker
     fs::write(&checkpoint, &before).unwrap();
-    let log = open(dir.path(), LogConfig::default());
+    let mut log = open(dir.path(), LogConfig::default());
     assert_eq!(log.epochs().entries(), &[(1, 0), (2, 3)]);
     assert_eq!(log.epochs().end_offset_for(1, log.log_end_offset()), (1, 3));
+    // Epoch 2 starts in the active segment: written with the next flush.
+    assert_eq!(fs::read(&checkpoint).unwrap(), before);
+    log.flush_at(T0).unwrap();
     assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 3\n");
+}
+
+#[test]
+fn an_appended_epoch_is_written_at_flush_not_at_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(3, T0, 10), 1, T0).unwrap();
+    log.append_as_follower(&follower_batch(3, 2, 2), T0).unwrap();
+    assert_eq!(log.epochs().entries(), &[(1, 0), (2, 3)]);
+    assert!(!checkpoint.exists(), "the first append of an epoch must not write the checkpoint");
+    log.flush_at(T0).unwrap();
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 3\n");
+    log.append_as_leader(&batch_with(1, T0, 10), 3, T0).unwrap();
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 3\n");
+    log.close().unwrap();
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n3\n1 0\n2 3\n3 5\n");
+    assert_eq!(open(dir.path(), LogConfig::default()).epochs().entries(), &[(1, 0), (2, 3), (3, 5)]);
+}
+
+#[test]
+fn a_crash_before_the_flush_recovers_the_epochs_from_the_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(3, T0, 10), 1, T0).unwrap();
+    log.flush_at(T0).unwrap();
+    log.append_as_leader(&batch_with(2, T0, 10), 1, T0).unwrap();
+    log.append_as_follower(&follower_batch(5, 4, 1), T0).unwrap();
+    log.append_as_leader(&batch_with(2, T0, 10), 6, T0).unwrap();
+    assert_eq!(log.epochs().entries(), &[(1, 0), (4, 5), (6, 6)]);
+    drop(log); // a crash: no flush, no close, no clean-shutdown marker
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n1\n1 0\n");
+    let mut log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.log_end_offset(), 8);
+    assert_eq!(log.epochs().entries(), &[(1, 0), (4, 5), (6, 6)]);
+    assert_eq!(log.epochs().end_offset_for(1, 8), (1, 5));
+    assert_eq!(log.epochs().end_offset_for(5, 8), (4, 6));
+    // And a crash before anything was ever written: the whole cache from the batches.
+    let fresh = tempfile::tempdir().unwrap();
+    let mut other = open(fresh.path(), LogConfig::default());
+    other.append_as_follower(&read_bytes(&log, 0), T0).unwrap();
+    drop(other);
+    assert!(!fresh.path().join(crate::epoch::CHECKPOINT_FILE).exists());
+    assert_eq!(open(fresh.path(), LogConfig::default()).epochs().entries(), &[(1, 0), (4, 5), (6, 6)]);
+    log.close().unwrap();
+}
+
+#[test]
+fn an_epoch_that_leaves_the_active_segment_is_written_with_the_roll() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let one = batch_with(2, T0, 40);
+    let mut log = open(dir.path(), LogConfig { segment_bytes: one.len() as i64 * 2, ..Default::default() });
+    log.append_as_leader(&one, 1, T0).unwrap();
+    assert!(!checkpoint.exists());
+    // One follower append of three batches rolls between them, and epoch 2's
+    // first batch ends up in a sealed segment: written before the append returns.
+    let three: Vec<u8> = (0..3).flat_map(|i| follower_batch(2 + 2 * i, 2, 2)).collect();
+    log.append_as_follower(&three, T0).unwrap();
+    assert!(log.num_segments() >= 2);
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 2\n");
+    // An explicit roll does the same.
+    log.append_as_leader(&batch_with(1, T0, 10), 3, T0).unwrap();
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 2\n");
+    log.roll(T0).unwrap();
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n3\n1 0\n2 2\n3 8\n");
+}
+
+#[test]
+fn open_trims_epochs_below_the_log_start() {
+    // A crash after retention moved the log start but before the cache's trim
+    // was written leaves an entry below the start; open trims it, as Kafka's
+    // LogLoader does.
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(5, T0, 10), 3, T0).unwrap();
+    log.maybe_increment_log_start_offset(2).unwrap();
+    log.close().unwrap();
+    fs::write(&checkpoint, "0\n1\n3 0\n").unwrap();
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.log_start_offset(), 2);
+    assert_eq!(log.epochs().entries(), &[(3, 2)]);
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n1\n3 2\n");
+}
+
+#[test]
+fn truncation_writes_the_cut_cache_before_the_data_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join(crate::epoch::CHECKPOINT_FILE);
+    let mut log = open(dir.path(), LogConfig::default());
+    log.append_as_leader(&batch_with(5, T0, 10), 1, T0).unwrap();
+    log.append_as_leader(&batch_with(5, T0, 10), 2, T0).unwrap();
+    log.flush_at(T0).unwrap();
+    log.append_as_leader(&batch_with(5, T0, 10), 3, T0).unwrap();
+    // Cutting only what is not on disk yet writes nothing.
+    assert!(log.truncate_to(10, T0).unwrap());
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n2\n1 0\n2 5\n");
+    // Cutting a written entry writes at once: a follower that goes on with a
+    // lower epoch's batches at 5 must not find (2, 5) again after a crash,
+    // which no scan of the batches would remove.
+    assert!(log.truncate_to(5, T0).unwrap());
+    assert_eq!(fs::read_to_string(&checkpoint).unwrap(), "0\n1\n1 0\n");
+    log.append_as_follower(&follower_batch(5, 1, 1), T0).unwrap();
+    log.append_as_follower(&follower_batch(6, 4, 1), T0).unwrap();
+    drop(log);
+    let log = open(dir.path(), LogConfig::default());
+    assert_eq!(log.epochs().entries(), &[(1, 0), (4, 6)]);
 }
 
 #[test]
@@ -627,6 +753,7 @@ fn crash_recovery_restores_an_epoch_that_started_in_a_sealed_segment() {
     let one = batch_with(2, T0, 40);
     let mut log = open(dir.path(), LogConfig { segment_bytes: one.len() as i64 * 2, ..Default::default() });
     log.append_as_leader(&one, 1, T0).unwrap();
+    log.flush_at(T0).unwrap();
     let before = fs::read(&checkpoint).unwrap();
     // One append of three batches at epoch 2 rolls after its first batch.
     log.append_as_leader(&[one.clone(), one.clone(), one.clone()].concat(), 2, T0).unwrap();

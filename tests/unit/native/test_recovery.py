@@ -205,18 +205,21 @@ def test_corrupt_batch_in_active_segment_is_cut(source: native.Log, tmp_path: Pa
 
 
 def test_recovery_restores_epochs_of_the_tail(tmp_path: Path) -> None:
-    """The segment write comes before the checkpoint write, so a crash between
-    the two leaves a batch whose epoch the checkpoint does not know. Recovery
-    must re-derive the cache from the recovered batches (Kafka's
-    LogSegment.recover assigns epochs as it scans), or OffsetForLeaderEpoch
-    answers the wrong end offset for the previous epoch."""
+    """An append's new epoch reaches the checkpoint only with the log's next
+    flush, roll or close, so a crash before it leaves batches whose epoch the
+    checkpoint does not know. Recovery must re-derive the cache from the
+    recovered batches (Kafka's LogSegment.recover assigns epochs as it scans),
+    or OffsetForLeaderEpoch answers the wrong end offset for the previous epoch."""
     log = native.Log(str(tmp_path / "src"), native.LogConfig(), now_ms=0)
     log.append_as_leader(values_batch(3, 10), leader_epoch=1)
+    log.flush()
     checkpoint_before = (tmp_path / "src" / "leader-epoch-checkpoint").read_bytes()
     log.append_as_leader(values_batch(2, 10), leader_epoch=2)
+    # The append did not write the checkpoint (issue 24: no fsync per first append).
+    assert (tmp_path / "src" / "leader-epoch-checkpoint").read_bytes() == checkpoint_before
     path = crash_copy(log, tmp_path / "crash")
     log.close()
-    (path / "leader-epoch-checkpoint").write_bytes(checkpoint_before)  # died before the rename
+    assert (path / "leader-epoch-checkpoint").read_bytes() == checkpoint_before
 
     recovered = reopen(path)
     assert recovered.log_end_offset == 5

@@ -30,6 +30,7 @@ from gregor.broker.limits import CONTROL_YIELD_S
 from gregor.common.config import BrokerConfig, is_compacted, log_config_kwargs
 from gregor.common import errors, uuid
 from gregor.common.clock import now_ms
+from gregor.common.phase_clock import PhaseClock
 
 log = logging.getLogger(__name__)
 
@@ -403,16 +404,22 @@ class LogManager:
                 await asyncio.to_thread(lg.maybe_flush, now_ms())
 
     def close(self) -> None:
+        phases = PhaseClock()
         self.cleaner.stop()
         for task in self._tasks:
             task.cancel()
-        self.write_partition_metadata_due()  # a clean shutdown leaves every replica's topic id on disk
+        phases.lap("cleaner")
+        written = self.write_partition_metadata_due()  # a clean shutdown leaves every replica's topic id on disk
+        phases.lap("partition.metadata")
+        closed = len(self.logs)
         for lg in self.logs.values():
             try:
                 lg.close()
             except Exception:
                 log.exception("closing %s", lg.dir)
         self.logs.clear()
+        phases.lap("logs")
+        log.info("closed %d logs (%d partition.metadata written) in %s", closed, written, phases)
 
 
 @dataclass

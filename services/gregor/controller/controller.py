@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from gregor.common import errors, uuid
 from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, KeyValue, LeaseLost,
                                 Put, WatchCompacted, lease_ttl_s, mod_revision_is)
 from gregor.common.lease_thread import ThreadedLease
+from gregor.common.phase_clock import PhaseClock
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
@@ -140,23 +140,6 @@ def preferred_replica_imbalance_count(ctx: ControllerContext) -> int:
         if assignment and lai.leader != assignment[0] and not ctx.is_topic_queued_up_for_deletion(tp.topic):
             count += 1
     return count
-
-
-class _PhaseClock:
-    """Wall time per phase of a multi-step event, for its log line ("read 0.12 s, decide 0.30 s, ...")."""
-
-    def __init__(self) -> None:
-        self._start = self._last = time.monotonic()
-        self.laps: list[tuple[str, float]] = []
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps.append((name, now - self._last))
-        self._last = now
-
-    def __str__(self) -> str:
-        total = self._last - self._start
-        return f"{total:.3f} s (" + ", ".join(f"{name} {s:.3f}" for name, s in self.laps) + ")"
 
 
 @dataclass
@@ -467,7 +450,7 @@ class Controller:
         pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
         replicas. Topics queued for deletion resume deleting.
         """
-        phases = _PhaseClock()
+        phases = PhaseClock()
         brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}

@@ -125,6 +125,10 @@ class Broker:
         if not self.cluster_mode:
             for name, entry in sorted(self.topic_store.topics.items()):
                 self.open_topic(name, entry)
+            loaded = self.log_manager.loaded
+            if loaded:  # Kafka's "Skipping recovery of N logs ... since clean shutdown file was found"
+                log.info("loaded %d existing logs: recovery skipped for %d shut down cleanly, %d recovered "
+                         "(no clean-shutdown marker)", sum(loaded.values()), loaded["skipped"], loaded["performed"])
         self.log_manager.start()
         await self._start_authorizer()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
@@ -280,7 +284,7 @@ class Broker:
             await self._authz_etcd.close()
         phases.lap("etcd watches")
         self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER
-        phases.lap("purgatories and producer snapshots")
+        phases.lap("purgatories")
         for stream in list(self.produce_streams):
             stream.close()
         unwatch_broker(self.replica_manager)
@@ -293,8 +297,8 @@ class Broker:
         phases.lap("gRPC server")
         await self.replica_manager.close_control()
         phases.lap("control requests")
-        self.log_manager.close()
-        phases.lap("log manager")
+        self.log_manager.close()  # producer snapshots and log closes, on num.recovery.threads.per.data.dir threads
+        phases.lap("log manager (producer snapshots, logs)")
         log.info("[Broker id=%d] shut down completed in %s", bid, phases)
         self._stopped.set()
 

@@ -9,8 +9,9 @@ import time
 class PhaseClock:
     """Laps of a multi-step operation (a controller failover, a broker's shutdown).
 
-    With a logger, each lap is logged at INFO as it ends ("<prefix><phase> shut down in 0.123 s" style is
-    the caller's `what`), so a process killed half way still says how far it got and where the time went.
+    With a logger, each lap is logged at INFO as it ends, formatted by `what` with the phase's name and
+    seconds (the broker's stop: "[Broker id=1] gRPC server shut down in 0.012 s"), so a process killed half
+    way still says how far it got and where the time went.
     """
 
     def __init__(self, logger: logging.Logger | None = None, what: str = "{phase} done in {seconds:.3f} s") -> None:

@@ -186,6 +186,13 @@ bench-scaling: setup
 
 # 10,000 partitions at RF 3 on 3 brokers within ulimit -n: descriptors, memory maps and RSS per replica, a write
 # to every partition (issue 24; CI form tests/integration/test_broker_open_files.py). PARTITIONS=N for fewer.
+# A broker's clean restart at PARTITIONS (default 2,000) at RF 3 on 3 brokers: exit time and the phases of its
+# shutdown, back in every ISR, recovery skipped at the next start (issue 24; CI form
+# tests/integration/test_broker_clean_restart.py).
+.PHONY: bench-clean-restart
+bench-clean-restart: setup
+	$(PY) bench/bench_clean_restart.py $(if $(PARTITIONS),--partitions $(PARTITIONS))
+
 .PHONY: bench-partition-fds
 bench-partition-fds: setup
 	$(PY) bench/bench_partition_fds.py $(if $(PARTITIONS),--partitions $(PARTITIONS))

@@ -24,6 +24,7 @@ from gregor.common import errors, uuid
 from gregor.common.authz import Authz, AuthorizerConfig, user_name
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
+from gregor.common.phase_clock import PhaseClock
 from gregor.common.rpc import add_health_and_reflection, make_server
 from gregor.common.tls import add_port
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, controller_pb2_grpc
@@ -124,6 +125,10 @@ class Broker:
         if not self.cluster_mode:
             for name, entry in sorted(self.topic_store.topics.items()):
                 self.open_topic(name, entry)
+            loaded = self.log_manager.loaded
+            if loaded:  # Kafka's "Skipping recovery of N logs ... since clean shutdown file was found"
+                log.info("loaded %d existing logs: recovery skipped for %d shut down cleanly, %d recovered "
+                         "(no clean-shutdown marker)", sum(loaded.values()), loaded["skipped"], loaded["performed"])
         self.log_manager.start()
         await self._start_authorizer()
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
@@ -245,18 +250,28 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self, grace_s: float = 2.0) -> None:
+        """Shut down in Kafka's order (KafkaServer.shutdown): controlled shutdown, fetchers, deregistration,
+        the request handlers, then the logs. Each phase logs how long it took as it ends, and the last line
+        sums them up, so a slow exit says where its time went (issue 24)."""
+        bid = self.config.broker_id
+        log.info("[Broker id=%d] shutting down", bid)
+        phases = PhaseClock(log, f"[Broker id={bid}] {{phase}} shut down in {{seconds:.3f}} s")
         if self.metrics_reporter is not None:
             await self.metrics_reporter.stop()
+            phases.lap("metrics reporter")
         if self.membership is not None:
             if self.config.controlled_shutdown_enable and self.membership.broker_epoch >= 0:
                 # Still serving: the controller moves our leaderships to other ISR members first.
                 await self.membership.controlled_shutdown(self.config.controlled_shutdown_max_retries,
                                                           self.config.controlled_shutdown_retry_backoff_ms)
+                phases.lap("controlled shutdown")
         # Stop fetching before deregistering: a follower still fetching could be taken back into an ISR
         # after the controller removed it, and acks=all would wait for it until replica.lag.time.max.ms.
         await self.replica_manager.stop_replication()
+        phases.lap("replication (fetchers, ISR tasks, HW checkpoint)")
         if self.membership is not None:
             await self.membership.close()  # deregister: the controller runs onBrokerFailure for what is left
+            phases.lap("registration (lease revoked)")
         if self.coordinator_lookup is not None:
             await self.coordinator_lookup.stop()
         await self.quotas.stop()
@@ -267,7 +282,9 @@ class Broker:
         await self.authz.stop()
         if self._authz_etcd is not None:
             await self._authz_etcd.close()
+        phases.lap("etcd watches")
         self.replica_manager.shutdown()  # requests waiting for acks are answered NOT_LEADER_OR_FOLLOWER
+        phases.lap("purgatories")
         for stream in list(self.produce_streams):
             stream.close()
         unwatch_broker(self.replica_manager)
@@ -275,9 +292,14 @@ class Broker:
             await self.data_port.stop()
         if self.kafka is not None:
             await self.kafka.stop()
+        phases.lap("data port and Kafka listener")
         await self._server.stop(grace_s)
+        phases.lap("gRPC server")
         await self.replica_manager.close_control()
-        self.log_manager.close()
+        phases.lap("control requests")
+        self.log_manager.close()  # producer snapshots and log closes, on num.recovery.threads.per.data.dir threads
+        phases.lap("log manager (producer snapshots, logs)")
+        log.info("[Broker id=%d] shut down completed in %s", bid, phases)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:

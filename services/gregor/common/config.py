@@ -198,6 +198,9 @@ class BrokerConfig:
     log_flush_scheduler_interval_ms: int = LONG_MAX  # log.flush.scheduler.interval.ms
     log_cleaner_enable: bool = True  # log.cleaner.enable: compact topics with cleanup.policy=compact
     log_cleaner_threads: int = 1  # log.cleaner.threads
+    # num.recovery.threads.per.data.dir (Kafka's default 2): threads per log dir that flush and close the logs at
+    # shutdown (LogManager.close); a log is opened when a LeaderAndIsr names it, on the loop (LogManager.open_logs).
+    num_recovery_threads_per_data_dir: int = 2
     log_cleaner_backoff_ms: int = 15000  # log.cleaner.backoff.ms: sleep when no log needs cleaning
     log_cleaner_dedupe_buffer_size: int = 134217728  # log.cleaner.dedupe.buffer.size (all threads together)
     replica_lag_time_max_ms: int = 30000  # replica.lag.time.max.ms
@@ -283,6 +286,9 @@ class BrokerConfig:
                         millis = -1  # Kafka: any negative retention means unlimited
                     topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(millis)
                     break
+        if cfg.num_recovery_threads_per_data_dir < 1:
+            raise InvalidConfigError(f"Invalid value {cfg.num_recovery_threads_per_data_dir} for broker configuration "
+                                     f"num.recovery.threads.per.data.dir: Value must be at least 1")
         cfg.topic_defaults = {**cfg.topic_defaults, **topic_defaults}
         cfg.static_properties = {**cfg.static_properties, **{str(k): str(v) for k, v in props.items()}}
         return cfg

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from gregor.common import errors, uuid
 from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, EtcdError, KeyValue, LeaseLost,
                                 Put, WatchCompacted, lease_ttl_s, mod_revision_is)
 from gregor.common.lease_thread import ThreadedLease
+from gregor.common.phase_clock import PhaseClock
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
@@ -183,23 +183,6 @@ class _PreparedFailover:
     ctx: ControllerContext
     actions: ControllerActions
     bounced: set[int]
-
-
-class _PhaseClock:
-    """Wall time per phase of a multi-step event, for its log line ("read 0.12 s, decide 0.30 s, ...")."""
-
-    def __init__(self) -> None:
-        self._start = self._last = time.monotonic()
-        self.laps: list[tuple[str, float]] = []
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps.append((name, now - self._last))
-        self._last = now
-
-    def __str__(self) -> str:
-        total = self._last - self._start
-        return f"{total:.3f} s (" + ", ".join(f"{name} {s:.3f}" for name, s in self.laps) + ")"
 
 
 @dataclass
@@ -527,7 +510,7 @@ class Controller:
         on the same inputs), then runs the pure failover: every live broker gets UpdateMetadata and LeaderAndIsr for its
         replicas. Topics queued for deletion resume deleting.
         """
-        phases = _PhaseClock()
+        phases = PhaseClock()
         brokers = await self.etcd.get_prefix(BrokerIdsZNode.prefix(self.etcd))
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}

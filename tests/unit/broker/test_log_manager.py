@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
-from gregor.broker.log_manager import LogManager
+from gregor.broker.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
 from gregor.common.config import BrokerConfig, effective_topic_configs
 from tests.helpers.batches import make_batch
 
@@ -201,3 +202,49 @@ async def test_new_replicas_partition_metadata_is_written_off_the_loop_and_kept_
     assert reopened.log_topic_id("u", 0) == other
     reopened.close()
     hold.set()
+
+
+def test_close_spreads_the_logs_over_the_recovery_threads_of_each_dir_and_the_next_open_skips_recovery(
+        tmp_path) -> None:
+    """Clean shutdown (issue 24): each log dir's logs are closed by num.recovery.threads.per.data.dir threads,
+    not one after the other on the caller's thread (the event loop): every log gets before_close (the producer
+    snapshot) while still open, then its close, which writes its clean-shutdown marker; the next open of every
+    one skips recovery, and a log that was not closed (a crash) is recovered."""
+    dirs = [os.path.join(str(tmp_path), d) for d in ("a", "b")]
+    cfg = BrokerConfig(log_dirs=",".join(dirs))
+    cfg.num_recovery_threads_per_data_dir = 3
+    manager = LogManager(cfg)
+    configs = effective_topic_configs({})
+    logs = {("t", p): manager.get_or_create_log("t", p, configs) for p in range(40)}
+    for lg in logs.values():
+        lg.append_as_leader(make_batch([b"v"]), 0)
+    assert {os.path.dirname(lg.dir) for lg in logs.values()} == set(dirs), "the logs are spread over both dirs"
+    seen: list[tuple[str, tuple[str, int], int]] = []
+
+    def before_close(key: tuple[str, int]) -> None:
+        seen.append((threading.current_thread().name, key, logs[key].log_end_offset))  # still open
+
+    manager.before_close = before_close
+    manager.close()
+    assert sorted(key for _, key, _ in seen) == sorted(logs), "every log once"
+    assert {leo for _, _, leo in seen} == {1}
+    closers = {name for name, _, _ in seen}
+    assert len(closers) == 2 * 3, closers  # three threads per log dir
+    assert threading.current_thread().name not in closers
+    for lg in logs.values():
+        assert os.path.exists(os.path.join(lg.dir, CLEAN_SHUTDOWN_FILE)), lg.dir
+
+    again = LogManager(cfg)
+    for p in range(40):
+        assert again.get_or_create_log("t", p, configs).log_end_offset == 1
+    assert again.loaded == {"skipped": 40}, "no recovery of a cleanly closed log"
+    crashed = {("t", p): again.logs[("t", p)] for p in range(2)}  # left open: no marker, as after a SIGKILL
+    again.logs = {k: v for k, v in again.logs.items() if k not in crashed}
+    again.close()
+    third = LogManager(cfg)
+    for p in range(40):
+        third.get_or_create_log("t", p, configs)
+    assert third.loaded == {"skipped": 38, "performed": 2}
+    third.close()
+    for lg in crashed.values():
+        lg.close()

@@ -58,6 +58,11 @@ def test_retention_time_units_follow_kafkas_precedence(props: dict[str, str], re
     assert BrokerConfig.from_properties(props).topic_defaults["retention.ms"] == retention_ms
 
 
+def test_num_recovery_threads_per_data_dir_is_kafkas_default_and_settable() -> None:
+    assert BrokerConfig().num_recovery_threads_per_data_dir == 2
+    assert BrokerConfig.from_properties({"num.recovery.threads.per.data.dir": "6"}).num_recovery_threads_per_data_dir == 6
+
+
 def test_roll_ms_beats_roll_hours() -> None:
     for props in ({"log.roll.hours": "1", "log.roll.ms": "500"}, {"log.roll.ms": "500", "log.roll.hours": "1"}):
         assert BrokerConfig.from_properties(props).topic_defaults["segment.ms"] == 500
@@ -66,7 +71,8 @@ def test_roll_ms_beats_roll_hours() -> None:
 
 @pytest.mark.parametrize("props", [{"log.retention.hours": "soon"}, {"log.retention.minutes": "1.5"},
                                    {"log.roll.hours": "x"}, {"log.roll.ms": "0"}, {"log.retention.ms": "abc"},
-                                   {"delete.topic.enable": "maybe"}, {"port": None}])
+                                   {"delete.topic.enable": "maybe"}, {"port": None},
+                                   {"num.recovery.threads.per.data.dir": "0"}])
 def test_bad_broker_values_raise_invalid_config_not_value_error(props: dict[str, str]) -> None:
     with pytest.raises(errors.GregorError) as info:
         BrokerConfig.from_properties(props)

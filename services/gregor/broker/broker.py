@@ -19,7 +19,8 @@ from gregor.broker.produce_api import ProduceStreamHandler
 from gregor.broker.quota_manager import BrokerQuotas, unwatch_quotas, watch_quotas
 from gregor.broker.replica_manager import ReplicaManager
 from gregor.broker.dynamic_config import DynamicBrokerConfig
-from gregor.broker.server import BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer
+from gregor.broker.server import (BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer,
+                                  add_broker_service)
 from gregor.common import errors, uuid
 from gregor.common.authz import Authz, AuthorizerConfig, user_name
 from gregor.common.config import BrokerConfig
@@ -131,7 +132,7 @@ class Broker:
                          "(no clean-shutdown marker)", sum(loaded.values()), loaded["skipped"], loaded["performed"])
         self.log_manager.start()
         await self._start_authorizer()
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self), self._server)
+        add_broker_service(BrokerServicer(self), self._server)
         services = [broker_pb2.DESCRIPTOR.services_by_name["BrokerService"].full_name, "gregor.rpc.v1.AdminService"]
         if self.cluster_mode:
             broker_pb2_grpc.add_BrokerControlServiceServicer_to_server(BrokerControlServicer(self), self._server)

@@ -92,6 +92,8 @@ class DelayedOperationPurgatory(Generic[T]):
         # for as long as they listen, so a session learns which of its partitions changed without walking all.
         self._listeners: dict[Hashable, list[Callable[[Hashable], bool]]] = defaultdict(list)
         self._unkeyed: set[DelayedOperation[T]] = set()  # waiting ops watched under no key (a listener wakes them)
+        # True while check_and_complete_all tells the listeners of every key before completing anything.
+        self.noting = False
         self._gauge = PURGATORY_SIZE.labels(purgatory=name)
         self._gauge.set_function(self.size)
         self._remote_time = REMOTE_TIME.labels(api=name)
@@ -161,6 +163,20 @@ class DelayedOperationPurgatory(Generic[T]):
             if not op.is_completed and op.try_complete_for(key):
                 completed += 1
         return completed
+
+    def check_and_complete_all(self, keys: list[Hashable]) -> int:
+        """check_and_complete for several keys changed together (a multi-partition produce): every listener hears
+        of every key first (with `noting` set, a listener only notes the change), then each key's operations and
+        listeners complete, so an operation completing at the first key sees the changes of all of them (a
+        follower's session fetch answers every partition of the produce, not the first alone)."""
+        self.noting = True
+        try:
+            for key in keys:
+                for listener in list(self._listeners.get(key, ())):
+                    listener(key)
+        finally:
+            self.noting = False
+        return sum(self.check_and_complete(key) for key in keys)
 
     def _unwatch(self, op: DelayedOperation[T], keys: list[Hashable]) -> None:
         for key in keys:

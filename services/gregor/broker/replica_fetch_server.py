@@ -102,6 +102,8 @@ class ReplicaFetchSession:
     def _on_change(self, key: Hashable) -> bool:
         """The purgatory's report of a change to key; wakes the parked fetch when that partition moved."""
         self._changed[key] = None  # type: ignore[index]
+        if self._changes is not None and self._changes.noting:
+            return False  # the purgatory tells of more changes before it completes (check_and_complete_all)
         op = self.parked
         return op is not None and not op.is_completed and op.try_complete_for(key)
 

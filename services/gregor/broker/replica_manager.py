@@ -234,6 +234,8 @@ class ReplicaManager:
         # a chunked apply yields to the loop, and another control request must not interleave with it.
         self._control_lock = asyncio.Lock()
         self._control_closed = False  # set by close_control(): control requests stop between chunks
+        # During a multi-partition produce: the partitions appended, whose parked fetches wake after the last one.
+        self._deferred_fetch_wakes: list[tuple[str, int]] | None = None
 
     # ------------------------------------------------------------------ replication (cluster mode)
     def attach_replication(self, fetchers: "ReplicaFetcherManager", isr_manager: "IsrManager") -> None:
@@ -594,6 +596,22 @@ class ReplicaManager:
         if len({(t, n) for t, n, _ in parts}) != len(parts):
             raise errors.error_for(errors.Code.INVALID_REQUEST, "produce request lists a partition twice")
         out: list[Any] = []
+        # The followers' parked fetches wake once every partition is appended, hearing of all of them (Kafka's
+        # ActionQueue, run after the whole produce): woken at the first append, a fetch answered that partition
+        # alone and the others waited for the follower's next fetch, one more replication round trip before
+        # their acks=all.
+        if len(parts) > 1:
+            self._deferred_fetch_wakes = []
+        try:
+            self._append_partitions(parts, acks, timeout_ms, out)
+        finally:
+            deferred, self._deferred_fetch_wakes = self._deferred_fetch_wakes, None
+            if deferred:
+                self.fetch_purgatory.check_and_complete_all(deferred)  # type: ignore[arg-type]
+        return out
+
+    def _append_partitions(self, parts: Sequence[tuple[str, int, bytes]], acks: int, timeout_ms: int,
+                           out: list[Any]) -> None:
         for topic, partition, records in parts:
             try:
                 p, info = self._append_for_produce(topic, partition, records, acks)
@@ -608,7 +626,6 @@ class ReplicaManager:
                 out.append(_produce_result(p, info))
                 continue
             out.append(self.wait_for_replication(p, info, timeout_ms))
-        return out
 
     def wait_for_replication(self, p: Partition, info: "native.AppendInfo | DuplicateAppendInfo",
                              timeout_ms: int) -> "asyncio.Future[ProduceResult] | ProduceResult | errors.GregorError":
@@ -623,6 +640,8 @@ class ReplicaManager:
         have moved, which wakes both purgatories), else wake the parked fetches (followers see the new data)."""
         if effects:
             self.run_effects(p, effects)
+        elif self._deferred_fetch_wakes is not None:  # a multi-partition produce: after its last append
+            self._deferred_fetch_wakes.append(p.key)
         else:
             self.fetch_purgatory.check_and_complete(p.key)
 

@@ -425,6 +425,97 @@ async def test_rotating_broker_certificates_with_rolling_restarts_fails_no_produ
     await check_consumed(load, cluster)
 
 
+async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_produce(cluster: LocalCluster) -> None:
+    """The controller's, the coordinator's and the gateway's certificates (same CA) replace their files, and each
+    process is restarted in turn (SIGTERM) while an acks=all producer runs through the brokers: no send fails,
+    every acked record is there; each restarted process serves its new certificate and works: the controller
+    creates a topic, the coordinator takes a group's offset commit, the gateway a produce. Then the client's own
+    certificate: a client started with the new one is served."""
+    assert cluster.tls is not None
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from gregor.cli.local_cluster import start_controller, start_coordinator, start_gateway
+
+    def pem_der(name: str) -> bytes:
+        assert cluster.tls is not None
+        return x509.load_pem_x509_certificate(Path(cluster.tls.path(f"{name}.crt")).read_bytes()).public_bytes(
+            Encoding.DER)
+
+    load = AckedLoad(cluster.bootstrap, TOPIC, 2, window=8,
+                     props={**cluster.client_config(), "retries": 2147483647, "delivery.timeout.ms": 60000,
+                            "request.timeout.ms": 5000})
+    stop = asyncio.Event()
+    task = asyncio.create_task(load.run(stop))
+    try:
+        await wait_full_isr(cluster, [TOPIC, "__consumer_offsets"])
+        await until(lambda: len(load.acked) > 50, 30, "the producer under way")
+
+        old = served_certificate(cluster.by_role("controller")[0].grpc, good(cluster))
+        certs.issue(Path(cluster.tls.certs_dir), "controller")
+        assert pem_der("controller") != old
+        victim = cluster.by_role("controller")[0]
+        await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
+        back = await asyncio.to_thread(start_controller, cluster.data_dir, victim.id, cluster.etcd_endpoints,
+                                       lease_ttl_ms=4000, overrides=cluster.role_props("controller"))
+        cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
+        cluster.save()
+        assert served_certificate(back.grpc, good(cluster)) == pem_der("controller")
+
+        async def created() -> bool:
+            try:
+                async with AdminClient(cluster.client_config()) as admin:
+                    await admin.create_topic("rotated-controller", 1, 2)
+                return True
+            except Exception:  # noqa: BLE001 - the new controller is still taking over: ask again
+                return False
+        await until(created, 60, "a topic created by the restarted controller")
+
+        old = served_certificate(cluster.by_role("coordinator")[0].grpc, good(cluster))
+        certs.issue(Path(cluster.tls.certs_dir), "coordinator")
+        assert pem_der("coordinator") != old
+        victim = cluster.by_role("coordinator")[0]
+        await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
+        back = await asyncio.to_thread(
+            start_coordinator, cluster.data_dir, victim.id, cluster.etcd_endpoints, lease_ttl_ms=4000,
+            port=int(victim.grpc.rsplit(":", 1)[1]),
+            overrides={**cluster.role_props("coordinator"), "offsets.topic.num.partitions": "2",
+                       "offsets.topic.replication.factor": "2"})
+        cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
+        cluster.save()
+        assert served_certificate(back.grpc, good(cluster)) == pem_der("coordinator")
+        async with Consumer({**cluster.client_config(), "group.id": "rotated-coordinator",
+                             "enable.auto.commit": False, "auto.offset.reset": "earliest"}) as c:
+            c.assign([(TOPIC, 0)])
+            await c.commit_sync({(TOPIC, 0): 1})
+            assert (await c.committed([(TOPIC, 0)]))[(TOPIC, 0)] == 1
+
+        old = served_certificate(cluster.by_role("gateway")[0].grpc, good(cluster))
+        certs.issue(Path(cluster.tls.certs_dir), "gateway")
+        assert pem_der("gateway") != old
+        victim = cluster.by_role("gateway")[0]
+        await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
+        back = await asyncio.to_thread(start_gateway, cluster.data_dir, victim.id, cluster.bootstrap,
+                                       props=cluster.role_props("gateway"))
+        cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
+        cluster.save()
+        assert served_certificate(back.grpc, good(cluster)) == pem_der("gateway")
+        async with GatewayClient(back.grpc, security=good(cluster)) as gw:
+            results = await gw.produce(TOPIC, [record(b"rotated-gw")], partition=0)
+        assert [r.error.code for r in results] == [0]
+
+        certs.issue(Path(cluster.tls.certs_dir), "client")  # a client restarted with its new certificate
+        async with GatewayClient(back.grpc, security=good(cluster)) as gw:
+            assert [r.error.code for r in await gw.produce(TOPIC, [record(b"client-cert")], partition=0)] == [0]
+        await asyncio.sleep(1.0)
+    finally:
+        stop.set()
+        await task
+    assert not load.errors, load.errors
+    assert len(load.acked) > 100
+    await check_consumed(load, cluster)
+
+
 async def check_consumed(load: AckedLoad, cluster: LocalCluster) -> None:
     """Every acknowledged value is in the log exactly once, at its offset (read back over TLS)."""
     async with Consumer({**cluster.client_config(), "auto.offset.reset": "earliest",

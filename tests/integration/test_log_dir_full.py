@@ -168,7 +168,7 @@ async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: 
         other = [await produce(stub, "on-disk", b"other-%d" % i) for i in range(50)]
         assert other == list(range(50))
         assert metric_value(broker, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0
-        assert metric_value(broker, "gregor_broker_offline_log_directory_count") == 1.0
+        assert metric_value(broker, "gregor_broker_offline_log_directories") == 1.0
         # Reads of the offline dir's data keep working, and nothing acknowledged is missing or moved.
         read = await read_all(stub, "on-tmpfs")
         assert [o for o, _ in read] == list(range(len(read)))
@@ -206,7 +206,7 @@ async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: 
 
         await until(takes_writes, 30, "the partition takes writes again once space returns")
         assert metric_value(broker, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 0.0
-        assert metric_value(broker, "gregor_broker_offline_log_directory_count") == 0.0
+        assert metric_value(broker, "gregor_broker_offline_log_directories") == 0.0
         for i in range(20):
             value = b"again-%d-" % i + VALUE
             acked[await produce(stub, "on-tmpfs", value)] = value

@@ -37,7 +37,7 @@ PROBE_INTERVAL_S = 1.0
 LOG_DIR_OFFLINE = Gauge("gregor_log_dir_offline",
                         "1 while a log dir is offline after a storage error (Kafka's offline log dir), else 0",
                         ["dir"])
-OFFLINE_LOG_DIRS = Gauge("gregor_broker_offline_log_directory_count",
+OFFLINE_LOG_DIRS = Gauge("gregor_broker_offline_log_directories",
                          "Log dirs offline after a storage error (Kafka's LogManager OfflineLogDirectoryCount)")
 # Every broker's LogDirHealth in this process (tests run several brokers in one): the count sums them.
 _HEALTHS: "weakref.WeakSet[LogDirHealth]" = weakref.WeakSet()

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import ast
+import sys
+import threading
+from typing import Any, Iterator
 
 import pytest
 
 from tests.helpers.cluster import Process, broker_process, etcd_process
+
+if sys.version_info < (3, 12):
+    # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: two threads in
+    # ast.parse at once can fail one with "SystemError: AST constructor recursion depth mismatch" (CPython
+    # gh-106905 and its family; a fresh-clone CI run's Hypothesis state machine hit it in inspect.getsource while
+    # another thread of the test process parsed). Tests parse from several threads (Hypothesis, inspect, pytest's
+    # assertion rewriting on imports): one parse at a time in the test process. The services never parse.
+    _AST_LOCK = threading.Lock()
+    _ast_parse = ast.parse
+
+    def _one_parse_at_a_time(*args: Any, **kwargs: Any) -> Any:
+        with _AST_LOCK:
+            return _ast_parse(*args, **kwargs)
+
+    ast.parse = _one_parse_at_a_time  # type: ignore[assignment]
 
 
 @pytest.fixture

@@ -97,7 +97,10 @@ def add_broker_service(servicer: "BrokerServicer", server: grpc.aio.Server) -> N
     capture = _Capture()
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer, capture)
     handlers = dict(capture.handlers)
-    handlers["ReplicaFetch"] = handlers["ReplicaFetch"]._replace(response_serializer=_serialize_replica_fetch_response)
+    fetch = handlers["ReplicaFetch"]  # a stream-stream method: the same behaviour, our serializer
+    handlers["ReplicaFetch"] = grpc.stream_stream_rpc_method_handler(
+        fetch.stream_stream, request_deserializer=fetch.request_deserializer,
+        response_serializer=_serialize_replica_fetch_response)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.name, handlers),))
     server.add_registered_method_handlers(capture.name, handlers)
 

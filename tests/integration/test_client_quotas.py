@@ -312,6 +312,16 @@ def quota_samples(c: LocalCluster, name: str, quota_type: str, role: str = "brok
     return {s.labels["client_id"]: s.value for s in broker_samples(c, name, role) if s.labels["type"] == quota_type}
 
 
+
+def set_request_percentage(cluster: LocalCluster, value: str | None, client: str = DEFAULT) -> None:
+    """Set (or with None remove) a client id's request_percentage quota, `<default>` unless named."""
+    async def alter() -> None:
+        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
+            await a.alter_client_quotas(None, client, {"request_percentage": value} if value else {},
+                                        [] if value else ["request_percentage"])
+    asyncio.run(alter())
+
+
 def test_request_percentage_throttles_every_unary_call_of_the_greedy_client_only(cluster: LocalCluster) -> None:
     """request_percentage (KIP-124) counts the handler time of every request, not only ProduceStream's: a
     client calling Metadata and Fetch as fast as it can goes over a `<default>` client-id quota of 2 % and
@@ -332,13 +342,8 @@ def test_request_percentage_throttles_every_unary_call_of_the_greedy_client_only
     suffix = uuid.uuid4().hex[:6]
     greedy, quiet = f"greedy-{suffix}", f"quiet-{suffix}"
 
-    async def alter(value: str | None, client: str = DEFAULT) -> None:
-        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
-            await a.alter_client_quotas(None, client, {"request_percentage": value} if value else {},
-                                        [] if value else ["request_percentage"])
-
-    asyncio.run(alter("2"))
-    asyncio.run(alter("50", quiet))
+    set_request_percentage(cluster, "2")
+    set_request_percentage(cluster, "50", quiet)
     try:
         async def go() -> tuple[list[int], list[int]]:
             # A channel of its own each (a local subchannel pool): the broker mutes a connection, as Kafka does.
@@ -374,8 +379,8 @@ def test_request_percentage_throttles_every_unary_call_of_the_greedy_client_only
         ratio = quota_samples(cluster, "gregor_client_quota_request_time_ratio", "Request")
         assert ratio[greedy] > ratio[quiet] > 0  # both measured (Metadata and Fetch time alike), greedy more
     finally:
-        asyncio.run(alter(None))
-        asyncio.run(alter(None, quiet))
+        set_request_percentage(cluster, None)
+        set_request_percentage(cluster, None, quiet)
 
 
 def test_request_percentage_throttles_kafka_listener_requests(cluster: LocalCluster) -> None:
@@ -387,12 +392,7 @@ def test_request_percentage_throttles_kafka_listener_requests(cluster: LocalClus
     topic = new_topic(cluster)
     client_id = f"rdk-req-{uuid.uuid4().hex[:6]}"
 
-    async def alter(value: str | None) -> None:
-        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
-            await a.alter_client_quotas(None, client_id, {"request_percentage": value} if value else {},
-                                        [] if value else ["request_percentage"])
-
-    asyncio.run(alter("1"))
+    set_request_percentage(cluster, "1", client_id)
     throttles: list[float] = []
     c = KafkaConsumer({"bootstrap.servers": str(cluster.to_json()["kafka_bootstrap"]), "client.id": client_id,
                        "group.id": f"g-{client_id}", "fetch.wait.max.ms": 1, "fetch.error.backoff.ms": 1,
@@ -410,7 +410,7 @@ def test_request_percentage_throttles_kafka_listener_requests(cluster: LocalClus
         assert quota_samples(cluster, "gregor_client_quota_throttled_requests_total", "Request")[client_id] > 0
     finally:
         c.close()
-        asyncio.run(alter(None))
+        set_request_percentage(cluster, None, client_id)
 
 
 def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_only(cluster: LocalCluster) -> None:
@@ -432,13 +432,8 @@ def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_onl
     greedy, quiet, sdk = f"greedy-c-{suffix}", f"quiet-c-{suffix}", f"sdk-c-{suffix}"
     coordinator = cluster.by_role("coordinator")[0].grpc
 
-    async def alter(value: str | None, client: str = DEFAULT) -> None:
-        async with AdminClient({"bootstrap.servers": boot(cluster)}) as a:
-            await a.alter_client_quotas(None, client, {"request_percentage": value} if value else {},
-                                        [] if value else ["request_percentage"])
-
-    asyncio.run(alter("2"))
-    asyncio.run(alter("50", quiet))
+    set_request_percentage(cluster, "2")
+    set_request_percentage(cluster, "50", quiet)
     try:
         async def go() -> tuple[list[int], list[int], float]:
             opts = [("grpc.use_local_subchannel_pool", 1)]  # a connection each: the coordinator mutes one
@@ -495,8 +490,8 @@ def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_onl
         ratio = quota_samples(cluster, "gregor_client_quota_request_time_ratio", "Request", "coordinator")
         assert ratio[greedy] > ratio[quiet] > 0  # both measured, the greedy client more
     finally:
-        asyncio.run(alter(None))
-        asyncio.run(alter(None, quiet))
+        set_request_percentage(cluster, None)
+        set_request_percentage(cluster, None, quiet)
 
 
 @pytest.mark.parametrize("path", ["produce-stream", "data-port"])

@@ -386,21 +386,32 @@ def served_certificate(address: str, security: TlsConfig) -> bytes:
     return der
 
 
+def certificate_der(cluster: LocalCluster, name: str) -> bytes:
+    """The DER of the certificate file `name`.crt of the cluster (what its process serves once restarted)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    assert cluster.tls is not None
+    return x509.load_pem_x509_certificate(Path(cluster.tls.path(f"{name}.crt")).read_bytes()).public_bytes(Encoding.DER)
+
+
+def retrying_load(cluster: LocalCluster) -> AckedLoad:
+    """An acks=all producer over TLS that retries through restarts (a send may only fail after 60 s)."""
+    return AckedLoad(cluster.bootstrap, TOPIC, 2, window=8,
+                     props={**cluster.client_config(), "retries": 2147483647, "delivery.timeout.ms": 60000,
+                            "request.timeout.ms": 5000})
+
+
 async def test_rotating_broker_certificates_with_rolling_restarts_fails_no_produce(cluster: LocalCluster) -> None:
     """New broker certificates (same CA) replace the files; each broker is restarted in turn (controlled
     shutdown) while an acks=all producer with retries runs: no send fails, every acked record is there,
     and each broker serves its new certificate afterwards."""
     assert cluster.tls is not None
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-
     before = served_certificate(cluster.by_role("broker")[0].data, good(cluster))
     certs.issue(Path(cluster.tls.certs_dir), "broker")  # replaces broker.crt / broker.key
-    new_der = x509.load_pem_x509_certificate(Path(cluster.tls.path("broker.crt")).read_bytes()).public_bytes(Encoding.DER)
+    new_der = certificate_der(cluster, "broker")
     assert new_der != before
-    load = AckedLoad(cluster.bootstrap, TOPIC, 2, window=8,
-                     props={**cluster.client_config(), "retries": 2147483647, "delivery.timeout.ms": 60000,
-                            "request.timeout.ms": 5000})
+    load = retrying_load(cluster)
     stop = asyncio.Event()
     task = asyncio.create_task(load.run(stop))
     try:
@@ -432,19 +443,9 @@ async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_p
     creates a topic, the coordinator takes a group's offset commit, the gateway a produce. Then the client's own
     certificate: a client started with the new one is served."""
     assert cluster.tls is not None
-    from cryptography import x509
-    from cryptography.hazmat.primitives.serialization import Encoding
-
     from gregor.cli.local_cluster import start_controller, start_coordinator, start_gateway
 
-    def pem_der(name: str) -> bytes:
-        assert cluster.tls is not None
-        return x509.load_pem_x509_certificate(Path(cluster.tls.path(f"{name}.crt")).read_bytes()).public_bytes(
-            Encoding.DER)
-
-    load = AckedLoad(cluster.bootstrap, TOPIC, 2, window=8,
-                     props={**cluster.client_config(), "retries": 2147483647, "delivery.timeout.ms": 60000,
-                            "request.timeout.ms": 5000})
+    load = retrying_load(cluster)
     stop = asyncio.Event()
     task = asyncio.create_task(load.run(stop))
     try:
@@ -453,14 +454,14 @@ async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_p
 
         old = served_certificate(cluster.by_role("controller")[0].grpc, good(cluster))
         certs.issue(Path(cluster.tls.certs_dir), "controller")
-        assert pem_der("controller") != old
+        assert certificate_der(cluster, "controller") != old
         victim = cluster.by_role("controller")[0]
         await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
         back = await asyncio.to_thread(start_controller, cluster.data_dir, victim.id, cluster.etcd_endpoints,
                                        lease_ttl_ms=4000, overrides=cluster.role_props("controller"))
         cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
         cluster.save()
-        assert served_certificate(back.grpc, good(cluster)) == pem_der("controller")
+        assert served_certificate(back.grpc, good(cluster)) == certificate_der(cluster, "controller")
 
         async def created() -> bool:
             try:
@@ -473,7 +474,7 @@ async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_p
 
         old = served_certificate(cluster.by_role("coordinator")[0].grpc, good(cluster))
         certs.issue(Path(cluster.tls.certs_dir), "coordinator")
-        assert pem_der("coordinator") != old
+        assert certificate_der(cluster, "coordinator") != old
         victim = cluster.by_role("coordinator")[0]
         await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
         back = await asyncio.to_thread(
@@ -483,7 +484,7 @@ async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_p
                        "offsets.topic.replication.factor": "2"})
         cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
         cluster.save()
-        assert served_certificate(back.grpc, good(cluster)) == pem_der("coordinator")
+        assert served_certificate(back.grpc, good(cluster)) == certificate_der(cluster, "coordinator")
         async with Consumer({**cluster.client_config(), "group.id": "rotated-coordinator",
                              "enable.auto.commit": False, "auto.offset.reset": "earliest"}) as c:
             c.assign([(TOPIC, 0)])
@@ -492,14 +493,14 @@ async def test_rotating_the_other_roles_certificates_one_restart_each_fails_no_p
 
         old = served_certificate(cluster.by_role("gateway")[0].grpc, good(cluster))
         certs.issue(Path(cluster.tls.certs_dir), "gateway")
-        assert pem_der("gateway") != old
+        assert certificate_der(cluster, "gateway") != old
         victim = cluster.by_role("gateway")[0]
         await asyncio.to_thread(stop_process, victim, signal.SIGTERM)
         back = await asyncio.to_thread(start_gateway, cluster.data_dir, victim.id, cluster.bootstrap,
                                        props=cluster.role_props("gateway"))
         cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
         cluster.save()
-        assert served_certificate(back.grpc, good(cluster)) == pem_der("gateway")
+        assert served_certificate(back.grpc, good(cluster)) == certificate_der(cluster, "gateway")
         async with GatewayClient(back.grpc, security=good(cluster)) as gw:
             results = await gw.produce(TOPIC, [record(b"rotated-gw")], partition=0)
         assert [r.error.code for r in results] == [0]

@@ -22,6 +22,7 @@ from gregor.broker.dynamic_config import DynamicBrokerConfig
 from gregor.broker.server import (BrokerControlServicer, BrokerServicer, ForwardingAdminServicer, LocalAdminServicer,
                                   add_broker_service)
 from gregor.common import errors, uuid
+from gregor.common.aio import wait_for
 from gregor.common.authz import Authz, AuthorizerConfig, user_name
 from gregor.common.config import BrokerConfig
 from gregor.common.metrics import register_build_info, serve_metrics
@@ -206,7 +207,7 @@ class Broker:
         self.quotas.start(self._etcd)
         self.dynamic_config.start(self._etcd)
         try:  # the dynamic topic defaults before the first LeaderAndIsr opens logs (one etcd read)
-            await asyncio.wait_for(self.dynamic_config.synced.wait(), DYNAMIC_CONFIG_SYNC_WAIT_S)
+            await wait_for(self.dynamic_config.synced.wait(), DYNAMIC_CONFIG_SYNC_WAIT_S)
         except asyncio.TimeoutError:
             log.warning("broker %d: dynamic broker configs not read from etcd yet; applied once they are",
                         self.config.broker_id)

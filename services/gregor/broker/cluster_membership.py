@@ -23,6 +23,7 @@ from gregor.broker.limits import (
     CONTROLLED_SHUTDOWN_RPC_TIMEOUT_S,
 )
 from gregor.common import errors
+from gregor.common.aio import wait_for
 from gregor.common.etcd import EtcdClient, EtcdError, LeaseLost, lease_ttl_s
 from gregor.common.etcd_layout import BrokerIdsZNode, ControllerZNode
 from gregor.common.lease_thread import ThreadedLease
@@ -65,7 +66,7 @@ class ClusterMembership:
     async def wait_registered(self, timeout_s: float = REGISTER_WAIT_S) -> int:
         """The current broker epoch, waiting for a registration in progress."""
         try:
-            await asyncio.wait_for(self._registered.wait(), timeout_s)
+            await wait_for(self._registered.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
         return self.broker_epoch

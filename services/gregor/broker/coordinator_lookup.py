@@ -32,6 +32,7 @@ from gregor.broker.limits import (
     LOOKUP_RETRY_S as RETRY_S,
 )
 from gregor.common import errors
+from gregor.common.aio import wait_for
 from gregor.common.etcd import EtcdClient, EtcdError, WatchTask, follow_prefix
 from gregor.common.etcd_layout import CoordinatorKey, CoordinatorsZNode, TopicZNode
 from gregor.common.coordinator_ownership import (
@@ -105,7 +106,7 @@ class CoordinatorLookup:
         topic, claims = (OFFSETS_TOPIC, self.claims) if key_type == KEY_TYPE_GROUP else (TXN_TOPIC, self.txn_claims)
         if not self._synced.is_set():
             try:
-                await asyncio.wait_for(self._synced.wait(), SYNC_WAIT_S)
+                await wait_for(self._synced.wait(), SYNC_WAIT_S)
             except asyncio.TimeoutError:
                 raise errors.error_for(Code.COORDINATOR_NOT_AVAILABLE,
                                        "this broker has not read the coordinators from etcd yet") from None

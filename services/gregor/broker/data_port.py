@@ -42,6 +42,7 @@ from gregor.broker.limits import REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.common import errors
 from gregor.common.acl import CLUSTER_NAME, Operation, ResourceType
+from gregor.common.aio import wait_for
 from gregor.common.authz import Authz, Caller, denial, transport_caller
 from gregor.common.loop_time import Timed
 from gregor.common.principal import PrincipalMappingError
@@ -184,7 +185,7 @@ class DataPortServer:
         records = await asyncio.get_running_loop().run_in_executor(self._senders, result.slice.read)
         writer.write(FRAME.pack(len(header)) + header)
         writer.write(records)
-        await asyncio.wait_for(writer.drain(), self.send_timeout_ms / 1000)
+        await wait_for(writer.drain(), self.send_timeout_ms / 1000)
         TLS_BYTES.inc(len(records))
         if len(records) < result.slice.length:
             raise ConnectionResetError(f"read {len(records)} of {result.slice.length} promised bytes")

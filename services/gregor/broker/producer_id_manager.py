@@ -23,6 +23,7 @@ from gregor.broker.limits import (
     PRODUCER_ID_BLOCK_RETRY_S as BLOCK_RETRY_S,
 )
 from gregor.common import errors
+from gregor.common.aio import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class RpcProducerIdManager:
             if self._next is None:
                 fetch = self._maybe_request_block()
                 try:
-                    await asyncio.wait_for(asyncio.shield(fetch), BLOCK_WAIT_S)
+                    await wait_for(asyncio.shield(fetch), BLOCK_WAIT_S)
                 except asyncio.TimeoutError:
                     raise errors.error_for(errors.Code.COORDINATOR_LOAD_IN_PROGRESS,
                                            "no producer id block from the controller yet; retry") from None

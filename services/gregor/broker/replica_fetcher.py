@@ -30,6 +30,7 @@ from gregor.broker.limits import (
     FETCH_RPC_TIMEOUT_S,
     REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS,
 )
+from gregor.common.aio import wait_for
 from gregor.common.rpc import channel
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
@@ -208,7 +209,7 @@ class ReplicaFetcher:
                 if not batch:
                     steady = None
                     try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=state.wait_time(loop.time()))
+                        await wait_for(self._wake.wait(), timeout=state.wait_time(loop.time()))
                     except asyncio.TimeoutError:
                         pass
                     continue

@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from gregor.chaos.history import FAIL, OK, UNKNOWN, HistoryWriter
+from gregor.common.aio import wait_for
 
 TOPIC, TXN_TOPIC, GROUP, TXN_GROUP = "chaos", "chaos-txn", "chaos-group", "chaos-txn-group"
 OP_TIMEOUT_S = 15.0
@@ -123,9 +124,9 @@ class Workload:
             value = self.value(process)
             t0 = now()
             try:
-                fut = await asyncio.wait_for(producer.send(TOPIC, value.encode(), key=value.encode(),
+                fut = await wait_for(producer.send(TOPIC, value.encode(), key=value.encode(),
                                                            partition=partition), OP_TIMEOUT_S)
-                md = await asyncio.wait_for(fut, OP_TIMEOUT_S)
+                md = await wait_for(fut, OP_TIMEOUT_S)
                 self.record(process, "send", t0, OK, topic=TOPIC, partition=partition, key=value, value=value,
                             offset=md.offset, client="sdk")
                 failures = 0
@@ -230,7 +231,7 @@ class Workload:
         ids = itertools.count(1)
 
         async def answer() -> Any:
-            res = await asyncio.wait_for(call.read(), OP_TIMEOUT_S)
+            res = await wait_for(call.read(), OP_TIMEOUT_S)
             if res is grpc_eof():
                 raise errors.GregorError("the gateway ended the stream")
             return res
@@ -326,7 +327,7 @@ class Workload:
         while not self.stop.is_set():
             t0 = now()
             try:
-                records = await asyncio.wait_for(c.poll(300), OP_TIMEOUT_S)
+                records = await wait_for(c.poll(300), OP_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - the poll returned nothing we can use
                 self.record(process, "poll", t0, UNKNOWN, topic=TOPIC, partition=-1, records=[],
                             error=type(exc).__name__)
@@ -346,7 +347,7 @@ class Workload:
                 offsets = {tp: recs[-1][0] + 1 for tp, recs in by_tp.items()}
                 t2 = now()
                 try:
-                    await asyncio.wait_for(c.commit_sync(offsets), OP_TIMEOUT_S)
+                    await wait_for(c.commit_sync(offsets), OP_TIMEOUT_S)
                     outcome = OK
                 except Exception:  # noqa: BLE001 - a commit that may or may not have landed
                     outcome = UNKNOWN
@@ -361,7 +362,7 @@ class Workload:
                 tps = [(TOPIC, p) for p in range(self.a.partitions)]
                 t3 = now()
                 try:
-                    got = await asyncio.wait_for(c.committed(tps), OP_TIMEOUT_S)
+                    got = await wait_for(c.committed(tps), OP_TIMEOUT_S)
                     for (topic, partition), off in sorted(got.items()):
                         if off is not None:
                             self.record(process, "fetch_offsets", t3, OK, group=GROUP, topic=topic,
@@ -378,7 +379,7 @@ class Workload:
                     while not self.stop.is_set():
                         tps = [(TOPIC, p) for p in range(self.a.partitions)]
                         t0 = now()
-                        ends = await asyncio.wait_for(c.end_offsets(tps), OP_TIMEOUT_S)
+                        ends = await wait_for(c.end_offsets(tps), OP_TIMEOUT_S)
                         for (topic, partition), off in sorted(ends.items()):
                             self.record("hw-0", "hw", t0, OK, topic=topic, partition=partition, offset=off)
                         await asyncio.sleep(0.5)
@@ -397,7 +398,7 @@ class Workload:
                 async with Producer({**self.cfg, "transactional.id": "chaos-txn-0", "linger.ms": 2,
                                      "transaction.timeout.ms": 10000, "delivery.timeout.ms": 12000,
                                      "max.block.ms": 5000}) as producer:
-                    await asyncio.wait_for(producer.init_transactions(), 30)
+                    await wait_for(producer.init_transactions(), 30)
                     async with Consumer({**self.cfg, "group.id": TXN_GROUP, "enable.auto.commit": False,
                                          "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                                          "fetch.max.wait.ms": 100, "max.poll.records": 5}) as c:
@@ -411,14 +412,14 @@ class Workload:
             generation += 1
 
     async def _txn_loop(self, producer: Any, c: Any, process: str, tps: list[tuple[str, int]]) -> None:
-        committed = await asyncio.wait_for(c.committed(tps), OP_TIMEOUT_S)
+        committed = await wait_for(c.committed(tps), OP_TIMEOUT_S)
         for tp in tps:
             c.seek(tp, committed.get(tp) or 0)
             self.record(process, "assign", now(), OK, topic=tp[0], partition=tp[1])
         n = 0
         while not self.stop.is_set():
             t0 = now()
-            records = await asyncio.wait_for(c.poll(300), OP_TIMEOUT_S)
+            records = await wait_for(c.poll(300), OP_TIMEOUT_S)
             by_tp: dict[tuple[str, int], list[list[Any]]] = {}
             for r in records:
                 by_tp.setdefault((r.topic, r.partition), []).append([r.offset, (r.value or b"").decode()])
@@ -435,26 +436,26 @@ class Workload:
             asked_commit = False
             t1 = now()
             try:
-                await asyncio.wait_for(producer.begin_transaction(), OP_TIMEOUT_S)
+                await wait_for(producer.begin_transaction(), OP_TIMEOUT_S)
                 for r in records[:3]:
                     for k in range(2):  # two values in two partitions: atomic or not at all
                         partition = (r.partition + k) % self.a.partitions
                         value = f"{txn_id}:{r.offset}:{k}"
                         sends.append({"topic": TXN_TOPIC, "partition": partition, "key": value, "value": value,
                                       "offset": None})
-                        futures.append(await asyncio.wait_for(
+                        futures.append(await wait_for(
                             producer.send(TXN_TOPIC, value.encode(), key=value.encode(), partition=partition),
                             OP_TIMEOUT_S))
                 last = {}
                 for r in records[:3]:
                     last[(r.topic, r.partition)] = r.offset + 1
                 if abort:
-                    await asyncio.wait_for(producer.abort_transaction(), OP_TIMEOUT_S)
+                    await wait_for(producer.abort_transaction(), OP_TIMEOUT_S)
                     self.record(process, "txn", t1, FAIL, txn_id=txn_id, sends=sends, aborted_by="client")
                 else:
-                    await asyncio.wait_for(producer.send_offsets_to_transaction(last, GROUP_META(c)), OP_TIMEOUT_S)
+                    await wait_for(producer.send_offsets_to_transaction(last, GROUP_META(c)), OP_TIMEOUT_S)
                     asked_commit = True
-                    await asyncio.wait_for(producer.commit_transaction(), OP_TIMEOUT_S)
+                    await wait_for(producer.commit_transaction(), OP_TIMEOUT_S)
                     for s, f in zip(sends, futures):
                         s["offset"] = f.result().offset
                     self.record(process, "txn", t1, OK, txn_id=txn_id, sends=sends)
@@ -462,7 +463,7 @@ class Workload:
                 outcome = UNKNOWN
                 if not asked_commit:
                     try:
-                        await asyncio.wait_for(producer.abort_transaction(), OP_TIMEOUT_S)
+                        await wait_for(producer.abort_transaction(), OP_TIMEOUT_S)
                         outcome = FAIL
                     except Exception:  # noqa: BLE001 - could not even abort: unknown
                         pass
@@ -470,7 +471,7 @@ class Workload:
                 raise
             if abort or len(records) > 3:
                 # Re-read what was not committed: back to the group's committed offsets.
-                committed = await asyncio.wait_for(c.committed(tps), OP_TIMEOUT_S)
+                committed = await wait_for(c.committed(tps), OP_TIMEOUT_S)
                 for tp in tps:
                     c.seek(tp, committed.get(tp) or 0)
                     self.record(process, "assign", now(), OK, topic=tp[0], partition=tp[1])
@@ -502,7 +503,7 @@ class Workload:
                         recs: list[list[Any]] = []
                         end = lso[tp]
                         while (recs[-1][0] + 1 if recs else 0) < end:
-                            got = await asyncio.wait_for(c.poll(500), OP_TIMEOUT_S)
+                            got = await wait_for(c.poll(500), OP_TIMEOUT_S)
                             recs += [[r.offset, (r.value or b"").decode()] for r in got]
                             if await c.position(tp) >= end:
                                 break

@@ -16,6 +16,7 @@ from typing import Any, Callable, Generator, NamedTuple, Optional, Sequence
 import gregor_native as native
 
 from gregor.common import errors
+from gregor.common.aio import wait_for
 from gregor.common.records import BATCH_HEADER_SIZE, RECORD_OVERHEAD_BYTES, TRANSACTIONAL_FLAG, build_batch_from_deltas
 
 TopicPartition = tuple[str, int]
@@ -380,7 +381,7 @@ class RecordAccumulator:
             self._space_freed.clear()
             self.wakeup.set()  # make sure the sender is draining
             try:
-                await asyncio.wait_for(self._space_freed.wait(), remaining)
+                await wait_for(self._space_freed.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
 

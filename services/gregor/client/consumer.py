@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 
+from gregor.common.aio import wait_for
 from gregor.common.tls import from_client_config
 from gregor.client.config import consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
@@ -300,7 +301,7 @@ class Consumer:
             if remaining <= 0 or (not self.subscriptions.states and (self._group is None or not self._group.subscribed)):
                 return out
             try:
-                await asyncio.wait_for(self._data_ready.wait(), remaining)
+                await wait_for(self._data_ready.wait(), remaining)
             except asyncio.TimeoutError:
                 return []
 

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from gregor.common.aio import wait_for
 from gregor.common.tls import client_ssl
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.throttles import Throttles
@@ -154,7 +155,7 @@ class DataPortFetcher(GrpcFetcher):
             await self.close()
         if self._conn is None:
             try:
-                reader, writer = await asyncio.wait_for(
+                reader, writer = await wait_for(
                     asyncio.open_connection(broker.host, broker.data_port, ssl=self._ssl,
                                             server_hostname=broker.host if self._ssl else None),
                     self.request_timeout_ms / 1000)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import grpc
 
+from gregor.common.aio import wait_for
 from gregor.common.tls import from_client_config
 from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
@@ -154,7 +155,7 @@ class Sender:
                 if self.throttled_until and acc.has_undrained():
                     delay = min(delay, max(0.001, min(self.throttled_until.values()) - clock))
             try:
-                await asyncio.wait_for(acc.wakeup.wait(), delay)
+                await wait_for(acc.wakeup.wait(), delay)
             except asyncio.TimeoutError:
                 pass
 
@@ -308,7 +309,7 @@ class Sender:
                 raise sent
             try:
                 # The broker may hold an acks=all request for timeout_ms; leave room for the answer.
-                resp = await asyncio.wait_for(asyncio.shield(sent), self.request_timeout_ms / 1000 + 1)
+                resp = await wait_for(asyncio.shield(sent), self.request_timeout_ms / 1000 + 1)
             except asyncio.TimeoutError:
                 err = errors.error_for(errors.Code.REQUEST_TIMED_OUT,
                                        f"no produce answer from broker {leader} within request.timeout.ms")

@@ -34,6 +34,7 @@ from prometheus_client import Counter
 
 from gregor.common import errors
 from gregor.common.acl import CLUSTER_NAME, AclBinding, Authorizer, Operation, ResourceType
+from gregor.common.aio import wait_for
 from gregor.common.principal import DEFAULT_RULES, PrincipalMappingError, parse_rules, principal_for
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class Authz:
         if self.cache is None:
             return True
         try:
-            await asyncio.wait_for(self.cache.synced.wait(), timeout_s)
+            await wait_for(self.cache.synced.wait(), timeout_s)
         except asyncio.TimeoutError:
             return False
         return True

@@ -17,6 +17,7 @@ from aetcd import watcher as aetcd_watcher
 from prometheus_client import Counter, Histogram
 
 from gregor.common import tls
+from gregor.common.aio import wait_for
 from gregor.common.metrics import LATENCY_BUCKETS_S, observe_seconds
 
 log = logging.getLogger(__name__)
@@ -715,7 +716,7 @@ class EtcdClient:
             try:
                 # Bounded: a stream still starting when failover closes its channel (its member unreachable)
                 # is not ended by the close and would wait for good, the watch silent from then on.
-                await asyncio.wait_for(create, self.request_timeout_s)
+                await wait_for(create, self.request_timeout_s)
             except asyncio.TimeoutError:
                 await self._rotate(client)
                 raise EtcdUnavailable(f"etcd watch {key!r} at {self.endpoint}: not created within "

@@ -35,6 +35,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 from prometheus_client import Counter
 
 from gregor.common import errors
+from gregor.common.aio import wait_for
 from gregor.common.clock import monotonic_ms
 from gregor.common.coordinator_ownership import desired_partitions
 from gregor.common.etcd import Delete, EtcdClient, EtcdError, Lease, WatchCompacted, lease_ttl_s, value_is
@@ -147,7 +148,7 @@ class LeaseFence:
             assert self.lease is not None
             interval_s = self.lease.ttl_s / 4
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval_s)
+                await wait_for(self._wake.wait(), interval_s)
             self._wake.clear()
             try:
                 if self._lost is None:

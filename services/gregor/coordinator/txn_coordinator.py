@@ -37,6 +37,7 @@ from gregor.client.admin import AdminClient
 from gregor.client.consumer import Consumer
 from gregor.client.producer import Producer
 from gregor.common import errors
+from gregor.common.aio import wait_for
 from gregor.common.clock import now_ms
 from gregor.common.coordinator_ownership import partition_for
 from gregor.common.etcd import EtcdError
@@ -449,7 +450,7 @@ class TransactionCoordinator:
         task = self._completing.get(tid)
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), self.gc.write_timeout_ms / 1000)
+                await wait_for(asyncio.shield(task), self.gc.write_timeout_ms / 1000)
             except (asyncio.TimeoutError, Exception):  # still running or failed: the state decides below
                 pass
 

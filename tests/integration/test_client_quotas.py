@@ -494,6 +494,70 @@ def test_request_percentage_throttles_coordinator_calls_of_the_greedy_client_onl
         set_request_percentage(cluster, None, quiet)
 
 
+def test_every_sdk_call_to_a_broker_carries_the_client_id(cluster: LocalCluster) -> None:
+    """Kafka puts client.id in every request header, and the brokers' client quotas and request logs key on it:
+    each SDK client, async and blocking, makes its unary broker calls (Metadata, ListOffsets, FindCoordinator,
+    DescribeCluster) under a client id of its own that has a request_percentage quota, and the broker meters
+    them under that id (its Request sensor for the id exists; a call without the id would match no quota and
+    be metered nowhere). None of them is a Fetch, a ProduceStream or a coordinator call, which carried the id
+    before every call did. A probe's quota is set last and waited for: etcd's watch applies them in order."""
+    import grpc
+
+    from gregor.client.admin import SyncAdminClient
+    from gregor.client.consumer import SyncConsumer
+    from gregor.client.producer import SyncProducer
+    from gregor.common.quotas import CLIENT_ID_METADATA
+    from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
+
+    topic = new_topic(cluster)
+    suffix = uuid.uuid4().hex[:6]
+    ids = {name: f"{name}-{suffix}" for name in ("admin", "offsets", "group", "sync-admin", "sync-consumer",
+                                                 "sync-producer", "probe")}
+    for client in ids.values():
+        set_request_percentage(cluster, "1000", client)  # far above what these calls take: nothing is throttled
+
+    def metered() -> dict[str, float]:
+        return quota_samples(cluster, "gregor_client_quota_request_time_ratio", "Request")
+
+    try:
+        async def probe_metered() -> bool:
+            async with grpc.aio.insecure_channel(boot(cluster)) as ch:
+                await broker_pb2_grpc.BrokerServiceStub(ch).Metadata(
+                    broker_pb2.MetadataRequest(), metadata=((CLIENT_ID_METADATA, ids["probe"]),), timeout=10)
+            return ids["probe"] in metered()
+
+        asyncio.run(until(probe_metered, 30, "the broker metering the probe under its quota (set last)"))
+        tp = (topic, 0)
+
+        async def async_clients() -> None:
+            async with AdminClient({"bootstrap.servers": boot(cluster), "client.id": ids["admin"]}) as admin:
+                await admin.describe_cluster()  # AdminService.DescribeCluster
+                await admin.list_topics()  # Metadata
+            async with Consumer({"bootstrap.servers": boot(cluster), "client.id": ids["offsets"]}) as consumer:
+                await consumer.partitions_for(topic)  # Metadata
+                await consumer.end_offsets([tp])  # ListOffsets
+                await consumer.offsets_for_times({tp: 0})
+            async with Consumer({"bootstrap.servers": boot(cluster), "client.id": ids["group"],
+                                 "group.id": f"g-{suffix}"}) as consumer:
+                await consumer.committed([tp])  # FindCoordinator on a broker, OffsetFetch on the coordinator
+
+        asyncio.run(async_clients())
+        with SyncAdminClient({"bootstrap.servers": boot(cluster), "client.id": ids["sync-admin"]}) as admin:
+            admin.list_topics()
+        consumer = SyncConsumer({"bootstrap.servers": boot(cluster), "client.id": ids["sync-consumer"]})
+        try:
+            consumer.beginning_offsets([tp])
+        finally:
+            consumer.close()
+        with SyncProducer({"bootstrap.servers": boot(cluster), "client.id": ids["sync-producer"]}) as producer:
+            producer.partitions_for(topic)
+        seen = metered()
+        assert {name: client in seen for name, client in ids.items()} == {name: True for name in ids}
+    finally:
+        for client in ids.values():
+            set_request_percentage(cluster, None, client)
+
+
 @pytest.mark.parametrize("path", ["produce-stream", "data-port"])
 def test_request_percentage_throttles_produce_streams_and_data_port_fetches(cluster: LocalCluster, path: str) -> None:
     """request_percentage on the two paths that record their own handler time outside rpc_method: a producer's

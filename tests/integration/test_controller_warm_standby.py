@@ -140,6 +140,25 @@ async def etcd_clients(etcd: Process) -> AsyncIterator[tuple[EtcdClient, EtcdCli
         yield admin, own
 
 
+async def standby_with_other_active(admin: EtcdClient, own: EtcdClient, epochs: dict[int, int],
+                                    topics: tuple[tuple[str, int], ...] = (("t", 3),)) -> tuple[Controller, Lease]:
+    """Topics (t, 3 partitions, unless named), controller 1 a registration on a lease (active, acting on
+    nothing), controller 2 in-process, standby with its copy loaded (stopped again if it never loads)."""
+    for topic, partitions in topics:
+        await write_topic(admin, topic, partitions, epochs)
+    other = await admin.grant_lease(60)
+    await elector.register_controller_and_increment_epoch(admin, 1, other.id)
+    ctl = Controller(2, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
+                     leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+    await ctl.start()
+    try:
+        await until(lambda: ctl.standby_metadata.ready, 10, "the standby's copy loaded")
+    except BaseException:
+        await ctl.stop()
+        raise
+    return ctl, other
+
+
 async def test_standby_whose_watches_missed_changes_acts_on_current_state(
         etcd_clients: tuple[EtcdClient, EtcdClient]) -> None:
     """The standby's watches stop (a watch that died or fell behind: every change below is missed; etcd
@@ -149,15 +168,8 @@ async def test_standby_whose_watches_missed_changes_acts_on_current_state(
     it acts on etcd as it is now."""
     admin, own = etcd_clients
     leases, epochs = await register_brokers(admin)
-    await write_topic(admin, "t", 3, epochs)
-    await write_topic(admin, "old", 2, epochs)
-    other = await admin.grant_lease(60)
-    await elector.register_controller_and_increment_epoch(admin, 1, other.id)
-    ctl = Controller(2, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
-                     leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
-    await ctl.start()
+    ctl, other = await standby_with_other_active(admin, own, epochs, (("t", 3), ("old", 2)))
     try:
-        await until(lambda: ctl.standby_metadata.ready, 10, "the standby's copy loaded")
         assert not ctl.is_active and "old" in ctl.standby_metadata.assignments
         await ctl.standby_metadata.stop()
 
@@ -236,20 +248,6 @@ async def test_take_before_the_copy_is_loaded_reads_cold(etcd_clients: tuple[Etc
     copy = StandbyMetadata(own)
     assert await copy.take() is None
     assert await copy.take() is None
-
-
-async def standby_with_other_active(admin: EtcdClient, own: EtcdClient, epochs: dict[int, int]
-                                    ) -> tuple[Controller, Lease]:
-    """A topic t (3 partitions), controller 1 a registration on a lease (active, acting on nothing),
-    controller 2 in-process, standby with its copy loaded."""
-    await write_topic(admin, "t", 3, epochs)
-    other = await admin.grant_lease(60)
-    await elector.register_controller_and_increment_epoch(admin, 1, other.id)
-    ctl = Controller(2, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
-                     leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
-    await ctl.start()
-    await until(lambda: ctl.standby_metadata.ready, 10, "the standby's copy loaded")
-    return ctl, other
 
 
 async def test_a_failover_decided_while_standby_is_used_when_nothing_changed_since(

@@ -219,11 +219,14 @@ async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: 
     assert log_text.count(f"log dir {small} is online again") == 1, log_text[-3000:]
 
 
-async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path) -> None:
+@pytest.mark.parametrize("batches", [20, 600])
+async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: int) -> None:
     """The engine's pwritev of a multi-batch append into a full file system writes what fits past the log end
     it tracks (whole batches with their offsets among it); a crash's recovery would take those back although
-    their produce failed. The broker cuts the file back to the tracked end at once, and reopens the log (full
-    recovery, cut back to its end) before the dir takes writes again: the log is exactly what was acknowledged."""
+    their produce failed. The engine cuts the file back to the tracked end at once (native Segment::append for
+    20 batches, the streamed leader append for 600, over its 512 KiB threshold), and the broker reopens the log
+    (full recovery, cut back to its end) before the dir takes writes again: the log is exactly what was
+    acknowledged."""
     from gregor.broker.log_manager import LogManager
     from gregor.broker.replica_manager import ReplicaManager
     from gregor.common.config import BrokerConfig
@@ -241,9 +244,9 @@ async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path) -> None:
         acked_size = p.log.segments()[-1].size_bytes
         filler = os.path.join(d, "filler")
         fill(filler)
-        twenty = b"".join(make_batch([b"%02d" % i + VALUE]) for i in range(20))
+        many = b"".join(make_batch([b"%03d" % i + VALUE]) for i in range(batches))
         with pytest.raises(errors.GregorError) as failed:
-            p.append_records_to_leader(twenty, 1)
+            p.append_records_to_leader(many, 1)
         assert failed.value.code == errors.Code.KAFKA_STORAGE_ERROR and "ENOSPC" in str(failed.value)
         seg = p.log.segments()[-1]
         assert (p.log.log_end_offset, seg.size_bytes) == (1, acked_size)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gregor.common import broker_configs as bc
 from gregor.common.config import effective_topic_configs
@@ -51,7 +51,7 @@ class DynamicBrokerConfig:
         await self._watcher.stop()
 
     async def _watch(self) -> None:
-        from gregor.common.etcd import follow_prefix
+        from gregor.common.etcd import config_entity_apply, follow_prefix
 
         def reset() -> None:  # a (re)read of every entity: applied once whole, not key by key
             self._loading = True
@@ -62,19 +62,14 @@ class DynamicBrokerConfig:
             self.apply()
             self.synced.set()
 
-        await follow_prefix(self._etcd, BrokerConfigZNode.prefix(self._etcd), reset=reset,
-                            apply=lambda key, value, _rev: self._apply(key, value), loaded=loaded,
-                            what="dynamic broker configs", retry_s=RETRY_S)
+        what = "dynamic broker configs"
+        apply = config_entity_apply(lambda key: BrokerConfigZNode.entity(self._etcd, key), BrokerConfigZNode.decode,
+                                    self._set_entity, what=what, logger=log)
+        await follow_prefix(self._etcd, BrokerConfigZNode.prefix(self._etcd), reset=reset, apply=apply,
+                            loaded=loaded, what=what, retry_s=RETRY_S)
 
-    def _apply(self, key: bytes, value: Optional[bytes]) -> None:
-        entity = BrokerConfigZNode.entity(self._etcd, key)
-        if entity is None:
-            return
-        try:
-            configs = BrokerConfigZNode.decode(value) if value else {}
-        except ValueError as exc:
-            log.warning("dynamic broker configs: ignoring malformed %r: %s", key, exc)
-            return
+    def _set_entity(self, entity: str, configs: dict[str, str]) -> None:
+        """One `config/brokers/*` entity's stored configs (empty: removed); ours or the default re-applied."""
         if configs:
             self.entities[entity] = configs
         else:

@@ -7,7 +7,6 @@ thread-safe on its own, so zero-copy sends may run on worker threads.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -366,24 +365,14 @@ class Partition:
         self._update_producer_state(parse_batch_infos(records), None)
         return info
 
-    def _cut_torn_tail(self) -> None:
-        """A failed pwritev leaves what it wrote past the end the engine tracks (native Segment::append does not
-        cut it back): whole batches with their offsets among it, which a crash's recovery would take back although
-        their produce failed. Cut the active segment's file to the tracked size now (a truncation needs no
-        space); LogManager.try_recover_dir reopens the log before the dir serves writes again."""
-        try:
-            seg = self.log.segments()[-1]
-            if os.path.getsize(seg.log_path) > seg.size_bytes:
-                os.truncate(seg.log_path, seg.size_bytes)
-        except Exception as exc:  # the reopen on recovery cuts it all the same
-            log.warning("%s-%d: cannot cut the torn tail of a failed write: %s", self.topic, self.partition, exc)
-
     def _append_error(self, exc: Exception) -> errors.GregorError:
         """The Kafka error of a failed append; a storage error takes the log dir offline (KAFKA_STORAGE_ERROR
         naming the dir) and the producer state is reloaded from the log at the next append."""
         if is_storage_error(exc):
+            # A write that failed part-way left no bytes past the segment's end: native Segment::append (and the
+            # streamed leader append) cut the file back to it. LogManager.try_recover_dir reopens the log (full
+            # recovery) before the dir serves writes again.
             self.producer_state = None  # the log may hold part of what failed: rebuild from the log
-            self._cut_torn_tail()
             if self.dir_health is not None:
                 return self.dir_health.failed(self.log.dir, exc, self.topic, self.partition)
         return native_error(exc, self.topic, self.partition)

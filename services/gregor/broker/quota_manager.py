@@ -237,27 +237,17 @@ class BrokerQuotas:
         await self._watcher.stop()
 
     async def _watch(self) -> None:
-        from gregor.common.etcd import follow_prefix
+        from gregor.common.etcd import config_entity_apply, follow_prefix
 
         def loaded(_revision: int) -> None:
             self.enabled = bool(self.configs.entities)
             self.synced.set()
 
+        apply = config_entity_apply(lambda key: QuotaConfigZNode.entity(self._etcd, key), QuotaConfigZNode.decode,
+                                    self.set_entity, what="quotas", logger=log)
         await follow_prefix(self._etcd, QuotaConfigZNode.watch_prefix(self._etcd),
-                            reset=lambda: self.configs.replace_all({}),
-                            apply=lambda key, value, _rev: self._apply(key, value), loaded=loaded,
+                            reset=lambda: self.configs.replace_all({}), apply=apply, loaded=loaded,
                             what="quotas", retry_s=RETRY_S)
-
-    def _apply(self, key: bytes, value: Optional[bytes]) -> None:
-        entity = QuotaConfigZNode.entity(self._etcd, key)
-        if entity is None:
-            return
-        try:
-            configs = QuotaConfigZNode.decode(value) if value else {}
-        except ValueError as exc:
-            log.warning("quotas: ignoring malformed %r: %s", key, exc)
-            return
-        self.set_entity(entity, configs)
 
     # -- identity and channels -------------------------------------------------------------------
 

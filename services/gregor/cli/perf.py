@@ -452,7 +452,7 @@ async def _coordinator_error(config: dict[str, Any]) -> Optional[str]:
 
     metadata = ClusterMetadata(parse_bootstrap(config["bootstrap.servers"]),
                                request_timeout_ms=int(config.get("request.timeout.ms", 30000)),
-                               security=from_client_config(config))
+                               security=from_client_config(config), client_id=str(config.get("client.id") or ""))
     overrides = [a.strip() for a in str(config.get("coordinator.bootstrap.servers", "")).split(",") if a.strip()]
     try:
         await find_coordinator(metadata, str(config["group.id"]), overrides, 10.0)

@@ -20,6 +20,7 @@ import click
 import grpc
 
 from gregor.cli.common import emit_json, obj, print_table, run
+from gregor.client.config import client_id_for
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2
@@ -30,7 +31,9 @@ DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15  # kafka-transactions.sh find-hanging -
 
 
 def _metadata(ctx: click.Context) -> ClusterMetadata:
-    return ClusterMetadata([a.strip() for a in obj(ctx).bootstrap().split(",") if a.strip()])
+    # An admin client's calls, named as Kafka's kafka-transactions.sh names them (adminclient-N).
+    return ClusterMetadata([a.strip() for a in obj(ctx).bootstrap().split(",") if a.strip()],
+                           client_id=client_id_for({}, "adminclient"))
 
 
 async def _call(coro: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, TypeVa
 import grpc
 
 from gregor.common.tls import from_client_config
-from gregor.client.config import admin_config, parse_bootstrap
+from gregor.client.config import admin_config, client_id_for, parse_bootstrap
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import BrokerInfo, ClusterMetadata, TopicInfo, call_error
 from gregor.common import errors
@@ -78,7 +78,8 @@ class AdminClient:
         self.config = cfg = admin_config(config, **kwargs)
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
                                         request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
-                                        retry_backoff_ms=cfg["retry.backoff.ms"])
+                                        retry_backoff_ms=cfg["retry.backoff.ms"],
+                                        client_id=client_id_for(cfg, "adminclient"))
         self.timeout_s = cfg["request.timeout.ms"] / 1000
 
     async def __aenter__(self) -> "AdminClient":

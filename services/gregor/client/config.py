@@ -8,6 +8,7 @@ connection is made.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping
 
 from dataclasses import dataclass
@@ -207,3 +208,21 @@ def parse_bootstrap(servers: str) -> list[str]:
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"bootstrap.servers entry {s!r} is not host:port")
     return out
+
+
+# Kafka's client id sequences (ProducerConfig, ConsumerConfig, AdminClientConfig): one per kind of client.
+_CLIENT_ID_SEQUENCES = {"producer": itertools.count(1), "consumer": itertools.count(1),
+                        "adminclient": itertools.count(1)}
+
+
+def client_id_for(cfg: Mapping[str, Any], kind: str) -> str:
+    """client.id, or Kafka's default for a client of `kind`: producer-<transactional.id> or producer-N,
+    consumer-<group.id>-N or consumer-N, adminclient-N. Every call of the client carries it (ClusterMetadata)."""
+    given = str(cfg.get("client.id") or "")
+    if given:
+        return given
+    if kind == "producer" and cfg.get("transactional.id"):
+        return f"producer-{cfg['transactional.id']}"
+    group = str(cfg.get("group.id") or "") if kind == "consumer" else ""
+    return f"{kind}-{group}-{next(_CLIENT_ID_SEQUENCES[kind])}" if group else \
+        f"{kind}-{next(_CLIENT_ID_SEQUENCES[kind])}"

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 
 from gregor.common.aio import wait_for
 from gregor.common.tls import from_client_config
-from gregor.client.config import consumer_config, parse_bootstrap
+from gregor.client.config import client_id_for, consumer_config, parse_bootstrap
 from gregor.client.fetcher import FetchResult, GrpcFetcher, make_fetcher
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
 from gregor.client.session_fetcher import BrokerFetchers
@@ -89,7 +89,8 @@ class Consumer:
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
                                         request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
-                                        metadata_max_age_ms=cfg["metadata.max.age.ms"])
+                                        metadata_max_age_ms=cfg["metadata.max.age.ms"],
+                                        client_id=client_id_for(cfg, "consumer"))
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
         self.backoff_s = cfg["retry.backoff.ms"] / 1000
         self.max_poll_records = int(cfg["max.poll.records"])

@@ -22,7 +22,6 @@ from gregor.common.tls import client_ssl
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.throttles import Throttles
 from gregor.common import errors
-from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.rpc.v1 import broker_pb2
 
 FRAME = struct.Struct(">I")
@@ -82,9 +81,8 @@ class GrpcFetcher:
         self.min_bytes = int(cfg["fetch.min.bytes"])
         self.max_wait_ms = int(cfg["fetch.max.wait.ms"])
         self.request_timeout_ms = int(cfg["request.timeout.ms"])
-        # client.id goes with every fetch (gRPC metadata; a field on the data port): brokers' quotas key on it.
-        self.client_id = str(cfg.get("client.id") or "")
-        self.call_metadata = ((CLIENT_ID_METADATA, self.client_id),) if self.client_id else None
+        # client.id: a field of the request for the data port (gRPC calls carry it as metadata: ClusterMetadata).
+        self.client_id = metadata.client_id
         self.throttles = fetch_throttles(metadata)
 
     def request(self, tp: TopicPartition, offset: int, isolation: int, leader: int,
@@ -123,8 +121,7 @@ class GrpcFetcher:
         leader, stub = await self.metadata.leader_stub(tp[0], tp[1], self.request_timeout_ms)
         await self.throttles.wait(leader)
         try:
-            resp = await stub.Fetch(self.request(tp, offset, isolation, leader, topic_id), timeout=self.timeout_s,
-                                    metadata=self.call_metadata)
+            resp = await stub.Fetch(self.request(tp, offset, isolation, leader, topic_id), timeout=self.timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             raise call_error(exc) from None
         self.throttles.record(leader, resp.throttle_time_ms)

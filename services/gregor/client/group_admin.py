@@ -18,11 +18,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import grpc
 
 from gregor.common.tls import from_client_config
-from gregor.client.config import consumer_config, parse_bootstrap
+from gregor.client.config import client_id_for, consumer_config, parse_bootstrap
 from gregor.client.group_membership import find_coordinator
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.throttles import Throttles
-from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -66,15 +65,14 @@ class GroupAdmin:
     def __init__(self, config: Mapping[str, Any]) -> None:
         cfg = consumer_config({k: v for k, v in config.items() if k != "group.id"})
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
-                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg))
+                                        request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
+                                        client_id=client_id_for(cfg, "adminclient"))
         self.coordinators = [a.strip() for a in cfg["coordinator.bootstrap.servers"].split(",") if a.strip()]
         self.timeout_s = cfg["request.timeout.ms"] / 1000
         self.api_timeout_s = cfg["default.api.timeout.ms"] / 1000
         self.backoff_s = cfg["retry.backoff.ms"] / 1000
         self._owner: dict[str, str] = {}
         self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
-        client_id = str(cfg["client.id"])
-        self.call_metadata = ((CLIENT_ID_METADATA, client_id),) if client_id else None  # client quotas key on it
 
     async def __aenter__(self) -> "GroupAdmin":
         return self
@@ -107,8 +105,7 @@ class GroupAdmin:
             try:
                 address = await self.find_coordinator(group_id)
                 await self.throttles.wait(address)  # KIP-219: a throttled coordinator gets nothing before its time
-                resp = await getattr(self._stub(address), method)(request, timeout=self.timeout_s,
-                                                                   metadata=self.call_metadata)
+                resp = await getattr(self._stub(address), method)(request, timeout=self.timeout_s)
                 self.throttles.record(address, resp.throttle_time_ms)
                 detail = body_error(resp) if body_error is not None else None
                 if detail is None or detail.code == 0 or not errors.from_detail(detail).retriable:

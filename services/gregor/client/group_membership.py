@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import logging
 import re
 import time
@@ -33,7 +32,6 @@ from gregor.client.assignors import (
 from gregor.client.config import ConfigError
 from gregor.client.metadata import call_error
 from gregor.client.throttles import Throttles
-from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.common import consumer_protocol as cp
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -129,7 +127,6 @@ async def find_coordinator(metadata: "ClusterMetadata", group_id: str, overrides
     raise out
 
 
-_CLIENT_IDS = itertools.count(1)
 
 
 class GroupMember:
@@ -148,7 +145,7 @@ class GroupMember:
         self.metadata = metadata
         self.group_id = str(cfg["group.id"])
         self.instance_id = str(cfg["group.instance.id"])
-        self.client_id = str(cfg["client.id"]) or f"consumer-{self.group_id}-{next(_CLIENT_IDS)}"  # Kafka's default
+        self.client_id = metadata.client_id  # JoinGroup names it (every call carries it: ClusterMetadata)
         self.assignors: list[Assignor] = make_assignors(cfg["partition.assignment.strategy"])
         self.protocol = rebalance_protocol(self.assignors)
         self.session_timeout_ms = int(cfg["session.timeout.ms"])
@@ -161,7 +158,6 @@ class GroupMember:
         self.auto_commit_interval_s = int(cfg["auto.commit.interval.ms"]) / 1000
         self.pattern_refresh_s = int(cfg["metadata.max.age.ms"]) / 1000
         self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
-        self.call_metadata = ((CLIENT_ID_METADATA, self.client_id),)  # client quotas key on it, as on brokers
         self.coordinator_bootstrap = [a.strip() for a in str(cfg["coordinator.bootstrap.servers"]).split(",")
                                       if a.strip()]
         if self.heartbeat_interval_s * 1000 >= self.session_timeout_ms:
@@ -333,7 +329,7 @@ class GroupMember:
             await self.throttles.wait(address)  # KIP-219: a throttled coordinator gets nothing before its time
             try:
                 resp = await getattr(stub, method)(request, timeout=timeout_s or self.request_timeout_s,
-                                                  metadata=self.call_metadata)
+)
                 self.throttles.record(address, resp.throttle_time_ms)
                 return resp
             except (grpc.RpcError, asyncio.TimeoutError) as exc:

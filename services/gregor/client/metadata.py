@@ -11,13 +11,14 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import grpc
 
 from gregor.common.tls import TlsConfig
 from gregor.common import errors
 from gregor.common import rpc
+from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 # Errors after which the leader we know is probably wrong (Kafka's invalidMetadata set).
@@ -71,6 +72,61 @@ class TopicInfo:
     topic_id: bytes = b""  # KIP-516; b"" when the topic is unknown or the cluster sends no ids
 
 
+class _WithCallMetadata:
+    """A multicallable whose calls carry `metadata` first (then whatever the caller passes)."""
+
+    __slots__ = ("_call", "_metadata")
+
+    def __init__(self, call: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._call, self._metadata = call, metadata
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._call(*args, metadata=self._metadata if not metadata else (*self._metadata, *metadata),
+                          **kwargs)
+
+
+class ClientIdChannel(grpc.aio.Channel):  # type: ignore[misc]
+    """A channel every call of which carries the client's client.id as `client-id` metadata, as every
+    Kafka request header carries it: the brokers' and coordinators' client quotas (request_percentage,
+    byte rates) and request logs key on it. Unary and streaming calls alike, whatever the stub; the
+    calls themselves are the channel's own (no interceptor: grpc.aio's wrap each call in a task, and
+    each write of a stream in another)."""
+
+    def __init__(self, channel: grpc.aio.Channel, client_id: str) -> None:
+        self._channel = channel
+        self._metadata = ((CLIENT_ID_METADATA, client_id),)
+
+    async def __aenter__(self) -> "ClientIdChannel":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close(None)
+
+    async def close(self, grace: Optional[float] = None) -> None:
+        await self._channel.close(grace)
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return self._channel.get_state(try_to_connect)
+
+    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
+        await self._channel.wait_for_state_change(last_observed_state)
+
+    async def channel_ready(self) -> None:
+        await self._channel.channel_ready()
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithCallMetadata(self._channel.unary_unary(*args, **kwargs), self._metadata)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithCallMetadata(self._channel.unary_stream(*args, **kwargs), self._metadata)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithCallMetadata(self._channel.stream_unary(*args, **kwargs), self._metadata)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithCallMetadata(self._channel.stream_stream(*args, **kwargs), self._metadata)
+
+
 def call_error(exc: BaseException) -> errors.GregorError:
     """Any failure of an RPC as a GregorError (never a raw RpcError)."""
     if isinstance(exc, errors.GregorError):
@@ -87,11 +143,12 @@ class ClusterMetadata:
 
     def __init__(self, bootstrap: Sequence[str], *, request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000,
-                 security: "TlsConfig | None" = None) -> None:
+                 security: "TlsConfig | None" = None, client_id: str = "") -> None:
         if not bootstrap:
             raise errors.InvalidConfigError("bootstrap.servers is empty")  # type: ignore[attr-defined]
         self.bootstrap = list(bootstrap)
         self.security = security  # TLS of every channel (None: the process's, gregor.common.tls)
+        self.client_id = client_id  # client.id: every call on these channels carries it ("": none)
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.max_age_s = metadata_max_age_ms / 1000
@@ -110,10 +167,14 @@ class ClusterMetadata:
 
     # ------------------------------------------------------------ channels
     def channel(self, address: str) -> grpc.aio.Channel:
-        """The pooled channel to host:port (100 MiB message limits, as the servers)."""
+        """The pooled channel to host:port (100 MiB message limits, as the servers); every call on it
+        carries client.id (ClientIdChannel), so no caller passes it."""
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = rpc.channel(address, self.security)
+            ch = rpc.channel(address, self.security)
+            if self.client_id:
+                ch = ClientIdChannel(ch, self.client_id)
+            self._channels[address] = ch
         return ch
 
     def broker_address(self, broker_id: int) -> str:

@@ -19,22 +19,18 @@ import grpc
 
 from gregor.client.produce_request import PRODUCE_STREAM_METHOD, finish
 from gregor.common import errors
-from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.rpc.v1 import broker_pb2
 
 Response = broker_pb2.ProducePartitionsResponse
 
 
-def open_produce_stream(channel: grpc.aio.Channel, client_id: str = "") -> Callable[[], Any]:
+def open_produce_stream(channel: grpc.aio.Channel) -> Callable[[], Any]:
     """What opens a ProduceStream call on channel: requests go as bytes (produce_request.py builds
     them), answers are parsed as ProducePartitionsResponse. The stream carries client.id once, as
-    `client-id` metadata (the broker's client quotas key on it)."""
-    open_call = channel.stream_stream(PRODUCE_STREAM_METHOD, request_serializer=None,
-                                      response_deserializer=Response.FromString)
-    if not client_id:
-        return open_call
-    metadata = ((CLIENT_ID_METADATA, client_id),)
-    return lambda: open_call(metadata=metadata)
+    the channel's every call does (ClusterMetadata.channel: the broker's client quotas key on it)."""
+    open_call: Callable[[], Any] = channel.stream_stream(PRODUCE_STREAM_METHOD, request_serializer=None,
+                                                         response_deserializer=Response.FromString)
+    return open_call
 
 
 class ProduceStream:

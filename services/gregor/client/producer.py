@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import itertools
 import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -23,7 +22,7 @@ from gregor.client.accumulator import (
     NEW_BATCH, Callback, FutureRecordMetadata, ProducerBatch, RecordAccumulator, RecordMetadata, TopicPartition,
     record_size,
 )
-from gregor.client.config import ConfigError, parse_bootstrap, producer_config
+from gregor.client.config import ConfigError, client_id_for, parse_bootstrap, producer_config
 from gregor.client.loop_thread import LoopThread
 from gregor.client.metadata import ClusterMetadata, call_error
 from gregor.client.produce_request import ProduceRequestEncoder
@@ -38,7 +37,6 @@ from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 log = logging.getLogger(__name__)
 _time_ns = time.time_ns  # a record's timestamp: wall-clock ms as an int with no float step
 _NO_HEADERS: tuple[tuple[str, bytes], ...] = ()  # shared by every record without headers
-_PRODUCER_IDS = itertools.count(1)  # Kafka's producer-N default client.id
 
 __all__ = ["Producer", "SyncProducer", "RecordMetadata", "FutureRecordMetadata", "InvalidRecordTypeError"]
 
@@ -103,10 +101,7 @@ class Sender:
         self.closing_forced = False  # close() timed out: fail instead of retrying
         self._refresh_task: Optional[asyncio.Task[None]] = None
         self._drain_index = 0  # where the next drain starts among the ready partitions
-        # client.id (Kafka's default producer-N) goes with every stream: the brokers' client quotas key on it.
-        self.client_id = str(cfg["client.id"]) or f"producer-{next(_PRODUCER_IDS)}"
-        self._streams = ProduceStreams(
-            lambda address: open_produce_stream(self.metadata.channel(address), self.client_id))
+        self._streams = ProduceStreams(lambda address: open_produce_stream(self.metadata.channel(address)))
         # KIP-219: a broker that answered with throttle_time_ms gets no request before this (monotonic s).
         self.throttled_until: dict[int, float] = {}
         self._request_encoder = ProduceRequestEncoder(self.acks, self.request_timeout_ms)
@@ -436,7 +431,8 @@ class Producer:
         self.metadata = ClusterMetadata(parse_bootstrap(cfg["bootstrap.servers"]),
                                         request_timeout_ms=cfg["request.timeout.ms"], security=from_client_config(cfg),
                                         retry_backoff_ms=cfg["retry.backoff.ms"],
-                                        metadata_max_age_ms=cfg["metadata.max.age.ms"])
+                                        metadata_max_age_ms=cfg["metadata.max.age.ms"],
+                                        client_id=client_id_for(cfg, "producer"))
         # partitioner.class: a custom partitioner decides every record without a partition (no sticky
         # logic around it, as in Kafka 3.3+); unset, the built-in murmur2 / KIP-480 sticky partitioner.
         try:

@@ -251,7 +251,7 @@ class BrokerFetcher:
         self.owner.requests += 1
         try:
             return await self.consumer.metadata.broker_stub(self.leader).FetchPartitions(
-                request, timeout=rpc.timeout_s, metadata=rpc.call_metadata)
+                request, timeout=rpc.timeout_s)
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
                 raise _Unimplemented() from None

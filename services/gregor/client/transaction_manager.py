@@ -33,7 +33,6 @@ import grpc
 
 from gregor.client.metadata import call_error
 from gregor.client.throttles import Throttles
-from gregor.common.quotas import CLIENT_ID_METADATA
 from gregor.common import errors
 from gregor.rpc.v1 import common_pb2, coordinator_pb2, transaction_pb2 as pb, transaction_pb2_grpc
 
@@ -99,8 +98,6 @@ class TransactionManager:
         self._adding: Optional[asyncio.Task[None]] = None
         self._coordinator: Optional[str] = None
         self.throttles = Throttles()  # coordinators that answered with throttle_time_ms (KIP-219)
-        # client.id goes with every call, the client quotas key on it (Kafka's default: producer-<transactional.id>).
-        self.call_metadata = ((CLIENT_ID_METADATA, str(cfg.get("client.id") or f"producer-{self.transactional_id}")),)
 
     # ------------------------------------------------------------ state checks
     def _raise_if_failed(self) -> None:
@@ -191,7 +188,7 @@ class TransactionManager:
                 rpc: Callable[..., Awaitable[Any]] = getattr(stub, method)
                 coordinator = self._coordinator
                 await self.throttles.wait(coordinator)  # KIP-219: a throttled coordinator gets nothing before its time
-                resp = await rpc(request, timeout=self.request_timeout_s, metadata=self.call_metadata)
+                resp = await rpc(request, timeout=self.request_timeout_s)
                 self.throttles.record(coordinator, resp.throttle_time_ms)
                 return resp
             except (grpc.RpcError, asyncio.TimeoutError, errors.GregorError) as exc:

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aetcd
 import grpc
@@ -215,6 +215,31 @@ async def follow_prefix(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[]
     await follow_prefix_kvs(etcd, prefix, reset=reset,
                             apply=lambda kv, revision: apply(kv.key, kv.value if kv.version else None, revision),
                             loaded=loaded, what=what, retry_s=retry_s)
+
+
+E = TypeVar("E")
+
+
+def config_entity_apply(entity: Callable[[bytes], E | None], decode: Callable[[bytes], dict[str, str]],
+                        apply: Callable[[E, dict[str, str]], None], *, what: str,
+                        logger: logging.Logger) -> Callable[[bytes, bytes | None, int], None]:
+    """follow_prefix's apply for a prefix of config entities (`config/brokers/<id>`, `config/clients/<id>`...,
+    Kafka's ConfigEntityZNodes): a key that names no entity (entity(key) None) is skipped; a value is decoded
+    ({} when deleted or empty) and handed to apply(entity, configs); a malformed one is logged to `logger` as
+    `<what>: ignoring malformed <key>: <why>` and skipped (the entity keeps what it had)."""
+
+    def on_change(key: bytes, value: bytes | None, _revision: int) -> None:
+        name = entity(key)
+        if name is None:
+            return
+        try:
+            configs = decode(value) if value else {}
+        except ValueError as exc:
+            logger.warning("%s: ignoring malformed %r: %s", what, key, exc)
+            return
+        apply(name, configs)
+
+    return on_change
 
 
 async def follow_prefix_kvs(etcd: "EtcdClient", prefix: bytes, *, reset: Callable[[], None],

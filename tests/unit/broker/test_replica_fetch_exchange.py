@@ -48,28 +48,38 @@ class FakeStub:
         return self.calls[-1]
 
 
-async def test_the_answer_is_returned_and_the_stream_kept() -> None:
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
-    wake = asyncio.Event()
-    task = asyncio.ensure_future(stream.exchange("req-1", wake))  # type: ignore[arg-type]
+@pytest.fixture
+def stub() -> FakeStub:
+    return FakeStub()
+
+
+@pytest.fixture
+def stream(stub: FakeStub) -> _FetchStream:
+    return _FetchStream(stub)  # type: ignore[arg-type]
+
+
+async def exchanging(stream: _FetchStream, request: str, wake: asyncio.Event | None) -> "asyncio.Task[Any]":
+    """stream.exchange(request, wake) as a task that has written its request and waits for the answer."""
+    task = asyncio.ensure_future(stream.exchange(request, wake))  # type: ignore[arg-type]
     await asyncio.sleep(0)
+    return task
+
+
+async def test_the_answer_is_returned_and_the_stream_kept(stub: FakeStub, stream: _FetchStream) -> None:
+    wake = asyncio.Event()
+    task = await exchanging(stream, "req-1", wake)
     stub.calls[0].answer.set_result("resp-1")
     assert await task == "resp-1"
     stub.calls[0].answer = asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(stream.exchange("req-2", wake))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    task = await exchanging(stream, "req-2", wake)
     stub.calls[0].answer.set_result("resp-2")
     assert await task == "resp-2"
     assert len(stub.calls) == 1 and stub.calls[0].written == ["req-1", "req-2"]
 
 
-async def test_a_wake_up_cuts_the_poll_and_resets_the_stream() -> None:
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
+async def test_a_wake_up_cuts_the_poll_and_resets_the_stream(stub: FakeStub, stream: _FetchStream) -> None:
     wake = asyncio.Event()
-    task = asyncio.ensure_future(stream.exchange("req", wake))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    task = await exchanging(stream, "req", wake)
     stream.woken()  # the event is not set: nothing happens
     assert not stub.calls[0].cancelled
     wake.set()
@@ -78,29 +88,23 @@ async def test_a_wake_up_cuts_the_poll_and_resets_the_stream() -> None:
     assert stub.calls[0].cancelled and stream.call is None
 
 
-async def test_a_wake_up_before_the_read_answers_none_at_once() -> None:
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
+async def test_a_wake_up_before_the_read_answers_none_at_once(stub: FakeStub, stream: _FetchStream) -> None:
     wake = asyncio.Event()
     wake.set()
     assert await stream.exchange("req", wake) is None  # type: ignore[arg-type]
     assert stub.calls[0].cancelled
 
 
-async def test_no_answer_within_the_timeout_is_request_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_no_answer_within_the_timeout_is_request_timed_out(monkeypatch: pytest.MonkeyPatch, stub: FakeStub,
+                                                                 stream: _FetchStream) -> None:
     monkeypatch.setattr(replica_fetcher, "FETCH_RPC_TIMEOUT_S", 0.01)
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
     with pytest.raises(errors.GregorError) as exc:
         await stream.exchange("req", asyncio.Event())  # type: ignore[arg-type]
     assert exc.value.code == errors.Code.REQUEST_TIMED_OUT and stub.calls[0].cancelled
 
 
-async def test_cancelling_the_fetcher_still_cancels_it() -> None:
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
-    task = asyncio.ensure_future(stream.exchange("req", asyncio.Event()))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+async def test_cancelling_the_fetcher_still_cancels_it(stream: _FetchStream) -> None:
+    task = await exchanging(stream, "req", asyncio.Event())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -110,14 +114,11 @@ async def test_cancelling_the_fetcher_still_cancels_it() -> None:
 # passes the wake-up event; for a session of thousands of partitions, which a large creation grows a LeaderAndIsr
 # chunk at a time, it passes None, and the stream waits for the answer and stays open for the next, incremental,
 # request (a cut stream takes the leader's fetch session with it: the next request re-lists every partition).
-async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed() -> None:
-    stub = FakeStub()
-    stream = _FetchStream(stub)  # type: ignore[arg-type]
+async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed(stub: FakeStub, stream: _FetchStream) -> None:
     wake = asyncio.Event()
 
     # Interruptible (a small session): the wake returns None at once and the stream is gone.
-    poll = asyncio.create_task(stream.exchange("first", wake))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    poll = await exchanging(stream, "first", wake)
     wake.set()
     stream.woken()  # as ReplicaFetcher.add does after setting the event
     assert await poll is None
@@ -125,8 +126,7 @@ async def test_a_wake_cuts_the_poll_and_the_stream_only_when_passed() -> None:
 
     # Not interruptible (a large session): the wake is ignored, the answer comes, the stream stays open.
     wake.clear()
-    poll = asyncio.create_task(stream.exchange("second", None))  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    poll = await exchanging(stream, "second", None)
     wake.set()
     stream.woken()
     await asyncio.sleep(0.05)

@@ -134,6 +134,7 @@ async def test_unassigning_a_full_partition_wakes_the_other_fetch_tasks(monkeypa
 class FakeMetadata:
     def __init__(self, port: int) -> None:
         self.brokers = {1: BrokerInfo(1, "127.0.0.1", 1, data_port=port)}
+        self.client_id = "consumer-1"
 
     async def leader_stub(self, topic: str, partition: int, timeout_ms: int) -> tuple[int, None]:
         return 1, None

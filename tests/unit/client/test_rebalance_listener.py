@@ -14,6 +14,7 @@ import pytest
 
 from gregor.client.config import consumer_config
 from gregor.client.group_membership import ConsumerRebalanceListener, GroupMember
+from gregor.client.metadata import ClusterMetadata
 from gregor.client.subscription_state import SubscriptionState
 
 A0, A1, A2 = ("a", 0), ("a", 1), ("a", 2)
@@ -43,7 +44,7 @@ class RecordingConsumer:
     """Stands in for Consumer: its SubscriptionState is what GroupMember changes."""
 
     def __init__(self, events: list[tuple[str, list[Any]]]) -> None:
-        self.metadata = object()
+        self.metadata = ClusterMetadata(["127.0.0.1:1"], client_id="consumer-g-1")  # never connects
         self.events = events
         self.subscriptions = RecordingSubscriptions(events)
 

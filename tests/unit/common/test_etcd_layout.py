@@ -207,3 +207,37 @@ def test_no_module_outside_the_layout_builds_an_etcd_key() -> None:
         if rel not in ALLOWED:
             found += _violations(path.relative_to(SERVICES), path.read_text())
     assert found == [], "etcd keys built outside gregor.common.etcd_layout:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("znode, key, entity", [
+    ("brokers", b"/gregor/c/config/brokers/<default>", "<default>"),
+    ("quotas", b"/gregor/c/config/users/alice/clients/a%2Fb", ("alice", "a/b")),
+])
+def test_config_entity_apply_decodes_or_warns(caplog: pytest.LogCaptureFixture, znode: str, key: bytes,
+                                             entity: object) -> None:
+    """The quota and dynamic-broker-config watchers' apply (config_entity_apply): a stored entity's configs,
+    {} when deleted or empty, nothing for a key of no entity or a malformed value (logged, to the watcher's
+    logger, as `<what>: ignoring malformed <key>`)."""
+    import logging
+
+    from gregor.common.etcd import config_entity_apply
+    from gregor.common.etcd_layout import BrokerConfigZNode, QuotaConfigZNode
+
+    layout = BrokerConfigZNode if znode == "brokers" else QuotaConfigZNode
+    got: list[tuple[object, dict[str, str]]] = []
+    logger = logging.getLogger(f"test.{znode}")
+    apply = config_entity_apply(lambda k: layout.entity(ETCD, k), layout.decode,
+                                lambda e, configs: got.append((e, configs)), what=znode, logger=logger)
+
+    def name(e: object) -> object:
+        return e if isinstance(e, str) else (e.user, e.client_id)  # type: ignore[attr-defined]
+
+    apply(key, b'{"version": 1, "config": {"k": "1"}}', 5)
+    apply(key, None, 6)
+    apply(key, b"", 7)
+    apply(b"/gregor/c/config/topics/t", b'{"version": 1, "config": {"k": "1"}}', 8)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        apply(key, b"not json", 9)
+    assert [(name(e), c) for e, c in got] == [(entity, {"k": "1"}), (entity, {}), (entity, {})]
+    assert [r.name for r in caplog.records] == [logger.name]
+    assert caplog.records[0].getMessage().startswith(f"{znode}: ignoring malformed {key!r}: ")

@@ -468,9 +468,39 @@ impl Log {
         Ok(info)
     }
 
-    /// Writes runs of batches with one write per segment, rolling between.
-    /// `heads` replaces the first 16 bytes of each batch (leader appends).
+    /// Writes the batches of one append; `heads` replaces the first 16 bytes
+    /// of each batch (leader appends). An append that fits in a segment goes
+    /// whole into one, rolled first if the active one cannot take it all
+    /// (Kafka's maybeRoll): one write, cut back if it fails, so a failed
+    /// append leaves none of its batches behind. Split between segments it
+    /// could leave its first share counted and readable while the produce
+    /// failed (the second share's write hit ENOSPC), and a retry would append
+    /// it again. Only an append larger than a whole segment (or, with a
+    /// compacted leader's gaps, wider than a segment's 32-bit relative
+    /// offsets) is still split; if a share of it fails, what landed is cut
+    /// off again.
     fn append_batches(&mut self, data: &[u8], batches: &[(usize, BatchHeader)], heads: Option<&[BatchHead]>, now_ms: i64) -> Result<()> {
+        let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
+            return Ok(());
+        };
+        let total = (last.0 + last.1.size_bytes() - first.0) as u64;
+        let one_segment = total <= self.config.segment_bytes_max() && last.1.last_offset() - first.1.base_offset <= i32::MAX as i64;
+        if one_segment {
+            if self.should_roll_before(&last.1, total, now_ms) {
+                self.roll_at(first.1.base_offset, now_ms)?;
+            }
+            return self.write_run(data, batches, heads, 0..batches.len());
+        }
+        let end_before = self.log_end_offset();
+        let written = self.append_split(data, batches, heads, now_ms);
+        if written.is_err() {
+            let _ = self.truncate_to(end_before, now_ms); // best effort: the error below is what counts
+        }
+        written
+    }
+
+    /// Runs of batches with one write per segment, rolling between.
+    fn append_split(&mut self, data: &[u8], batches: &[(usize, BatchHeader)], heads: Option<&[BatchHead]>, now_ms: i64) -> Result<()> {
         let mut run_start = 0;
         for i in 0..batches.len() {
             let run_bytes = (batches[i].0 - batches[run_start].0) as u64;
@@ -506,6 +536,18 @@ impl Log {
         let too_old = non_empty && now_ms.saturating_sub(seg.created_ms) > self.config.segment_ms;
         let index_full = seg.offset_index.is_full() || seg.time_index.is_full();
         let offset_overflow = h.last_offset() - seg.base_offset > i32::MAX as i64;
+        too_big || too_old || index_full || offset_overflow
+    }
+
+    /// The roll conditions for a whole append of `total` bytes ending with
+    /// batch `last`, checked against the active segment as it is.
+    fn should_roll_before(&self, last: &BatchHeader, total: u64, now_ms: i64) -> bool {
+        let seg = self.active();
+        let non_empty = seg.size > 0;
+        let too_big = non_empty && seg.size + total > self.config.segment_bytes_max();
+        let too_old = non_empty && now_ms.saturating_sub(seg.created_ms) > self.config.segment_ms;
+        let index_full = seg.offset_index.is_full() || seg.time_index.is_full();
+        let offset_overflow = last.last_offset() - seg.base_offset > i32::MAX as i64;
         too_big || too_old || index_full || offset_overflow
     }
 

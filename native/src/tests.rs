@@ -160,6 +160,21 @@ fn rolls_when_segment_bytes_exceeded() {
 }
 
 #[test]
+fn an_append_that_fits_a_segment_goes_whole_into_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 100).len() as i64;
+    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
+    log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
+    log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
+    // Three batches fit a segment but not the active one's last slot: rolled first, not split.
+    let three: Vec<u8> = (0..3).flat_map(|_| batch_with(1, T0, 100)).collect();
+    log.append_as_leader(&three, 0, T0).unwrap();
+    let segs: Vec<(i64, u64)> = log.segments_info().iter().map(|s| (s.base_offset, s.size_bytes)).collect();
+    assert_eq!(segs, vec![(0, 2 * size as u64), (2, 3 * size as u64)]);
+    assert_eq!(read_all(&log, 0).len(), 5);
+}
+
+#[test]
 fn rolls_when_segment_is_older_than_segment_ms() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = open(dir.path(), LogConfig { segment_ms: 1000, ..Default::default() });

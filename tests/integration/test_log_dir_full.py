@@ -265,6 +265,47 @@ async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: i
         subprocess.run(["umount", "-l", d], capture_output=True)
 
 
+async def test_a_failed_append_that_would_span_a_roll_leaves_none_of_its_batches(tmp_path) -> None:
+    """An append that fits a segment but not what is left of the active one goes whole into a new segment
+    (Kafka's maybeRoll), in one write. Split at the roll, as the engine used to, its first share landed in
+    the active segment while the second share's write hit ENOSPC: the produce failed, yet those records
+    stayed counted and readable (and a retry appended them again)."""
+    from gregor.broker.log_manager import LogManager
+    from gregor.broker.replica_manager import ReplicaManager
+    from gregor.common.config import BrokerConfig
+
+    d = str(tmp_path / "tiny")
+    os.makedirs(d)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gregor-test", d], capture_output=True, text=True)
+    assert res.returncode == 0, f"mounting a tmpfs needs root (CI runs as root): {res.stderr.strip()}"
+    manager = LogManager(BrokerConfig(log_dirs=d))
+    try:
+        rm = ReplicaManager(manager.config, manager)
+        p = rm.create_partition("t", 0, {"segment.bytes": str(16 * 1024)})
+        p.make_standalone_leader()
+        for i in range(10):  # ~10.6 KB of the 16 KiB segment
+            p.append_records_to_leader(make_batch([b"acked-%d-" % i + VALUE]), 1)
+        filler = os.path.join(d, "filler")
+        fill(filler)
+        os.truncate(filler, os.path.getsize(filler) - 8192)  # two free pages: less than the append needs
+        twelve = b"".join(make_batch([b"%03d" % i + VALUE]) for i in range(12))  # ~12.7 KB
+        assert len(twelve) < 16 * 1024 < p.log.segments()[-1].size_bytes + len(twelve)
+        with pytest.raises(errors.GregorError) as failed:
+            p.append_records_to_leader(twelve, 1)
+        assert failed.value.code == errors.Code.KAFKA_STORAGE_ERROR and "ENOSPC" in str(failed.value)
+        assert p.log.log_end_offset == 10  # none of the twelve
+        os.remove(filler)
+        assert await manager.try_recover_dir(os.path.normpath(d))
+        info, _ = p.append_records_to_leader(make_batch([b"after"]), 1)
+        assert info.first_offset == 10
+        values = record_values(b"".join(bytes(p.read_slice(s.base_offset, 1 << 20, True).read())
+                                        for s in p.log.segments()))
+        assert values == [b"acked-%d-" % i + VALUE for i in range(10)] + [b"after"]
+    finally:
+        manager.close()
+        subprocess.run(["umount", "-l", d], capture_output=True)
+
+
 async def test_a_follower_whose_log_dir_fills_leaves_the_isr_quietly_and_catches_up(tmp_path, small_dir: str) -> None:
     """Broker 1 follows partition 0 (led by broker 0) from a replica on the tmpfs. Once the tmpfs is full, its
     append fails, the dir goes offline, it stops fetching for that replica (no retry loop: its storage-error count

@@ -5,8 +5,9 @@ follows Kafka's Log/LogSegment/LeaderEpochFileCache rules as the .pyi states the
 
 - a segment rolls before a batch when it is non-empty and the batch would take
   it past segment_bytes, or it is older than segment_ms, or the batch's last
-  offset is more than 2^31 - 1 above the segment's base; one append may so be
-  split over two segments (Kafka decides per append; the .pyi leaves it open);
+  offset is more than 2^31 - 1 above the segment's base; an append that fits in
+  one segment is decided as a whole (Kafka's maybeRoll: rolled once before it,
+  never split), only one larger than a segment is split batch by batch;
   a roll on an empty active segment replaces it;
 - truncate_to(offset) removes whole batches and then the epoch-cache entries at
   or after the new log end (which is <= offset when offset falls inside a batch);
@@ -179,6 +180,20 @@ class LogModel:
         return batches
 
     def _append(self, stored: list[StoredBatch], now_ms: int) -> None:
+        if not stored:
+            return
+        total = sum(len(b.data) for b in stored)
+        first, last = stored[0], stored[-1]
+        if total <= self.segment_bytes and last.last_offset - first.base_offset <= 2**31 - 1:
+            # Fits one segment: all of it goes into one, rolled first if the active one can't take it.
+            active = self.active
+            if (active.batches and (active.size + total > self.segment_bytes or now_ms - active.created_ms > self.segment_ms)
+                    or last.last_offset - active.base_offset > 2**31 - 1):
+                self.roll_at(first.base_offset, now_ms)
+            for batch in stored:
+                self.active.batches.append(batch)
+                self.epochs.assign(batch.epoch, batch.base_offset)
+            return
         for batch in stored:
             active = self.active
             if active.batches and (active.size + len(batch.data) > self.segment_bytes

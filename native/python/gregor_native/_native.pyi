@@ -341,7 +341,10 @@ class Log:
         assign offsets from log_end_offset by rewriting baseOffset and
         partitionLeaderEpoch in place (the CRC does not cover them), append,
         index, extend the leader-epoch cache and apply the flush policy.
-        On any error nothing is written."""
+        On any error nothing is written. An append that fits in one segment goes
+        whole into one, rolled first if the active segment cannot take it all
+        (Kafka's maybeRoll); only one larger than a segment is split between
+        segments."""
     def append_as_follower(self, data: bytes, now_ms: Optional[int] = None) -> AppendInfo:
         """Append batches keeping their offsets and epochs (replication). The first
         base offset must equal log_end_offset (InvalidRecordError otherwise) and

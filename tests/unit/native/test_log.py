@@ -62,14 +62,17 @@ def test_roll_on_segment_bytes(tmp_path: Path) -> None:
     log.close()
 
 
-def test_segment_bytes_is_checked_per_batch(tmp_path: Path) -> None:
-    """The engine rolls between the batches of one append (Kafka rolls before the
-    whole append; the .pyi leaves this open): segments fill up to segment_bytes."""
+def test_an_append_goes_whole_into_one_segment_unless_larger_than_one(tmp_path: Path) -> None:
+    """Kafka rolls before the whole append: one that does not fit the active segment starts a new one
+    rather than being split (a failed second share could not leave the first behind); only an append
+    larger than a segment is split, so that segments still stay within segment_bytes."""
     batch_size = len(values_batch(1, 100))
     log = open_log(tmp_path, segment_bytes=4 * batch_size)
     log.append_as_leader(values_batch(1, 100) * 3, leader_epoch=0, now_ms=0)
     log.append_as_leader(values_batch(1, 100) * 2, leader_epoch=0, now_ms=0)
-    assert segment_bases(log) == [0, 4]
+    assert segment_bases(log) == [0, 3]
+    log.append_as_leader(values_batch(1, 100) * 6, leader_epoch=0, now_ms=0)
+    assert segment_bases(log) == [0, 3, 7]  # split: segment 3 filled to 4 batches, the rest from 7
     assert all(s.size_bytes <= 4 * batch_size for s in log.segments())
     check_segments_on_disk(log)
     log.close()

@@ -11,6 +11,10 @@ delivery.timeout.ms as Kafka's producer does, names it in its timeout.
 it at once and reopens the log before the dir takes writes again (byte-clean on disk).
 3. A follower whose replica is in the filled dir goes offline once, stops fetching for it (no retry loop),
 leaves the ISR, and rejoins it byte-identical once space returns.
+4. A leader whose replica is in the filled dir notifies the controller (log_dir_event_notification): the
+controller learns from its LeaderAndIsr answer (KAFKA_STORAGE_ERROR) that the replica is offline and elects
+another ISR member, so acks=all produce goes on with nothing acknowledged lost, Metadata lists the replica as
+offline; once space returns the broker notifies again and the replica rejoins the ISR as a follower.
 Needs root (mount), as CI runs.
 """
 
@@ -335,3 +339,97 @@ async def test_a_follower_whose_log_dir_fills_leaves_the_isr_quietly_and_catches
     assert text.count(f"log dir {small} is offline") == 1, text[-3000:]
     assert text.count(f"log dir {small} is online again") == 1, text[-3000:]
     assert "replication from leader 0 failed" not in text, text[-3000:]
+
+
+async def test_a_leader_whose_log_dir_fills_loses_leadership_and_rejoins_as_follower(tmp_path, small_dir: str) -> None:
+    """Broker 2 leads partition 0 of an RF 3 topic from a replica on the tmpfs. Once the tmpfs is full its append
+    fails, the dir goes offline and the broker writes a log dir event notification; the controller sends it
+    LeaderAndIsr, reads KAFKA_STORAGE_ERROR for the replica and moves it to OfflineReplica: another ISR member
+    leads, the SDK's acks=all sends all succeed and every acknowledged record is on the new leader at its offset,
+    and Metadata (`gregor topics describe`) shows broker 2 offline. Once space returns, broker 2 notifies again,
+    follows, catches up byte-identical and is back in the ISR. (Before the controller handled log dir events, the
+    leader stayed and every send failed KAFKA_STORAGE_ERROR until its delivery timeout.)"""
+    from tests.helpers.cluster import replica_log_bytes, running_cluster
+    from tests.integration.test_cli import gregor, ok
+    from tests.integration.test_cluster_control import metadata
+
+    data = str(tmp_path / "cluster")
+    lag = {"replica.lag.time.max.ms": "2000"}
+    with running_cluster(data, brokers=2, controllers=1, broker_overrides=lag) as c:
+        b0, b1 = c.by_role("broker")
+        moved = spawn_broker(data, 2, [small_dir, ""], etcd=c.etcd_endpoints, overrides=lag)
+        c.processes.append(moved)
+        small = os.path.normpath(small_dir)
+
+        async def partition_0() -> broker_pb2.PartitionMetadata | None:
+            resp = await metadata(b0, "m")
+            t = resp.topics[0]
+            return None if t.error or not t.partitions else t.partitions[0]
+
+        async with channel(b0.grpc) as ch:
+            admin = controller_pb2_grpc.AdminServiceStub(ch)
+
+            async def created() -> bool:
+                resp = await admin.CreateTopics(controller_pb2.CreateTopicsRequest(topics=[
+                    controller_pb2.CreatableTopic(name="m", num_partitions=-1, replication_factor=-1,
+                                                  configs={"min.insync.replicas": "2"},
+                                                  assignments={0: controller_pb2.ReplicaList(broker_ids=[2, 0, 1])})]),
+                    timeout=30)
+                code = resp.results[0].error.code
+                assert code in (0, errors.Code.INVALID_REPLICA_ASSIGNMENT, errors.Code.TOPIC_ALREADY_EXISTS), resp
+                return code != errors.Code.INVALID_REPLICA_ASSIGNMENT  # until broker 2 is registered
+
+            await until(created, 30, "topic m created on brokers 2, 0 and 1")
+            await until(lambda: os.path.isdir(os.path.join(small_dir, "m-0")), 30, "broker 2's replica on the tmpfs")
+
+            async def led_by_2_in_sync() -> bool:
+                p = await partition_0()
+                return p is not None and p.leader == 2 and sorted(p.isr) == [0, 1, 2]
+
+            await until(led_by_2_in_sync, 30, "broker 2 leads with all three in the ISR")
+            acked: dict[int, bytes] = {}
+            async with Producer({"bootstrap.servers": b0.grpc, "acks": "all", "linger.ms": 0,
+                                 "request.timeout.ms": 5000, "delivery.timeout.ms": 60000}) as sdk:
+                for i in range(10):
+                    value = b"before-%d-" % i + VALUE
+                    acked[(await sdk.send_and_wait("m", value, partition=0)).offset] = value
+                filler = os.path.join(small_dir, "filler")
+                assert fill(filler) > 0
+                # Every send succeeds: the one that hits the full dir is retried on the new leader. Sends go on until
+                # the dir is offline (the tmpfs pages the segment already holds take a few more), then 20 more.
+                offline_at = None
+                for i in range(MAX_SENDS_AFTER_FULL):
+                    value = b"full-%d-" % i + VALUE
+                    acked[(await sdk.send_and_wait("m", value, partition=0)).offset] = value
+                    if offline_at is None and i % 5 == 4 and metric_value(
+                            moved, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0:
+                        offline_at = i
+                    if offline_at is not None and i >= offline_at + 20:
+                        break
+                assert offline_at is not None, f"{MAX_SENDS_AFTER_FULL} sends never took broker 2's tmpfs dir offline"
+
+            p = await partition_0()
+            assert p is not None and p.leader in (0, 1) and 2 not in p.isr and list(p.offline_replicas) == [2], p
+            assert metric_value(moved, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0
+            described = ok(gregor("topics", "describe", "m", bootstrap=b0.grpc))
+            assert "Offline: 2" in described, described
+            new_leader = b0 if p.leader == 0 else b1
+            async with channel(new_leader.grpc) as lch:
+                read = await read_all(broker_pb2_grpc.BrokerServiceStub(lch), "m")
+            assert [o for o, _ in read] == list(range(len(read)))
+            assert {o: v for o, v in read if o in acked} == acked  # nothing acknowledged is lost or moved
+            assert max(acked) == len(read) - 1
+
+            os.remove(filler)
+
+            async def back_in_sync() -> bool:
+                q = await partition_0()
+                return q is not None and sorted(q.isr) == [0, 1, 2] and not q.offline_replicas
+
+            await until(back_in_sync, 60, "broker 2's replica back in the ISR")
+            await until(lambda: replica_log_bytes(moved, "m", 0) == replica_log_bytes(new_leader, "m", 0), 30,
+                        "the returned replica byte-identical with the leader's")
+            assert "Offline:" not in ok(gregor("topics", "describe", "m", bootstrap=b0.grpc))
+    text = open(moved.log).read()
+    assert text.count(f"log dir {small} is offline") == 1, text[-3000:]
+    assert text.count(f"log dir {small} is online again") == 1, text[-3000:]

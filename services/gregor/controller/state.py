@@ -220,6 +220,13 @@ class ControllerContext:
         brokers = self.live_or_shutting_down_broker_ids if include_shutting_down else self.live_broker_ids
         return broker_id in brokers and tp not in self.replicas_on_offline_dirs.get(broker_id, set())
 
+    def offline_dir_replicas(self, tp: TopicPartition) -> tuple[int, ...]:
+        """The partition's replicas on live brokers whose log dir is offline (UpdateMetadata's offline replicas)."""
+        if not self.replicas_on_offline_dirs:
+            return ()
+        return tuple(r for r in self.partition_replica_assignment(tp)
+                     if tp in self.replicas_on_offline_dirs.get(r, ()))
+
     # -- topics and assignments ------------------------------------------------
 
     def partition_replica_assignment(self, tp: TopicPartition) -> tuple[int, ...]:

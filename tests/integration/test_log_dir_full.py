@@ -389,7 +389,7 @@ async def test_a_leader_whose_log_dir_fills_loses_leadership_and_rejoins_as_foll
             await until(led_by_2_in_sync, 30, "broker 2 leads with all three in the ISR")
             acked: dict[int, bytes] = {}
             async with Producer({"bootstrap.servers": b0.grpc, "acks": "all", "linger.ms": 0,
-                                 "request.timeout.ms": 5000, "delivery.timeout.ms": 60000}) as sdk:
+                                 "request.timeout.ms": 5000, "delivery.timeout.ms": 30000}) as sdk:
                 for i in range(10):
                     value = b"before-%d-" % i + VALUE
                     acked[(await sdk.send_and_wait("m", value, partition=0)).offset] = value

@@ -54,3 +54,19 @@ def test_leader_and_isr_for_a_replica_in_an_offline_dir_answers_storage_error(tm
         assert rm.partitions[in_a[0]].state.leader_epoch == 2 and not rm.partitions[in_a[0]].state.is_leader
     finally:
         manager.close()
+
+
+def test_new_logs_go_to_an_online_dir(tmp_path: Path) -> None:
+    """Kafka places a new log in a live dir only: one created in the offline dir would be offline at once, and
+    its LeaderAndIsr answer (the first one, applied) would not tell the controller."""
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    config = BrokerConfig(broker_id=0, log_dirs=",".join(dirs))
+    manager = LogManager(config)
+    try:
+        rm = ReplicaManager(config, manager)
+        manager.health.failed_dir(dirs[0], OSError(errno.ENOSPC, "No space left on device"), "t-0")
+        assert rm.become_leader_or_follower([State("t", p) for p in range(3)], {"t": {}}) == {}
+        assert sorted(os.listdir(dirs[1])) == ["t-0", "t-1", "t-2"]
+        assert not [n for n in os.listdir(dirs[0]) if n.startswith("t-")]
+    finally:
+        manager.close()

@@ -150,7 +150,7 @@ class RequestSender:
                          + (" ..." if len(storage_errors) > 10 else ""))
             if item.api == "LeaderAndIsr" and self._on_leader_and_isr_response is not None:
                 try:
-                    self._on_leader_and_isr_response(self.broker_id, item.request, response)  # type: ignore[arg-type]
+                    self._on_leader_and_isr_response(self.broker_id, item.request, response)
                 except Exception:  # the sender goes on whatever the controller's handler does
                     log.exception("handling broker %d's LeaderAndIsr answer failed", self.broker_id)
             return

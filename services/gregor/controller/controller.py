@@ -36,9 +36,9 @@ from gregor.controller.requests import (ControllerActions, ControlRequestBatch, 
                                         PartitionStateWrite, apply_writes_outcome,
                                         perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
-from gregor.rpc.v1 import broker_pb2
 from gregor.controller.topics import (on_new_partition_creation, on_topic_deletion, process_partition_modifications,
                                      process_topic_change)
+from gregor.rpc.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

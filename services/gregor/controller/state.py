@@ -270,6 +270,10 @@ class ControllerContext:
             if self.partition_states.pop(tp, None) is PartitionState.OFFLINE:
                 self.offline_partition_count -= 1
         self.replica_states = {k: v for k, v in self.replica_states.items() if k.topic_partition.topic != topic}
+        for broker_id, offline in list(self.replicas_on_offline_dirs.items()):
+            offline -= {tp for tp in offline if tp.topic == topic}
+            if not offline:
+                del self.replicas_on_offline_dirs[broker_id]
         self.partition_assignments.pop(topic, None)
         self.topic_configs.pop(topic, None)
         self.topic_ids.pop(topic, None)

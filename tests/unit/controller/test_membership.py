@@ -165,3 +165,11 @@ def test_a_bounced_broker_forgets_its_offline_dir_replicas() -> None:
     on_leader_and_isr_response(ctx, 3, [TP], [TP], ControllerActions())
     process_broker_change(ctx, {1: 10, 2: 20, 3: 31}, ControllerActions())
     assert 3 not in ctx.replicas_on_offline_dirs and ctx.is_replica_online(3, TP)
+
+
+def test_a_deleted_topic_leaves_no_offline_dir_replica_behind() -> None:
+    """A topic created again under the same name must not find its replica offline from the old topic's answer."""
+    ctx = _running_cluster()
+    on_leader_and_isr_response(ctx, 3, [TP], [TP], ControllerActions())
+    ctx.remove_topic("t")
+    assert 3 not in ctx.replicas_on_offline_dirs and ctx.is_replica_online(3, TP)

@@ -25,8 +25,8 @@ async def controller(etcd: Process) -> AsyncIterator[Controller]:
         await ctl.start()
 
         async def active() -> bool:
-            return ctl.is_active and len(ctl._active_watches) == 4
-        await until(active, 5, "controller active with its four watches")
+            return ctl.is_active and len(ctl._active_watches) == 5
+        await until(active, 5, "controller active with its five watches (brokers, topics, deletions, ISR changes, log dir events)")
         try:
             yield ctl
         finally:

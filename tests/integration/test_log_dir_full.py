@@ -11,6 +11,12 @@ delivery.timeout.ms as Kafka's producer does, names it in its timeout.
 it at once and reopens the log before the dir takes writes again (byte-clean on disk).
 3. A follower whose replica is in the filled dir goes offline once, stops fetching for it (no retry loop),
 leaves the ISR, and rejoins it byte-identical once space returns.
+4. A leader whose replica is in the filled dir notifies the controller (log_dir_event_notification): the
+controller learns from its LeaderAndIsr answer (KAFKA_STORAGE_ERROR) that the replica is offline and elects
+another ISR member, so acks=all produce goes on with nothing acknowledged lost, Metadata lists the replica as
+offline; once space returns the broker notifies again and the replica rejoins the ISR as a follower.
+5. The same with the controller frozen while the dir fills: the next controller's failover learns of the offline
+replica from the broker's LeaderAndIsr answer (the pending notification is deleted, as Kafka's failover does).
 Needs root (mount), as CI runs.
 """
 
@@ -379,3 +385,167 @@ async def test_a_follower_whose_log_dir_fills_leaves_the_isr_quietly_and_catches
     assert text.count(f"log dir {small} is offline") == 1, text[-3000:]
     assert text.count(f"log dir {small} is online again") == 1, text[-3000:]
     assert "replication from leader 0 failed" not in text, text[-3000:]
+
+
+async def partition_0(broker: Process, topic: str) -> broker_pb2.PartitionMetadata | None:
+    """Partition 0 of topic in broker's Metadata answer (None while unknown)."""
+    from tests.integration.test_cluster_control import metadata
+
+    t = (await metadata(broker, topic)).topics[0]
+    return None if t.error or not t.partitions else t.partitions[0]
+
+
+async def create_led_by_2(admin: controller_pb2_grpc.AdminServiceStub, b0: Process, small_dir: str, topic: str) -> None:
+    """An RF 3 topic whose partition 0 is led by broker 2 (preferred) from its replica on the tmpfs, all in sync."""
+
+    async def created() -> bool:
+        resp = await admin.CreateTopics(controller_pb2.CreateTopicsRequest(topics=[
+            controller_pb2.CreatableTopic(name=topic, num_partitions=-1, replication_factor=-1,
+                                          configs={"min.insync.replicas": "2"},
+                                          assignments={0: controller_pb2.ReplicaList(broker_ids=[2, 0, 1])})]),
+            timeout=30)
+        code = resp.results[0].error.code
+        assert code in (0, errors.Code.INVALID_REPLICA_ASSIGNMENT, errors.Code.TOPIC_ALREADY_EXISTS), resp
+        return code != errors.Code.INVALID_REPLICA_ASSIGNMENT  # until broker 2 is registered
+
+    await until(created, 30, f"topic {topic} created on brokers 2, 0 and 1")
+    await until(lambda: os.path.isdir(os.path.join(small_dir, f"{topic}-0")), 30, "broker 2's replica on the tmpfs")
+
+    async def led_by_2_in_sync() -> bool:
+        p = await partition_0(b0, topic)
+        return p is not None and p.leader == 2 and sorted(p.isr) == [0, 1, 2]
+
+    await until(led_by_2_in_sync, 30, "broker 2 leads with all three in the ISR")
+
+
+async def test_a_leader_whose_log_dir_fills_loses_leadership_and_rejoins_as_follower(tmp_path, small_dir: str) -> None:
+    """Broker 2 leads partition 0 of an RF 3 topic from a replica on the tmpfs. Once the tmpfs is full its append
+    fails, the dir goes offline and the broker writes a log dir event notification; the controller sends it
+    LeaderAndIsr, reads KAFKA_STORAGE_ERROR for the replica and moves it to OfflineReplica: another ISR member
+    leads, the SDK's acks=all sends all succeed and every acknowledged record is on the new leader at its offset,
+    and Metadata (`gregor topics describe`) shows broker 2 offline. Once space returns, broker 2 notifies again,
+    follows, catches up byte-identical and is back in the ISR. (Before the controller handled log dir events, the
+    leader stayed and every send failed KAFKA_STORAGE_ERROR until its delivery timeout.)"""
+    from tests.helpers.cluster import replica_log_bytes, running_cluster
+    from tests.integration.test_cli import gregor, ok
+
+    data = str(tmp_path / "cluster")
+    lag = {"replica.lag.time.max.ms": "2000"}
+    with running_cluster(data, brokers=2, controllers=1, broker_overrides=lag) as c:
+        b0, b1 = c.by_role("broker")
+        moved = spawn_broker(data, 2, [small_dir, ""], etcd=c.etcd_endpoints, overrides=lag)
+        c.processes.append(moved)
+        small = os.path.normpath(small_dir)
+        async with channel(b0.grpc) as ch:
+            await create_led_by_2(controller_pb2_grpc.AdminServiceStub(ch), b0, small_dir, "m")
+            acked: dict[int, bytes] = {}
+            async with Producer({"bootstrap.servers": b0.grpc, "acks": "all", "linger.ms": 0,
+                                 "request.timeout.ms": 5000, "delivery.timeout.ms": 30000}) as sdk:
+                for i in range(10):
+                    value = b"before-%d-" % i + VALUE
+                    acked[(await sdk.send_and_wait("m", value, partition=0)).offset] = value
+                filler = os.path.join(small_dir, "filler")
+                assert fill(filler) > 0
+                # Every send succeeds: the one that hits the full dir is retried on the new leader. Sends go on until
+                # the dir is offline (the tmpfs pages the segment already holds take a few more), then 20 more.
+                offline_at = None
+                for i in range(MAX_SENDS_AFTER_FULL):
+                    value = b"full-%d-" % i + VALUE
+                    acked[(await sdk.send_and_wait("m", value, partition=0)).offset] = value
+                    if offline_at is None and i % 5 == 4 and metric_value(
+                            moved, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0:
+                        offline_at = i
+                    if offline_at is not None and i >= offline_at + 20:
+                        break
+                assert offline_at is not None, f"{MAX_SENDS_AFTER_FULL} sends never took broker 2's tmpfs dir offline"
+
+            async def moved_off_2() -> bool:  # UpdateMetadata reaches broker 0 just after the new leader's request
+                q = await partition_0(b0, "m")
+                return q is not None and q.leader in (0, 1) and 2 not in q.isr and list(q.offline_replicas) == [2]
+
+            await until(moved_off_2, 10, "broker 0's metadata: another leader, broker 2 out of the ISR and offline")
+            p = await partition_0(b0, "m")
+            assert p is not None
+            assert metric_value(moved, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 1.0
+            described = ok(gregor("topics", "describe", "m", bootstrap=b0.grpc))
+            assert "Offline: 2" in described, described
+            new_leader = b0 if p.leader == 0 else b1
+            async with channel(new_leader.grpc) as lch:
+                read = await read_all(broker_pb2_grpc.BrokerServiceStub(lch), "m")
+            assert [o for o, _ in read] == list(range(len(read)))
+            assert {o: v for o, v in read if o in acked} == acked  # nothing acknowledged is lost or moved
+            assert max(acked) == len(read) - 1
+
+            os.remove(filler)
+
+            async def back_in_sync() -> bool:
+                q = await partition_0(b0, "m")
+                return q is not None and sorted(q.isr) == [0, 1, 2] and not q.offline_replicas
+
+            await until(back_in_sync, 60, "broker 2's replica back in the ISR")
+            await until(lambda: replica_log_bytes(moved, "m", 0) == replica_log_bytes(new_leader, "m", 0), 30,
+                        "the returned replica byte-identical with the leader's")
+            assert "Offline:" not in ok(gregor("topics", "describe", "m", bootstrap=b0.grpc))
+    text = open(moved.log).read()
+    assert text.count(f"log dir {small} is offline") == 1, text[-3000:]
+    assert text.count(f"log dir {small} is online again") == 1, text[-3000:]
+
+
+async def test_a_controller_taking_over_learns_of_an_offline_log_dir(tmp_path, small_dir: str) -> None:
+    """The only controller is frozen (SIGSTOP) while broker 2's tmpfs fills: the log dir event notification waits in
+    etcd and broker 2 keeps leading, answering KAFKA_STORAGE_ERROR. A new controller takes over once the frozen
+    one's lease expires: its failover deletes the pending notification (as Kafka's does) and learns from broker 2's
+    answer to the failover LeaderAndIsr that the replica is offline, so leadership moves and acks=all produce goes
+    on; once space returns, the new controller's watch brings the replica back into the ISR."""
+    from tests.helpers.cluster import running_cluster, start_controller_with
+
+    data = str(tmp_path / "cluster")
+    lag = {"replica.lag.time.max.ms": "2000"}
+    with running_cluster(data, brokers=2, controllers=1, broker_overrides=lag) as c:
+        b0, _ = c.by_role("broker")
+        (frozen,) = c.by_role("controller")
+        moved = spawn_broker(data, 2, [small_dir, ""], etcd=c.etcd_endpoints, overrides=lag)
+        c.processes.append(moved)
+        small = os.path.normpath(small_dir)
+        async with channel(b0.grpc) as ch:
+            await create_led_by_2(controller_pb2_grpc.AdminServiceStub(ch), b0, small_dir, "f")
+        async with channel(moved.grpc) as ch:
+            stub = broker_pb2_grpc.BrokerServiceStub(ch)
+            os.kill(frozen.pid, signal.SIGSTOP)
+            filler = os.path.join(small_dir, "filler")
+            assert fill(filler) > 0
+            for i in range(MAX_SENDS_AFTER_FULL):
+                try:
+                    await produce(stub, "f", b"full-%d-" % i + VALUE)
+                except errors.GregorError as err:
+                    assert err.code == errors.Code.KAFKA_STORAGE_ERROR, err
+                    break
+            else:
+                raise AssertionError(f"{MAX_SENDS_AFTER_FULL} sends into a full dir all succeeded")
+        await until(lambda: "log dir event notification written" in open(moved.log).read(), 10,
+                    "broker 2's log dir event notification written")
+        p = await partition_0(b0, "f")
+        assert p is not None and p.leader == 2, p  # nobody handled it: the frozen controller's term
+        os.kill(frozen.pid, signal.SIGKILL)
+        successor = start_controller_with(data, 1, c.by_role("etcd")[0].grpc)
+        c.processes.append(successor)
+
+        async def moved_off_2() -> bool:
+            q = await partition_0(b0, "f")
+            return q is not None and q.leader in (0, 1) and 2 not in q.isr and list(q.offline_replicas) == [2]
+
+        await until(moved_off_2, 30, "the new controller moves leadership off broker 2's offline replica")
+        async with Producer({"bootstrap.servers": b0.grpc, "acks": "all", "linger.ms": 0,
+                             "request.timeout.ms": 5000, "delivery.timeout.ms": 30000}) as sdk:
+            for i in range(5):
+                await sdk.send_and_wait("f", b"after-failover-%d" % i, partition=0)
+        os.remove(filler)
+
+        async def back_in_sync() -> bool:
+            q = await partition_0(b0, "f")
+            return q is not None and sorted(q.isr) == [0, 1, 2] and not q.offline_replicas
+
+        await until(back_in_sync, 60, "broker 2's replica back in the ISR")
+        assert metric_value(moved, "gregor_log_dir_offline", f'{{dir="{small}"}}') == 0.0
+    text = open(successor.log).read()
+    assert "replicas in an offline log dir: 1 newly offline ['f-0']" in text, text[-3000:]

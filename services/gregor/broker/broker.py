@@ -13,6 +13,7 @@ from gregor.broker.cluster_membership import ClusterMembership
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
 from gregor.broker.local_admin import LocalTopicStore
+from gregor.broker.log_dir_events import LogDirEventNotifier
 from gregor.broker.log_manager import LogManager
 from gregor.broker.metadata_cache import MetadataCache
 from gregor.broker.produce_api import ProduceStreamHandler
@@ -63,6 +64,8 @@ class Broker:
         self.membership: ClusterMembership | None = None
         self.coordinator_lookup: CoordinatorLookup | None = None  # FindCoordinator's etcd view (cluster mode)
         self._etcd: Any = None
+        # Cluster mode: log dir event notifications to the controller (broker/log_dir_events.py).
+        self.log_dir_events: LogDirEventNotifier | None = None
         self._authz_etcd: Any = None  # the ACL cache's own etcd client (the authorizer is up before we register)
         self.authz = Authz()  # off until start() reads authorizer.class.name
         self.grpc_port = config.port
@@ -232,6 +235,9 @@ class Broker:
         isr = IsrManager(rm, self._etcd, self.config.broker_id, self.config.replica_lag_time_max_ms)
         rm.metadata_cache = self.metadata_cache  # live broker epochs for follower fetches (KIP-380/903)
         rm.attach_replication(fetchers, isr)
+        # A dir going offline or coming back: the controller moves leadership and ISR membership of its replicas.
+        self.log_dir_events = LogDirEventNotifier(self._etcd, self.config.broker_id)
+        self.log_manager.health.on_change = self.log_dir_events.notify
 
     def ready_info(self) -> dict[str, Any]:
         return {
@@ -278,6 +284,9 @@ class Broker:
             await self.coordinator_lookup.stop()
         await self.quotas.stop()
         await self.dynamic_config.stop()
+        if self.log_dir_events is not None:
+            self.log_manager.health.on_change = lambda _dir, _online: None
+            await self.log_dir_events.stop()
         unwatch_quotas(self.quotas)
         if self._etcd is not None:
             await self._etcd.close()

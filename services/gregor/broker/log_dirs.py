@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import weakref
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
@@ -98,6 +99,9 @@ class LogDirHealth:
         self.offline: dict[str, str] = {}
         # Partition directories whose write failed: reopened (recovered) before their dir is online again.
         self.failed_logs: set[str] = set()
+        # Told (dir, online) when a dir goes offline (False) or comes back (True): in cluster mode the broker
+        # writes a log dir event notification for the controller (broker/log_dir_events.py).
+        self.on_change: Callable[[str, bool], None] = lambda _dir, _online: None
         for d in self.dirs:
             LOG_DIR_OFFLINE.labels(dir=d).set(0)
         _HEALTHS.add(self)
@@ -142,6 +146,7 @@ class LogDirHealth:
         LOG_DIR_OFFLINE.labels(dir=d).set(1)
         log.warning("log dir %s is offline after a failed write of %s (%s): its partitions answer "
                     "KAFKA_STORAGE_ERROR until it can be written again", d, what, self.offline[d])
+        self.on_change(d, False)
 
     def online(self, log_dir: str) -> None:
         """The dir can be written again (probe passed and its logs recovered): one INFO."""
@@ -150,3 +155,4 @@ class LogDirHealth:
             return
         LOG_DIR_OFFLINE.labels(dir=log_dir).set(0)
         log.info("log dir %s is online again (it was offline: %s)", log_dir, reason)
+        self.on_change(log_dir, True)

@@ -216,9 +216,12 @@ class LogManager:
         self.loaded: collections.Counter[str] = collections.Counter()
 
     def _fewest_dir(self, counts: "collections.Counter[str] | None" = None) -> str:
-        """The log dir with the fewest partitions, where Kafka places a new log."""
+        """The online log dir with the fewest partitions, where Kafka places a new log (an offline dir takes
+        none: the new replica would be offline at once, and the controller would not hear of it)."""
         per_dir = self._logs_per_dir if counts is None else counts
-        return min(self.log_dirs, key=lambda d: per_dir[os.path.normpath(d)])
+        online = [d for d in self.log_dirs if os.path.normpath(d) not in self.health.offline] if self.health.offline \
+            else self.log_dirs
+        return min(online or self.log_dirs, key=lambda d: per_dir[os.path.normpath(d)])
 
     def get_or_create_log(self, topic: str, partition: int, topic_configs: dict[str, Any],
                           topic_id: bytes = b"") -> native.Log:

@@ -19,6 +19,8 @@ class CachedPartition:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    # Replicas on live brokers whose log dir is offline, as the controller said.
+    offline_replicas: tuple[int, ...] = ()
 
 
 class MetadataCache:
@@ -53,7 +55,7 @@ class MetadataCache:
             if topic_id:
                 self.topic_ids[s.topic] = topic_id
             self.partitions.setdefault(s.topic, {})[s.partition] = CachedPartition(
-                s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
+                s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr), tuple(s.offline_replicas))
         for topic in deleted_topics:
             self.partitions.pop(topic, None)
             self.topic_ids.pop(topic, None)
@@ -88,7 +90,7 @@ class MetadataCache:
         return out
 
     def _partition(self, partition: int, p: CachedPartition) -> broker_pb2.PartitionMetadata:
-        offline = [r for r in p.replicas if r not in self.live_brokers]
+        offline = [r for r in p.replicas if r not in self.live_brokers or r in p.offline_replicas]
         leader_alive = p.leader >= 0 and p.leader in self.live_brokers
         return broker_pb2.PartitionMetadata(
             partition=partition, leader=p.leader if leader_alive else -1, leader_epoch=p.leader_epoch,

@@ -492,8 +492,15 @@ class ReplicaManager:
     def _apply_partition_states(self, states: Iterable[LeaderAndIsrState], effective: dict[str, dict[str, Any]],
                                 open_errors: dict[tuple[str, int], Exception]) -> dict[tuple[str, int], int]:
         failed: dict[tuple[str, int], int] = {}
+        health = self.log_manager.health
         for s in states:
             key = (s.topic, s.partition)
+            hosted = self.partitions.get(key)
+            if hosted is not None and health.offline and health.is_offline(hosted.log.dir):
+                # Kafka's offline replica: left as it is and answered KAFKA_STORAGE_ERROR, from which the
+                # controller learns it is offline (it moves leadership and ISR membership off it).
+                failed[key] = errors.Code.KAFKA_STORAGE_ERROR
+                continue
             try:
                 if key in open_errors:
                     raise open_errors[key]

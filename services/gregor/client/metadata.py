@@ -35,6 +35,9 @@ STALE_METADATA_CODES = frozenset({
     errors.Code.LEADER_NOT_AVAILABLE, errors.Code.FENCED_LEADER_EPOCH,
     errors.Code.UNKNOWN_LEADER_EPOCH, errors.Code.NETWORK_EXCEPTION,
     errors.Code.BROKER_NOT_AVAILABLE, errors.Code.REPLICA_NOT_AVAILABLE,
+    # Kafka's KafkaStorageException is an InvalidMetadataException: the leader's log dir is offline and the
+    # controller moves leadership off it, so the retry looks the leader up again.
+    errors.Code.KAFKA_STORAGE_ERROR,
 })
 
 

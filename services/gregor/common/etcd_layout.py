@@ -16,6 +16,7 @@ One section per record kind; nothing else in services/ builds a key or parses a 
   quota configs (Kafka's ZooKeeper paths; names URL-encoded as Kafka's Sanitizer does, `<default>` literal)
 - `admin/delete_topics/<topic>`: empty; the topic is queued for deletion
 - `isr_change_notification/isr_change_<ns>_<broker>_<seq>`: ISR changes a leader made
+- `log_dir_event_notification/log_dir_event_<ns>_<broker>_<seq>`: a broker's log dir went offline or came back
 - `latest_producer_id_block`: the last producer id block handed out
 - `coordinators/ids/<id>`: a live coordinator (lease-bound)
 - `coordinators/partitions/<p>`, `coordinators/txn-partitions/<p>`: the coordinator serving that
@@ -459,6 +460,44 @@ class IsrChangeNotificationZNode:
     def decode(value: bytes) -> list[tuple[str, int]]:
         """The changed partitions; ValueError (or KeyError/TypeError) for a malformed value."""
         return [(str(e["topic"]), int(e["partition"])) for e in _object(value).get("partitions", [])]
+
+
+# -- log dir event notifications -----------------------------------------------
+
+# Kafka's LogDirEventNotificationHandler.LogDirFailureEvent; LOG_DIR_ONLINE_EVENT is Gregor's (a dir comes back
+# without a restart, docs/architecture.md "A full log dir"). The controller handles both the same way.
+LOG_DIR_FAILURE_EVENT = 1
+LOG_DIR_ONLINE_EVENT = 2
+
+
+class LogDirEventNotificationZNode:
+    """`log_dir_event_notification/log_dir_event_<ns>_<broker>_<seq>` (Kafka's LogDirEventNotificationSequenceZNode).
+
+    Written by a broker whose log dir went offline (or came back); the controller deletes it and asks the
+    broker, with LeaderAndIsr, which of its replicas are offline. etcd has no sequential nodes: the time in ns,
+    the broker id and a per-broker counter keep the names unique and in order (as for ISR changes).
+    Value: Kafka's `{"version":1,"broker":B,"event":E}`.
+    """
+
+    PATH = "log_dir_event_notification"
+
+    @staticmethod
+    def key(etcd: KeySpace, time_ns: int, broker_id: int, seq: int) -> bytes:
+        return etcd.key(LogDirEventNotificationZNode.PATH, f"log_dir_event_{time_ns:020d}_{broker_id}_{seq}")
+
+    @staticmethod
+    def prefix(etcd: KeySpace) -> bytes:
+        return _prefix(etcd, LogDirEventNotificationZNode.PATH)
+
+    @staticmethod
+    def encode(broker_id: int, event: int) -> bytes:
+        return _json({"version": 1, "broker": broker_id, "event": event})
+
+    @staticmethod
+    def decode(value: bytes) -> tuple[int, int]:
+        """(broker id, event); ValueError (or KeyError/TypeError) for a malformed value."""
+        raw = _object(value)
+        return int(raw["broker"]), int(raw.get("event", LOG_DIR_FAILURE_EVENT))
 
 
 # -- producer ids --------------------------------------------------------------

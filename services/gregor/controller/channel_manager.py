@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -53,6 +53,11 @@ class ChannelMetrics:
                                    registry=registry)
 
 
+# Told of every LeaderAndIsr a broker answered: (broker id, request, response). Runs on the loop, outside the
+# event task: it may only enqueue an event (the controller's LeaderAndIsrResponseReceived).
+LeaderAndIsrResponseHandler = Callable[[int, broker_pb2.LeaderAndIsrRequest, broker_pb2.LeaderAndIsrResponse], None]
+
+
 @dataclass(frozen=True)
 class _QueueItem:
     api: str
@@ -68,8 +73,10 @@ class RequestSender:
     whatever is still queued.
     """
 
-    def __init__(self, broker_id: int, address: str, metrics: ChannelMetrics) -> None:
+    def __init__(self, broker_id: int, address: str, metrics: ChannelMetrics,
+                 on_leader_and_isr_response: LeaderAndIsrResponseHandler | None = None) -> None:
         self.broker_id = broker_id
+        self._on_leader_and_isr_response = on_leader_and_isr_response
         self.address = address
         self._metrics = metrics
         self._label = str(broker_id)
@@ -125,8 +132,11 @@ class RequestSender:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_S)
                 continue
+            storage_errors = []
             for pe in getattr(response, "partition_errors", ()):
-                if pe.error == errors.Code.STALE_CONTROLLER_EPOCH:
+                if pe.error == errors.Code.KAFKA_STORAGE_ERROR:  # an offline log dir: one line, not one each
+                    storage_errors.append(f"{pe.topic}-{pe.partition}")
+                elif pe.error == errors.Code.STALE_CONTROLLER_EPOCH:
                     # The broker already holds this leader epoch (a resend on failover or broker change):
                     # it ignores the partition, as Kafka's brokers do; nothing to act on.
                     log.debug("broker %d: %s for %s-%d already applied", self.broker_id, item.api, pe.topic,
@@ -134,6 +144,15 @@ class RequestSender:
                 elif pe.error:
                     log.warning("broker %d: %s for %s-%d: %s", self.broker_id, item.api, pe.topic, pe.partition,
                                 errors.code_name(pe.error))
+            if storage_errors:
+                log.info("broker %d: %s answered KAFKA_STORAGE_ERROR (offline log dir) for %d partitions: %s",
+                         self.broker_id, item.api, len(storage_errors), ", ".join(storage_errors[:10])
+                         + (" ..." if len(storage_errors) > 10 else ""))
+            if item.api == "LeaderAndIsr" and self._on_leader_and_isr_response is not None:
+                try:
+                    self._on_leader_and_isr_response(self.broker_id, item.request, response)
+                except Exception:  # the sender goes on whatever the controller's handler does
+                    log.exception("handling broker %d's LeaderAndIsr answer failed", self.broker_id)
             return
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
@@ -156,6 +175,8 @@ class ControllerChannelManager:
         self._senders: dict[int, RequestSender] = {}
         self._topic_ids: dict[str, bytes] = {}
         self._state_pbs: dict[PartitionStateInfo, broker_pb2.LeaderAndIsrPartitionState] = {}
+        # The controller's LeaderAndIsrResponseReceived (set by the controller; None: answers are only logged).
+        self.on_leader_and_isr_response: LeaderAndIsrResponseHandler | None = None
 
     @property
     def broker_ids(self) -> set[int]:
@@ -166,7 +187,13 @@ class ControllerChannelManager:
         self.endpoints[endpoint.broker_id] = endpoint
         if endpoint.broker_id not in self._senders:
             address = f"{endpoint.host}:{endpoint.grpc_port}"
-            self._senders[endpoint.broker_id] = RequestSender(endpoint.broker_id, address, self.metrics)
+            self._senders[endpoint.broker_id] = RequestSender(endpoint.broker_id, address, self.metrics,
+                                                              self._leader_and_isr_answered)
+
+    def _leader_and_isr_answered(self, broker_id: int, request: broker_pb2.LeaderAndIsrRequest,
+                                 response: broker_pb2.LeaderAndIsrResponse) -> None:
+        if self.on_leader_and_isr_response is not None:
+            self.on_leader_and_isr_response(broker_id, request, response)
 
     def remove_broker(self, broker_id: int) -> None:
         """Stop a broker's sender and drop its queue (Kafka's removeBroker)."""
@@ -251,4 +278,4 @@ def partition_state_pb(info: PartitionStateInfo,
         topic=info.topic_partition.topic, partition=info.topic_partition.partition,
         controller_epoch=lai.controller_epoch, leader=lai.leader, leader_epoch=lai.leader_epoch, isr=list(lai.isr),
         partition_epoch=lai.partition_epoch, replicas=list(info.replicas), is_new=info.is_new,
-        topic_id=(topic_ids or {}).get(info.topic_partition.topic, b""))
+        topic_id=(topic_ids or {}).get(info.topic_partition.topic, b""), offline_replicas=list(info.offline_replicas))

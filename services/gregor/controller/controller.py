@@ -18,7 +18,7 @@ from gregor.common.etcd import (Compare, CompareFailed, Delete, EtcdClient, Etcd
 from gregor.common.lease_thread import ThreadedLease
 from gregor.common.phase_clock import PhaseClock
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
-                                       ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
+                                       LogDirEventNotificationZNode, ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
 from gregor.controller.standby_metadata import StandbyMetadata, TakeOver
 from gregor.controller.broker_registry import (BrokerRegistration, ClusterDescription, broker_epochs, open_file_limits,
@@ -30,13 +30,15 @@ from gregor.controller.event_manager import ControllerEventManager
 from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, ElectionType,
                                               check_and_trigger_auto_leader_rebalance, do_controlled_shutdown,
                                               partitions_still_led, process_replica_leader_election)
-from gregor.controller.membership import compute_broker_changes, on_controller_failover, process_broker_change
+from gregor.controller.membership import (compute_broker_changes, on_broker_log_dir_failure, on_controller_failover,
+                                         on_leader_and_isr_response, process_broker_change)
 from gregor.controller.requests import (ControllerActions, ControlRequestBatch, PartitionStateConflict,
                                         PartitionStateWrite, apply_writes_outcome,
                                         perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
 from gregor.controller.topics import (on_new_partition_creation, on_topic_deletion, process_partition_modifications,
                                      process_topic_change)
+from gregor.rpc.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,6 +235,7 @@ class Controller:
         self.metrics = ControllerMetrics(registry)
         self.events = ControllerEventManager(registry=registry)
         self.channels = ControllerChannelManager(controller_id, registry)
+        self.channels.on_leader_and_isr_response = self._leader_and_isr_answered
         self.stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._lease: ThreadedLease | None = None
         self._controller_watch: asyncio.Task[None] | None = None
@@ -515,7 +518,10 @@ class Controller:
         registered = registrations(self.etcd, brokers.kvs)
         self.ctx.live_broker_epochs = {r.broker_id: r.broker_epoch for r in registered}
         self.ctx.broker_open_file_limits = open_file_limits(registered)
-        await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True)])
+        # Pending log dir events too, as Kafka's failover does: every replica gets LeaderAndIsr below, and the
+        # answers say which are in an offline dir.
+        await self.guarded_write([], [Delete(IsrChangeNotificationZNode.prefix(self.etcd), prefix=True),
+                                      Delete(LogDirEventNotificationZNode.prefix(self.etcd), prefix=True)])
         phases.lap("brokers")
         # A warm standby hands over its copy, verified against etcd key by key (mod_revisions, no values):
         # only what changed since its watch last applied is read and parsed (StandbyMetadata's module doc
@@ -563,6 +569,8 @@ class Controller:
             # Only creations matter: our own deletions of handled notifications also show up here.
             self._spawn(self._watch_prefix(IsrChangeNotificationZNode.prefix(self.etcd), snapshot.revision + 1,
                                            self._isr_change_event), "isr-change-watch"),
+            self._spawn(self._watch_prefix(LogDirEventNotificationZNode.prefix(self.etcd), snapshot.revision + 1,
+                                           self._log_dir_event), "log-dir-event-watch"),
         ]
         if prepared is not None:
             actions, bounced = prepared.actions, prepared.bounced
@@ -788,6 +796,75 @@ class Controller:
         finally:
             await self.guarded_write([], [Delete(kv.key) for kv in found.kvs])
         log.info("ISR changes propagated for %s", [f"{tp.topic}-{tp.partition}" for tp in refreshed])
+
+    def _log_dir_event(self) -> _Event:
+        return _Event(ControllerState.LOG_DIR_CHANGE, "LogDirEventNotification",
+                      lambda: self._guarded_event(self.on_log_dir_event_notification))
+
+    async def on_log_dir_event_notification(self) -> None:
+        """LogDirEventNotification: a broker's log dir went offline (or, Gregor's, came back); delete the
+        notifications and send the brokers named LeaderAndIsr for all their replicas (onBrokerLogDirFailure).
+        Their answers (`on_leader_and_isr_response`) say which replicas are offline."""
+        if not self.is_active:
+            return
+        found = await self.etcd.get_prefix(LogDirEventNotificationZNode.prefix(self.etcd))
+        if not found.kvs:
+            return
+        brokers: set[int] = set()
+        for kv in found.kvs:
+            try:
+                brokers.add(LogDirEventNotificationZNode.decode(kv.value)[0])
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring malformed log dir event notification %r: %s", kv.key, exc)
+        actions = ControllerActions()
+        try:
+            on_broker_log_dir_failure(self.ctx, brokers, actions)
+            await self.apply_actions(actions)
+        finally:
+            await self.guarded_write([], [Delete(kv.key) for kv in found.kvs])
+        log.info("log dir events of brokers %s: LeaderAndIsr sent for their replicas", sorted(brokers))
+
+    def _leader_and_isr_answered(self, broker_id: int, request: broker_pb2.LeaderAndIsrRequest,
+                                 response: broker_pb2.LeaderAndIsrResponse) -> None:
+        """A broker answered LeaderAndIsr (its sender's task): queue LeaderAndIsrResponseReceived when the answer
+        names a replica in an offline log dir, or the broker has such replicas (some may be back). Only a peek
+        at the context from outside the event task, never a change."""
+        storage = [TopicPartition(pe.topic, pe.partition) for pe in response.partition_errors
+                   if pe.error == errors.Code.KAFKA_STORAGE_ERROR]
+        if not storage and broker_id not in self.ctx.replicas_on_offline_dirs:
+            return
+        partitions = [TopicPartition(s.topic, s.partition) for s in request.partition_states]
+        broker_epoch, controller_epoch = request.broker_epoch, request.controller_epoch
+        event = _Event(ControllerState.LEADER_AND_ISR_RESPONSE_RECEIVED, "LeaderAndIsrResponseReceived",
+                       lambda: self._guarded_event(lambda: self.on_leader_and_isr_response(
+                           broker_id, broker_epoch, controller_epoch, partitions, storage)))
+        try:
+            self.events.put_nowait(event)
+        except asyncio.QueueFull:
+            asyncio.get_running_loop().create_task(self.events.put(event), name="leader-and-isr-response")
+        except Exception:  # the event manager is stopping: nothing to act on
+            log.debug("LeaderAndIsr answer of broker %d not queued", broker_id, exc_info=True)
+
+    async def on_leader_and_isr_response(self, broker_id: int, broker_epoch: int, controller_epoch: int,
+                                         partitions: list[TopicPartition], storage_errors: list[TopicPartition]) -> None:
+        """LeaderAndIsrResponseReceived: replicas answered KAFKA_STORAGE_ERROR go OfflineReplica (leadership and
+        ISR membership move off them); offline ones answered without error are back. An answer of another
+        controller term or of an earlier registration of the broker is stale and ignored."""
+        if not self.is_active or controller_epoch != self.ctx.epoch:
+            return
+        if broker_id not in self.ctx.live_or_shutting_down_broker_ids or broker_epoch not in (
+                -1, self.ctx.broker_epoch(broker_id)):
+            return
+        # Leaders may have changed ISRs since their last notification: decide on etcd's states.
+        await self.refresh_partition_states(set(storage_errors))
+        actions = ControllerActions()
+        offline, back = on_leader_and_isr_response(self.ctx, broker_id, partitions, storage_errors, actions,
+                                                   self._election())
+        await self.apply_actions(actions)
+        if offline or back:
+            log.info("broker %d: replicas in an offline log dir: %d newly offline %s, %d back online %s", broker_id,
+                     len(offline), sorted(str(tp) for tp in offline)[:20], len(back),
+                     sorted(str(tp) for tp in back)[:20])
 
     async def on_broker_change(self) -> None:
         """BrokerChange: senders follow membership first, then onBrokerStartup / onBrokerFailure."""

@@ -10,7 +10,7 @@ from gregor.controller import replica_state_machine as rsm
 from gregor.controller.election import OfflineElection
 from gregor.controller.requests import ControllerActions
 from gregor.controller.state import (UNKNOWN_BROKER_EPOCH, ControllerContext, PartitionReplica, PartitionState,
-                                     ReplicaState)
+                                     ReplicaState, TopicPartition)
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,58 @@ def on_broker_startup(
     actions.topics_to_resume_deletion.update(
         r.topic_partition.topic for r in replicas if ctx.is_topic_queued_up_for_deletion(r.topic_partition.topic)
     )
+
+
+def on_broker_log_dir_failure(ctx: ControllerContext, broker_ids: Iterable[int], actions: ControllerActions) -> None:
+    """Kafka's onBrokerLogDirFailure, for a log dir event notification (a dir offline, or Gregor's dir back):
+    LeaderAndIsr for every replica of the live brokers named (they move to OnlineReplica). Each broker answers
+    KAFKA_STORAGE_ERROR for the replicas in an offline dir; `on_leader_and_isr_response` acts on the answers."""
+    live = sorted(set(broker_ids) & ctx.live_or_shutting_down_broker_ids)
+    valid = rsm.VALID_PREVIOUS_STATES[ReplicaState.ONLINE]
+    replicas = [r for r in ctx.replicas_on_brokers(live)
+                if not ctx.is_topic_queued_up_for_deletion(r.topic_partition.topic) and ctx.replica_state(r) in valid]
+    rsm.handle_state_changes(ctx, replicas, ReplicaState.ONLINE, actions)
+
+
+def on_leader_and_isr_response(
+    ctx: ControllerContext,
+    broker_id: int,
+    partitions: Iterable[TopicPartition],
+    storage_errors: Iterable[TopicPartition],
+    actions: ControllerActions,
+    election: OfflineElection | None = None,
+) -> tuple[set[TopicPartition], set[TopicPartition]]:
+    """Kafka's LeaderAndIsrResponseReceived: a live broker answered LeaderAndIsr for `partitions`, with
+    KAFKA_STORAGE_ERROR for `storage_errors` (replicas in an offline log dir).
+
+    The broker's offline-dir replicas become the errored ones plus those it had that this answer did not cover.
+    Newly offline replicas go OfflineReplica (onReplicasBecomeOffline: a partition they led elects a new leader
+    from the rest of its ISR, the others drop them from the ISR). Replicas answered without error that were
+    offline are back (Gregor's dirs come back without a restart): they already got LeaderAndIsr as followers,
+    so they catch up and the leader takes them back into the ISR; a partition left without a leader while they
+    were away is elected again. Returns (newly offline, back online).
+    """
+    previous = ctx.replicas_on_offline_dirs.get(broker_id, set())
+    offline = set(storage_errors)
+    online = set(partitions) - offline
+    current = (previous - online) | offline
+    if current:
+        ctx.replicas_on_offline_dirs[broker_id] = current
+    else:
+        ctx.replicas_on_offline_dirs.pop(broker_id, None)
+    newly_offline = offline - previous
+    back_online = previous & online
+    valid = rsm.VALID_PREVIOUS_STATES[ReplicaState.OFFLINE]
+    replicas = [PartitionReplica(tp, broker_id) for tp in sorted(newly_offline)
+                if broker_id in ctx.partition_replica_assignment(tp)
+                and ctx.replica_state(PartitionReplica(tp, broker_id)) in valid]
+    if replicas:
+        on_replicas_become_offline(ctx, replicas, actions, election)
+    if back_online:
+        psm.trigger_online_partition_state_change(ctx, actions, election)
+        actions.batch.add_update_metadata(ctx.live_or_shutting_down_broker_ids,
+                                          [tp for tp in back_online if tp in ctx.partition_leadership_info])
+    return newly_offline, back_online
 
 
 def process_broker_change(

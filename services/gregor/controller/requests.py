@@ -20,6 +20,8 @@ class PartitionStateInfo:
     leader_and_isr: LeaderAndIsr
     replicas: tuple[int, ...]
     is_new: bool = False
+    # UpdateMetadata: replicas of live brokers in an offline log dir (ctx.replicas_on_offline_dirs).
+    offline_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,8 @@ class ControlRequestBatch:
                 )
             )
         metadata = tuple(
-            PartitionStateInfo(tp, ctx.partition_leadership_info[tp], ctx.partition_replica_assignment(tp))
+            PartitionStateInfo(tp, ctx.partition_leadership_info[tp], ctx.partition_replica_assignment(tp),
+                               offline_replicas=ctx.offline_dir_replicas(tp))
             for tp in sorted(self.update_metadata_partitions)
             if tp in ctx.partition_leadership_info
         )

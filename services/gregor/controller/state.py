@@ -220,6 +220,13 @@ class ControllerContext:
         brokers = self.live_or_shutting_down_broker_ids if include_shutting_down else self.live_broker_ids
         return broker_id in brokers and tp not in self.replicas_on_offline_dirs.get(broker_id, set())
 
+    def offline_dir_replicas(self, tp: TopicPartition) -> tuple[int, ...]:
+        """The partition's replicas on live brokers whose log dir is offline (UpdateMetadata's offline replicas)."""
+        if not self.replicas_on_offline_dirs:
+            return ()
+        return tuple(r for r in self.partition_replica_assignment(tp)
+                     if tp in self.replicas_on_offline_dirs.get(r, ()))
+
     # -- topics and assignments ------------------------------------------------
 
     def partition_replica_assignment(self, tp: TopicPartition) -> tuple[int, ...]:
@@ -263,6 +270,10 @@ class ControllerContext:
             if self.partition_states.pop(tp, None) is PartitionState.OFFLINE:
                 self.offline_partition_count -= 1
         self.replica_states = {k: v for k, v in self.replica_states.items() if k.topic_partition.topic != topic}
+        for broker_id, offline in list(self.replicas_on_offline_dirs.items()):
+            offline -= {tp for tp in offline if tp.topic == topic}
+            if not offline:
+                del self.replicas_on_offline_dirs[broker_id]
         self.partition_assignments.pop(topic, None)
         self.topic_configs.pop(topic, None)
         self.topic_ids.pop(topic, None)

@@ -14,7 +14,8 @@ from gregor.common.etcd_layout import (UNKNOWN_BROKER_EPOCH, BrokerIdsZNode, Con
                                        ControllerRegistration, ControllerZNode, CoordinatorKey, CoordinatorsZNode,
                                        DeleteTopicsZNode, IsrChangeNotificationZNode, PartitionState,
                                        PartitionStateZNode, ProducerIdBlock, ProducerIdBlockZNode, TopicConfigZNode,
-                                       TopicZNode, AclZNode)
+                                       TopicZNode, AclZNode, LOG_DIR_FAILURE_EVENT, LOG_DIR_ONLINE_EVENT,
+                                       LogDirEventNotificationZNode)
 
 ETCD = EtcdClient("http://127.0.0.1:2379", cluster="c")  # no connection: only its key prefix is used
 SERVICES = pathlib.Path(__file__).resolve().parents[3] / "services" / "gregor"
@@ -115,6 +116,19 @@ def test_isr_change_notification() -> None:
     assert IsrChangeNotificationZNode.encode(changed) == stored
     with pytest.raises((ValueError, KeyError, TypeError)):
         IsrChangeNotificationZNode.decode(b'{"partitions": [{"topic": "t"}]}')
+
+
+def test_log_dir_event_notification() -> None:
+    key = LogDirEventNotificationZNode.key(ETCD, 123, 2, 9)
+    assert key == b"/gregor/c/log_dir_event_notification/log_dir_event_00000000000000000123_2_9"
+    assert key.startswith(LogDirEventNotificationZNode.prefix(ETCD))
+    assert LogDirEventNotificationZNode.key(ETCD, 99, 1, 1) < LogDirEventNotificationZNode.key(ETCD, 100, 1, 1)
+    # Kafka's value (LogDirFailureEvent = 1); 2 is Gregor's dir-back-online event.
+    assert LogDirEventNotificationZNode.encode(2, LOG_DIR_FAILURE_EVENT) == b'{"version": 1, "broker": 2, "event": 1}'
+    assert LogDirEventNotificationZNode.decode(LogDirEventNotificationZNode.encode(4, LOG_DIR_ONLINE_EVENT)) == (4, 2)
+    assert LogDirEventNotificationZNode.decode(b'{"version":1,"broker":3}') == (3, LOG_DIR_FAILURE_EVENT)
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        LogDirEventNotificationZNode.decode(b'{"version": 1}')
 
 
 def test_producer_id_block() -> None:

@@ -277,7 +277,7 @@ class ClusterMetadata:
 
     async def _do_refresh(self) -> None:
         addresses = [b.address for b in self.brokers.values()] + self.bootstrap
-        last: errors.GregorError | None = None
+        failures: dict[str, str] = {}
         # Every known broker, then the bootstrap list: the first answer wins. Brokers whose
         # channel is failing (e.g. the leader that just died) go last, as Kafka asks the least
         # loaded *connectable* node.
@@ -287,12 +287,12 @@ class ClusterMetadata:
                 resp = await stub.Metadata(broker_pb2.MetadataRequest(topics=sorted(self._wanted)),
                                            timeout=self.request_timeout_s)
             except (grpc.RpcError, asyncio.TimeoutError) as exc:
-                last = call_error(exc)
+                failures[address] = call_error(exc).message
                 continue
             self._apply(resp)
             return
         raise errors.NetworkExceptionError(  # type: ignore[attr-defined]
-            f"no broker of {','.join(self.bootstrap)} answered Metadata: {last.message if last else ''}")
+            "no broker answered Metadata: " + "; ".join(f"{a}: {m}" for a, m in failures.items()))
 
     def _failing(self, address: str) -> bool:
         ch = self._channels.get(address)

@@ -22,12 +22,14 @@ Needs root (mount), as CI runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -225,14 +227,9 @@ async def test_a_full_log_dir_fails_its_partitions_cleanly_and_recovers(broker: 
     assert log_text.count(f"log dir {small} is online again") == 1, log_text[-3000:]
 
 
-@pytest.mark.parametrize("batches", [20, 600])
-async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: int) -> None:
-    """The engine's pwritev of a multi-batch append into a full file system writes what fits past the log end
-    it tracks (whole batches with their offsets among it); a crash's recovery would take those back although
-    their produce failed. The engine cuts the file back to the tracked end at once (native Segment::append for
-    20 batches, the streamed leader append for 600, over its 512 KiB threshold), and the broker reopens the log
-    (full recovery, cut back to its end) before the dir takes writes again: the log is exactly what was
-    acknowledged."""
+@contextlib.contextmanager
+def leader_on_tiny_tmpfs(tmp_path: Any, overrides: dict[str, str]) -> Iterator[tuple[Any, Any, str]]:
+    """(log manager, standalone leader of t-0 with the topic overrides, dir) on a fresh 1 MiB tmpfs."""
     from gregor.broker.log_manager import LogManager
     from gregor.broker.replica_manager import ReplicaManager
     from gregor.common.config import BrokerConfig
@@ -243,9 +240,23 @@ async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: i
     assert res.returncode == 0, f"mounting a tmpfs needs root (CI runs as root): {res.stderr.strip()}"
     manager = LogManager(BrokerConfig(log_dirs=d))
     try:
-        rm = ReplicaManager(manager.config, manager)
-        p = rm.create_partition("t", 0, {})
+        p = ReplicaManager(manager.config, manager).create_partition("t", 0, overrides)
         p.make_standalone_leader()
+        yield manager, p, d
+    finally:
+        manager.close()
+        subprocess.run(["umount", "-l", d], capture_output=True)
+
+
+@pytest.mark.parametrize("batches", [20, 600])
+async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: int) -> None:
+    """The engine's pwritev of a multi-batch append into a full file system writes what fits past the log end
+    it tracks (whole batches with their offsets among it); a crash's recovery would take those back although
+    their produce failed. The engine cuts the file back to the tracked end at once (native Segment::append for
+    20 batches, the streamed leader append for 600, over its 512 KiB threshold), and the broker reopens the log
+    (full recovery, cut back to its end) before the dir takes writes again: the log is exactly what was
+    acknowledged."""
+    with leader_on_tiny_tmpfs(tmp_path, {}) as (manager, p, d):
         p.append_records_to_leader(make_batch([b"acked"]), 1)
         acked_size = p.log.segments()[-1].size_bytes
         filler = os.path.join(d, "filler")
@@ -266,9 +277,6 @@ async def test_a_failed_append_leaves_no_torn_batch_on_disk(tmp_path, batches: i
         info, _ = p.append_records_to_leader(make_batch([b"after"]), 1)
         assert info.first_offset == 1
         assert record_values(bytes(p.read_slice(0, 1 << 20, True).read())) == [b"acked", b"after"]
-    finally:
-        manager.close()
-        subprocess.run(["umount", "-l", d], capture_output=True)
 
 
 async def test_a_failed_append_that_would_span_a_roll_leaves_none_of_its_batches(tmp_path) -> None:
@@ -276,19 +284,7 @@ async def test_a_failed_append_that_would_span_a_roll_leaves_none_of_its_batches
     (Kafka's maybeRoll), in one write. Split at the roll, as the engine used to, its first share landed in
     the active segment while the second share's write hit ENOSPC: the produce failed, yet those records
     stayed counted and readable (and a retry appended them again)."""
-    from gregor.broker.log_manager import LogManager
-    from gregor.broker.replica_manager import ReplicaManager
-    from gregor.common.config import BrokerConfig
-
-    d = str(tmp_path / "tiny")
-    os.makedirs(d)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gregor-test", d], capture_output=True, text=True)
-    assert res.returncode == 0, f"mounting a tmpfs needs root (CI runs as root): {res.stderr.strip()}"
-    manager = LogManager(BrokerConfig(log_dirs=d))
-    try:
-        rm = ReplicaManager(manager.config, manager)
-        p = rm.create_partition("t", 0, {"segment.bytes": str(16 * 1024)})
-        p.make_standalone_leader()
+    with leader_on_tiny_tmpfs(tmp_path, {"segment.bytes": str(16 * 1024)}) as (manager, p, d):
         for i in range(10):  # ~10.6 KB of the 16 KiB segment
             p.append_records_to_leader(make_batch([b"acked-%d-" % i + VALUE]), 1)
         filler = os.path.join(d, "filler")
@@ -307,9 +303,6 @@ async def test_a_failed_append_that_would_span_a_roll_leaves_none_of_its_batches
         values = record_values(b"".join(bytes(p.read_slice(s.base_offset, 1 << 20, True).read())
                                         for s in p.log.segments()))
         assert values == [b"acked-%d-" % i + VALUE for i in range(10)] + [b"after"]
-    finally:
-        manager.close()
-        subprocess.run(["umount", "-l", d], capture_output=True)
 
 
 async def test_a_follower_whose_log_dir_fills_leaves_the_isr_quietly_and_catches_up(tmp_path, small_dir: str) -> None:

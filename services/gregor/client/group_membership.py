@@ -567,6 +567,9 @@ class GroupMember:
         except (grpc.RpcError, asyncio.TimeoutError) as exc:
             log.warning("group %s: topic list for pattern failed: %s", self.group_id, call_error(exc))
             return
+        if not resp.brokers:  # a broker not reached by the controller yet: its empty topic list says nothing
+            self._next_pattern_check = time.monotonic() + self.metadata.retry_backoff_s
+            return
         matched = {t.name for t in resp.topics if not t.is_internal and not t.error and self.pattern.fullmatch(t.name)}
         if matched != self.topics:
             self.topics = matched

@@ -289,6 +289,12 @@ class ClusterMetadata:
             except (grpc.RpcError, asyncio.TimeoutError) as exc:
                 failures[address] = call_error(exc).message
                 continue
+            if not resp.brokers:
+                # A broker the controller has not reached yet (just restarted) answers from an empty cache:
+                # applied, it would make us forget every broker we know. Kafka's client ignores such an
+                # answer and asks another node.
+                failures[address] = "answered with no brokers (its metadata is not initialized yet)"
+                continue
             self._apply(resp)
             return
         raise errors.NetworkExceptionError(  # type: ignore[attr-defined]

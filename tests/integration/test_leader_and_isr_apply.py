@@ -7,12 +7,12 @@ RF 2 is created. While it is being created, a probe asks each broker about eight
 partitions (gRPC ListOffsets, answered on the broker's event loop) over and over.
 
 What must hold:
-- each broker answered the probe WHILE it was applying that one LeaderAndIsr: some probe call was
-  sent after the broker logged "Handling LeaderAndIsr request for 1000 partitions" and answered
-  before it logged "Finished LeaderAndIsr request" (Kafka's two lines, wall-clock stamped by the
-  broker's log). A broker that applies the request in one go on its loop answers nothing inside that
-  window. (An earlier form looked for a round of answers half hosted, half not: a fast apply on a
-  quiet machine fell between two rounds and the check failed with the broker serving all along.);
+- each broker kept answering the probe WHILE it was applying that one LeaderAndIsr: between the broker's
+  "Handling LeaderAndIsr request for 1000 partitions" and "Finished LeaderAndIsr request" lines (Kafka's
+  two lines, wall-clock stamped by the broker's log) no stretch longer than MAX_SILENCE_S went without a
+  probe answer. A broker that applies the request in one go on its loop answers nothing in that window.
+  (Earlier forms asked for a call sent and answered inside the window, or a round half hosted: an apply of
+  0.3-0.45 s on a quiet machine left no room for either, and they failed with the broker serving.);
 - neither broker lost its registration: its broker epoch in etcd (the key's creation revision) is
   the one it had before the creation, and its log says nothing about a lost registration. Laying
   out thousands of logs takes many times the 2 s lease; a keepalive that waited for the loop lost it;
@@ -50,6 +50,10 @@ PARTITIONS = 1000  # at RF 2 on two brokers: every broker hosts all of them, one
 PROBED = tuple(range(0, PARTITIONS, PARTITIONS // 8))
 TOPIC = "wide"
 LEASE_MS = 2000  # the brokers' registration lease: a fraction of the time laying out the logs takes
+# The longest the probe may go unanswered during the apply: a broker silent for its session timeout looks dead
+# to a client with that timeout. A broker applying the whole request in one go on its loop is silent for all
+# of it (3-11 s in loaded CI runs); an apply shorter than this bound proves nothing either way and passes.
+MAX_SILENCE_S = LEASE_MS / 1000
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +203,14 @@ async def test_a_broker_applying_a_huge_leader_and_isr_keeps_serving_and_its_ses
                 failures.append(f"broker {p.broker.id} logged no Handling/Finished LeaderAndIsr for {PARTITIONS} "
                                 f"partitions")
                 continue
-            inside = [a for a in p.answers if window[0] <= a[2] and a[3] <= window[1]]
-            print(f"broker {p.broker.id}: apply {window[1] - window[0]:.2f} s, {len(inside)} of {len(p.answers)} "
-                  f"probe answers sent and received inside it")
-            if not inside:
-                failures.append(f"broker {p.broker.id} answered nothing while it applied the LeaderAndIsr "
-                                f"({window[1] - window[0]:.2f} s; {len(p.answers)} answers, "
-                                f"{sum(1 for a in p.answers if a[2] < window[0] < a[3] or a[2] < window[1] < a[3])} "
-                                f"in flight across its start or end)")
+            answered = sorted(a[3] for a in p.answers if window[0] <= a[3] <= window[1])
+            silence = max(b - a for a, b in zip([window[0], *answered], [*answered, window[1]]))
+            print(f"broker {p.broker.id}: apply {window[1] - window[0]:.2f} s, {len(answered)} of {len(p.answers)} "
+                  f"probe answers within it, longest silence {silence:.2f} s")
+            if silence > MAX_SILENCE_S:
+                failures.append(f"broker {p.broker.id} answered nothing for {silence:.2f} s while it applied the "
+                                f"LeaderAndIsr ({window[1] - window[0]:.2f} s; {len(answered)} of {len(p.answers)} "
+                                f"answers within it)")
         if after != before or any(lost.values()):
             failures.append(f"a broker lost its registration while applying the creation ({applied_s:.0f} s): "
                             f"broker epochs before {before}, after {after}; {lost}")

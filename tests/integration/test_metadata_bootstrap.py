@@ -16,6 +16,9 @@ import signal
 from gregor.cli.local_cluster import start_broker, stop_process
 from gregor.client import AdminClient
 from gregor.client.metadata import ClusterMetadata
+from gregor.common import errors
+from gregor.common.rpc import channel
+from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 from tests.helpers.cluster import running_cluster
 from tests.helpers.wait import until
 
@@ -24,14 +27,33 @@ async def test_an_answer_without_brokers_is_skipped_for_the_next_broker(tmp_path
     with running_cluster(str(tmp_path / "c"), brokers=2, controllers=1) as cluster:
         first, second = cluster.by_role("broker")
         async with AdminClient({"bootstrap.servers": cluster.bootstrap}) as admin:
-            await admin.create_topic("t", 1, 2, {})
+            async def created() -> bool:
+                try:
+                    await admin.create_topic("t", 1, 2, {})
+                    return True
+                except errors.GregorError as exc:  # until the controller has seen the second broker register
+                    assert exc.code == errors.Code.INVALID_REPLICATION_FACTOR, exc
+                    return False
+
+            await until(created, 30, "t created at RF 2")
 
             async def both_in_isr() -> bool:
-                return sorted((await admin.describe_topics(["t"]))["t"].partitions[0].isr) == [0, 1]
+                try:
+                    return sorted((await admin.describe_topics(["t"]))["t"].partitions[0].isr) == [0, 1]
+                except errors.UnknownTopicOrPartitionError:  # type: ignore[attr-defined]  # not propagated yet
+                    return False
 
             await until(both_in_isr, 30, "t's ISR full")
         port = int(first.grpc.rsplit(":", 1)[1])
         stop_process(first, signal.SIGTERM)  # controlled shutdown: it leaves the ISR and etcd
+
+        async def second_knows_it_alone_leads() -> bool:  # the controller's UpdateMetadata reached the second
+            async with channel(second.grpc) as ch:
+                md = await broker_pb2_grpc.BrokerServiceStub(ch).Metadata(
+                    broker_pb2.MetadataRequest(topics=["t"]), timeout=5)
+            return [b.broker_id for b in md.brokers] == [1] and md.topics[0].partitions[0].leader == 1
+
+        await until(second_knows_it_alone_leads, 30, "the second broker's metadata without the first")
         [controller] = cluster.by_role("controller")
         os.kill(controller.pid, signal.SIGSTOP)  # no UpdateMetadata for the broker coming back
         try:

@@ -400,7 +400,7 @@ impl Log {
             let mut a = *h;
             a.base_offset = next;
             a.partition_leader_epoch = leader_epoch;
-            if self.should_roll(&a, *pos as u64, now_ms) {
+            if self.should_roll(&a, *pos as u64, a.size_bytes() as u64, now_ms) {
                 return Ok(None);
             }
             next = a.next_offset();
@@ -486,7 +486,7 @@ impl Log {
         let total = (last.0 + last.1.size_bytes() - first.0) as u64;
         let one_segment = total <= self.config.segment_bytes_max() && last.1.last_offset() - first.1.base_offset <= i32::MAX as i64;
         if one_segment {
-            if self.should_roll_before(&last.1, total, now_ms) {
+            if self.should_roll(&last.1, 0, total, now_ms) {
                 self.roll_at(first.1.base_offset, now_ms)?;
             }
             return self.write_run(data, batches, heads, 0..batches.len());
@@ -504,7 +504,7 @@ impl Log {
         let mut run_start = 0;
         for i in 0..batches.len() {
             let run_bytes = (batches[i].0 - batches[run_start].0) as u64;
-            if self.should_roll(&batches[i].1, run_bytes, now_ms) {
+            if self.should_roll(&batches[i].1, run_bytes, batches[i].1.size_bytes() as u64, now_ms) {
                 self.write_run(data, batches, heads, run_start..i)?;
                 self.roll_at(batches[i].1.base_offset, now_ms)?;
                 run_start = i;
@@ -526,25 +526,15 @@ impl Log {
         self.active_mut().append(&parts, &rel)
     }
 
-    /// The four roll conditions of seed 003, checked before a batch is added
-    /// to the active segment (which already has `pending` unwritten bytes).
-    fn should_roll(&self, h: &BatchHeader, pending: u64, now_ms: i64) -> bool {
+    /// The four roll conditions of seed 003, checked before `adding` bytes
+    /// ending with batch `last` go into the active segment, which already has
+    /// `pending` unwritten bytes (a whole append: `last` its last batch, no
+    /// pending bytes; a batch of a split run: itself, after the run so far).
+    fn should_roll(&self, last: &BatchHeader, pending: u64, adding: u64, now_ms: i64) -> bool {
         let seg = self.active();
         let size = seg.size + pending;
         let non_empty = size > 0;
-        let too_big = non_empty && size + h.size_bytes() as u64 > self.config.segment_bytes_max();
-        let too_old = non_empty && now_ms.saturating_sub(seg.created_ms) > self.config.segment_ms;
-        let index_full = seg.offset_index.is_full() || seg.time_index.is_full();
-        let offset_overflow = h.last_offset() - seg.base_offset > i32::MAX as i64;
-        too_big || too_old || index_full || offset_overflow
-    }
-
-    /// The roll conditions for a whole append of `total` bytes ending with
-    /// batch `last`, checked against the active segment as it is.
-    fn should_roll_before(&self, last: &BatchHeader, total: u64, now_ms: i64) -> bool {
-        let seg = self.active();
-        let non_empty = seg.size > 0;
-        let too_big = non_empty && seg.size + total > self.config.segment_bytes_max();
+        let too_big = non_empty && size + adding > self.config.segment_bytes_max();
         let too_old = non_empty && now_ms.saturating_sub(seg.created_ms) > self.config.segment_ms;
         let index_full = seg.offset_index.is_full() || seg.time_index.is_full();
         let offset_overflow = last.last_offset() - seg.base_offset > i32::MAX as i64;

@@ -771,15 +771,11 @@ class Controller:
         """
         if not self.is_active:
             return
-        found = await self.etcd.get_prefix(IsrChangeNotificationZNode.prefix(self.etcd))
-        if not found.kvs:
+        keys, decoded = await self._read_notifications(IsrChangeNotificationZNode.prefix(self.etcd),
+                                                       IsrChangeNotificationZNode.decode, "ISR change")
+        if not keys:
             return
-        changed: set[TopicPartition] = set()
-        for kv in found.kvs:
-            try:
-                changed.update(TopicPartition(t, p) for t, p in IsrChangeNotificationZNode.decode(kv.value))
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring malformed ISR change notification %r: %s", kv.key, exc)
+        changed = {TopicPartition(t, p) for partitions in decoded for t, p in partitions}
         refreshed = []
         for tp in sorted(changed):
             if tp.topic not in self.ctx.all_topics:
@@ -794,8 +790,21 @@ class Controller:
         try:
             await self.apply_actions(actions)
         finally:
-            await self.guarded_write([], [Delete(kv.key) for kv in found.kvs])
+            await self.guarded_write([], [Delete(key) for key in keys])
         log.info("ISR changes propagated for %s", [f"{tp.topic}-{tp.partition}" for tp in refreshed])
+
+    async def _read_notifications(self, prefix: bytes, decode: Callable[[bytes], T],
+                                  what: str) -> tuple[list[bytes], list[T]]:
+        """Every notification key under prefix (all to delete once handled) and the values that decode; a
+        malformed one is logged and left out (Kafka's notification handlers skip what they cannot parse)."""
+        found = await self.etcd.get_prefix(prefix)
+        decoded = []
+        for kv in found.kvs:
+            try:
+                decoded.append(decode(kv.value))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring malformed %s notification %r: %s", what, kv.key, exc)
+        return [kv.key for kv in found.kvs], decoded
 
     def _log_dir_event(self) -> _Event:
         return _Event(ControllerState.LOG_DIR_CHANGE, "LogDirEventNotification",
@@ -807,21 +816,17 @@ class Controller:
         Their answers (`on_leader_and_isr_response`) say which replicas are offline."""
         if not self.is_active:
             return
-        found = await self.etcd.get_prefix(LogDirEventNotificationZNode.prefix(self.etcd))
-        if not found.kvs:
+        keys, decoded = await self._read_notifications(LogDirEventNotificationZNode.prefix(self.etcd),
+                                                       LogDirEventNotificationZNode.decode, "log dir event")
+        if not keys:
             return
-        brokers: set[int] = set()
-        for kv in found.kvs:
-            try:
-                brokers.add(LogDirEventNotificationZNode.decode(kv.value)[0])
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring malformed log dir event notification %r: %s", kv.key, exc)
+        brokers = {broker for broker, _ in decoded}
         actions = ControllerActions()
         try:
             on_broker_log_dir_failure(self.ctx, brokers, actions)
             await self.apply_actions(actions)
         finally:
-            await self.guarded_write([], [Delete(kv.key) for kv in found.kvs])
+            await self.guarded_write([], [Delete(key) for key in keys])
         log.info("log dir events of brokers %s: LeaderAndIsr sent for their replicas", sorted(brokers))
 
     def _leader_and_isr_answered(self, broker_id: int, request: broker_pb2.LeaderAndIsrRequest,

@@ -26,15 +26,18 @@ Cells (Kafka's tools on both systems unless said):
            both systems: acks=all with 1 and 8 partitions (MB/s; with 8 also the MB/s after the first second,
            the client's start left out, and the CPU seconds of every server process per GiB produced, /proc
            utime + stime), a fixed rate acks=all (p50/p99 of the
-           produce()-to-delivery-report latencies, the p99 after warm-up and the listener's p99 as above).
+           produce()-to-delivery-report latencies, the p99 after warm-up and the listener's p99 as above, and
+           every server process's CPU over the run in cores: issue 24's low-rate floor).
            Producer settings: librdkafka's defaults plus acks=all,
            enable.idempotence=true, linger.ms=5 (the gRPC client's and Kafka's Java producer's linger).
   rdkafka path  Gregor only, rf3: the same loads through librdkafka (the Kafka listener) and through
            `gregor perf produce` (gRPC; its defaults: acks=all, idempotence, linger.ms=5), same records, record
-           size, partitions; which of the two goes first alternates by round. MB/s, the servers' CPU per GiB,
-           the fixed-rate p50/p99; "after the first second": librdkafka's records delivered after
-           it, perf produce's progress windows after the first (librdkafka's idempotent start takes ~0.5 s,
-           its producer-id timer, against either system). Ratio gRPC / Kafka listener.
+           size, partitions; which of the two goes first alternates by round. The throughput pair sends
+           Sizes.path_records (1,000,000; 300,000 with --quick) so that librdkafka's idempotent start (~0.5 s,
+           its producer-id timer, against either system) is not a third of the run as in the 200,000-record
+           cell above: MB/s, the servers' and the client process's CPU per GiB; "after the first second":
+           librdkafka's records delivered after it, perf produce's progress windows after the first. The
+           fixed-rate p50/p99. Ratio Kafka listener / gRPC.
 
 `--only rdkafka` runs the rf3 topology with the librdkafka and rdkafka-path cells only (no JVM tools).
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -84,6 +88,10 @@ class Sizes:
         self.fixed_rate = 100 if quick else 1000
         # librdkafka's cells: enough records that a native client's run lasts seconds, not a fraction of one
         self.rdkafka_records = 60_000 if quick else 200_000
+        # the throughput pair of the rdkafka path cells: long enough that librdkafka's idempotent start (its
+        # producer-id timer waits ~0.5 s before InitProducerId, against either system) is a small share of the
+        # run; 200,000 records take ~1.5 s, a third of it that start (measured: 2026-11-27 20:40 UTC)
+        self.path_records = 300_000 if quick else 1_000_000
 
 
 METRICS = [  # (name, unit, better), table order
@@ -111,11 +119,13 @@ RDKAFKA_METRICS = [  # librdkafka on both systems, rf3
     ("rf3 fixed rate acks=all p99 (librdkafka)", "ms", "lower"),
     ("rf3 fixed rate acks=all p99 after warm-up (librdkafka)", "ms", "lower"),
     ("rf3 fixed rate acks=all listener Produce p99 (librdkafka)", "ms", "lower"),
+    ("rf3 fixed rate acks=all, every server's CPU (librdkafka)", "cores", "lower"),
 ]
 RDKAFKA_PATH_METRICS = [  # Gregor only: `gregor perf produce` (gRPC) vs librdkafka (Kafka listener)
     ("rf3 produce acks=all p8, librdkafka", "MB/s", "higher"),
     ("rf3 produce acks=all p8 after the first second, librdkafka", "MB/s", "higher"),
     ("rf3 produce acks=all p8 server CPU, librdkafka", "s/GiB", "lower"),
+    ("rf3 produce acks=all p8 client CPU, librdkafka", "s/GiB", "lower"),
     ("rf3 fixed rate acks=all p50, librdkafka", "ms", "lower"),
     ("rf3 fixed rate acks=all p99, librdkafka", "ms", "lower"),
 ]
@@ -133,6 +143,12 @@ def cpu_s(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])
     return total / TICKS
+
+
+def children_cpu_s() -> float:
+    """utime + stime of this process's waited-for children (the client tools run to completion), seconds."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
@@ -293,7 +309,7 @@ def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes, jvm: bool = True, rdkafk
     tools = Tools(dist, side.start(3))
     try:
         topics = [("p1", 1), ("p8", 8), ("p8g", 8), ("fixed", 1), ("fixedg", 1), ("e2e", 1)] if jvm else []
-        topics += [("r1", 1), ("r8", 8), ("rfixed", 1), ("r8g", 8), ("rfixedg", 1)] if rdkafka else []
+        topics += [("r1", 1), ("r8", 8), ("rfixed", 1), ("rp8", 8), ("r8g", 8), ("rfixedg", 1)] if rdkafka else []
         for name, parts in topics:
             side.create_topic(name, parts, 3)
         if jvm:
@@ -380,45 +396,57 @@ def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: 
         else:
             kafka_cell(), grpc_cell()
 
-    gib = n * RECORD_BYTES / 2**30
-
     def r8() -> None:
         cpu0 = cpu_s(side.server_pids())
         out = tools.rdkafka("r8", n)
-        cpu = (cpu_s(side.server_pids()) - cpu0) / gib
         r.put(RDKAFKA_METRICS[1][0], out["mb_per_sec"], out)
         r.put(RDKAFKA_METRICS[2][0], out["steady_mb_per_sec"])
-        r.put(RDKAFKA_METRICS[3][0], cpu)
-        if gregor:
-            kafka_path.put(RDKAFKA_PATH_METRICS[0][0], out["mb_per_sec"])
-            kafka_path.put(RDKAFKA_PATH_METRICS[1][0], out["steady_mb_per_sec"])
-            kafka_path.put(RDKAFKA_PATH_METRICS[2][0], cpu)
+        r.put(RDKAFKA_METRICS[3][0], (cpu_s(side.server_pids()) - cpu0) / (n * RECORD_BYTES / 2**30))
+
+    path_n = sizes.path_records
+    path_gib = path_n * RECORD_BYTES / 2**30
+    mb, steady, server_cpu, client_cpu = (m[0] for m in RDKAFKA_PATH_METRICS[:4])
+
+    def measured(path: Round, produce: Any) -> dict[str, Any]:
+        """One path's throughput run: the servers' and the client process's CPU per GiB beside its figures."""
+        cpu0, client0 = cpu_s(side.server_pids()), children_cpu_s()
+        out = produce()
+        path.put(server_cpu, (cpu_s(side.server_pids()) - cpu0) / path_gib)
+        path.put(client_cpu, (children_cpu_s() - client0) / path_gib)
+        path.put(mb, out["mb_per_sec"], out)
+        return dict(out)
+
+    def p8() -> None:
+        out = measured(kafka_path, lambda: tools.rdkafka("rp8", path_n))
+        kafka_path.put(steady, out["steady_mb_per_sec"])
 
     def g8() -> None:
-        cpu0 = cpu_s(side.server_pids())
-        out = side.grpc_produce("r8g", n, "all")
-        grpc.put(RDKAFKA_PATH_METRICS[0][0], out["mb_per_sec"], out)
-        grpc.put(RDKAFKA_PATH_METRICS[1][0], steady_mb_per_sec(out["windows"]))
-        grpc.put(RDKAFKA_PATH_METRICS[2][0], (cpu_s(side.server_pids()) - cpu0) / gib)
+        out = measured(grpc, lambda: side.grpc_produce("r8g", path_n, "all"))
+        grpc.put(steady, steady_mb_per_sec(out["windows"]))
 
     def rfixed() -> None:
+        # issue 24's low-rate floor, its CPU half: every server process (Gregor: etcd, the controller, the
+        # brokers, the group coordinator; Kafka: its controller and brokers) over the fixed-rate run
+        cpu0, t0 = cpu_s(side.server_pids()), time.monotonic()
         out, listener_p99 = _fixed_listener_p99(side, lambda: tools.rdkafka("rfixed", fixed_n, throughput=rate,
                                                                             warmup=rate * WARMUP_S))
+        r.put(RDKAFKA_METRICS[8][0], (cpu_s(side.server_pids()) - cpu0) / (time.monotonic() - t0))
         r.put(RDKAFKA_METRICS[4][0], out["p50_ms"], out)
         r.put(RDKAFKA_METRICS[5][0], out["p99_ms"])
         r.put(RDKAFKA_METRICS[6][0], out["steady"]["p99_ms"])
         if listener_p99 == listener_p99:
             r.put(RDKAFKA_METRICS[7][0], listener_p99)
         if gregor:
-            kafka_path.put(RDKAFKA_PATH_METRICS[3][0], out["p50_ms"])
-            kafka_path.put(RDKAFKA_PATH_METRICS[4][0], out["p99_ms"])
+            kafka_path.put(RDKAFKA_PATH_METRICS[4][0], out["p50_ms"])
+            kafka_path.put(RDKAFKA_PATH_METRICS[5][0], out["p99_ms"])
 
     def gfixed() -> None:
         out = side.grpc_produce("rfixedg", fixed_n, "all", throughput=rate)
-        grpc.put(RDKAFKA_PATH_METRICS[3][0], out["p50_ms"], out)
-        grpc.put(RDKAFKA_PATH_METRICS[4][0], out["p99_ms"])
+        grpc.put(RDKAFKA_PATH_METRICS[4][0], out["p50_ms"], out)
+        grpc.put(RDKAFKA_PATH_METRICS[5][0], out["p99_ms"])
 
-    pair(r8, g8)
+    r8()
+    pair(p8, g8)
     pair(rfixed, gfixed)
     return [_merge(grpc, kafka_path, "rdkafka-path")] if gregor else []
 

@@ -39,7 +39,6 @@ PARTITION_METADATA = "partition.metadata"
 # recovery (and removes it); absent, the segments past the last flush are recovered.
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 STRAY_SUFFIX = "-stray"
-CLEAN_SHUTDOWN_FILE = ".clean-shutdown"  # the native engine's marker of a cleanly closed log (native/src/log.rs)
 
 FLUSH_NEVER_MS = 2**63 - 1  # flush.ms default (Long.MAX_VALUE): leave flushing to the OS
 # open_logs yields to the event loop after this much file work (a new log is ~2-5 ms of syscalls here).

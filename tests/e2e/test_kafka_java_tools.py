@@ -7,9 +7,6 @@ kafka-topics (TopicCommand), the console producer and consumer, kafka-consumer-g
 kafka-configs (ConfigCommand), VerifiableProducer / VerifiableConsumer (Kafka's system-test clients, whose
 JSON lines say which records were acked and which were consumed), kafka-transactions (TransactionsCommand)
 and TransactionalMessageCopier. Every test talks only to the Kafka listeners, so each fails without them.
-
-Tests of APIs this tree does not serve yet are strict xfails keyed on the API being advertised
-(gregor.kafka.handlers.SUPPORTED): they run as ordinary tests once it is.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from confluent_kafka.admin import AdminClient
 
 from bench.kafka_dist import KafkaDist, ensure_kafka
 from gregor.cli.local_cluster import LocalCluster
-from gregor.kafka.handlers import SUPPORTED
 from tests.helpers.cluster import restart_broker, running_cluster, stop_process
 from tests.helpers.wait import wait_for
 
@@ -47,15 +43,6 @@ VERIFIABLE_PRODUCER = "org.apache.kafka.tools.VerifiableProducer"
 VERIFIABLE_CONSUMER = "org.apache.kafka.tools.VerifiableConsumer"
 TRANSACTIONS_COMMAND = "org.apache.kafka.tools.TransactionsCommand"
 MESSAGE_COPIER = "org.apache.kafka.tools.TransactionalMessageCopier"
-
-INCREMENTAL_ALTER_CONFIGS, END_TXN, LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS = 44, 26, 66, 65
-needs_incremental_alter_configs = pytest.mark.xfail(
-    INCREMENTAL_ALTER_CONFIGS not in SUPPORTED, strict=True,
-    reason="IncrementalAlterConfigs (44) is not served by this tree's Kafka listener yet (issue 22, kafkatxn)")
-needs_transactions = pytest.mark.xfail(
-    not {END_TXN, LIST_TRANSACTIONS, DESCRIBE_TRANSACTIONS} <= set(SUPPORTED), strict=True,
-    reason="the transactional APIs (EndTxn, ListTransactions, DescribeTransactions, ...) are not served by this "
-           "tree's Kafka listener yet (issue 22 second stage, kafkatxn)")
 
 
 # ---- fixtures: one Kafka distribution and one Gregor cluster for the module ---------------------------
@@ -252,7 +239,6 @@ def test_kafka_configs_describes_a_topics_overrides(kafka: KafkaDist, cluster: L
     assert "segment.bytes=1073741824" in every and "retention.ms=7200000" in every  # defaults listed too
 
 
-@needs_incremental_alter_configs
 def test_kafka_configs_alters_a_topics_configs(kafka: KafkaDist, cluster: LocalCluster) -> None:
     topic = new_topic(kafka, cluster, 1, "--config", "retention.ms=7200000")
     ok(run_tool(kafka, CONFIG_COMMAND, "--bootstrap-server", bootstrap(cluster), "--alter", "--entity-type", "topics",
@@ -446,7 +432,6 @@ def _copy_transactionally(kafka: KafkaDist, cluster: LocalCluster, tmp_path: Any
     return source, sink, values
 
 
-@needs_transactions
 def test_transactional_message_copier_copies_exactly_once_read_committed(
         kafka: KafkaDist, cluster: LocalCluster, tmp_path: Any) -> None:
     _, sink, values = _copy_transactionally(kafka, cluster, tmp_path, 500, f"copier-{uuid.uuid4().hex[:6]}")
@@ -456,7 +441,6 @@ def test_transactional_message_copier_copies_exactly_once_read_committed(
     assert out.split() == values  # every record once, in order, only committed ones
 
 
-@needs_transactions
 def test_kafka_transactions_lists_and_describes(kafka: KafkaDist, cluster: LocalCluster, tmp_path: Any) -> None:
     txn_id = f"txn-{uuid.uuid4().hex[:6]}"
     _, sink, _ = _copy_transactionally(kafka, cluster, tmp_path, 100, txn_id)

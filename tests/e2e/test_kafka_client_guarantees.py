@@ -106,7 +106,8 @@ def write_transactions(c: LocalCluster, topic: str, partitions: int) -> tuple[li
     p = Producer({"bootstrap.servers": bootstrap(c), "transactional.id": f"tx-{topic}",
                   "transaction.timeout.ms": 60000})
     p.init_transactions(WAIT_S)
-    committed, aborted = [], []
+    committed: list[str] = []
+    aborted: list[str] = []
     for name, commit in (("c1", True), ("ab", False), ("c2", True)):
         p.begin_transaction()
         for i in range(2 * partitions):
@@ -262,7 +263,8 @@ def test_kafka_python_transactions_read_committed_sees_only_the_committed(cluste
 
     topic = create_topic(cluster, partitions=2, rf=2)
     prod = KafkaProducer(bootstrap_servers=bootstrap(cluster).split(","), transactional_id=f"kp-tx-{topic}")
-    committed, aborted = [], []
+    committed: list[str] = []
+    aborted: list[str] = []
     try:
         prod.init_transactions()
         for name, commit in (("c1", True), ("ab", False), ("c2", True)):
@@ -293,7 +295,7 @@ def test_kafka_python_transactions_read_committed_sees_only_the_committed(cluste
         def all_committed() -> bool:
             m = cons.poll(0.2)
             if m is not None and m.error() is None:
-                seen.append(m.value().decode())
+                seen.append(bytes(m.value() or b"").decode())
             return len(seen) >= len(committed)
         wait_for(all_committed, WAIT_S, "librdkafka reads the committed records", interval_s=0.0)
     finally:
@@ -459,6 +461,7 @@ def test_kafka_python_leader_killed_mid_stream_loses_no_acknowledged_record(kill
         killed_at = len(sent)
         sender.join(180)
         prod.flush(180)
+        assert leader_of(c, topic).id != victim.id  # the records after the kill went to a new leader
     finally:
         prod.close(10)
         if victim is not None:
@@ -506,6 +509,7 @@ def test_librdkafka_leader_killed_mid_stream_loses_no_acknowledged_record(kill_c
                 victim = kill_leader_when(c, topic, lambda: len(sent))
                 killed_at = len(sent)
         assert prod.flush(180) == 0
+        assert victim is not None and leader_of(c, topic).id != victim.id  # a new leader took the rest
     finally:
         if victim is not None:
             restart_broker(c, victim)
@@ -520,11 +524,12 @@ def test_librdkafka_leader_killed_mid_stream_loses_no_acknowledged_record(kill_c
         def read() -> bool:
             m = cons.poll(0.2)
             if m is not None:
-                if m.error() is None:
-                    got.append((m.partition(), m.offset(), m.value().decode()))
+                err, part, offset = m.error(), int(m.partition() or 0), int(m.offset() or 0)
+                if err is None:
+                    got.append((part, offset, bytes(m.value() or b"").decode()))
                 else:
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    at_end.add(m.partition())
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    at_end.add(part)
             return len(got) >= STREAM and at_end == {0, 1}
         wait_for(read, WAIT_S, "every acknowledged record read back to the partitions' ends", interval_s=0.0)
     finally:

@@ -58,13 +58,17 @@ def kafka_owned(k: Consumer) -> set[int]:
     return {tp.partition for tp in k.assignment()}
 
 
+@pytest.mark.parametrize("sdk_strategy,kafka_strategy", [
+    ("range", "roundrobin,range"),  # eager; librdkafka also offers roundrobin, range is the one they share
+    ("cooperative-sticky", "cooperative-sticky"),  # KIP-429 incremental rebalancing, user data read by both
+])
 def test_sdk_and_librdkafka_members_with_a_common_assignor_share_the_topic_and_its_offsets(
-        cluster: LocalCluster) -> None:
+        cluster: LocalCluster, sdk_strategy: str, kafka_strategy: str) -> None:
     topic = create_topic(cluster, partitions=PARTITIONS)
     group = f"mixed-{uuid.uuid4().hex[:8]}"
-    sdk = sdk_consumer(cluster, group, "range")
+    sdk = sdk_consumer(cluster, group, sdk_strategy)
     sdk.subscribe([topic])
-    k = kafka_consumer(cluster, group, "roundrobin,range")  # librdkafka's default order: range is the common one
+    k = kafka_consumer(cluster, group, kafka_strategy)
     try:
         wait_for(lambda: sdk.poll(200) is not None and sdk_owned(sdk) == set(range(PARTITIONS)), WAIT_S,
                  "the SDK member owning every partition")
@@ -77,7 +81,7 @@ def test_sdk_and_librdkafka_members_with_a_common_assignor_share_the_topic_and_i
             return bool(mine) and bool(theirs) and not mine & theirs and mine | theirs == set(range(PARTITIONS))
         wait_for(shared, WAIT_S, "disjoint assignments of the SDK and the librdkafka member covering the topic")
         mine, theirs = sdk_owned(sdk), kafka_owned(k)
-        assert len(mine) == len(theirs) == PARTITIONS // 2  # range over one topic: two partitions each
+        assert len(mine) == len(theirs) == PARTITIONS // 2  # balanced: two partitions each
 
         # Each member commits offsets of its own partitions; the other member reads them.
         sdk.commit_sync({(topic, p): 2 + p for p in mine})

@@ -657,3 +657,39 @@ def test_pipelined_acks_all_produce_requests_are_answered_in_order(cluster: Loca
               "--output", "json")
     assert [json.loads(line)["value"] for line in out.stdout.splitlines()] == \
         [f"pipelined-{i}" for i in range(5) for _ in range(3)]
+
+
+def offset_fetch_versions(c: LocalCluster, version: int) -> float:
+    """gregor_kafka_request_versions_total{api="OffsetFetch",version} summed over the brokers."""
+    total = 0.0
+    for p in c.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(f'gregor_kafka_request_versions_total{{api="OffsetFetch",version="{version}"}}'):
+                    total += float(line.split()[-1])
+    return total
+
+
+def test_kafka_python_lists_several_groups_offsets_in_one_offset_fetch_v8(cluster: LocalCluster) -> None:
+    """kafka-python's admin list_group_offsets asks for several groups in one OffsetFetch v8 (KIP-709): all of one
+    group's offsets (null topics), chosen partitions of another, and a group that has none."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTP
+
+    topic = create_topic(cluster, partitions=2, rf=1)
+    groups = {f"of8a-{topic}": {0: 3, 1: 4}, f"of8b-{topic}": {0: 9, 1: 10}}
+    for group, offsets in groups.items():
+        c = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+        c.close()
+    a, b = groups
+    empty = f"of8none-{topic}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap(cluster).split(","))
+    before = offset_fetch_versions(cluster, 8)
+    try:
+        got = admin.list_group_offsets({a: None, b: [KTP(topic, 1)], empty: None})
+    finally:
+        admin.close()
+    assert offset_fetch_versions(cluster, 8) > before
+    assert {g: {(tp.topic, tp.partition): om.offset for tp, om in offs.items()} for g, offs in got.items()} == {
+        a: {(topic, 0): 3, (topic, 1): 4}, b: {(topic, 1): 10}, empty: {}}, got

@@ -591,3 +591,38 @@ def test_dynamic_broker_configs_need_configs_operations_on_the_cluster(
     finally:
         cli("acls", "remove", "--allow-principal", ANON, "--cluster", "--operation", "AlterConfigs",
             "--operation", "DescribeConfigs", "--force", data_dir=cluster.data_dir)
+
+
+def test_offset_fetch_v8_authorizes_each_group_and_topic_over_the_kafka_listener(
+        cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """OffsetFetch v8 (several groups) through a broker's Kafka listener, relayed with the connection's
+    principal as v7 is: a group ANONYMOUS may not Describe gets GROUP_AUTHORIZATION_FAILED (30) in its own
+    error_code while an allowed group in the same request is answered; in the allowed group, a requested
+    partition of a topic it may not Describe gets TOPIC_AUTHORIZATION_FAILED (29)."""
+    from confluent_kafka import Consumer, TopicPartition as KTP
+    from kio.schema.offset_fetch.v8 import request as of
+    from kio.schema.types import GroupId, TopicName
+    from kio.static.primitive import i32
+
+    from tests.e2e.test_kafka_protocol import RawClient
+
+    boot = str(cluster.to_json()["kafka_bootstrap"])
+    allowed, denied = "ok-v8", "nope-v8"
+    c = Consumer({"bootstrap.servers": boot, "group.id": allowed, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[KTP("app-orders", 0, 7)], asynchronous=False)
+    finally:
+        c.close()
+    raw = RawClient(boot.split(",")[0])
+    try:
+        resp = raw.call(of.OffsetFetchRequest(require_stable=False, groups=(
+            of.OffsetFetchRequestGroup(group_id=GroupId(allowed), topics=(
+                of.OffsetFetchRequestTopics(name=TopicName("app-orders"), partition_indexes=(i32(0),)),
+                of.OffsetFetchRequestTopics(name=TopicName("hidden"), partition_indexes=(i32(0),)))),
+            of.OffsetFetchRequestGroup(group_id=GroupId(denied), topics=None))))
+    finally:
+        raw.close()
+    got = {str(g.group_id): (int(g.error_code.value), {
+        str(t.name): (int(p.committed_offset), int(p.error_code.value)) for t in g.topics for p in t.partitions})
+        for g in resp.groups}
+    assert got == {allowed: (0, {"app-orders": (7, 0), "hidden": (-1, 29)}), denied: (30, {})}, got

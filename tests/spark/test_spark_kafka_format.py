@@ -83,3 +83,35 @@ def test_kafka_source_streaming_query_resumes_from_its_checkpoint(spark: Any, gr
     assert copy_available() == 50  # the checkpoint's offsets: only what is new
     got = read_kafka(spark, bootstrap, sink)
     assert sorted((k, v) for _, _, k, v in got) == sorted((k, v.upper()) for k, v in first + second)
+
+
+def test_kafka_source_read_committed_skips_an_aborted_transaction(spark: Any, gregor: Any) -> None:
+    """Spark's `kafka` source with kafka.isolation.level=read_committed (Fetch's LSO and aborted transactions,
+    ListOffsets' LSO through the listener): of an aborted and then a committed transaction, written by
+    librdkafka's transactional producer, only the committed values; the default (read_uncommitted) reads both."""
+    from confluent_kafka import Producer
+
+    bootstrap, topic = kafka_bootstrap(gregor), f"sk-{uuid.uuid4().hex[:8]}"
+    run(create_topic(gregor.bootstrap, topic, 1))
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}",
+                         "transaction.timeout.ms": 60000})
+    producer.init_transactions(60)
+    for outcome, written in (("abort", ["aborted-1", "aborted-2"]), ("commit", ["committed-1", "committed-2"])):
+        producer.begin_transaction()
+        for v in written:
+            producer.produce(topic, key=outcome, value=v)
+        producer.flush(60)
+        if outcome == "abort":
+            producer.abort_transaction(60)
+        else:
+            producer.commit_transaction(60)
+
+    def values(isolation: str | None) -> list[str]:
+        reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+                  .option("startingOffsets", "earliest").option("endingOffsets", "latest"))
+        if isolation is not None:
+            reader = reader.option("kafka.isolation.level", isolation)
+        return [r.value.decode() for r in reader.load().orderBy("offset").select("value").collect()]
+
+    assert values("read_committed") == ["committed-1", "committed-2"]
+    assert values(None) == ["aborted-1", "aborted-2", "committed-1", "committed-2"]

@@ -59,7 +59,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     2: (1, 7),    # ListOffsets
     3: (0, 12),   # Metadata
     8: (2, 8),    # OffsetCommit
-    9: (1, 7),    # OffsetFetch
+    9: (1, 8),    # OffsetFetch (v8: several groups, KIP-709)
     10: (0, 4),   # FindCoordinator
     11: (0, 7),   # JoinGroup
     12: (0, 4),   # Heartbeat
@@ -603,36 +603,64 @@ class KafkaHandlers:
                 for p in t.partitions]) for t in req.topics])
 
     async def offset_fetch(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
+        """v1-7 ask for one group; v8 (KIP-709) for several, each answered with its own error code. Each group is
+        read from its own coordinator process (groups are sharded across them), concurrently."""
+        stable = bool(getattr(req, "require_stable", False))
+        if header.api_version < 8:
+            code, topics = await self._group_offsets(mod, str(req.group_id), req.topics, stable, single=True)
+            return codec.build(mod.OffsetFetchResponse, error_code=code, topics=topics)
+        unstable: set[tuple[str, tuple[str, int]]] | int | None = None
+        if stable and req.groups:  # one ListTransactions round for every group of the request, not one each
+            try:
+                unstable = await self.txn.unstable_offsets_of({str(g.group_id) for g in req.groups})
+            except errors.GregorError as err:
+                unstable = int(err.code)
+        answers = await asyncio.gather(*(self._group_offsets(mod, str(g.group_id), g.topics, stable, single=False,
+                                                             unstable=unstable) for g in req.groups))
+        return codec.build(mod.OffsetFetchResponse, groups=[
+            codec.build(mod.OffsetFetchResponseGroup, group_id=g.group_id, error_code=code, topics=topics)
+            for g, (code, topics) in zip(req.groups, answers)])
+
+    async def _group_offsets(self, mod: Any, group_id: str, topics: Any, stable: bool, single: bool,
+                             unstable: set[tuple[str, tuple[str, int]]] | int | None = None) -> tuple[int, list[Any]]:
+        """One group's committed offsets as (group error code, the response's topics) of this version's classes
+        (v8 names them OffsetFetchResponseTopics / ...Partitions). `topics` None asks for every partition the
+        group has an offset of. A failure of the group as a whole (GROUP_AUTHORIZATION_FAILED, NOT_COORDINATOR,
+        COORDINATOR_NOT_AVAILABLE...) is the group's error code and no topics, as Kafka answers."""
         from gregor.rpc.v1 import common_pb2
 
-        asked = None if req.topics is None else [(str(t.name), int(i)) for t in req.topics
-                                                 for i in t.partition_indexes]
+        topic_cls = mod.OffsetFetchResponseTopic if single else mod.OffsetFetchResponseTopics
+        part_cls = mod.OffsetFetchResponsePartition if single else mod.OffsetFetchResponsePartitions
+        asked = None if topics is None else [(str(t.name), int(i)) for t in topics for i in t.partition_indexes]
         try:
-            resp = await self.group_call(str(req.group_id), "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
-                group_id=str(req.group_id),
+            resp = await self.group_call(group_id, "OffsetFetch", coordinator_pb2.OffsetFetchRequest(
+                group_id=group_id,
                 partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in asked or []]))
         except errors.GregorError as err:
-            return codec.build(mod.OffsetFetchResponse, topics=[], error_code=int(err.code))
+            return int(err.code), []
         got = {(p.topic, p.partition): p for p in resp.partitions}
         keys = asked if asked is not None else sorted(got)
-        unstable: dict[tuple[str, int], int] = {}
-        if getattr(req, "require_stable", False):  # KIP-447: not while a transaction holds offsets of the group
+        held: dict[tuple[str, int], int] = {}
+        if stable and unstable is None:  # KIP-447: not while a transaction holds offsets of the group
             try:
-                unstable = dict.fromkeys(await self.txn.unstable_offsets(str(req.group_id)), UNSTABLE_OFFSET_COMMIT)
+                unstable = await self.txn.unstable_offsets_of({group_id})
             except errors.GregorError as err:
-                unstable = dict.fromkeys(keys, int(err.code))
+                unstable = int(err.code)
+        if isinstance(unstable, int):  # the open transactions could not be read: every partition is unknown
+            held = dict.fromkeys(keys, unstable)
+        elif unstable:
+            held = dict.fromkeys((tp for g, tp in unstable if g == group_id), UNSTABLE_OFFSET_COMMIT)
         by_topic: dict[str, list[Any]] = {}
         for t, i in keys:
             p = got.get((t, i))
             by_topic.setdefault(t, []).append(codec.build(
-                mod.OffsetFetchResponsePartition, partition_index=i,
+                part_cls, partition_index=i,
                 committed_offset=p.offset if p is not None else -1,
                 committed_leader_epoch=p.leader_epoch if p is not None and p.leader_epoch >= 0 else -1,
                 metadata=(p.metadata if p is not None else ""),
                 error_code=(p.error.code if p is not None and p.HasField("error") and p.error.code  # per partition
-                            else unstable.get((t, i), NONE))))
-        return codec.build(mod.OffsetFetchResponse, error_code=NONE, topics=[
-            codec.build(mod.OffsetFetchResponseTopic, name=t, partitions=ps) for t, ps in by_topic.items()])
+                            else held.get((t, i), NONE))))
+        return NONE, [codec.build(topic_cls, name=t, partitions=ps) for t, ps in by_topic.items()]
 
     async def list_groups(self, header: codec.RequestHeader, req: Any, mod: Any) -> Any:
         """Every coordinator process's groups (groups are sharded across them), merged."""

@@ -324,8 +324,10 @@ class TxnApis:
 
     # ---- OffsetFetch require_stable --------------------------------------------------------------
 
-    async def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
-        """The group's partitions with transactional offsets not yet committed or aborted (TxnOffsetCommit in a
-        transaction still open): OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them."""
-        return {(tp.topic, tp.partition) for d in await self.all_transactions() if d.state in OPEN_STATES
-                for g in d.pending_offsets if g.group_id == group_id for tp in g.partitions}
+    async def unstable_offsets_of(self, group_ids: set[str]) -> set[tuple[str, tuple[str, int]]]:
+        """(group, partition) for the groups' partitions with transactional offsets not yet committed or aborted
+        (TxnOffsetCommit in a transaction still open): OffsetFetch with require_stable answers
+        UNSTABLE_OFFSET_COMMIT for them. One ListTransactions round however many groups are asked (v8)."""
+        return {(g.group_id, (tp.topic, tp.partition)) for d in await self.all_transactions()
+                if d.state in OPEN_STATES for g in d.pending_offsets if g.group_id in group_ids
+                for tp in g.partitions}

@@ -29,7 +29,9 @@ Cells (Kafka's tools on both systems unless said):
            produce()-to-delivery-report latencies, the p99 after warm-up and the listener's p99 as above, and
            every server process's CPU over the run in cores: issue 24's low-rate floor).
            Producer settings: librdkafka's defaults plus acks=all,
-           enable.idempotence=true, linger.ms=5 (the gRPC client's and Kafka's Java producer's linger).
+           enable.idempotence=true, linger.ms=5 (the gRPC client's and Kafka's Java producer's linger). Each
+           system's round starts with an unmeasured librdkafka run (Sizes.rdkafka_records into 8 partitions):
+           Kafka's brokers are JVMs, and without the JVM cells before them they would be measured cold.
   rdkafka path  Gregor only, rf3: the same loads through librdkafka (the Kafka listener) and through
            `gregor perf produce` (gRPC; its defaults: acks=all, idempotence, linger.ms=5), same records, record
            size, partitions; which of the two goes first alternates by round. The throughput pair sends
@@ -149,6 +151,15 @@ def children_cpu_s() -> float:
     """utime + stime of this process's waited-for children (the client tools run to completion), seconds."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+def drop_page_cache() -> None:
+    """sync, then drop the clean page cache (vm.drop_caches=1) where allowed (root)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError:
+        pass
 
 
 def _run(cmd: list[str], env: Optional[dict[str, str]] = None) -> list[str]:
@@ -309,7 +320,7 @@ def rf3_round(side: Any, dist: KafkaDist, sizes: Sizes, jvm: bool = True, rdkafk
     tools = Tools(dist, side.start(3))
     try:
         topics = [("p1", 1), ("p8", 8), ("p8g", 8), ("fixed", 1), ("fixedg", 1), ("e2e", 1)] if jvm else []
-        topics += [("r1", 1), ("r8", 8), ("rfixed", 1), ("rp8", 8), ("r8g", 8), ("rfixedg", 1)] if rdkafka else []
+        topics += [("warmup", 8), ("r1", 1), ("r8", 8), ("rfixed", 1), ("rp8", 8), ("r8g", 8), ("rfixedg", 1)] if rdkafka else []
         for name, parts in topics:
             side.create_topic(name, parts, 3)
         if jvm:
@@ -385,6 +396,11 @@ def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: 
     n, rate, fixed_n = sizes.rdkafka_records, sizes.fixed_rate, sizes.fixed_rate * sizes.fixed_s
     grpc, kafka_path = Round("gregor-grpc"), Round("gregor-kafka")
     gregor = isinstance(side, Gregor)
+    # Unmeasured warm-up on both systems: a JVM broker runs interpreted until its JIT has compiled the produce
+    # path. With the JVM cells before (the full form) Kafka's brokers are warm; with --only rdkafka they were not,
+    # and Run 5 in docs/benchmarks.md compared Gregor with a cold Kafka (33.6 s/GiB of server CPU against 11.3
+    # once warm, 2026-11-27 21:40 UTC).
+    tools.rdkafka("warmup", n)
     out = tools.rdkafka("r1", n)
     r.put(RDKAFKA_METRICS[0][0], out["mb_per_sec"], out)
 
@@ -408,7 +424,12 @@ def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: 
     mb, steady, server_cpu, client_cpu = (m[0] for m in RDKAFKA_PATH_METRICS[:4])
 
     def measured(path: Round, produce: Any) -> dict[str, Any]:
-        """One path's throughput run: the servers' and the client process's CPU per GiB beside its figures."""
+        """One path's throughput run: the servers' and the client process's CPU per GiB beside its figures.
+        Each run writes 3 GiB (RF 3); past ~2.4 GB of written data this VM's page cache costs every writer
+        2-3x the system time ("the 1.5 GB CPU cliff" in docs/benchmarks.md), which made the second run of a
+        pair ~1.9x the server CPU per GiB of the first whichever path it was. So the page cache is written
+        back and dropped before each run (root only; otherwise only written back)."""
+        drop_page_cache()
         cpu0, client0 = cpu_s(side.server_pids()), children_cpu_s()
         out = produce()
         path.put(server_cpu, (cpu_s(side.server_pids()) - cpu0) / path_gib)
@@ -446,7 +467,8 @@ def _rdkafka_cells(side: Any, tools: Tools, r: Round, sizes: Sizes, grpc_first: 
         grpc.put(RDKAFKA_PATH_METRICS[5][0], out["p99_ms"])
 
     r8()
-    pair(p8, g8)
+    if gregor:  # the path pair: Gregor's two paths only
+        pair(p8, g8)
     pair(rfixed, gfixed)
     return [_merge(grpc, kafka_path, "rdkafka-path")] if gregor else []
 

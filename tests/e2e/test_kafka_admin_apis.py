@@ -18,11 +18,13 @@ from typing import TypeVar
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
-                                   NewTopic, ResourceType)
+                                   ResourceType)
 
 from gregor.cli.local_cluster import LocalCluster, Process
 from gregor.client.admin import AdminClient as GregorAdmin, SyncAdminClient
 from gregor.common import errors
+from tests.helpers.cluster import broker_metric_total
+from tests.helpers.kafka_admin import create_topic_everywhere
 from tests.helpers.wait import wait_for
 
 WAIT_S = 60.0
@@ -43,20 +45,7 @@ def bootstrap(c: LocalCluster) -> str:
 
 
 def create_topic(c: LocalCluster, partitions: int = 1, rf: int = 3, configs: dict[str, str] | None = None) -> str:
-    name = f"a-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap(c)})
-    for f in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=rf,
-                                           config=configs or {})]).values():
-        assert f.result(timeout=WAIT_S) is None
-    for address in bootstrap(c).split(","):  # every broker's metadata has it, with leaders
-        one = AdminClient({"bootstrap.servers": address})
-
-        def ready() -> bool:
-            t = one.list_topics(name, timeout=10).topics.get(name)
-            return t is not None and t.error is None and len(t.partitions) == partitions and \
-                all(p.leader >= 0 and len(p.isrs) == rf for p in t.partitions.values())
-        wait_for(ready, WAIT_S, f"{name} in {address}'s metadata with a full ISR")
-    return name
+    return create_topic_everywhere(bootstrap(c), f"a-{uuid.uuid4().hex[:8]}", partitions, rf, configs, WAIT_S)
 
 
 def produce(c: LocalCluster, topic: str, n: int) -> None:
@@ -165,13 +154,7 @@ def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalClus
 
 def kafka_requests(c: LocalCluster, api: str) -> float:
     """gregor_kafka_requests_total{api} summed over the brokers."""
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(f'gregor_kafka_requests_total{{api="{api}"}}'):
-                    total += float(line.split()[-1])
-    return total
+    return broker_metric_total(c, f'gregor_kafka_requests_total{{api="{api}"}}')
 
 
 def test_kafka_python_alter_configs_over_the_legacy_api(cluster: LocalCluster) -> None:

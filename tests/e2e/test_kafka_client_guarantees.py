@@ -26,10 +26,11 @@ from typing import IO, Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from gregor.cli.local_cluster import LocalCluster
 from tests.helpers.cluster import restart_broker, running_cluster, stop_process
+from tests.helpers.kafka_admin import create_topic_everywhere
 from tests.helpers.wait import wait_for
 
 GREGOR = [sys.executable, "-m", "gregor.cli.main"]
@@ -73,22 +74,7 @@ def committed_by_gregor(c: LocalCluster, group: str) -> dict[int, int]:
 
 
 def create_topic(c: LocalCluster, partitions: int, rf: int, config: dict[str, str] | None = None) -> str:
-    name = f"kc-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap(c)})
-    for f in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=rf,
-                                           config=config or {})]).values():
-        assert f.result(timeout=WAIT_S) is None
-    # Metadata reaches every broker asynchronously (UpdateMetadata), as in Kafka: wait for each listener to
-    # show every partition with a leader and its full ISR.
-    for address in bootstrap(c).split(","):
-        one = AdminClient({"bootstrap.servers": address})
-
-        def ready() -> bool:
-            t = one.list_topics(name, timeout=10).topics.get(name)
-            return t is not None and t.error is None and len(t.partitions) == partitions and \
-                all(p.leader >= 0 and len(p.isrs) == rf for p in t.partitions.values())
-        wait_for(ready, WAIT_S, f"{name} with leaders in {address}'s metadata")
-    return name
+    return create_topic_everywhere(bootstrap(c), f"kc-{uuid.uuid4().hex[:8]}", partitions, rf, config, WAIT_S)
 
 
 def produce_plain(c: LocalCluster, topic: str, values_by_partition: dict[int, list[str]]) -> None:

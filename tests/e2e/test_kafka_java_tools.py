@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -27,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 
 from bench.kafka_dist import KafkaDist, ensure_kafka
 from gregor.cli.local_cluster import LocalCluster
-from tests.helpers.cluster import restart_broker, running_cluster, stop_process
+from tests.helpers.cluster import broker_metric_total, restart_broker, running_cluster, stop_process
 from tests.helpers.wait import wait_for
 
 WAIT_S = 90.0  # a JVM tool on the loaded 2-core machine: startup alone can take 10 s
@@ -229,13 +228,7 @@ def test_console_producer_and_consumer_commit_offsets_kafka_consumer_groups_desc
 
 def request_versions(c: LocalCluster, api: str, version: int) -> float:
     """gregor_kafka_request_versions_total{api,version} summed over the brokers: which version a client sent."""
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(f'gregor_kafka_request_versions_total{{api="{api}",version="{version}"}}'):
-                    total += float(line.split()[-1])
-    return total
+    return broker_metric_total(c, f'gregor_kafka_request_versions_total{{api="{api}",version="{version}"}}')
 
 
 def test_kafka_consumer_groups_describes_several_groups_in_one_offset_fetch_v8(

@@ -28,6 +28,7 @@ from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from gregor.cli.local_cluster import LocalCluster
+from tests.helpers.cluster import broker_metric_total
 from tests.helpers.wait import wait_for
 
 GREGOR = [sys.executable, "-m", "gregor.cli.main"]
@@ -208,13 +209,7 @@ def test_admin_create_grow_and_delete_topics(cluster: LocalCluster) -> None:
 
 def incremental_fetches(c: LocalCluster) -> float:
     """gregor_kafka_incremental_fetches_total summed over the brokers' /metrics."""
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("gregor_kafka_incremental_fetches_total "):
-                    total += float(line.split()[1])
-    return total
+    return broker_metric_total(c, "gregor_kafka_incremental_fetches_total ")
 
 
 def test_kafka_python_produces_and_consumes_with_incremental_fetch_sessions(cluster: LocalCluster) -> None:
@@ -439,13 +434,7 @@ def test_standalone_broker_serves_kafka_clients(tmp_path: Any) -> None:
 
 def zero_copy_bytes(c: LocalCluster) -> float:
     """gregor_kafka_zero_copy_bytes_total summed over the brokers (/metrics)."""
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("gregor_kafka_zero_copy_bytes_total "):
-                    total += float(line.split()[-1])
-    return total
+    return broker_metric_total(c, "gregor_kafka_zero_copy_bytes_total ")
 
 
 @pytest.mark.parametrize("zero_copy", [True, False])
@@ -661,13 +650,7 @@ def test_pipelined_acks_all_produce_requests_are_answered_in_order(cluster: Loca
 
 def offset_fetch_versions(c: LocalCluster, version: int) -> float:
     """gregor_kafka_request_versions_total{api="OffsetFetch",version} summed over the brokers."""
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(f'gregor_kafka_request_versions_total{{api="OffsetFetch",version="{version}"}}'):
-                    total += float(line.split()[-1])
-    return total
+    return broker_metric_total(c, f'gregor_kafka_request_versions_total{{api="OffsetFetch",version="{version}"}}')
 
 
 def test_kafka_python_lists_several_groups_offsets_in_one_offset_fetch_v8(cluster: LocalCluster) -> None:

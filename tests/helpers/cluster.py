@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -281,3 +282,15 @@ async def move_etcd_leader(members: list[Process], to: Process) -> None:
                 await rpc.MaintenanceStub(ch).MoveLeader(rpc.MoveLeaderRequest(targetID=target_id), timeout=10)
                 return
     raise AssertionError(f"etcd leader {leader_id:x} not among the members")
+
+
+def broker_metric_total(cluster: LocalCluster, sample: str) -> float:
+    """The sum over the brokers' /metrics of the samples whose line starts with `sample` (a name with its labels,
+    e.g. 'gregor_kafka_requests_total{api="Produce"}')."""
+    total = 0.0
+    for p in cluster.by_role("broker"):
+        with urllib.request.urlopen(p.metrics, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(sample):
+                    total += float(line.split()[-1])
+    return total

@@ -46,11 +46,11 @@ def cpu_s(pid: int) -> float:
 
 
 def produce_requests(metrics_url: str) -> float:
+    """gregor_kafka_requests_total{api="Produce"}, summed over the request versions (a baseline tree's counter
+    may have no version label)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('gregor_kafka_requests_total{api="Produce"}'):
-                return float(line.split()[-1])
-    return 0.0
+        return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
+                   if line.startswith('gregor_kafka_requests_total{api="Produce"'))
 
 
 def start(base: Path, name: str, services: str) -> LocalCluster:

@@ -153,8 +153,8 @@ def test_legacy_alter_configs_replaces_a_topics_configs_whole(cluster: LocalClus
 
 
 def kafka_requests(c: LocalCluster, api: str) -> float:
-    """gregor_kafka_requests_total{api} summed over the brokers."""
-    return broker_metric_total(c, f'gregor_kafka_requests_total{{api="{api}"}}')
+    """gregor_kafka_requests_total{api} summed over the brokers and the request versions."""
+    return broker_metric_total(c, f'gregor_kafka_requests_total{{api="{api}",')
 
 
 def test_kafka_python_alter_configs_over_the_legacy_api(cluster: LocalCluster) -> None:

@@ -227,8 +227,8 @@ def test_console_producer_and_consumer_commit_offsets_kafka_consumer_groups_desc
 
 
 def request_versions(c: LocalCluster, api: str, version: int) -> float:
-    """gregor_kafka_request_versions_total{api,version} summed over the brokers: which version a client sent."""
-    return broker_metric_total(c, f'gregor_kafka_request_versions_total{{api="{api}",version="{version}"}}')
+    """gregor_kafka_requests_total{api,version} summed over the brokers: which version a client sent."""
+    return broker_metric_total(c, f'gregor_kafka_requests_total{{api="{api}",version="{version}"}}')
 
 
 def test_kafka_consumer_groups_describes_several_groups_in_one_offset_fetch_v8(

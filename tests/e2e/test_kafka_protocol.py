@@ -649,8 +649,8 @@ def test_pipelined_acks_all_produce_requests_are_answered_in_order(cluster: Loca
 
 
 def offset_fetch_versions(c: LocalCluster, version: int) -> float:
-    """gregor_kafka_request_versions_total{api="OffsetFetch",version} summed over the brokers."""
-    return broker_metric_total(c, f'gregor_kafka_request_versions_total{{api="OffsetFetch",version="{version}"}}')
+    """gregor_kafka_requests_total{api="OffsetFetch",version} summed over the brokers."""
+    return broker_metric_total(c, f'gregor_kafka_requests_total{{api="OffsetFetch",version="{version}"}}')
 
 
 def test_kafka_python_lists_several_groups_offsets_in_one_offset_fetch_v8(cluster: LocalCluster) -> None:

@@ -54,11 +54,10 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              22: "InitProducerId", 23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 37: "CreatePartitions",
              42: "DeleteGroups", 60: "DescribeCluster", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls",
              **TXN_API_NAMES, **ADMIN_API_NAMES}
-REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API", ["api"])
-# Kafka's RequestsPerSec{request,version}: which version each client negotiated (e.g. OffsetFetch v8's batched
-# groups from Kafka's AdminClient), without changing gregor_kafka_requests_total's labels.
-REQUEST_VERSIONS = Counter("gregor_kafka_request_versions_total", "Kafka-protocol requests handled, by API and "
-                           "request version", ["api", "version"])
+# Kafka's RequestsPerSec{request,version}: per API, and which version each client negotiated (e.g. OffsetFetch
+# v8's batched groups from Kafka's AdminClient); sum by (api) for the requests of an API.
+REQUESTS = Counter("gregor_kafka_requests_total", "Kafka-protocol requests handled, by API and request version",
+                   ["api", "version"])
 REQUEST_SECONDS = Histogram("gregor_kafka_request_duration_seconds",
                             "Kafka-protocol request handling time (TotalTimeMs without the network), by API", ["api"])
 UNSUPPORTED = Counter("gregor_kafka_unsupported_requests_total",
@@ -184,8 +183,7 @@ class KafkaListener:
         if header.api_key != PRODUCE or supported is None or not supported[0] <= header.api_version <= supported[1]:
             return None
         request = codec.parse_body(frame, pos, header)
-        REQUESTS.labels("Produce").inc()
-        REQUEST_VERSIONS.labels("Produce", str(header.api_version)).inc()
+        REQUESTS.labels("Produce", str(header.api_version)).inc()
         started = time.perf_counter()
         mod = codec.module(header.api_key, header.api_version, EntityType.response)
         pending = self.handlers.start_produce(header, request, mod)
@@ -236,8 +234,7 @@ class KafkaListener:
                                       f"(client {header.client_id!r})")
         request = codec.parse_body(frame, pos, header)
         api = API_NAMES.get(header.api_key, str(header.api_key))
-        REQUESTS.labels(api).inc()
-        REQUEST_VERSIONS.labels(api, str(header.api_version)).inc()
+        REQUESTS.labels(api, str(header.api_version)).inc()
         collector = None
         if header.api_key == KAFKA_FETCH and self._senders is not None:  # plain text: records by sendfile
             collector, token = zero_copy.begin()

@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from gregor.cli.local_cluster import LocalCluster
 from tests.helpers.wait import wait_for
-from tests.e2e.test_kafka_protocol import RawClient as FlexibleRawClient, WAIT_S, bootstrap, cli, create_topic, drain
+from tests.e2e.test_kafka_protocol import (RawClient as FlexibleRawClient, WAIT_S, bootstrap, cli, create_topic, drain,
+                                           zero_copy_bytes)
 
 
 class RawClient(FlexibleRawClient):
@@ -376,19 +377,6 @@ def init_producer_id_request(version: int, tid: str, pid: int, epoch: int) -> An
     mod = importlib.import_module(f"kio.schema.init_producer_id.v{version}.request")
     return mod.InitProducerIdRequest(transactional_id=TransactionalId(tid), transaction_timeout=i32Timedelta.parse(
         timedelta(seconds=60)), producer_id=ProducerId(pid), producer_epoch=i16(epoch))
-
-
-def zero_copy_bytes(c: LocalCluster) -> float:
-    """gregor_kafka_zero_copy_bytes_total summed over the brokers (/metrics)."""
-    import urllib.request
-
-    total = 0.0
-    for p in c.by_role("broker"):
-        with urllib.request.urlopen(p.metrics, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("gregor_kafka_zero_copy_bytes_total "):
-                    total += float(line.split()[-1])
-    return total
 
 
 def test_read_committed_fetches_go_by_sendfile_on_plain_text(cluster: LocalCluster) -> None:

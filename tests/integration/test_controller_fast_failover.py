@@ -22,7 +22,7 @@ from gregor.cli.local_cluster import Process, stop_process
 from gregor.common.etcd import EtcdClient, KeyValue
 from gregor.common.etcd_layout import ControllerZNode
 from gregor.controller import elector
-from gregor.controller.liveness import ActiveControllerWatch, WatchedRegistration
+from gregor.controller.liveness import RETRY_S, ActiveControllerWatch, WatchedRegistration
 from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
 from tests.helpers.cluster import running_cluster, start_controller_with
 from tests.helpers.wait import until
@@ -148,7 +148,8 @@ async def test_sigstopped_active_keeps_the_role_until_its_lease_expires(  # type
 class Listener:
     """A TCP listener standing in for the active's gRPC port; it can drop its connections and close."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_at_once: bool = False) -> None:
+        self.close_at_once = close_at_once
         self.server: asyncio.Server | None = None
         self.writers: list[asyncio.StreamWriter] = []
         self.accepted = 0
@@ -156,7 +157,10 @@ class Listener:
     async def start(self, port: int = 0) -> int:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.accepted += 1
-            self.writers.append(writer)
+            if self.close_at_once:
+                writer.close()
+            else:
+                self.writers.append(writer)
         self.server = await asyncio.start_server(accept, "127.0.0.1", port)
         return int(self.server.sockets[0].getsockname()[1])
 
@@ -251,3 +255,22 @@ async def test_watch_never_connected_revokes_nothing(client: EtcdClient) -> None
         assert not watch.connected and watch._task is not None and not watch._task.done()
     finally:
         await watch.stop()
+
+
+async def test_watch_on_a_listener_that_closes_at_once_neither_spins_nor_revokes(client: EtcdClient) -> None:
+    """Something that accepts and closes every connection at once (a proxy, a server refusing plain TCP): each
+    break is probed, the probe connects, so nothing is proven; and the watch waits RETRY_S before holding the
+    next connection instead of reconnecting in a busy loop."""
+    listener = Listener(close_at_once=True)
+    port = await listener.start()
+    kv = await register(client, 1, port)
+    watch = ActiveControllerWatch(client, 2)
+    try:
+        started = time.monotonic()
+        watch.follow(kv)
+        await until(lambda: listener.accepted >= 5, 10, "five connections accepted")
+        assert time.monotonic() - started >= 3 * RETRY_S, "the watch reconnects in a busy loop"
+        assert await lease_alive(client, kv.lease) and watch._task is not None and not watch._task.done()
+    finally:
+        await watch.stop()
+        await listener.close()

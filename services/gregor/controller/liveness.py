@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -201,7 +202,9 @@ class ActiveControllerWatch:
                              self.controller_id, watched.controller_id, watched.endpoint, watched.lease)
                     announced = True
                 self.connected = True
+                held_since = time.monotonic()
                 broke = await _hold(reader)
+                held_s = time.monotonic() - held_since
                 self.connected = False
                 _close(writer)
                 reader = writer = None
@@ -219,7 +222,10 @@ class ActiveControllerWatch:
                 log.debug("controller %d: connection to active controller %d at %s broke (%s); connects since: %s",
                           self.controller_id, watched.controller_id, watched.endpoint, broke,
                           ", ".join(o.value for o in outcomes))
-                if reader is None:
+                if reader is None or held_s < RETRY_S:
+                    # No connection, or one that something (a proxy, a TLS server) closes at once: at most a
+                    # couple of connects per RETRY_S, not a busy loop. A break right after connecting is
+                    # still probed at once above, so a process that dies then is still caught.
                     await asyncio.sleep(RETRY_S)
         finally:
             self.connected = False

@@ -91,12 +91,15 @@ def still_registered(watched: WatchedRegistration, kv: KeyValue | None) -> bool:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int] | None:
-    """host:port ([v6]:port too) of a registration; None when there is none or it does not parse."""
+    """host:port ([v6]:port too) of a registration; None when there is none, it does not parse, or its host is
+    a wildcard (0.0.0.0 or ::: a connect there reaches the standby's own host, not the active's)."""
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         return None
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    if host in ("0.0.0.0", "::", "*"):
+        return None
     number = int(port)
     return (host, number) if 0 < number < 65536 else None
 

@@ -55,7 +55,7 @@ def test_a_revocation_ends_only_the_registration_watched() -> None:
 
 @pytest.mark.parametrize("endpoint, expected", [
     ("127.0.0.1:9093", ("127.0.0.1", 9093)), ("ctl-0.ctl:9093", ("ctl-0.ctl", 9093)), ("[::1]:9093", ("::1", 9093)),
-    ("", None), ("127.0.0.1", None), (":9093", None), ("h:0", None), ("h:70000", None), ("h:x", None),
+    ("", None), ("127.0.0.1", None), ("0.0.0.0:9093", None), ("[::]:9093", None), (":9093", None), ("h:0", None), ("h:70000", None), ("h:x", None),
 ])
 def test_endpoints_parse_or_are_not_watched(endpoint: str, expected: tuple[str, int] | None) -> None:
     assert parse_endpoint(endpoint) == expected

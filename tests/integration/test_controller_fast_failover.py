@@ -116,7 +116,8 @@ async def test_sigstopped_active_keeps_the_role_until_its_lease_expires(  # type
         tmp_path, etcd: Process, client: EtcdClient) -> None:
     """SIGSTOP of the active controller: its kernel keeps the standby's connection and accepts new ones, so
     nothing proves it dead. The standby, connected to it, revokes nothing and takes over only once the lease
-    has expired (keepalives every TTL/3: not before two thirds of it; asserted: not before half)."""
+    has expired (keepalives every TTL/3: not before two thirds of it; asserted with room for a keepalive
+    delayed on a loaded machine: not before a third, where the fast path takes a tenth of a second)."""
     data_dir = str(tmp_path / "cluster")
     procs = [start_controller_with(data_dir, i, etcd.grpc, lease_ttl_ms=SHORT_LEASE_MS) for i in (1, 2)]
     try:
@@ -126,7 +127,7 @@ async def test_sigstopped_active_keeps_the_role_until_its_lease_expires(  # type
         stopped = time.monotonic()
         await until(lambda: _is(client, standby.id), SHORT_LEASE_MS / 1000 + 3, "the standby took over")
         took = time.monotonic() - stopped
-        assert took >= SHORT_LEASE_MS / 1000 / 2, f"took over {took:.2f} s after SIGSTOP: before the lease expired"
+        assert took >= SHORT_LEASE_MS / 1000 / 3, f"took over {took:.2f} s after SIGSTOP: before the lease expired"
         assert revocations(standby) == 0.0 and REVOKED not in log_text(standby)
         os.kill(active.pid, signal.SIGCONT)
         await until(lambda: "lost its etcd lease" in log_text(active) or "controller moved" in log_text(active), 10,

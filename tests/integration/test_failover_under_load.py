@@ -4,8 +4,10 @@ Two scenarios on etcd + controllers + three brokers, a topic of three partitions
 with replication factor 3 and min.insync.replicas 2, and the SDK producer
 writing all the time (acks=all, retries=0, unique values):
 
-- the active controller is SIGKILLed and, while the standby waits out its lease,
-  a partition leader is SIGKILLed too, so the new controller must elect;
+- the active controller is SIGKILLed and, 0.3 s later, a partition leader too, so
+  the new controller must elect (the standby has usually taken over by then: it
+  revokes a dead controller's lease once its endpoint refuses connects; with
+  controller.fast.failover.enable=false it would still be waiting out the lease);
 - a broker is SIGKILLed and restarted with the same id and data dir while the
   controller is busy (paused), so the controller sees it *bounced* (same id,
   new broker epoch): onBrokerFailure then onBrokerStartup; the broker truncates

@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT,
+from gregor.controller.controller import (AUTO_LEADER_REBALANCE_ENABLE_DEFAULT, CONTROLLER_FAST_FAILOVER_ENABLE_DEFAULT,
+                                         CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT,
                                          LEADER_IMBALANCE_CHECK_INTERVAL_SECONDS_DEFAULT,
                                          LEADER_IMBALANCE_PER_BROKER_PERCENTAGE_DEFAULT, NEW_PARTITIONS_PER_EVENT_DEFAULT,
                                          LeaderBalanceConfig)
@@ -40,6 +41,7 @@ class ControllerArgs:
     tls: TlsConfig = TlsConfig()  # security.protocol / ssl.*: its gRPC port, etcd and the channels to brokers
     authorizer: AuthorizerConfig = AuthorizerConfig()
     new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT
+    fast_failover_enable: bool = CONTROLLER_FAST_FAILOVER_ENABLE_DEFAULT
 
 
 # Properties-file keys (Kafka's names where Kafka has one): key -> (argparse dest, parser, default).
@@ -49,6 +51,9 @@ CONTROLLER_KEYS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     # KRaft's name for how long a silent active controller keeps the role; here the TTL of the etcd lease
     # the `controller` key is bound to (--lease-ttl-ms is its flag). Not broker.session.timeout.ms.
     "controller.quorum.fetch.timeout.ms": ("lease_ttl_ms", int, CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT),
+    # Gregor's own: a standby revokes that lease at once when the active's process is provably gone (its
+    # endpoint refuses connects after the standby's connection to it broke); false: the lease alone.
+    "controller.fast.failover.enable": ("fast_failover_enable", parse_bool, CONTROLLER_FAST_FAILOVER_ENABLE_DEFAULT),
     "delete.topic.enable": ("delete_topic_enable", parse_bool, True),
     "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", parse_bool, AUTO_LEADER_REBALANCE_ENABLE_DEFAULT),
     "leader.imbalance.per.broker.percentage": ("leader_imbalance_per_broker_percentage", int,
@@ -79,6 +84,10 @@ def parse_args(argv: list[str]) -> ControllerArgs:
                     help="controller.quorum.fetch.timeout.ms: TTL of the etcd lease the controller registration "
                          "is bound to (rounded up to whole seconds, at least etcd's minimum of 2 s); a dead "
                          f"controller is replaced within it (default {CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT})")
+    ap.add_argument("--fast-failover-enable", type=parse_bool, metavar="{true,false}",
+                    help="controller.fast.failover.enable: as a standby, revoke the active controller's lease as "
+                         "soon as its process is provably gone (its connection broke and its endpoint refuses "
+                         "connects) instead of waiting for the lease to expire (default true)")
     ap.add_argument("--delete-topic-enable", type=parse_bool, metavar="{true,false}",
                     help="delete.topic.enable: whether DeleteTopics deletes (Kafka's default: true)")
     ap.add_argument("--auto-leader-rebalance-enable", type=parse_bool, metavar="{true,false}",
@@ -116,7 +125,7 @@ def parse_args(argv: list[str]) -> ControllerArgs:
                           a.lease_ttl_ms, a.delete_topic_enable,
                           LeaderBalanceConfig(a.auto_leader_rebalance_enable, a.leader_imbalance_per_broker_percentage,
                                               a.leader_imbalance_check_interval_seconds), metrics_topic, security,
-                          authorizer, a.new_partitions_per_event)
+                          authorizer, a.new_partitions_per_event, a.fast_failover_enable)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:
@@ -146,7 +155,8 @@ async def run(args: ControllerArgs) -> int:
     # The endpoint goes into the `controller` key, where brokers look it up to forward AdminService calls.
     controller = Controller(args.controller_id, etcd, lease_ttl_ms=args.lease_ttl_ms, endpoint=f"{args.host}:{port}",
                             delete_topic_enable=args.delete_topic_enable, leader_balance=args.leader_balance,
-                            new_partitions_per_event=args.new_partitions_per_event)
+                            new_partitions_per_event=args.new_partitions_per_event,
+                            fast_failover_enable=args.fast_failover_enable)
     authz = Authz.create(args.authorizer, etcd)
     authz.start()
     if not await authz.wait_synced(10.0):

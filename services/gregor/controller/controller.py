@@ -20,6 +20,7 @@ from gregor.common.phase_clock import PhaseClock
 from gregor.common.etcd_layout import (BrokerIdsZNode, ControllerZNode, DeleteTopicsZNode, IsrChangeNotificationZNode,
                                        LogDirEventNotificationZNode, ProducerIdBlock, ProducerIdBlockZNode, TopicZNode)
 from gregor.controller import elector, metadata_store
+from gregor.controller.liveness import ActiveControllerWatch, WatchedRegistration
 from gregor.controller.standby_metadata import StandbyMetadata, TakeOver
 from gregor.controller.broker_registry import (BrokerRegistration, ClusterDescription, broker_epochs, open_file_limits,
                                               registrations)
@@ -51,6 +52,11 @@ T = TypeVar("T")
 # dead, a controller missing for 2 s is replaced. etcd leases are whole seconds, at least etcd's minimum
 # (1.5 s with its default raft timings, rounded up to 2 s).
 CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT = 2_000
+# controller.fast.failover.enable (Gregor's own): a standby holds a TCP connection to the active controller's
+# registered endpoint and, when it breaks and fresh connects there are refused (no listener: the process is
+# gone), revokes the active's lease instead of waiting for it to expire (gregor.controller.liveness). A
+# connect that times out (a partition, a frozen process, a vanished host) leaves the lease the only path.
+CONTROLLER_FAST_FAILOVER_ENABLE_DEFAULT = True
 LEASE_TTL_MS_DEFAULT = CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEFAULT  # the name the Python API has used
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
 # auto.leader.rebalance.enable, leader.imbalance.per.broker.percentage, leader.imbalance.check.interval.seconds
@@ -126,6 +132,11 @@ class ControllerMetrics:
             "gregor_controller_partition_state_write_retries_total",
             "Partition-state writes re-run after losing their compare to a leader's ISR change "
             "(Kafka's updateLeaderAndIsr retry).", registry=registry)
+        self.lease_revocations = Counter(
+            "gregor_controller_lease_revocations_total",
+            "Leases of an active controller this standby revoked because the active's process was provably "
+            "gone (its connection broke and its endpoint refused connects; controller.fast.failover.enable).",
+            registry=registry)
 
     def update_partition_gauges(self, ctx: ControllerContext) -> None:
         """Recompute the gauges from the context; called after every applied event and on resignation."""
@@ -220,7 +231,8 @@ class Controller:
     def __init__(self, controller_id: int, etcd: EtcdClient, lease_ttl_ms: int = LEASE_TTL_MS_DEFAULT,
                  registry: CollectorRegistry = REGISTRY, endpoint: str = "", delete_topic_enable: bool = True,
                  leader_balance: LeaderBalanceConfig = LeaderBalanceConfig(),
-                 new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT) -> None:
+                 new_partitions_per_event: int = NEW_PARTITIONS_PER_EVENT_DEFAULT,
+                 fast_failover_enable: bool = CONTROLLER_FAST_FAILOVER_ENABLE_DEFAULT) -> None:
         if new_partitions_per_event < 1:
             raise ValueError("new.partitions.per.event must be at least 1")
         self.controller_id = controller_id
@@ -256,6 +268,10 @@ class Controller:
         self._prepared: _PreparedFailover | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self.last_failover_prepared = False  # the last failover used the decision prepared while standby
+        # While standby: a connection to the active controller's endpoint, to revoke its lease once its
+        # process is provably gone (controller.fast.failover.enable); None when that is off.
+        self.active_watch: ActiveControllerWatch | None = (
+            ActiveControllerWatch(etcd, controller_id, self._revoked_active_lease) if fast_failover_enable else None)
 
     @property
     def failover_prepared(self) -> bool:
@@ -285,6 +301,8 @@ class Controller:
             self.on_controller_resignation()
         self.active_controller_id = NO_CONTROLLER
         self._stop_preparing()
+        if self.active_watch is not None:
+            await self.active_watch.stop()
         await self.standby_metadata.stop()
         for task in (self._controller_watch, *self._active_watches, self._rebalance_timer):
             if task is not None:
@@ -410,6 +428,7 @@ class Controller:
                          self.controller_id, kv.lease)
                 kv = None
             self.active_controller_id = self._registered_id(kv)
+            self._follow_active(kv)
             if self.active_controller_id != NO_CONTROLLER:
                 self.metrics.epoch.set((await elector.read_controller_epoch(self.etcd))[0])
                 log.debug("controller %d is active; not electing", self.active_controller_id)
@@ -424,6 +443,7 @@ class Controller:
             return
         self.ctx.epoch, self.ctx.epoch_version = election.epoch, election.epoch_version
         self.active_controller_id = self.controller_id
+        self._follow_active(None)
         self.metrics.elections_won.inc()
         log.info("controller %d elected; epoch %d (controller_epoch mod_revision %d)",
                  self.controller_id, election.epoch, election.epoch_version)
@@ -457,13 +477,25 @@ class Controller:
     async def maybe_resign(self) -> bool:
         """Re-read who is active; resign if it was us and is not any more. True when we resigned."""
         was_active = self.is_active
-        self.active_controller_id = self._registered_id(await self.etcd.get(ControllerZNode.key(self.etcd)))
+        kv = await self.etcd.get(ControllerZNode.key(self.etcd))
+        self.active_controller_id = self._registered_id(kv)
+        self._follow_active(kv)
         if not self.is_active:
             self.metrics.epoch.set((await elector.read_controller_epoch(self.etcd))[0])
         if elector.should_resign(was_active, self.active_controller_id, self.controller_id):
             self.on_controller_resignation()
             return True
         return False
+
+    def _follow_active(self, kv: KeyValue | None) -> None:
+        """Point the standby's watch on the active controller's process at the registration just read
+        (none while we are active or stopping, or when the key names nobody or us)."""
+        if self.active_watch is not None:
+            self.active_watch.follow(None if self._closing or self.is_active else kv)
+
+    def _revoked_active_lease(self, watched: WatchedRegistration, reason: str) -> None:
+        """The watch revoked a gone active's lease: count it (the key's deletion runs the election)."""
+        self.metrics.lease_revocations.inc()
 
     async def _ensure_lease(self) -> ThreadedLease:
         """Our live lease, granting a new one if the last was lost (a new etcd session)."""

@@ -65,6 +65,19 @@ def test_controller_election_lease_is_controller_quorum_fetch_timeout_ms(tmp_pat
             capsys, "controller.quorum.fetch.timeout.ms (--lease-ttl-ms) must be positive")
 
 
+def test_controller_fast_failover_is_on_by_default_and_can_be_turned_off(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """controller.fast.failover.enable (Gregor's own, default true): a standby revokes a provably dead active
+    controller's lease; false leaves controller.quorum.fetch.timeout.ms's expiry the only path."""
+    assert controller_args(["--controller-id=1", f"--etcd={ETCD}"]).fast_failover_enable is True
+    conf = write(tmp_path, f"etcd.endpoints={ETCD}\ncontroller.fast.failover.enable=false\n")
+    assert controller_args(["--controller-id=1", f"--config={conf}"]).fast_failover_enable is False
+    assert controller_args(["--controller-id=1", f"--config={conf}",
+                            "--fast-failover-enable=true"]).fast_failover_enable is True
+    refused(controller_args, ["--controller-id=1", f"--etcd={ETCD}", "--override=controller.fast.failover.enable=1"],
+            capsys, "controller.fast.failover.enable")
+
+
 def test_controller_refuses_bad_keys_values_and_a_missing_etcd(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     refused(controller_args, ["--controller-id=1", config(tmp_path, f'etcd.endpoints={ETCD}\nbogus=1\n')],

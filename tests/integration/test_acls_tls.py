@@ -172,3 +172,37 @@ async def test_the_data_port_authorizes_each_fetch_by_the_connections_certificat
         audits = [json.loads(line.split("gregor.audit: ", 1)[1]) for line in f if "gregor.audit: " in line]
     assert any(a["principal"] == intruder and a["api"] == "DataPortFetch" and a["decision"] == "Denied"
                for a in audits)
+
+
+def test_the_data_port_refuses_a_follower_fetch_without_cluster_action(cluster: LocalCluster) -> None:
+    """A follower's fetch session on the data port (a replica frame, replica.fetch.transport=data) needs
+    ClusterAction on the Cluster, as the gRPC ReplicaFetch: intruder's certificate gets a response with
+    CLUSTER_AUTHORIZATION_FAILED and the connection closed, audited as ReplicaFetch; the brokers' certificate
+    (a super user) is answered."""
+    import socket
+    import struct
+
+    assert cluster.tls is not None
+    broker = cluster.by_role("broker")[0]
+    host, port = broker.data.rsplit(":", 1)
+    body = broker_pb2.ReplicaFetchRequest(replica_id=broker.id + 100, min_bytes=1, max_wait_ms=0).SerializeToString()
+
+    def exchange(name: str, refused: bool) -> tuple[broker_pb2.ReplicaFetchResponse, bool]:
+        ctx = cluster.tls.config(name).client_ssl_context()  # type: ignore[union-attr]
+        with socket.create_connection((host, int(port)), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(struct.pack(">I", len(body) | 0x8000_0000) + body)
+            f = s.makefile("rb")
+            (size,) = struct.unpack(">I", f.read(4))
+            resp = broker_pb2.ReplicaFetchResponse.FromString(f.read(size))
+            return resp, refused and f.read(1) == b""  # a served session stays open
+
+    resp, closed = exchange("intruder", True)
+    assert resp.error.code == errors.Code.CLUSTER_AUTHORIZATION_FAILED and closed, resp
+    resp, _ = exchange("broker", False)
+    assert not resp.HasField("error"), resp  # no partitions named: an empty answer
+    intruder = cluster.tls.principal("intruder")
+    with open(broker.log) as f:
+        audits = [json.loads(line.split("gregor.audit: ", 1)[1]) for line in f if "gregor.audit: " in line]
+    assert any(a["principal"] == intruder and a["api"] == "ReplicaFetch" and a["decision"] == "Denied"
+               for a in audits)

@@ -231,7 +231,9 @@ class Broker:
         rm = self.replica_manager
         membership = self.membership
         assert membership is not None
-        fetchers = ReplicaFetcherManager(rm, rm.endpoint_of, lambda: membership.broker_epoch)
+        fetchers = ReplicaFetcherManager(
+            rm, rm.endpoint_of, lambda: membership.broker_epoch,
+            rm.data_endpoint_of if self.config.replica_fetch_transport == "data" else None)
         isr = IsrManager(rm, self._etcd, self.config.broker_id, self.config.replica_lag_time_max_ms)
         rm.metadata_cache = self.metadata_cache  # live broker epochs for follower fetches (KIP-380/903)
         rm.attach_replication(fetchers, isr)

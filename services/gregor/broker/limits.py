@@ -35,6 +35,9 @@ FORWARD_RETRY_S = 0.2  # pause before asking etcd again who the controller is
 
 # -- Zero-copy data port: data_port.py
 REQUEST_FRAME_MAX_BYTES = 1 << 20  # a FetchRequest is a few dozen bytes; anything huge is garbage
+# A follower's full ReplicaFetchRequest names every partition it copies from the leader (~60 bytes each): the
+# gRPC stream's message cap (socket.request.max.bytes' default).
+REPLICA_REQUEST_FRAME_MAX_BYTES = 104_857_600
 
 # -- Broker registration and controlled shutdown: cluster_membership.py
 REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way

@@ -3,7 +3,10 @@
 One asyncio task per leader broker (Kafka's ReplicaFetcherThread per source
 broker) fetches every partition this broker follows from that leader in one
 multi-partition long poll (ReplicaFetch, answered by the leader's
-replica_fetch module), re-issued as soon as it is answered. Before a
+replica_fetch_server module), re-issued as soon as it is answered. The polls go
+over the leader's data port (a framed TCP connection, data_port.py) when it has
+one and replica.fetch.transport is `data` (the default), else over a gRPC
+ReplicaFetch stream; either connection is the fetch session. Before a
 partition's first fetch under a leader epoch it truncates by leader epoch:
 OffsetForLeaderEpoch for our latest epoch, truncate to min(answer, own LEO),
 falling back to the high watermark when the epoch is undefined. Fetched batches
@@ -15,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+import struct
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import grpc
 from prometheus_client import Gauge
@@ -32,6 +36,7 @@ from gregor.broker.limits import (
 )
 from gregor.common.aio import wait_for
 from gregor.common.rpc import channel
+from gregor.common.tls import client_ssl
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc
 
 if TYPE_CHECKING:
@@ -57,6 +62,11 @@ class _FetchStream:
         self.call: Any = None
         self._wake: asyncio.Event | None = None  # the wake-up event of the read in progress
         self._cut_by: str | None = None  # why the read in progress was cut short: "wake" or "timeout"
+
+    @property
+    def fresh(self) -> bool:
+        """The next request starts a new session (a full request): no stream, or the leader ended it."""
+        return self.call is None or self.call.done()
 
     def reset(self) -> None:
         if self.call is not None:
@@ -111,6 +121,91 @@ class _FetchStream:
         return resp  # type: ignore[no-any-return]
 
 
+_FRAME = struct.Struct(">I")
+_REPLICA_FRAME = 0x8000_0000  # data_port.REPLICA_FRAME (not imported: data_port pulls in the leader's side)
+_RESPONSE_MAX_BYTES = 1 << 31  # a length past this is not a frame the leader wrote: the connection is lost
+
+
+class _DataPortStream:
+    """The fetch session on the leader's data port: each request frame written is answered by one response
+    frame (data_port.py). The same contract as _FetchStream: a wake-up or the timeout cuts the read short,
+    here by aborting the connection (the leader's session ends with it; the next request is a full one on a
+    new connection)."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host, int(port)
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._wake: asyncio.Event | None = None
+        self._cut_by: str | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.conn is None
+
+    def reset(self) -> None:
+        if self.conn is not None:
+            self.conn[1].transport.abort()  # the read in progress, if any, sees the connection lost
+            self.conn = None
+
+    def woken(self) -> None:
+        if self._wake is not None and self._wake.is_set():
+            self._cut("wake")
+
+    def _cut(self, why: str) -> None:
+        if self._cut_by is None and self.conn is not None:
+            self._cut_by = why
+            self.reset()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.conn is None:
+            ssl_context = client_ssl()  # TLS as the gRPC channels (security.protocol=SSL)
+            try:
+                self.conn = await wait_for(asyncio.open_connection(
+                    self.host, self.port, ssl=ssl_context, server_hostname=self.host if ssl_context else None),
+                    FETCH_RPC_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise errors.error_for(errors.Code.NETWORK_EXCEPTION,
+                                       f"data port {self.host}:{self.port}: {exc}") from None
+        return self.conn
+
+    async def exchange(self, request: broker_pb2.ReplicaFetchRequest,
+                       wake: asyncio.Event | None) -> "broker_pb2.ReplicaFetchResponse | None":
+        """As _FetchStream.exchange; a request the leader refused as a whole raises its error (the leader has
+        closed the connection), a lost connection NETWORK_EXCEPTION."""
+        reader, writer = await self._connect()
+        body = request.SerializeToString()
+        writer.write(_FRAME.pack(len(body) | _REPLICA_FRAME) + body)
+        if wake is not None and wake.is_set():
+            self.reset()
+            return None
+        self._wake, self._cut_by = wake, None
+        timer = asyncio.get_running_loop().call_later(FETCH_RPC_TIMEOUT_S, self._cut, "timeout")
+        try:
+            (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+            if size >= _RESPONSE_MAX_BYTES:
+                raise ConnectionResetError(f"a response frame of {size} bytes")
+            data = await reader.readexactly(size)
+        except (asyncio.IncompleteReadError, OSError) as exc:
+            self.reset()
+            if self._cut_by == "wake":
+                return None
+            if self._cut_by == "timeout":
+                raise errors.error_for(errors.Code.REQUEST_TIMED_OUT,
+                                       f"no replica fetch response within {FETCH_RPC_TIMEOUT_S} s") from None
+            raise errors.error_for(errors.Code.NETWORK_EXCEPTION,
+                                   f"the leader's data port {self.host}:{self.port} closed the connection: "
+                                   f"{exc!r}") from None
+        finally:
+            timer.cancel()
+            self._wake = None
+        resp = broker_pb2.ReplicaFetchResponse.FromString(data)
+        if resp.HasField("error"):
+            self.reset()
+            raise errors.from_detail(resp.error)
+        return resp
+
+
 class ReplicaFetcher:
     """Fetches the partitions led by one leader. Concurrency: one task; partitions change only on the loop.
 
@@ -124,7 +219,7 @@ class ReplicaFetcher:
         self.state: FollowerFetchState[tuple[str, int]] = FollowerFetchState.for_lag_time(
             manager.replicas.config.replica_lag_time_max_ms)
         self._wake = asyncio.Event()
-        self._stream: _FetchStream | None = None  # the stream of the fetch in progress
+        self._stream: Union[_FetchStream, _DataPortStream, None] = None  # the session of the fetch in progress
         self._lag_gauge = FETCHER_LAG.labels(leader=str(leader_id))  # labels() per fetch costs ~2 µs
         self.task = asyncio.create_task(self._run(), name=f"replica-fetcher-{leader_id}")
         self.task.add_done_callback(self._on_done)
@@ -150,14 +245,15 @@ class ReplicaFetcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            target = self.manager.endpoint_of(self.leader_id)
-            if target is None:
+            target = self.manager.targets(self.leader_id)
+            if target[0] is None:
                 await asyncio.sleep(REPLICA_FETCH_BACKOFF_S)
                 continue
-            async with channel(target) as ch:
+            async with channel(target[0]) as ch:  # truncation's RPCs, and the fetches without a data port
                 await self._fetch_from(rm, broker_pb2_grpc.BrokerServiceStub(ch), target)
 
-    async def _fetch_from(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, target: str) -> None:
+    async def _fetch_from(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                          target: tuple[str | None, str | None]) -> None:
         """One multi-partition ReplicaFetch in flight (Kafka's fetcher thread shape).
 
         The leader answers as soon as any partition has data (min_bytes=1 over all of them), so a
@@ -169,15 +265,16 @@ class ReplicaFetcher:
         it is named in the next, incremental, request).
         """
         loop = asyncio.get_running_loop()
-        stream = self._stream = _FetchStream(stub)
+        stream = self._stream = _DataPortStream(target[1]) if target[1] is not None else _FetchStream(stub)
         try:
             await self._fetch_loop(rm, stub, target, stream, loop)
         finally:
             self._stream = None
             stream.reset()
 
-    async def _fetch_loop(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub, target: str,
-                          stream: "_FetchStream", loop: asyncio.AbstractEventLoop) -> None:
+    async def _fetch_loop(self, rm: "ReplicaManager", stub: broker_pb2_grpc.BrokerServiceStub,
+                          target: tuple[str | None, str | None], stream: "_FetchStream | _DataPortStream",
+                          loop: asyncio.AbstractEventLoop) -> None:
         state = self.state
         # The steady case (issue 24): the last walk found every partition ready (none backing off or truncating)
         # and nothing was added, dropped or forgotten since (state.version), so only the partitions whose answers
@@ -188,11 +285,10 @@ class ReplicaFetcher:
         steady_version = -1
         applied: list[tuple[str, int]] = []
         batch: list[Any] = []
-        while self.partitions and self.manager.endpoint_of(self.leader_id) == target:
+        while self.partitions and self.manager.targets(self.leader_id) == target:
             self._wake.clear()
             listed_items: list[Any] | None = None
-            if steady is not None and state.version == steady_version and not (
-                    stream.call is None or stream.call.done()):
+            if steady is not None and state.version == steady_version and not stream.fresh:
                 moved = []
                 for key in applied:
                     item = steady.get(key)
@@ -215,7 +311,7 @@ class ReplicaFetcher:
                     continue
                 listed, incremental = state.session_request(
                     [(key, st, offset) for key, st, _p, offset in batch],
-                    stream.call is None or stream.call.done(), loop.time(),
+                    stream.fresh, loop.time(),
                     [p.log.log_start_offset for _key, _st, p, _offset in batch])
                 listed_items = [batch[i] for i in listed]
                 # Steady from now on only if the walk covered every partition (none backing off or truncating).
@@ -391,12 +487,19 @@ class ReplicaFetcherManager:
     """
 
     def __init__(self, replicas: "ReplicaManager", endpoint_of: Callable[[int], str | None],
-                 broker_epoch: Callable[[], int]) -> None:
+                 broker_epoch: Callable[[], int],
+                 data_endpoint_of: Callable[[int], str | None] | None = None) -> None:
         self.replicas = replicas
         self.endpoint_of = endpoint_of
+        self.data_endpoint_of = data_endpoint_of  # None: every fetch over gRPC (replica.fetch.transport=grpc)
         self.broker_epoch = broker_epoch
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self.stopped = False
+
+    def targets(self, leader_id: int) -> tuple[str | None, str | None]:
+        """(gRPC endpoint, data port endpoint or None) of a leader: a fetcher reconnects when either changes."""
+        data = self.data_endpoint_of(leader_id) if self.data_endpoint_of is not None else None
+        return self.endpoint_of(leader_id), data
 
     def add_partition(self, p: "Partition") -> None:
         """Follow p from its leader (removing it from any other fetcher first); truncation runs first.

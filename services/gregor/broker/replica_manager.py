@@ -226,6 +226,8 @@ class ReplicaManager:
         self.fetchers: "ReplicaFetcherManager | None" = None
         self.isr_manager: "IsrManager | None" = None
         self.broker_endpoints: dict[int, str] = {}  # broker id -> host:port, from LeaderAndIsr's live_leaders
+        # broker id -> host:data_port (absent: the broker has no data port), from the same live_leaders
+        self.broker_data_endpoints: dict[int, str] = {}
         self._checkpointed_hws: dict[tuple[str, int], int] = {}
         self._checkpoint_task: asyncio.Task[None] | None = None
         # Cluster mode: the controller's live brokers (UpdateMetadata), for follower broker-epoch checks.
@@ -312,6 +314,10 @@ class ReplicaManager:
 
     def endpoint_of(self, broker_id: int) -> str | None:
         return self.broker_endpoints.get(broker_id)
+
+    def data_endpoint_of(self, broker_id: int) -> str | None:
+        """host:port of the broker's data port (data_port.py), None if it has none."""
+        return self.broker_data_endpoints.get(broker_id)
 
     # ------------------------------------------------------------------ partitions
     def _log_reopened(self, key: tuple[str, int], lg: Any) -> None:
@@ -478,6 +484,10 @@ class ReplicaManager:
         partition of a 10,000-partition topic for each request of its creation was quadratic)."""
         for b in live_leaders:
             self.broker_endpoints[b.broker_id] = f"{b.host}:{b.grpc_port}"
+            if b.data_port > 0:
+                self.broker_data_endpoints[b.broker_id] = f"{b.host}:{b.data_port}"
+            else:
+                self.broker_data_endpoints.pop(b.broker_id, None)
         effective: dict[str, dict[str, Any]] = _EffectiveConfigs(self.config.topic_defaults)
         for topic, overrides in topic_configs.items():
             self.topic_overrides[topic] = dict(overrides)  # for reapply_topic_defaults

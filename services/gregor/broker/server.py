@@ -15,7 +15,7 @@ from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.fetch_session import CachedPartition, FetchSessionError
 from gregor.broker.producer_id_manager import LocalProducerIdManager, RpcProducerIdManager
 from gregor.broker.txn_markers import MarkerRequest, describe_producers, write_marker
-from gregor.broker.replica_fetch_server import ReplicaFetchPart, ReplicaFetchSession, handle_replica_fetch
+from gregor.broker.replica_fetch_server import ReplicaFetchSession, answer_replica_fetch
 from gregor.broker.produce_api import ProduceStreamHandler, produce_partitions_response, produce_result_fields
 from gregor.broker.replica_manager import collect_produce
 from gregor.common import broker_configs as bc, errors, uuid
@@ -29,53 +29,14 @@ from gregor.rpc.v1 import coordinator_pb2
 
 if TYPE_CHECKING:
     from gregor.broker.broker import Broker
-    from gregor.broker.replica_manager import FetchResult
 
 Ctx: TypeAlias = grpc.aio.ServicerContext
 T = TypeVar("T")
 
 
-def _varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative int."""
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_PARTITIONS_TAG = b"\x0a"  # ReplicaFetchResponse.partitions: field 1, length-delimited
-_RECORDS_TAG = b"\x32"  # ReplicaFetchPartitionResponse.records: field 6, length-delimited
-
-
-def encode_replica_fetch_response(answered: "list[tuple[ReplicaFetchPart, FetchResult | errors.GregorError]]") -> bytes:
-    """A ReplicaFetchResponse's wire bytes, the records spliced in by hand.
-
-    Why: built as a message, each partition's records (~1 MB under a librdkafka acks=all load) were copied
-    into the message and again by SerializeToString, per follower, on the leader's event loop between its
-    append and the followers' fetch answers: the acks=all round trip, which paces a client that keeps one
-    batch per partition in flight. Here the small fields go through protobuf and the records are joined
-    after them as field 6 (a message's encoding is the concatenation of its fields'), one copy. Parses
-    exactly as the message would (tests/unit/broker/test_replica_fetch_wire.py)."""
-    out: list[bytes] = []
-    for part, outcome in answered:
-        if isinstance(outcome, errors.GregorError):
-            inner = [broker_pb2.ReplicaFetchPartitionResponse(
-                topic=part.topic, partition=part.partition, error=outcome.to_detail()).SerializeToString()]
-        else:
-            inner = [broker_pb2.ReplicaFetchPartitionResponse(
-                topic=part.topic, partition=part.partition, high_watermark=outcome.high_watermark,
-                log_start_offset=outcome.log_start_offset).SerializeToString()]
-            records = outcome.slice.read()
-            if records:
-                inner += [_RECORDS_TAG, _varint(len(records)), records]
-        out += [_PARTITIONS_TAG, _varint(sum(map(len, inner))), *inner]
-    return b"".join(out)
-
-
 def _serialize_replica_fetch_response(message: "bytes | broker_pb2.ReplicaFetchResponse") -> bytes:
-    """ReplicaFetch's response serializer: bytes from encode_replica_fetch_response pass as they are."""
+    """ReplicaFetch's response serializer: bytes from replica_fetch_server.encode_replica_fetch_response pass as
+    they are."""
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
@@ -281,19 +242,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         try:
             async for request in request_iterator:
                 start = time.perf_counter()
-                parts = [ReplicaFetchPart(q.topic, q.partition, q.fetch_offset, q.current_leader_epoch, q.max_bytes,
-                                          q.topic_id, q.log_start_offset)
-                         for q in request.partitions]
                 try:
-                    answered = await handle_replica_fetch(
-                        self.replicas, request.replica_id,
-                        request.replica_broker_epoch if request.replica_broker_epoch > 0 else -1,  # 0: none sent
-                        request.min_bytes, request.max_wait_ms, parts, session, request.incremental)
+                    answer = await answer_replica_fetch(self.replicas, request, session)
                 except errors.GregorError as err:
                     requests.record(start, err.name)
                     raise  # rpc_stream: the stream ends with the error's status
                 requests.record(start, "NONE")
-                yield encode_replica_fetch_response(answered)
+                yield answer
         finally:
             session.close()
 

@@ -172,6 +172,9 @@ def effective_topic_configs(overrides: Mapping[str, Any], defaults: Mapping[str,
     return merged
 
 
+REPLICA_FETCH_TRANSPORTS = ("data", "grpc")  # replica.fetch.transport
+
+
 @dataclass
 class BrokerConfig:
     """A broker's settings, server.properties names in snake case."""
@@ -204,6 +207,10 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int = 15000  # log.cleaner.backoff.ms: sleep when no log needs cleaning
     log_cleaner_dedupe_buffer_size: int = 134217728  # log.cleaner.dedupe.buffer.size (all threads together)
     replica_lag_time_max_ms: int = 30000  # replica.lag.time.max.ms
+    # replica.fetch.transport: how a follower fetches from its leaders. data (default): the leader's data port, a
+    # framed TCP connection per leader (data_port.py; gRPC when the leader has no data port); grpc: the gRPC
+    # ReplicaFetch stream. Both carry the same fetch session (docs/replication.md).
+    replica_fetch_transport: str = "data"
     controlled_shutdown_enable: bool = True  # controlled.shutdown.enable: move leadership away before stopping
     controlled_shutdown_max_retries: int = 3  # controlled.shutdown.max.retries
     controlled_shutdown_retry_backoff_ms: int = 5000  # controlled.shutdown.retry.backoff.ms
@@ -286,6 +293,9 @@ class BrokerConfig:
                         millis = -1  # Kafka: any negative retention means unlimited
                     topic_defaults[topic_name] = TOPIC_CONFIGS[topic_name].parse(millis)
                     break
+        if cfg.replica_fetch_transport not in REPLICA_FETCH_TRANSPORTS:
+            raise InvalidConfigError(f"Invalid value {cfg.replica_fetch_transport!r} for broker configuration "
+                                     f"replica.fetch.transport: must be one of {list(REPLICA_FETCH_TRANSPORTS)}")
         if cfg.num_recovery_threads_per_data_dir < 1:
             raise InvalidConfigError(f"Invalid value {cfg.num_recovery_threads_per_data_dir} for broker configuration "
                                      f"num.recovery.threads.per.data.dir: Value must be at least 1")

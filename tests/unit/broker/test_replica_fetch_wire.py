@@ -9,9 +9,9 @@ from pathlib import Path
 import gregor_native as native
 import pytest
 
-from gregor.broker.replica_fetch_server import ReplicaFetchPart
+from gregor.broker.replica_fetch_server import ReplicaFetchPart, encode_replica_fetch_response
 from gregor.broker.replica_manager import FetchResult
-from gregor.broker.server import _serialize_replica_fetch_response, encode_replica_fetch_response
+from gregor.broker.server import _serialize_replica_fetch_response
 from gregor.common import errors
 from gregor.rpc.v1 import broker_pb2
 from tests.unit.native.support import values_batch

@@ -46,6 +46,14 @@ def test_broker_properties() -> None:
         BrokerConfig.from_properties({"num.partitions": "many"})
 
 
+def test_replica_fetch_transport_is_data_or_grpc() -> None:
+    assert BrokerConfig().replica_fetch_transport == "data"
+    assert BrokerConfig.from_properties({"replica.fetch.transport": "grpc"}).replica_fetch_transport == "grpc"
+    with pytest.raises(errors.GregorError) as info:
+        BrokerConfig.from_properties({"replica.fetch.transport": "tcp"})
+    assert info.value.code == errors.Code.INVALID_CONFIG and "replica.fetch.transport" in str(info.value)
+
+
 @pytest.mark.parametrize("props, retention_ms", [
     ({"log.retention.ms": "5000", "log.retention.hours": "1"}, 5000),
     ({"log.retention.hours": "1", "log.retention.ms": "5000"}, 5000),

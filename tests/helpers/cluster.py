@@ -103,14 +103,18 @@ def etcd_endpoints(cluster: LocalCluster) -> str:
     return ",".join(p.grpc for p in cluster.by_role("etcd"))
 
 
-def restart_broker(cluster: LocalCluster, victim: Process, overrides: dict[str, str] | None = None) -> Process:
-    """Start a (killed) broker again with the same id and data dir; it replaces the old entry in cluster."""
+def restart_broker(cluster: LocalCluster, victim: Process, overrides: dict[str, str] | None = None,
+                   same_port: bool = False) -> Process:
+    """Start a (killed) broker again with the same id and data dir; it replaces the old entry in cluster.
+    same_port: on its old gRPC port, as a StatefulSet's pod keeps its address (a client that knows only the
+    addresses it had may otherwise lose every broker in a rolling restart); else a free one."""
     from gregor.cli.local_cluster import start_broker
 
     if cluster.tls:  # a --tls cluster's broker comes back with its certificate and SSL:// listener
         overrides = {**cluster.role_props("broker"), "listeners": "SSL://127.0.0.1:0", **(overrides or {})}
     back = start_broker(victim.data_dir.rsplit("/", 1)[0], victim.id, overrides=overrides,
-                        etcd_endpoint=cluster.etcd_endpoints)
+                        etcd_endpoint=cluster.etcd_endpoints,
+                        port=int(victim.grpc.rsplit(":", 1)[1]) if same_port else 0)
     cluster.processes = [p for p in cluster.processes if p.pid != victim.pid] + [back]
     return back
 

@@ -161,10 +161,9 @@ class DataPortServer:
                              caller: "Caller | None", session: ReplicaFetchSession) -> bool:
         """One request of a follower's fetch session; False when the session is over (the connection closes)."""
         if size == 0 or size > REPLICA_REQUEST_FRAME_MAX_BYTES:
-            BAD_FRAMES.inc()
-            await self._replica_error(writer, errors.error_for(
-                errors.Code.INVALID_REQUEST,
-                f"replica fetch frame of {size} bytes is outside 1..{REPLICA_REQUEST_FRAME_MAX_BYTES}"))
+            # No follower sends that: garbage (0xffffffff...), answered as any malformed frame is.
+            await self._reject(writer, f"request frame of {size | REPLICA_FRAME} bytes is not a FetchRequest's "
+                                       f"(1..{REQUEST_FRAME_MAX_BYTES}) nor a replica fetch's")
             return False
         try:
             request = broker_pb2.ReplicaFetchRequest.FromString(await reader.readexactly(size))

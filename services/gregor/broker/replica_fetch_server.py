@@ -274,14 +274,19 @@ class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]])
         self.hosted = hosted
         self.min_bytes = min_bytes
 
-    @staticmethod
-    def _slot_moved(e: _SessionEntry) -> bool:
+    def _slot_moved(self, key: object, e: _SessionEntry) -> bool:
         """Grew past the follower's offset, leadership changed, or the log start moved (DeleteRecords: the
-        follower learns it now rather than after its max wait, and a parked DeleteRecords waits on that)."""
+        follower learns it now rather than after its max wait, and a parked DeleteRecords waits on that); or
+        the partition is no longer the hosted one (deleted, or re-created under its name: news() tells the
+        follower). Checked first: a deleted partition's log is closed, and reading its end offset raised
+        LogClosedError into whoever reported the change (a re-creation's LeaderAndIsr, the new topic's first
+        produce), found by test_topic_ids with the followers on the data port."""
         w = e.slot
         if not isinstance(w, _Watched):
             return False
         p = w.partition
+        if self.hosted.get(key) is not p:  # type: ignore[call-overload]
+            return True
         return (p.log_end_offset > w.fetch_offset or not p.is_leader or p.leader_epoch != w.leader_epoch
                 or p.log.log_start_offset != e.sent_log_start)
 
@@ -289,12 +294,12 @@ class DelayedSessionFetch(DelayedOperation[list[tuple[_SessionEntry, Outcome]]])
         """An append, HW move or leadership change on one partition: only its slot can have moved, so a
         fetch watching ~50 partitions is not walked whole on every produce and HW move (issue 15)."""
         e = self.session.entries.get(key)  # type: ignore[call-overload]
-        if e is None or not self._slot_moved(e):
+        if e is None or not self._slot_moved(key, e):
             return False
         return self._complete_with_enough()
 
     def try_complete(self) -> bool:
-        if not any(self._slot_moved(e) for e in self.session.entries.values()):
+        if not any(self._slot_moved(key, e) for key, e in self.session.entries.items()):
             return False
         return self._complete_with_enough()
 

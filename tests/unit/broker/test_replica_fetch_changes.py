@@ -178,3 +178,37 @@ async def test_a_partition_deleted_while_unlisted_is_reported_as_an_error_once()
     rm.fetch_purgatory.check_and_complete(a.key)
     assert await fetch(rm, session, [], incremental=True) == {}  # told once
     session.close()
+
+
+class ClosedLogPartition(FakePartition):
+    """A deleted partition: its log is closed, reading its end offset raises (the native LogClosedError)."""
+
+    @property  # type: ignore[override]
+    def log_end_offset(self) -> int:
+        raise RuntimeError("log is closed")
+
+    @log_end_offset.setter
+    def log_end_offset(self, _value: int) -> None:
+        pass
+
+
+async def test_a_parked_fetch_on_a_deleted_then_re_created_partition_is_answered_without_its_closed_log() -> None:
+    """The topic is deleted and created again under its name while a session still lists the old partition
+    (its follower's next full request has not come): the re-creation's first change report wakes the parked
+    fetch with UNKNOWN_TOPIC_OR_PARTITION for the follower, without reading the old partition's closed log,
+    which used to raise into the reporter (the new topic's LeaderAndIsr and first produce)."""
+    old, other = FakePartition(("t", 0)), FakePartition(("u", 0))
+    rm = FakeReplicaManager([old, other])
+    session = ReplicaFetchSession(rm.fetch_purgatory)
+    await fetch(rm, session, [old, other], incremental=False)
+    task = asyncio.create_task(fetch(rm, session, [], incremental=True, max_wait_ms=60_000))
+    await asyncio.sleep(0)
+    assert session.parked is not None
+    old.__class__ = ClosedLogPartition  # deleted: its log closed
+    new = FakePartition(("t", 0), log_end_offset=0, high_watermark=0)
+    rm.partitions[new.key] = new  # created anew under the name
+    rm.fetch_purgatory.check_and_complete(new.key)  # the new partition's first report: no error raised here
+    answered = await asyncio.wait_for(task, 5)
+    err = answered[old.key]
+    assert isinstance(err, errors.GregorError) and err.code == errors.Code.UNKNOWN_TOPIC_OR_PARTITION
+    session.close()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from gregor.common.aio import wait_for
 from gregor.common.etcd import EtcdClient, EtcdError, KeyValue
 from gregor.common.etcd_layout import ControllerZNode
 
@@ -108,7 +109,7 @@ async def _connect(host: str, port: int) -> tuple[ConnectOutcome, asyncio.Stream
                                                   asyncio.StreamWriter | None]:
     """One fresh TCP connect: its outcome, and the open connection when it connected."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        reader, writer = await wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
     except asyncio.TimeoutError:
         return ConnectOutcome.NO_ANSWER, None, None
     except OSError as exc:

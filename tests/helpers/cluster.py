@@ -298,3 +298,30 @@ def broker_metric_total(cluster: LocalCluster, sample: str) -> float:
                 if line.startswith(sample):
                     total += float(line.split()[-1])
     return total
+
+
+async def admin_write_succeeds(broker: Process, name: str) -> bool:
+    """A CreateTopics of `name` (1 partition, RF 1) through broker succeeded: the controller answers admin writes
+    (False on any RPC failure or error code, for polling with until)."""
+    import grpc
+
+    from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
+
+    try:
+        async with grpc.aio.insecure_channel(broker.grpc) as ch:
+            resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
+                topics=[controller_pb2.CreatableTopic(name=name, num_partitions=1, replication_factor=1)]),
+                timeout=5)
+    except grpc.aio.AioRpcError:
+        return False
+    return bool(resp.results[0].error.code == 0)
+
+
+def kill_all(procs: "list[Process]") -> None:
+    """SIGKILL every process, resuming any SIGSTOPped one first (a test's finally)."""
+    for p in procs:
+        try:
+            os.kill(p.pid, signal.SIGCONT)
+        except OSError:
+            pass
+        stop_process(p, signal.SIGKILL)

@@ -24,7 +24,7 @@ from gregor.controller.controller import (CONTROLLER_QUORUM_FETCH_TIMEOUT_MS_DEF
                                          Controller, ControllerState, _Event)
 from gregor.controller.standby_metadata import StandbyMetadata
 from gregor.rpc.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import Process, tear_down
+from tests.helpers.cluster import Process, admin_write_succeeds, tear_down
 from tests.helpers.wait import until
 
 LEASE_TTL_MS = 2000  # etcd's minimum lease is ~1.5 s, rounded up to 2 s anyway
@@ -129,7 +129,7 @@ async def test_sigkill_failover_on_defaults_stays_inside_the_broker_session(tmp_
             active_id = await elector.read_controller_id(client)
             active = next(c for c in cluster.by_role("controller") if c.id == active_id)
             standby = next(c for c in cluster.by_role("controller") if c.id != active_id)
-            assert await _create_topic(broker, "before-failover")
+            assert await admin_write_succeeds(broker, "before-failover")
             registration = await client.get(client.key("brokers", "ids", broker.id))
             assert registration is not None
             epoch, _ = await elector.read_controller_epoch(client)
@@ -139,24 +139,13 @@ async def test_sigkill_failover_on_defaults_stays_inside_the_broker_session(tmp_
                                DEFAULT_LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S, "standby took over after SIGKILL")
             assert DEFAULT_LEASE_TTL_MS / 1000 + TAKEOVER_MARGIN_S < BROKER_SESSION_TIMEOUT_MS_DEFAULT / 1000
             assert (await elector.read_controller_epoch(client))[0] == epoch + 1
-            admin = await until(lambda: _create_topic(broker, f"after-failover-{time.monotonic_ns()}"), 10,
+            admin = await until(lambda: admin_write_succeeds(broker, f"after-failover-{time.monotonic_ns()}"), 10,
                                 "an admin write through the broker after the failover")
             after = await client.get(client.key("brokers", "ids", broker.id))
             assert after is not None and after.create_revision == registration.create_revision  # session kept
             print(f"defaults: takeover {took:.2f} s after SIGKILL, admin write {admin:.2f} s later")
     finally:
         tear_down(cluster)
-
-
-async def _create_topic(broker: Process, name: str) -> bool:
-    try:
-        async with grpc.aio.insecure_channel(broker.grpc) as ch:
-            resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
-                topics=[controller_pb2.CreatableTopic(name=name, num_partitions=1, replication_factor=1)]),
-                timeout=5)
-    except grpc.aio.AioRpcError:
-        return False
-    return resp.results[0].error.code == 0
 
 
 async def test_zombie_is_fenced_then_sigterm_handover(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,6 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 
 from gregor.cli.local_cluster import Process, stop_process
@@ -23,8 +22,7 @@ from gregor.common.etcd import EtcdClient, KeyValue
 from gregor.common.etcd_layout import ControllerZNode
 from gregor.controller import elector
 from gregor.controller.liveness import RETRY_S, ActiveControllerWatch, WatchedRegistration
-from gregor.rpc.v1 import controller_pb2, controller_pb2_grpc
-from tests.helpers.cluster import running_cluster, start_controller_with
+from tests.helpers.cluster import admin_write_succeeds, kill_all, running_cluster, start_controller_with
 from tests.helpers.wait import until
 
 LONG_LEASE_MS = 10_000
@@ -49,17 +47,6 @@ def connected_to(standby: Process, active_id: int) -> bool:
     return f"connected to active controller {active_id} " in log_text(standby)
 
 
-async def create_topic(broker: Process, name: str) -> bool:
-    try:
-        async with grpc.aio.insecure_channel(broker.grpc) as ch:
-            resp = await controller_pb2_grpc.AdminServiceStub(ch).CreateTopics(controller_pb2.CreateTopicsRequest(
-                topics=[controller_pb2.CreatableTopic(name=name, num_partitions=1, replication_factor=1)]),
-                timeout=5)
-    except grpc.aio.AioRpcError:
-        return False
-    return resp.results[0].error.code == 0
-
-
 async def roles(client: EtcdClient, controllers: list[Process]) -> tuple[Process, Process]:
     await until(lambda: _registered(client), 20, "a controller registered")
     active_id = await elector.read_controller_id(client)
@@ -81,7 +68,7 @@ async def test_sigkilled_active_is_replaced_long_before_its_lease_expires(tmp_pa
         async with EtcdClient(f"http://{cluster.by_role('etcd')[0].grpc}", cluster="gregor") as client:
             active, standby = await roles(client, cluster.by_role("controller"))
             await until(lambda: connected_to(standby, active.id), 10, "the standby connected to the active")
-            assert await until(lambda: create_topic(broker, "before"), 20, "an admin write before the kill") >= 0
+            assert await until(lambda: admin_write_succeeds(broker, "before"), 20, "an admin write before the kill") >= 0
             epoch, _ = await elector.read_controller_epoch(client)
             registration = await client.get(ControllerZNode.key(client))
             assert registration is not None and registration.lease != 0
@@ -92,7 +79,7 @@ async def test_sigkilled_active_is_replaced_long_before_its_lease_expires(tmp_pa
             await until(lambda: _is(client, standby.id), half_lease_s, "the standby registered before half the lease")
             left = half_lease_s - (time.monotonic() - killed)
             assert left > 0
-            await until(lambda: create_topic(broker, "after"), left, "an admin write before half the lease")
+            await until(lambda: admin_write_succeeds(broker, "after"), left, "an admin write before half the lease")
             took = time.monotonic() - killed
             assert (await elector.read_controller_epoch(client))[0] == epoch + 1
             assert revocations(standby) == 1.0
@@ -135,12 +122,7 @@ async def test_sigstopped_active_keeps_the_role_until_its_lease_expires(  # type
         assert await _is(client, standby.id)
         print(f"SIGSTOP on a {SHORT_LEASE_MS} ms lease: takeover {took:.2f} s after the stop")
     finally:
-        for p in procs:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-            except OSError:
-                pass
-            stop_process(p, signal.SIGKILL)
+        kill_all(procs)
 
 
 # -- the watch in-process, against a listener the test controls and a registration in real etcd --------------

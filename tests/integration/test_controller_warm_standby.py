@@ -27,7 +27,7 @@ from gregor.controller import elector, metadata_store
 from gregor.controller.controller import Controller, LeaderBalanceConfig
 from gregor.controller.standby_metadata import StandbyMetadata
 from gregor.controller.state import LeaderAndIsr, TopicPartition
-from tests.helpers.cluster import start_controller_with
+from tests.helpers.cluster import kill_all, start_controller_with
 from tests.helpers.wait import until
 
 BROKERS = (0, 1, 2)
@@ -124,12 +124,7 @@ async def test_standby_takes_over_with_what_changed_while_it_was_standby(  # typ
             lines = failover_lines(second)
             assert len(lines) == 1 and "metadata warm:" in lines[0], lines
         finally:
-            for p in procs:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                except OSError:
-                    pass
-                stop_process(p, signal.SIGKILL)
+            kill_all(procs)
             for lease in leases.values():
                 await lease.revoke()
 

@@ -48,7 +48,34 @@ log = logging.getLogger(__name__)
 FETCHER_LAG = Gauge("gregor_broker_replica_fetcher_max_lag",
                     "Largest (leader HW - follower LEO) over the partitions fetched from a leader", ["leader"])
 
-class _FetchStream:
+class _Cuttable:
+    """A follower's fetch session whose read in progress a wake-up (a partition added while the poll is out)
+    or the timeout cuts short by resetting the session (reset: the transport's own way)."""
+
+    def __init__(self) -> None:
+        self._wake: asyncio.Event | None = None  # the wake-up event of the read in progress
+        self._cut_by: str | None = None  # why the read in progress was cut short: "wake" or "timeout"
+
+    @property
+    def fresh(self) -> bool:
+        """The next request starts a new session (a full request)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def woken(self) -> None:
+        """The fetcher's wake event was set: cut the read in progress short (if it waits on that event)."""
+        if self._wake is not None and self._wake.is_set():
+            self._cut("wake")
+
+    def _cut(self, why: str) -> None:
+        if self._cut_by is None and not self.fresh:
+            self._cut_by = why
+            self.reset()
+
+
+class _FetchStream(_Cuttable):
     """The ReplicaFetch stream to one leader: each request written is answered by one response.
 
     The response is awaited directly (no task per read, no waker task and asyncio.wait per fetch: at
@@ -58,30 +85,19 @@ class _FetchStream:
     """
 
     def __init__(self, stub: broker_pb2_grpc.BrokerServiceStub) -> None:
+        super().__init__()
         self.stub = stub
         self.call: Any = None
-        self._wake: asyncio.Event | None = None  # the wake-up event of the read in progress
-        self._cut_by: str | None = None  # why the read in progress was cut short: "wake" or "timeout"
 
     @property
     def fresh(self) -> bool:
-        """The next request starts a new session (a full request): no stream, or the leader ended it."""
+        """No stream, or the leader ended it."""
         return self.call is None or self.call.done()
 
     def reset(self) -> None:
         if self.call is not None:
             self.call.cancel()
             self.call = None
-
-    def woken(self) -> None:
-        """The fetcher's wake event was set: cut the read in progress short (if it waits on that event)."""
-        if self._wake is not None and self._wake.is_set():
-            self._cut("wake")
-
-    def _cut(self, why: str) -> None:
-        if self._cut_by is None and self.call is not None:
-            self._cut_by = why
-            self.reset()
 
     async def exchange(self, request: broker_pb2.ReplicaFetchRequest,
                        wake: asyncio.Event | None) -> "broker_pb2.ReplicaFetchResponse | None":
@@ -126,18 +142,17 @@ _REPLICA_FRAME = 0x8000_0000  # data_port.REPLICA_FRAME (not imported: data_port
 _RESPONSE_MAX_BYTES = 1 << 31  # a length past this is not a frame the leader wrote: the connection is lost
 
 
-class _DataPortStream:
+class _DataPortStream(_Cuttable):
     """The fetch session on the leader's data port: each request frame written is answered by one response
     frame (data_port.py). The same contract as _FetchStream: a wake-up or the timeout cuts the read short,
     here by aborting the connection (the leader's session ends with it; the next request is a full one on a
     new connection)."""
 
     def __init__(self, address: str) -> None:
+        super().__init__()
         host, _, port = address.rpartition(":")
         self.host, self.port = host, int(port)
         self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._wake: asyncio.Event | None = None
-        self._cut_by: str | None = None
 
     @property
     def fresh(self) -> bool:
@@ -147,15 +162,6 @@ class _DataPortStream:
         if self.conn is not None:
             self.conn[1].transport.abort()  # the read in progress, if any, sees the connection lost
             self.conn = None
-
-    def woken(self) -> None:
-        if self._wake is not None and self._wake.is_set():
-            self._cut("wake")
-
-    def _cut(self, why: str) -> None:
-        if self._cut_by is None and self.conn is not None:
-            self._cut_by = why
-            self.reset()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.conn is None:

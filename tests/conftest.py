@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import ast
+import os
 import sys
 import threading
+
+# Before anything imports grpc. PySpark launches its JVM with a preexec_fn, so the at-fork handlers run in the
+# child; gRPC's (its core's fork support) ran there while other threads of this process were in gRPC calls,
+# and in one CI rehearsal the gateway died before sending its port (JAVA_GATEWAY_EXITED: every tests/spark test
+# errored) while this process's epoll poller saw EBADF. The processes the tests fork exec at once or use no gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from typing import Any, Iterator
 
 import pytest

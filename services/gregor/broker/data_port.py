@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
-from gregor.broker.limits import REPLICA_REQUEST_FRAME_MAX_BYTES, REQUEST_FRAME_MAX_BYTES
+from gregor.broker.limits import REPLICA_FRAME, REPLICA_REQUEST_FRAME_MAX_BYTES, REQUEST_FRAME_MAX_BYTES
 from gregor.broker.fetch_api import fetch_response, handle_fetch_request
 from gregor.broker.replica_fetch_server import ReplicaFetchSession, answer_replica_fetch
 from gregor.common import errors
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct(">I")
-REPLICA_FRAME = 0x8000_0000  # the high bit of a request frame's length: a follower's ReplicaFetchRequest
 ZERO_COPY_BYTES = Counter("gregor_broker_zero_copy_bytes_total", "Record bytes sent with sendfile on the data port")
 TLS_BYTES = Counter("gregor_broker_data_port_tls_bytes_total",
                     "Record bytes sent on the data port through TLS (read and encrypted, no sendfile)")
@@ -193,11 +192,8 @@ class DataPortServer:
         assert self.authz is not None
         return self.authz.check(caller, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME, "ReplicaFetch")
 
-    @staticmethod
-    async def _replica_error(writer: asyncio.StreamWriter, err: errors.GregorError) -> None:
-        data = broker_pb2.ReplicaFetchResponse(error=err.to_detail()).SerializeToString()
-        writer.write(FRAME.pack(len(data)) + data)
-        await writer.drain()
+    async def _replica_error(self, writer: asyncio.StreamWriter, err: errors.GregorError) -> None:
+        await self._write_header(writer, broker_pb2.ReplicaFetchResponse(error=err.to_detail()))
 
     def _denied(self, caller: Caller, request: broker_pb2.FetchRequest) -> Any:
         """The ErrorDetail of a fetch the caller may not make (None: allowed): Read on the topic, or
@@ -267,7 +263,9 @@ class DataPortServer:
         await self._write_header(writer, broker_pb2.DataFetchResponseHeader(error=err.to_detail()))
 
     @staticmethod
-    async def _write_header(writer: asyncio.StreamWriter, header: broker_pb2.DataFetchResponseHeader) -> None:
+    async def _write_header(writer: asyncio.StreamWriter,
+                            header: "broker_pb2.DataFetchResponseHeader | broker_pb2.ReplicaFetchResponse") -> None:
+        """One length-prefixed message: a fetch's header, or a replica fetch's refusal."""
         data = header.SerializeToString()
         writer.write(FRAME.pack(len(data)) + data)
         await writer.drain()

@@ -38,6 +38,7 @@ REQUEST_FRAME_MAX_BYTES = 1 << 20  # a FetchRequest is a few dozen bytes; anythi
 # A follower's full ReplicaFetchRequest names every partition it copies from the leader (~60 bytes each): the
 # gRPC stream's message cap (socket.request.max.bytes' default).
 REPLICA_REQUEST_FRAME_MAX_BYTES = 104_857_600
+REPLICA_FRAME = 0x8000_0000  # the high bit of a data-port request frame's length: a follower's ReplicaFetchRequest
 
 # -- Broker registration and controlled shutdown: cluster_membership.py
 REGISTER_RETRY_S = 0.2  # pause between attempts while an old registration or etcd is in the way

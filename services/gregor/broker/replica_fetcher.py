@@ -33,6 +33,7 @@ from gregor.broker.limits import (
     REPLICA_FETCH_BACKOFF_S,
     FETCH_RPC_TIMEOUT_S,
     REPLICA_FETCH_INTERRUPT_MAX_PARTITIONS,
+    REPLICA_FRAME,
 )
 from gregor.common.aio import wait_for
 from gregor.common.rpc import channel
@@ -138,7 +139,6 @@ class _FetchStream(_Cuttable):
 
 
 _FRAME = struct.Struct(">I")
-_REPLICA_FRAME = 0x8000_0000  # data_port.REPLICA_FRAME (not imported: data_port pulls in the leader's side)
 _RESPONSE_MAX_BYTES = 1 << 31  # a length past this is not a frame the leader wrote: the connection is lost
 
 
@@ -181,7 +181,7 @@ class _DataPortStream(_Cuttable):
         closed the connection), a lost connection NETWORK_EXCEPTION."""
         reader, writer = await self._connect()
         body = request.SerializeToString()
-        writer.write(_FRAME.pack(len(body) | _REPLICA_FRAME) + body)
+        writer.write(_FRAME.pack(len(body) | REPLICA_FRAME) + body)
         if wake is not None and wake.is_set():
             self.reset()
             return None

@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "transaction.max.timeout.ms": "60000", "group.initial.rebalance.delay.ms": "0"}
     atexit.register(_cleanup_unless_busy)
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A handler is not enough: a signal mask is inherited through fork and exec, and a run started with SIGINT
+    # blocked (by a parent thread, a CI harness) would leave Ctrl-C pending until the end of the run.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, old)
     workload: subprocess.Popen[bytes] | None = None
     started = time.monotonic()
     try:

@@ -129,8 +129,29 @@ def test_chaos_tls_schedule(tmp_path: Path) -> None:
     assert our_namespaces() == []
 
 
+# Starts the run the way a harness that blocks SIGINT would (the mask survives exec): the run must unblock it.
+_SIGINT_BLOCKED = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+                   "os.execv(sys.executable, [sys.executable, '-m', 'tests.e2e.chaos.run', *sys.argv[1:]])")
+
+
+def _signal_state(pid: int) -> str:
+    """Each thread's blocked, ignored, caught and pending signals (for the failure message)."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            status = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        lines.append(f"{task.name}: " + " ".join(s.replace("\t", "") for s in status if s.startswith("Sig")))
+    return "\n".join(lines)
+
+
 def test_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
-    proc = _run("--seed", "1", "--duration", "60", "--out", str(tmp_path / "chaos"))
+    """Ctrl-C during a run: it stops (exit 130) and removes its namespaces, veths and mounts; with SIGINT
+    blocked in the mask it was started with, too."""
+    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_BLOCKED, "--seed", "1", "--duration", "60", "--out",
+                             str(tmp_path / "chaos")], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
     seen = ""
@@ -142,8 +163,9 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
     assert "cluster up" in seen, seen
     assert our_namespaces()  # it did create them
     proc.send_signal(signal.SIGINT)
+    state = _signal_state(proc.pid)
     rest, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, seen + rest
+    assert proc.returncode == 130, seen + rest + "\nsignal state after SIGINT:\n" + state
     assert our_namespaces() == []
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert " gch" not in links

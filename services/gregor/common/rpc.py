@@ -224,6 +224,9 @@ async def wait_for_shutdown(name: str, stopped: "asyncio.Future[Any] | None" = N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A signal mask is inherited through fork and exec: a service started with SIGTERM or SIGINT blocked (by a
+    # harness, a parent thread) would never see them, and its handlers above would wait forever.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     await asyncio.wait([stop_wait] + ([stopped] if stopped is not None else []),
                        return_when=asyncio.FIRST_COMPLETED)

@@ -27,8 +27,14 @@ DURATION_S = 150  # every kind once fits in it (asserted below)
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _run(*args: str, **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.e2e.chaos.run", *args], cwd=REPO, text=True,
+# Starts the run the way a harness that blocks SIGINT would (the mask survives exec): the run must unblock it.
+_SIGINT_BLOCKED = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+                   "os.execv(sys.executable, [sys.executable, '-m', 'tests.e2e.chaos.run', *sys.argv[1:]])")
+
+
+def _run(*args: str, sigint_blocked: bool = False, **kw: object) -> subprocess.Popen[str]:
+    run = ["-c", _SIGINT_BLOCKED] if sigint_blocked else ["-m", "tests.e2e.chaos.run"]
+    return subprocess.Popen([sys.executable, *run, *args], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
 
 
@@ -129,11 +135,6 @@ def test_chaos_tls_schedule(tmp_path: Path) -> None:
     assert our_namespaces() == []
 
 
-# Starts the run the way a harness that blocks SIGINT would (the mask survives exec): the run must unblock it.
-_SIGINT_BLOCKED = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
-                   "os.execv(sys.executable, [sys.executable, '-m', 'tests.e2e.chaos.run', *sys.argv[1:]])")
-
-
 def _signal_state(pid: int) -> str:
     """Each thread's blocked, ignored, caught and pending signals (for the failure message)."""
     lines = []
@@ -149,9 +150,7 @@ def _signal_state(pid: int) -> str:
 def test_interrupted_run_leaves_nothing_behind(tmp_path: Path) -> None:
     """Ctrl-C during a run: it stops (exit 130) and removes its namespaces, veths and mounts; with SIGINT
     blocked in the mask it was started with, too."""
-    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_BLOCKED, "--seed", "1", "--duration", "60", "--out",
-                             str(tmp_path / "chaos")], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = _run("--seed", "1", "--duration", "60", "--out", str(tmp_path / "chaos"), sigint_blocked=True)
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
     seen = ""

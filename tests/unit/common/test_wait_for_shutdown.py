@@ -11,8 +11,8 @@ from gregor.common.rpc import wait_for_shutdown
 
 async def test_a_blocked_sigterm_still_stops_the_service() -> None:
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    waiting = asyncio.ensure_future(wait_for_shutdown("test"))
     try:
-        waiting = asyncio.ensure_future(wait_for_shutdown("test"))
         await asyncio.sleep(0.05)  # its handlers are installed
         os.kill(os.getpid(), signal.SIGTERM)
         done, _ = await asyncio.wait([waiting], timeout=3)

@@ -164,15 +164,15 @@ async def test_new_replicas_partition_metadata_is_written_off_the_loop_and_kept_
     configs = effective_topic_configs({})
     tid = uuid.random_topic_id()
     writer_threads: list[str] = []
-    real_write = lm.write_partition_metadata
+    real_sync = lm.sync_filesystems
     hold = asyncio.Event()  # the writer is held back until the checks of the due state are done
 
-    def recording_write(path: str, topic_id: bytes) -> None:
+    def recording_sync(dirs: list[str]) -> bool:
         import threading
         writer_threads.append(threading.current_thread().name)
-        real_write(path, topic_id)
+        return real_sync(dirs)
 
-    monkeypatch.setattr(lm, "write_partition_metadata", recording_write)
+    monkeypatch.setattr(lm, "sync_filesystems", recording_sync)
     real_to_thread = asyncio.to_thread
 
     async def held_to_thread(fn, *args):  # type: ignore[no-untyped-def]
@@ -202,6 +202,87 @@ async def test_new_replicas_partition_metadata_is_written_off_the_loop_and_kept_
     assert reopened.log_topic_id("u", 0) == other
     reopened.close()
     hold.set()
+
+
+async def test_partition_metadata_of_a_large_creation_is_made_durable_per_batch_not_per_file(tmp_path, monkeypatch) -> None:
+    """A creation's partition.metadata files are synced with one syncfs per batch of METADATA_WRITE_BATCH, not
+    an fsync each (a journal commit each, issue 24); while a batch syncs its ids are answered from memory and
+    no file is in place yet; a replica deleted during the sync gets no file; the rest land complete, with no
+    temp file left."""
+    from gregor.broker import log_manager as lm
+    from gregor.broker.log_manager import PARTITION_METADATA, read_partition_metadata
+    from gregor.common import uuid
+
+    monkeypatch.setattr(lm, "METADATA_WRITE_BATCH", 40)
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    configs = effective_topic_configs({})
+    tid = uuid.random_topic_id()
+    n = 100
+    # Laid out as open_logs does for a LeaderAndIsr, the worker held back: every file is still due.
+    monkeypatch.setattr(manager, "_write_metadata_due", lambda: asyncio.sleep(0))
+    assert await manager.open_logs([("t", i, configs, tid) for i in range(n)]) == {}
+    syncs: list[list[str]] = []
+    fsyncs: list[int] = []
+    real_sync, real_fsync = lm.sync_filesystems, os.fsync
+    deleted = manager.logs[("t", 7)].dir
+
+    def spying_sync(dirs: list[str]) -> bool:
+        syncs.append(dirs)
+        if len(syncs) == 1:  # the first batch is staged, not renamed: answered from memory, not on disk
+            staged = [lg for lg in manager.logs.values() if not os.path.exists(os.path.join(lg.dir, PARTITION_METADATA))]
+            assert len(staged) == n
+            assert all(manager.log_topic_id("t", i) == tid for i in range(n))
+            manager.delete_log("t", 7)  # the loop deletes a replica while the batch syncs
+        return real_sync(dirs)
+
+    monkeypatch.setattr(lm, "sync_filesystems", spying_sync)
+    monkeypatch.setattr(lm.os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    assert manager.write_partition_metadata_due() == n - 1
+    assert len(syncs) == 3 and syncs[0] == [str(tmp_path)], syncs  # 100 files in batches of 40: three syncs
+    assert fsyncs == [], "no fsync per file when syncfs works"
+    assert not os.path.exists(deleted)
+    for lg in manager.logs.values():
+        assert read_partition_metadata(lg.dir) == tid
+        assert not os.path.exists(os.path.join(lg.dir, PARTITION_METADATA + ".tmp"))
+    manager.close()
+
+
+async def test_partition_metadata_falls_back_to_an_fsync_per_file_when_syncfs_fails(tmp_path, monkeypatch) -> None:
+    from gregor.broker import log_manager as lm
+    from gregor.broker.log_manager import read_partition_metadata
+    from gregor.common import uuid
+
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    monkeypatch.setattr(manager, "_write_metadata_due", lambda: asyncio.sleep(0))
+    tid = uuid.random_topic_id()
+    assert await manager.open_logs([("t", i, effective_topic_configs({}), tid) for i in range(5)]) == {}
+
+    def failing_sync(dirs: list[str]) -> bool:
+        raise OSError(5, "Input/output error")
+
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(lm, "sync_filesystems", failing_sync)
+    monkeypatch.setattr(lm.os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    assert manager.write_partition_metadata_due() == 5
+    assert len(fsyncs) == 5
+    assert all(read_partition_metadata(lg.dir) == tid for lg in manager.logs.values())
+    manager.close()
+
+
+def test_sync_filesystems_syncs_each_file_system_once(tmp_path) -> None:
+    from gregor.broker.log_manager import sync_filesystems
+
+    dirs = [str(tmp_path / d) for d in ("a", "b")]
+    for d in dirs:
+        os.makedirs(d)
+    assert sync_filesystems(dirs) is True  # Linux: syncfs(2) exists
+    try:
+        sync_filesystems([str(tmp_path / "missing")])
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("a missing directory is an error, not a silent no-op")
 
 
 def test_close_spreads_the_logs_over_the_recovery_threads_of_each_dir_and_the_next_open_skips_recovery(

@@ -33,7 +33,8 @@ from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, 
                                               partitions_still_led, process_replica_leader_election)
 from gregor.controller.membership import (compute_broker_changes, on_broker_log_dir_failure, on_controller_failover,
                                          on_leader_and_isr_response, process_broker_change)
-from gregor.controller.requests import (ControllerActions, ControlRequestBatch, PartitionStateConflict,
+from gregor.controller.requests import (PARTITION_STATE_WRITE_CONCURRENCY, ControllerActions, ControlRequestBatch,
+                                        PartitionStateConflict,
                                         PartitionStateWrite, apply_writes_outcome,
                                         perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
@@ -766,7 +767,8 @@ class Controller:
         async def load(tp: TopicPartition) -> LeaderAndIsr | None:
             return await metadata_store.load_partition_state(self.etcd, tp)
 
-        outcome = await perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load)
+        outcome = await perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load,
+                                                       concurrency=PARTITION_STATE_WRITE_CONCURRENCY)
         self.metrics.partition_state_write_retries.inc(outcome.retries)
         apply_writes_outcome(self.ctx, actions, outcome)
         if actions.unclean_elections:

@@ -154,3 +154,136 @@ async def test_a_create_that_finds_the_key_is_not_rerun() -> None:
     out = await perform_partition_state_writes([PartitionStateWrite(TP, None, LeaderAndIsr(1, 0, (1, 2)))], 4,
                                                store.write, store.load)
     assert out.failed == {TP: existing} and out.retries == 1
+
+
+# -- many partitions at once (issue 24: one guarded etcd transaction per partition, one after the other, took
+# over a second per 1,000-partition batch of a creation) ---------------------------------------------------------
+
+import asyncio  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+class ConcurrentStore(Store):
+    """Store whose writes suspend (as an etcd round trip does) and whose leader interleavings are per partition;
+    counts the writes in flight at once."""
+
+    def __init__(self, states: dict[TopicPartition, LeaderAndIsr], interleave: dict[TopicPartition, list[LeaderAndIsr]],
+                 pauses: list[int]) -> None:
+        super().__init__(states)
+        self.per_partition = {tp: list(v) for tp, v in interleave.items()}
+        self.pauses = pauses
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.order: list[TopicPartition] = []
+
+    async def write(self, w: PartitionStateWrite) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            for _ in range(self.pauses[self.attempts % len(self.pauses)]):
+                await asyncio.sleep(0)
+            self.order.append(w.topic_partition)
+            if self.per_partition.get(w.topic_partition):
+                self.states[w.topic_partition] = self.per_partition[w.topic_partition].pop(0)
+            await super().write(w)
+        finally:
+            self.in_flight -= 1
+
+
+def _shrink_by_one(current: LeaderAndIsr) -> LeaderAndIsr | None:
+    """A transition re-runnable on any state: drop the ISR's last member (nothing to do at one member)."""
+    return current.with_isr(current.isr[:-1]) if len(current.isr) > 1 else None
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> tuple[dict[TopicPartition, LeaderAndIsr], list[PartitionStateWrite],
+                                     dict[TopicPartition, list[LeaderAndIsr]], list[int]]:
+    n = draw(st.integers(1, 12))
+    stored: dict[TopicPartition, LeaderAndIsr] = {}
+    writes: list[PartitionStateWrite] = []
+    interleave: dict[TopicPartition, list[LeaderAndIsr]] = {}
+    for p in range(n):
+        tp = TopicPartition("t", p)
+        state = LeaderAndIsr(1, 5, (1, 2, 3, 4), controller_epoch=4, partition_epoch=7)
+        stored[tp] = state
+        # The leader changes the ISR before some of the controller's attempts (a lost compare each).
+        interleave[tp] = [state.with_isr((1, 2, 3)).with_partition_epoch(8 + i)
+                          for i in range(draw(st.integers(0, 6)))]
+        planned = state
+        for _ in range(draw(st.integers(1, 3))):
+            nxt = _shrink_by_one(planned)
+            if nxt is None:
+                break
+            nxt = nxt.with_partition_epoch(planned.partition_epoch + 1)
+            writes.append(PartitionStateWrite(tp, planned.partition_epoch, nxt, _shrink_by_one))
+            planned = nxt
+    order = draw(st.permutations(range(len(writes))))
+    by_tp: dict[TopicPartition, list[PartitionStateWrite]] = {}
+    for w in writes:
+        by_tp.setdefault(w.topic_partition, []).append(w)
+    # Shuffle across partitions, keeping each partition's own writes in order.
+    cursor = {tp: 0 for tp in by_tp}
+    shuffled: list[PartitionStateWrite] = []
+    for i in order:
+        tp = writes[i].topic_partition
+        shuffled.append(by_tp[tp][cursor[tp]])
+        cursor[tp] += 1
+    pauses = draw(st.lists(st.integers(0, 3), min_size=1, max_size=8))
+    return stored, shuffled, interleave, pauses
+
+
+@settings(max_examples=150, deadline=None)
+@given(plan=_plans(), concurrency=st.integers(2, 16))
+def test_concurrent_writes_store_and_report_what_one_at_a_time_does(plan, concurrency: int) -> None:
+    """The model is the one-at-a-time run: writing up to `concurrency` partitions at once stores the same states
+    and reports the same re-runs and failures, keeps each partition's writes in order, and never has more
+    than `concurrency` writes in flight."""
+    stored, writes, interleave, pauses = plan
+
+    def run(c: int) -> tuple[ConcurrentStore, object]:
+        store = ConcurrentStore(stored, interleave, pauses)
+        out = asyncio.run(perform_partition_state_writes(writes, 4, store.write, store.load, concurrency=c))
+        return store, out
+
+    model_store, model = run(1)
+    store, out = run(concurrency)
+    assert store.states == model_store.states
+    assert out == model
+    assert store.max_in_flight <= concurrency
+    assert model_store.max_in_flight == 1
+    for tp in stored:  # per partition, the same attempts in the same order
+        assert [t for t in store.order if t == tp] == [t for t in model_store.order if t == tp]
+    if len(stored) > 1 and min(pauses) > 0:  # every write suspends: the second worker starts meanwhile
+        assert store.max_in_flight > 1, "writes of different partitions overlap"
+
+
+async def test_a_fenced_write_cancels_the_writes_in_flight_and_propagates() -> None:
+    class Fenced(Exception):
+        pass
+
+    started: list[TopicPartition] = []
+    cancelled: list[TopicPartition] = []
+
+    async def write(w: PartitionStateWrite) -> None:
+        started.append(w.topic_partition)
+        if w.topic_partition.partition == 3:
+            raise Fenced()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(w.topic_partition)
+            raise
+
+    async def load(tp: TopicPartition) -> LeaderAndIsr | None:
+        return None
+
+    state = LeaderAndIsr(1, 5, (1, 2), controller_epoch=4, partition_epoch=7)
+    writes = [PartitionStateWrite(TopicPartition("t", p), 7, state.with_partition_epoch(8)) for p in range(20)]
+    try:
+        await asyncio.wait_for(perform_partition_state_writes(writes, 4, write, load, concurrency=8), 5)
+    except Fenced:
+        pass
+    else:
+        raise AssertionError("the fenced write's error must propagate")
+    assert len(started) == 8 and sorted(cancelled) == sorted(t for t in started if t.partition != 3)

@@ -10,6 +10,7 @@ from typing import Any
 
 from gregor.broker.broker_metrics import open_file_descriptors, unwatch_broker, watch_broker
 from gregor.broker.cluster_membership import ClusterMembership
+from gregor.broker.log_dir_lock import LogDirLock
 from gregor.broker.coordinator_lookup import CoordinatorLookup
 from gregor.broker.data_port import DataPortServer
 from gregor.broker.local_admin import LocalTopicStore
@@ -48,6 +49,10 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        # Kafka's .lock in every log dir, before anything reads or writes them: a second process on the same
+        # dirs stops here (LogDirLockedError, an OSError: exit 1 naming the dir), and holding it proves the
+        # previous process on them gone, which lets registration revoke that process's lease (log_dir_lock.py).
+        self.log_dir_lock = LogDirLock([d for d in config.log_dirs.split(",") if d])
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop
@@ -201,8 +206,11 @@ class Broker:
         if self.kafka is not None:  # the Kafka listener: other brokers' Metadata answers read it from here
             info["kafka"] = self.kafka.advertised
             info["endpoints"] = [f"GRPC://{self.config.host}:{self.grpc_port}", f"{self.kafka.security_protocol}://{self.kafka.advertised}"]
-        self.membership = ClusterMembership(self._etcd, self.config.broker_id, info,
-                                            self.config.broker_session_timeout_ms)
+        bid = self.config.broker_id
+        self.membership = ClusterMembership(
+            self._etcd, bid, info, self.config.broker_session_timeout_ms,
+            previous_lease=self.log_dir_lock.previous_registration_lease(bid),
+            on_lease=lambda lease_id: self.log_dir_lock.record_registration_lease(bid, lease_id))
         # Before registering: the controller's first LeaderAndIsr may arrive as soon as we are in etcd.
         self._start_replication()
         self.coordinator_lookup = CoordinatorLookup(self._etcd)
@@ -312,6 +320,7 @@ class Broker:
         phases.lap("control requests")
         self.log_manager.close()  # producer snapshots and log closes, on num.recovery.threads.per.data.dir threads
         phases.lap("log manager (producer snapshots, logs)")
+        self.log_dir_lock.release()
         log.info("[Broker id=%d] shut down completed in %s", bid, phases)
         self._stopped.set()
 

@@ -3,8 +3,12 @@
 The broker registers `brokers/ids/<id>` with JSON {host, grpc_port, data_port, rack, ...}
 bound to a lease (ZooKeeper's ephemeral node); the key's creation revision is the
 broker epoch. If the key still exists from an earlier incarnation whose lease has not
-expired yet (a SIGKILLed broker restarted quickly), registration waits for it to go.
-When the lease is lost the broker registers again and gets a new epoch.
+expired yet (a SIGKILLed broker restarted quickly), registration waits for it to go,
+unless the key is bound to `previous_lease`: the lease the previous process on our log
+dirs recorded there (log_dir_lock.py). Holding the dirs' lock proves that process dead,
+so that lease is revoked and the broker registers at once, instead of waiting up to
+broker.session.timeout.ms. When the lease is lost the broker registers again and gets
+a new epoch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from prometheus_client import Counter
 
 from gregor.broker.limits import (
     REGISTER_RETRY_S,
@@ -31,6 +36,11 @@ from gregor.common.rpc import channel
 
 log = logging.getLogger(__name__)
 
+STALE_REGISTRATIONS_REVOKED = Counter(
+    "gregor_broker_stale_registrations_revoked_total",
+    "Registrations of this broker's previous process (SIGKILLed, its log dirs' lock since taken by us) whose "
+    "lease was revoked at startup instead of waited out")
+
 
 class ClusterMembership:
     """Registration, re-registration and controller lookup for one broker.
@@ -41,13 +51,19 @@ class ClusterMembership:
     """
 
     def __init__(self, etcd: EtcdClient, broker_id: int, info: dict[str, Any], session_timeout_ms: int,
-                 on_registered: Callable[[int], None] | None = None) -> None:
+                 on_registered: Callable[[int], None] | None = None, previous_lease: int = 0,
+                 on_lease: Callable[[int], None] | None = None) -> None:
+        """previous_lease: the lease the previous process on our log dirs registered with (0: unknown), to
+        revoke if our key is still bound to it; on_lease: told each new lease before it is registered with
+        (the broker records it in its log dir)."""
         self.etcd = etcd
         self.broker_id = broker_id
         self.info = info
         self.ttl_s = lease_ttl_s(session_timeout_ms)
         self.broker_epoch = -1
         self._on_registered = on_registered
+        self._previous_lease = previous_lease
+        self._on_lease = on_lease
         self._registered = asyncio.Event()
         self._lease: ThreadedLease | None = None
         self._task: asyncio.Task[None] | None = None
@@ -97,8 +113,8 @@ class ClusterMembership:
                     kv = await self.etcd.get(self.key)
                     self.broker_epoch = kv.create_revision if kv is not None else result.revision
                     break
-                log.info("broker %d: %s is still registered (an earlier incarnation's lease); waiting",
-                         self.broker_id, self.key.decode())
+                if await self._revoke_previous_registration():
+                    continue
             except EtcdError as exc:
                 log.warning("broker %d: registration failed (%s); retrying", self.broker_id, exc)
             await asyncio.sleep(REGISTER_RETRY_S)
@@ -107,11 +123,35 @@ class ClusterMembership:
         if self._on_registered is not None:
             self._on_registered(self.broker_epoch)
 
+    async def _revoke_previous_registration(self) -> bool:
+        """Our key exists: revoke its lease if it is the one our previous process recorded (it is dead: we hold
+        its log dirs' lock); True if revoked (register again at once), False to wait for the key to go."""
+        kv = await self.etcd.get(self.key)
+        if kv is None:
+            return True  # gone meanwhile: register now
+        if self._previous_lease and kv.lease == self._previous_lease:
+            await self.etcd.revoke(kv.lease)
+            self._previous_lease = 0  # once: a key that comes back on that lease is not ours to fight over
+            STALE_REGISTRATIONS_REVOKED.inc()
+            log.info("broker %d: revoked the registration lease %x of its previous process (its log dirs' lock "
+                     "is ours, so that process is gone); registering now", self.broker_id, kv.lease)
+            return True
+        if self._previous_lease:
+            log.warning("broker %d: %s is registered with lease %x, not %x, the one our previous process recorded: "
+                        "another live process may use broker id %d; waiting for that registration to go",
+                        self.broker_id, self.key.decode(), kv.lease, self._previous_lease, self.broker_id)
+        else:
+            log.info("broker %d: %s is still registered (an earlier incarnation's lease); waiting",
+                     self.broker_id, self.key.decode())
+        return False
+
     async def _new_lease(self) -> ThreadedLease:
         # Refreshed from its own thread (as the controller's election lease): a long LeaderAndIsr or a GC
         # pause on the loop must not cost the registration (issue 24: 10,000 partitions fenced every broker).
         lease = await ThreadedLease.grant(self.etcd, self.ttl_s)
         self._lease = lease
+        if self._on_lease is not None:
+            self._on_lease(lease.id)
         lease.on_lost(lambda reason: self._on_lease_lost(lease, reason))
         return lease
 

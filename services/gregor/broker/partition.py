@@ -220,6 +220,10 @@ class Partition:
         return self.state.on_follower_fetch(replica_id, fetch_offset, broker_epoch, self.log.log_end_offset,
                                             now_ms() if fetch_time_ms is None else fetch_time_ms, self._live())
 
+    def reconsider_isr_expansion(self, replica_id: int) -> list[Effect]:
+        """The live brokers changed: maybe add `replica_id` to the ISR on its last fetch (ReplicationState)."""
+        return self.state.reconsider_isr_expansion(replica_id, self._live())
+
     def on_tick(self, now: int | None = None) -> list[Effect]:
         """isr-expiration round: ISR shrink proposals and HW effects."""
         return self.state.on_tick(self.log.log_end_offset, now_ms() if now is None else now, self._live())

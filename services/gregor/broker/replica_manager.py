@@ -742,6 +742,25 @@ class ReplicaManager:
             return None
         return {b: e.broker_epoch for b, e in cache.live_brokers.items()}
 
+    def on_live_brokers_changed(self, before: dict[int, int] | None) -> int:
+        """After an UpdateMetadata: for each broker newly live or with a new epoch, the partitions led here that
+        it follows outside the ISR reconsider it (a restarted follower that fetched before we knew its epoch).
+        Returns how many ISR expansions were proposed."""
+        after = self.live_broker_epochs() or {}
+        changed = [b for b, e in after.items() if (before or {}).get(b) != e and b != self.config.broker_id]
+        if not changed:
+            return 0
+        proposed = 0
+        for p in list(self.partitions.values()):
+            if not p.is_leader:
+                continue
+            for b in changed:
+                effects = p.reconsider_isr_expansion(b)
+                if effects:
+                    proposed += 1
+                    self.run_effects(p, effects)
+        return proposed
+
     def live_broker_epoch(self, broker_id: int) -> int | None:
         cache = self.metadata_cache
         endpoint = cache.live_brokers.get(broker_id) if cache is not None else None

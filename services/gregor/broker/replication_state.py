@@ -377,6 +377,16 @@ class ReplicationState:
             effects.extend(self._propose(add={replica_id}, remove=set()))
         return effects
 
+    def reconsider_isr_expansion(self, replica_id: int, live_broker_epochs: Mapping[int, int] | None) -> list[Effect]:
+        """The controller's live brokers changed (UpdateMetadata): a follower whose last fetch was refused the
+        ISR only because this leader did not know its new incarnation yet (a broker restarted and fetching
+        before our UpdateMetadata) may join now. Its last fetch offset still counts: a caught-up idle follower
+        names no partition in its incremental fetches, so no fetch would ask again (Kafka updates every
+        session partition's follower state on each fetch)."""
+        if self.needs_expand_isr(replica_id, live_broker_epochs):
+            return self._propose(add={replica_id}, remove=set())
+        return []
+
     def needs_expand_isr(self, replica_id: int, live_broker_epochs: Mapping[int, int] | None = None) -> bool:
         """A follower outside the ISR whose LEO reached the HW and this term's start (seed 000).
 

@@ -538,8 +538,11 @@ class BrokerControlServicer(broker_pb2_grpc.BrokerControlServiceServicer):
                              context: Ctx) -> broker_pb2.UpdateMetadataResponse:
         self._cluster_action(context, "UpdateMetadata")
         await self.broker.check_control_request(request.controller_epoch, request.broker_epoch)
+        rm = self.broker.replica_manager
+        before = rm.live_broker_epochs()
         self.broker.metadata_cache.update_metadata(request.controller_id, request.live_brokers,
                                                    request.partition_states, request.deleted_topics)
+        rm.on_live_brokers_changed(before)  # a restarted follower may join the ISRs it fetched for meanwhile
         return broker_pb2.UpdateMetadataResponse()
 
 

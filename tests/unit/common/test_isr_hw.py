@@ -168,3 +168,23 @@ def test_only_the_live_incarnation_may_join_the_isr(partition: Partition) -> Non
     assert not p.state.needs_expand_isr(3, {1: 10, 2: 20, 3: 60})  # the controller still knows epoch 60
     assert not p.state.needs_expand_isr(3, {1: 10, 2: 20})  # the controller thinks it is dead
     assert p.state.needs_expand_isr(3, {1: 10, 2: 20, 3: 70})
+
+
+def test_a_restarted_follower_that_fetched_before_the_leader_knew_its_epoch_joins_on_the_update(
+        partition: Partition) -> None:
+    """Issue 24's unclean restart: the new incarnation (epoch 70) fetched, caught up, while the leader's metadata
+    still said 60, so the fetch could not add it; its later incremental fetches name no partition (nothing new),
+    so no fetch asks again. The UpdateMetadata that brings epoch 70 must: the follower joins then."""
+    from gregor.broker.replication_state import ProposeIsr
+
+    p = partition
+    live: dict[int, int] | None = {1: 10, 2: 20, 3: 60}
+    p.live_broker_epochs = lambda: live
+    effects = p.on_follower_fetch(3, 0, 70, fetch_time_ms=1)  # caught up (LEO 0 = HW 0), but not eligible yet
+    assert not any(isinstance(e, ProposeIsr) for e in effects)
+    assert p.reconsider_isr_expansion(3) == [], "still epoch 60 at the leader: nothing to do"
+    live = {1: 10, 2: 20, 3: 70}  # the UpdateMetadata after the controller saw the new registration
+    proposed = [e for e in p.reconsider_isr_expansion(3) if isinstance(e, ProposeIsr)]
+    assert len(proposed) == 1 and proposed[0].add == frozenset({3}) and proposed[0].isr == (1, 2, 3)
+    assert p.reconsider_isr_expansion(3) == [], "one ISR write at a time"
+    assert p.reconsider_isr_expansion(2) == [], "an ISR member is not added again"

@@ -605,7 +605,9 @@ def chart(cells: list[dict[str, Any]], counts: tuple[int, ...], path: Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [m for m in METRICS if m[0] not in ("RSS max broker MiB",)]
+    # Only the metrics the cells measured (a --no-writes run has no write, produce or failover-write cells).
+    keys = [m for m in METRICS if m[0] not in ("RSS max broker MiB",)
+            and any(m[0] in c.get("values", {}) for c in cells)]
     cols = 3
     rows = (len(keys) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(13, 3.2 * rows))

@@ -52,7 +52,7 @@ class Broker:
         # Kafka's .lock in every log dir, before anything reads or writes them: a second process on the same
         # dirs stops here (LogDirLockedError, an OSError: exit 1 naming the dir), and holding it proves the
         # previous process on them gone, which lets registration revoke that process's lease (log_dir_lock.py).
-        self.log_dir_lock = LogDirLock([d for d in config.log_dirs.split(",") if d])
+        self.log_dir_lock = LogDirLock(config.log_dir_list)
         self.log_manager = LogManager(config)
         self.replica_manager = ReplicaManager(config, self.log_manager)
         self.produce_streams: set[ProduceStreamHandler] = set()  # open ProduceStreams, closed first on stop

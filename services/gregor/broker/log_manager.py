@@ -207,7 +207,7 @@ class LogManager:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.log_dirs = [d for d in config.log_dirs.split(",") if d]
+        self.log_dirs = config.log_dir_list
         for d in self.log_dirs:
             os.makedirs(d, exist_ok=True)
         self.logs: dict[tuple[str, int], native.Log] = {}

@@ -246,6 +246,11 @@ class BrokerConfig:
     # the broker opens (gregor.common.tls, docs/security.md).
     tls: TlsConfig = field(default_factory=TlsConfig)
 
+    @property
+    def log_dir_list(self) -> list[str]:
+        """log.dirs as a list (comma-separated, empty entries ignored)."""
+        return [d for d in self.log_dirs.split(",") if d]
+
     @classmethod
     def from_properties(cls, props: Mapping[str, str], **base: Any) -> "BrokerConfig":
         """Build from Kafka-style dotted keys (`log.retention.ms=...`); bad values raise InvalidConfigError.

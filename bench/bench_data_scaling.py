@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.bench_clients import KafkaSide as SingleBrokerKafkaSide  # noqa: E402
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
 from bench.curves_report import Metric, chart, side_by_side, spread  # noqa: E402
-from bench.kafka_dist import ensure_kafka, proc_cpu_seconds  # noqa: E402
+from bench.kafka_dist import ensure_kafka, proc_cpu_seconds, proc_system_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_GB = (1.0, 5.0, 10.0, 20.0)
@@ -60,6 +60,7 @@ STEP_TIMEOUT_S = 900.0
 
 METRICS: list[Metric] = [
     ("append CPU s/GiB", "CPU s/GiB", "lower"),
+    ("append system CPU s/GiB", "CPU s/GiB", "lower"),  # the kernel's part of the line above: page cache
     ("append MB/s", "MB/s", "higher"),
     ("read CPU s/GiB", "CPU s/GiB", "lower"),
     ("ListOffsets by time ms", "ms", "lower"),
@@ -269,13 +270,16 @@ def run_cell(side: Any, segment_mib: int, sizes_gb: tuple[float, ...], args: arg
             try:
                 target = int(gb * 1e9 / RECORD_BYTES)
                 pids = side.server_pids()
+                sys0 = sum(proc_system_seconds(p) for p in pids)
                 cpu0, start = sum(proc_cpu_seconds(p) for p in pids), time.monotonic()
                 t_last_ms = append(bootstrap, args.partitions, target - appended)
                 elapsed = time.monotonic() - start
                 cpu = sum(proc_cpu_seconds(p) for p in pids) - cpu0
+                system = sum(proc_system_seconds(p) for p in pids) - sys0
                 step_bytes = (target - appended) * RECORD_BYTES
                 appended = target
                 values["append CPU s/GiB"] = cpu / (step_bytes / (1 << 30))
+                values["append system CPU s/GiB"] = system / (step_bytes / (1 << 30))
                 values["append MB/s"] = step_bytes / elapsed / 1e6
                 step = "ListOffsets by time"
                 lat = lookups_by_time(bootstrap, t_first_ms, t_last_ms, args.lookups)
@@ -343,6 +347,17 @@ def main() -> None:
     dist = ensure_kafka() if "kafka" in args.systems else None
     cells: list[dict[str, Any]] = []
     t_start = time.monotonic()
+    name = "data_scaling_quick" if args.quick else "data_scaling"
+    if args.gb or args.segment_mib is not None or args.systems != ["gregor", "kafka"]:
+        name += "_partial"
+
+    def save() -> None:
+        write_results(name, {"gb": list(sizes), "segment_mib": list(segments), "rounds": repeat,
+                             "partitions": args.partitions, "record_bytes": RECORD_BYTES, "read_mib": args.read_mib,
+                             "lookups": args.lookups, "wall_s": time.monotonic() - t_start,
+                             "client": "confluent-kafka (librdkafka) on both"},
+                      [{**c, "point": list(c["point"])} for c in cells], data_dir=base_parent)
+
     with tempfile.TemporaryDirectory(prefix="bench-data-scaling-", dir=base_parent) as tmp:
         for r in range(repeat):
             for seg in segments:
@@ -360,15 +375,9 @@ def main() -> None:
                         cell["round"] = r
                         cell["load"] = os.getloadavg()[0]
                         cells.append(cell)
+                        save()  # after every point: a run stopped hours in keeps what it measured
+    save()
     points = [(seg, gb) for seg in segments for gb in sizes]
-    name = "data_scaling_quick" if args.quick else "data_scaling"
-    if args.gb or args.segment_mib is not None or args.systems != ["gregor", "kafka"]:
-        name += "_partial"
-    write_results(name, {"gb": list(sizes), "segment_mib": list(segments), "rounds": repeat,
-                         "partitions": args.partitions, "record_bytes": RECORD_BYTES, "read_mib": args.read_mib,
-                         "lookups": args.lookups, "wall_s": time.monotonic() - t_start,
-                         "client": "confluent-kafka (librdkafka) on both"},
-                  [{**c, "point": list(c["point"])} for c in cells], data_dir=base_parent)
     md = side_by_side(cells, points, METRICS, "size, segments", label)
     (RESULTS_DIR / f"{name}.md").write_text(md)
     print(md)

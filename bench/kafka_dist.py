@@ -438,13 +438,23 @@ class KafkaCluster:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all threads) from /proc/<pid>/stat; 0 if it is gone."""
+def _proc_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process (all threads) from /proc/<pid>/stat in seconds; zeros if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return 0.0, 0.0
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all threads) from /proc/<pid>/stat; 0 if it is gone."""
+    return sum(_proc_times(pid))
+
+
+def proc_system_seconds(pid: int) -> float:
+    """stime alone: the kernel's part of proc_cpu_seconds (page cache, writeback, sockets)."""
+    return _proc_times(pid)[1]
 
 
 def proc_status_kib(pid: int, key: str) -> int:

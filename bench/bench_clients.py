@@ -26,7 +26,10 @@ On a topic of 100 partitions (RF 1):
   background producer writes a record to every partition every 100 ms; once every member has an assignment
   and a record under it, member 100 subscribes; the time from its subscribe until every member holds a new
   assignment, the 100 assignments cover the 100 partitions once, and every member has consumed a record under
-  its new assignment (bench/curves_report.py's rebalance_time, read off the clients' callbacks only);
+  its new assignment (bench/curves_report.py's rebalance_time, read off the clients' callbacks only), split
+  at the first existing member's on_revoke into "first member told s" (mostly the phase of the members'
+  heartbeat.interval.ms cycle: they learn of a rebalance from their next Heartbeat) and "rejoined after told s"
+  (the JoinGroup and SyncGroup rounds and the first fetch under the new assignments);
 - one consumer over 1,000 partitions (`1000-partition reader`): a second topic of 1,000 partitions holding
   --records-1000p records of 1 KiB written round-robin; one consumer assign()s all 1,000 at the beginning
   and reads them all: read s (assign to last record), MB/s and server CPU s/MB.
@@ -50,7 +53,7 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
-from bench.curves_report import MemberTimeline, Metric, chart, percentile, rebalance_time, side_by_side  # noqa: E402
+from bench.curves_report import MemberTimeline, Metric, chart, first_told, percentile, rebalance_time, side_by_side  # noqa: E402
 from bench.kafka_dist import GROUP_SETTINGS, KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +70,8 @@ PRODUCER_METRICS: list[Metric] = [("produce MB/s", "MB/s", "higher"), ("p99 ms",
                                   ("CPU s/MB", "CPU s/MB", "lower")]
 CONSUMER_METRICS: list[Metric] = [("consume MB/s", "MB/s", "higher"), ("first record s", "s", "lower"),
                                   ("CPU s/MB", "CPU s/MB", "lower")]
-REBALANCE_METRICS: list[Metric] = [("rebalance s", "s", "lower"), ("group of 99 formed s", "s", "lower")]
+REBALANCE_METRICS: list[Metric] = [("rebalance s", "s", "lower"), ("first member told s", "s", "lower"),
+                                   ("rejoined after told s", "s", "lower"), ("group of 99 formed s", "s", "lower")]
 WIDE_METRICS: list[Metric] = [("read s", "s", "lower"), ("consume MB/s", "MB/s", "higher"),
                               ("CPU s/MB", "CPU s/MB", "lower")]
 
@@ -242,8 +246,11 @@ def rebalance(bootstrap: str, members: int) -> dict[str, float]:
             def on_assign(_c: Any, parts: list[Any]) -> None:
                 tl.assigns.append((time.monotonic(), tuple(sorted(p.partition for p in parts))))
 
+            def on_revoke(_c: Any, _parts: list[Any]) -> None:
+                tl.revokes.append(time.monotonic())
+
             subscribed.append(time.monotonic())
-            c.subscribe([TOPIC], on_assign=on_assign)
+            c.subscribe([TOPIC], on_assign=on_assign, on_revoke=on_revoke)
             while not stop.is_set():
                 msgs = c.consume(100, 0.05)
                 if any(m.error() is None for m in msgs):
@@ -294,7 +301,11 @@ def rebalance(bootstrap: str, members: int) -> dict[str, float]:
         while True:
             took = rebalance_time(t0, timelines, PARTITIONS)
             if took is not None:
-                return {"rebalance s": took, "group of 99 formed s": formed_s}
+                told = first_told(t0, timelines[:members - 1])
+                out = {"rebalance s": took, "group of 99 formed s": formed_s}
+                if told is not None:  # the phase of the heartbeat that told the group, then the rejoin itself
+                    out.update({"first member told s": told, "rejoined after told s": took - told})
+                return out
             if time.monotonic() - t0 > STEP_TIMEOUT_S or errors:
                 raise StepFailed(f"rebalance of {members}: not complete within {STEP_TIMEOUT_S:.0f} s: {state()}")
             time.sleep(0.02)

@@ -120,6 +120,7 @@ class MemberTimeline:
 
     assigns: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
     records: list[float] = field(default_factory=list)
+    revokes: list[float] = field(default_factory=list)  # on_revoke: told to give its partitions up and rejoin
 
     def resumed_after(self, t0: float) -> Optional[float]:
         """The first record after this member's latest assignment given at or after t0; None while it has
@@ -132,6 +133,15 @@ class MemberTimeline:
             return None
         after = [t for t in self.records if t >= t_assign]
         return min(after) if after else None
+
+
+def first_told(t0: float, members: Sequence[MemberTimeline]) -> Optional[float]:
+    """Seconds from t0 until the first member was told to rejoin (its first on_revoke after t0), None if none was.
+    With the eager protocol members learn of a rebalance from their next heartbeat (heartbeat.interval.ms, 3 s by
+    default), so this is mostly the heartbeat phase the new member happened to join at; what follows it is the
+    join, the sync and the first fetch."""
+    told = [t for m in members for t in m.revokes if t >= t0]
+    return min(told) - t0 if told else None
 
 
 def rebalance_time(t0: float, members: Sequence[MemberTimeline], partitions: int) -> Optional[float]:

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from bench.curves_report import MemberTimeline, percentile, rebalance_time, side_by_side, spread  # noqa: E402
+from bench.curves_report import MemberTimeline, first_told, percentile, rebalance_time, side_by_side, spread  # noqa: E402
 
 
 def test_spread_is_median_min_max_and_ignores_nan() -> None:
@@ -86,3 +86,11 @@ def test_rebalance_not_done_while_assignments_overlap_or_leave_a_gap() -> None:
     assert rebalance_time(t0, [a, b], 3) is None
     c = _member((1.0, (2,)), records=(1.3,))
     assert rebalance_time(t0, [_member((1.0, (0, 1)), records=(1.1,)), c], 3) == pytest.approx(1.3)
+
+
+def test_first_told_is_the_earliest_revoke_after_t0() -> None:
+    early = MemberTimeline(revokes=[3.0, 10.8])  # a revoke before t0 belongs to the group's formation
+    late = MemberTimeline(revokes=[11.4])
+    assert first_told(10.0, [late, early]) == pytest.approx(0.8)
+    assert first_told(10.0, [MemberTimeline(revokes=[9.0])]) is None
+    assert first_told(10.0, []) is None

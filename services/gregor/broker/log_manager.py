@@ -95,10 +95,15 @@ def read_partition_metadata(log_dir: str) -> bytes:
         raise InconsistentTopicIdError(f"{log_dir}/{PARTITION_METADATA}: {exc}") from exc
 
 
+def _partition_metadata_tmp(log_dir: str) -> str:
+    """Where a partition.metadata is written before the rename that makes it whole (never read as the file)."""
+    return os.path.join(log_dir, PARTITION_METADATA + ".tmp")
+
+
 def write_partition_metadata(log_dir: str, topic_id: bytes) -> None:
     """Write `<dir>/partition.metadata` durably (temp file, fsync, rename), as Kafka's PartitionMetadataFile."""
     path = os.path.join(log_dir, PARTITION_METADATA)
-    tmp = path + ".tmp"
+    tmp = _partition_metadata_tmp(log_dir)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(_partition_metadata_text(topic_id))
         f.flush()
@@ -330,7 +335,7 @@ class LogManager:
                         self._metadata_staged[path] = topic_id
                         del self._metadata_due[path]
                         try:
-                            with open(os.path.join(path, PARTITION_METADATA + ".tmp"), "w", encoding="utf-8") as f:
+                            with open(_partition_metadata_tmp(path), "w", encoding="utf-8") as f:
                                 f.write(_partition_metadata_text(topic_id))
                             staged.append(path)
                         except OSError as exc:  # the directory went (a deletion raced the writer): nothing to record
@@ -347,7 +352,7 @@ class LogManager:
                     with self._metadata_lock:
                         if path not in self._metadata_staged:  # forgotten meanwhile: renamed or deleted
                             continue
-                        tmp = os.path.join(path, PARTITION_METADATA + ".tmp")
+                        tmp = _partition_metadata_tmp(path)
                         try:
                             if not synced:
                                 with open(tmp, "rb") as f:

@@ -730,6 +730,8 @@ pub(crate) struct LogCell {
     log_end_offset: AtomicI64,
     log_start_offset: AtomicI64,
     size_bytes: AtomicU64,
+    recovery_point: AtomicI64,
+    active_base: AtomicI64,
 }
 
 impl LogCell {
@@ -740,6 +742,8 @@ impl LogCell {
             log_end_offset: AtomicI64::new(0),
             log_start_offset: AtomicI64::new(0),
             size_bytes: AtomicU64::new(0),
+            recovery_point: AtomicI64::new(0),
+            active_base: AtomicI64::new(0),
         };
         cell.publish(&log);
         *cell.guard() = Some(log);
@@ -754,6 +758,8 @@ impl LogCell {
         self.log_end_offset.store(log.log_end_offset(), Ordering::Release);
         self.log_start_offset.store(log.log_start_offset(), Ordering::Release);
         self.size_bytes.store(log.size_bytes(), Ordering::Release);
+        self.recovery_point.store(log.recovery_point(), Ordering::Release);
+        self.active_base.store(log.active().base_offset, Ordering::Release);
     }
 
     /// Runs `f` on the open log under the lock, then publishes the counters
@@ -786,6 +792,13 @@ impl LogCell {
     }
     pub(crate) fn log_start_offset(&self) -> NResult<i64> {
         self.read(&self.log_start_offset)
+    }
+    pub(crate) fn recovery_point(&self) -> NResult<i64> {
+        self.read(&self.recovery_point)
+    }
+    /// Sealed segments hold data not yet fsynced (a roll happened since the last flush).
+    pub(crate) fn rolled_unflushed(&self) -> NResult<bool> {
+        Ok(self.read(&self.recovery_point)? < self.read(&self.active_base)?)
     }
     pub(crate) fn size_bytes(&self) -> NResult<u64> {
         if !self.open.load(Ordering::Acquire) {
@@ -850,8 +863,12 @@ impl PyLog {
         self.cell.log_end_offset().map_err(to_py)
     }
     #[getter]
-    fn recovery_point(&self, py: Python<'_>) -> PyResult<i64> {
-        self.with(py, |l| Ok(l.recovery_point()))
+    fn recovery_point(&self) -> PyResult<i64> {
+        self.cell.recovery_point().map_err(to_py)
+    }
+    #[getter]
+    fn rolled_unflushed(&self) -> PyResult<bool> {
+        self.cell.rolled_unflushed().map_err(to_py)
     }
     #[getter]
     fn size_bytes(&self) -> PyResult<u64> {
@@ -982,6 +999,21 @@ impl PyLog {
 
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |l| l.flush_at(wall_clock_ms()))
+    }
+
+    /// Kafka's flush of the segments a roll sealed: fdatasync them (and their indexes and the directory)
+    /// with neither the log lock nor the GIL held, then move the recovery point to the active segment's
+    /// base. False if there was nothing to flush or the log changed below that base meanwhile.
+    fn flush_rolled(&self, py: Python<'_>) -> PyResult<bool> {
+        let cell = &self.cell;
+        py.detach(|| -> NResult<bool> {
+            let Some(plan) = cell.with(|l| Ok(l.rolled_flush_plan()))? else {
+                return Ok(false);
+            };
+            log::sync_rolled(&plan)?;
+            cell.with(|l| Ok(l.finish_rolled_flush(&plan)))
+        })
+        .map_err(to_py)
     }
 
     /// Idempotent: closing a closed log does nothing.

@@ -135,6 +135,9 @@ pub struct Log {
     pub(crate) last_flush_ms: i64,
     /// A segment file was created since the directory was last fsynced.
     pub(crate) dir_dirty: bool,
+    /// Bumped by every truncation: a rolled flush planned before one does not count (the bytes it synced
+    /// may have been replaced at the same positions).
+    pub(crate) truncations: u64,
 }
 
 /// The leading bytes of a batch a leader rewrites: baseOffset, batchLength,
@@ -228,6 +231,7 @@ impl Log {
             epochs: EpochCache::open(dir)?,
             last_flush_ms: now_ms,
             dir_dirty: true,
+            truncations: 0,
         };
         let leo = log.log_end_offset();
         let first_base = *log.segments.keys().next().expect("at least one segment");
@@ -656,6 +660,47 @@ impl Log {
         Ok(())
     }
 
+    /// What a roll left unflushed: the sealed segments from the recovery point up to the active segment
+    /// (Kafka's flush of the old segment scheduled at roll, `flushUptoOffsetExclusive`). None when the
+    /// recovery point is already at or past the active segment's base. The files are synced by
+    /// `sync_rolled` without the log lock; `finish_rolled_flush` then moves the recovery point.
+    pub fn rolled_flush_plan(&self) -> Option<RolledFlush> {
+        let target = self.active().base_offset;
+        if self.recovery_point >= target {
+            return None;
+        }
+        let from = self.segments.range(..=self.recovery_point).next_back().map_or(i64::MIN, |(b, _)| *b);
+        let segments: Vec<RolledSegment> = self
+            .segments
+            .range(from..target)
+            .map(|(_, s)| RolledSegment {
+                base_offset: s.base_offset,
+                size: s.size,
+                file: s.file.clone(),
+                index_paths: vec![s.offset_index.path().to_owned(), s.time_index.path().to_owned(), s.txn_index.path().to_owned()],
+            })
+            .collect();
+        Some(RolledFlush { target, dir: self.dir.clone(), segments, truncations: self.truncations })
+    }
+
+    /// After `sync_rolled`: the recovery point moves to the plan's target if every planned segment is
+    /// still the one synced and no shorter (no truncation, compaction swap or deletion below the target
+    /// replaced bytes that were not synced). True if it moved.
+    pub fn finish_rolled_flush(&mut self, plan: &RolledFlush) -> bool {
+        if self.recovery_point >= plan.target || self.log_end_offset() < plan.target || self.truncations != plan.truncations {
+            return false;
+        }
+        let from = plan.segments.first().map_or(plan.target, |s| s.base_offset);
+        let now: Vec<(i64, u64, &Arc<File>)> =
+            self.segments.range(from..plan.target).map(|(b, s)| (*b, s.size, &s.file)).collect();
+        let same = now.len() == plan.segments.len()
+            && now.iter().zip(&plan.segments).all(|((b, size, f), p)| *b == p.base_offset && *size == p.size && Arc::ptr_eq(f, &p.file));
+        if same {
+            self.recovery_point = plan.target;
+        }
+        same
+    }
+
     /// Flushes and writes the clean-shutdown marker.
     pub fn close(&mut self) -> Result<()> {
         self.sync(wall_clock_ms(), true)?;
@@ -851,4 +896,40 @@ fn first_record_at_or_after(file: &File, pos: u64, h: &BatchHeader, target: i64)
     Ok(records.iter().find(|r| h.base_timestamp + r.timestamp_delta >= target).map(|r| {
         (h.base_offset + r.offset_delta as i64, h.base_timestamp + r.timestamp_delta)
     }))
+}
+
+/// One sealed segment of a RolledFlush: its .log (shared handle) and index files.
+#[derive(Debug)]
+pub struct RolledSegment {
+    pub base_offset: i64,
+    pub size: u64,
+    pub file: Arc<File>,
+    pub index_paths: Vec<PathBuf>,
+}
+
+/// The sealed segments a roll left unflushed, to be synced without the log lock.
+#[derive(Debug)]
+pub struct RolledFlush {
+    pub target: i64,
+    pub dir: PathBuf,
+    pub segments: Vec<RolledSegment>,
+    truncations: u64,
+}
+
+/// fdatasync of every planned .log and index file, then of the directory (the segments' entries). Runs
+/// without the log lock: appends go on into the active segment meanwhile. An index file that is gone (never
+/// written, or its segment deleted) is skipped; `finish_rolled_flush` decides whether the sync counts.
+pub fn sync_rolled(plan: &RolledFlush) -> Result<()> {
+    for seg in &plan.segments {
+        seg.file.sync_data()?;
+        for path in &seg.index_paths {
+            match File::open(path) {
+                Ok(f) => f.sync_data()?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    File::open(&plan.dir)?.sync_all()?;
+    Ok(())
 }

@@ -17,6 +17,7 @@ impl Log {
             self.truncate_fully_and_start_at(offset, now_ms)?;
             return Ok(true);
         }
+        self.truncations += 1;
         // The cache is cut (durably) before the data: a crash in between
         // leaves batches the checkpoint lacks, which open re-assigns from the
         // batches, where the other order could leave a checkpoint entry at
@@ -48,6 +49,7 @@ impl Log {
     /// Deletes every segment and starts empty at `offset`; clears the cache.
     pub fn truncate_fully_and_start_at(&mut self, offset: i64, now_ms: i64) -> Result<()> {
         // Cleared before the segments go, as in truncate_to.
+        self.truncations += 1;
         self.epochs.clear()?;
         for (_, mut seg) in std::mem::take(&mut self.segments) {
             seg.delete_files()?;

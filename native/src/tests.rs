@@ -1655,3 +1655,49 @@ fn a_log_holds_one_descriptor_per_segment() {
     log.append_as_leader(&batch_with(4, T0, 50), 0, T0).unwrap();
     assert_eq!(crate::index::tests::fds_under(dir.path()), 1);
 }
+
+#[test]
+fn a_rolled_flush_syncs_the_sealed_segments_and_moves_the_recovery_point_to_the_active_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 100).len() as i64;
+    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
+    assert!(log.rolled_flush_plan().is_none(), "nothing rolled yet");
+    for _ in 0..7 {
+        log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
+    }
+    assert_eq!(log.recovery_point(), 0);
+    let plan = log.rolled_flush_plan().expect("two sealed segments unflushed");
+    assert_eq!((plan.target, plan.segments.iter().map(|s| s.base_offset).collect::<Vec<_>>()), (6, vec![0, 3]));
+    crate::log::sync_rolled(&plan).unwrap();
+    log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap(); // appends go on between the phases
+    assert!(log.finish_rolled_flush(&plan));
+    assert_eq!(log.recovery_point(), 6, "the active segment's data is not covered");
+    assert!(log.rolled_flush_plan().is_none());
+    assert!(!log.finish_rolled_flush(&plan), "a plan counts once");
+}
+
+#[test]
+fn a_rolled_flush_planned_before_a_truncation_does_not_move_the_recovery_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = batch_with(1, T0, 100).len() as i64;
+    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
+    for _ in 0..7 {
+        log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
+    }
+    let plan = log.rolled_flush_plan().unwrap();
+    crate::log::sync_rolled(&plan).unwrap();
+    // A follower's truncation cuts into the synced segment 3; appends refill it to the same size and
+    // roll past the plan's target: the bytes at 4 and 5 are new and were never synced.
+    assert!(log.truncate_to(4, T0).unwrap());
+    for _ in 0..4 {
+        log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
+    }
+    assert!(log.log_end_offset() > plan.target);
+    assert!(!log.finish_rolled_flush(&plan));
+    assert!(log.recovery_point() < plan.target);
+    // A plan made after the truncation counts.
+    let again = log.rolled_flush_plan().unwrap();
+    crate::log::sync_rolled(&again).unwrap();
+    assert!(log.finish_rolled_flush(&again));
+    assert_eq!(log.recovery_point(), log.segments_info().last().unwrap().base_offset);
+}

@@ -324,6 +324,8 @@ class Log:
     @property
     def recovery_point(self) -> int: ...  # offset below which everything is fsynced
     @property
+    def rolled_unflushed(self) -> bool: ...  # a roll sealed segments not yet fsynced (flush_rolled)
+    @property
     def size_bytes(self) -> int: ...
     @property
     def num_segments(self) -> int: ...
@@ -414,6 +416,9 @@ class Log:
         """Apply flush.ms: fsync if the last flush is older than flush.ms."""
     def flush(self) -> None:
         """fsync everything up to log_end_offset; advances recovery_point."""
+    def flush_rolled(self) -> bool:
+        """fsync the segments a roll sealed (without blocking appends), then advance recovery_point to the
+        active segment's base; False if nothing was due or the log changed below it meanwhile."""
     def close(self) -> None:
         """Flush, write the clean-shutdown marker, release files."""
     def delete(self) -> None:

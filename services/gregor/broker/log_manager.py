@@ -563,10 +563,18 @@ class LogManager:
         return deleted
 
     async def flush_dirty_logs(self) -> None:
-        """flush.ms: a thread hop (the fsync may block) only for a log with unflushed data and a
-        flush.ms other than never (Kafka's default); an idle broker used to make one hop per log
-        per second (issue 15: idle cost)."""
-        for lg in list(self.logs.values()):
+        """The segments a roll sealed, whatever the flush settings (Kafka schedules that flush at every roll):
+        fsynced off the loop without blocking appends, the recovery point moved to the active segment, so a
+        clean shutdown syncs one segment per log and a crash recovers from there. Then flush.ms: a thread hop
+        (the fsync may block) only for a log with unflushed data and a flush.ms other than never (Kafka's
+        default); an idle broker used to make one hop per log per second (issue 15: idle cost). Both checks
+        read lock-free counters."""
+        for key, lg in list(self.logs.items()):
+            if lg.rolled_unflushed:
+                try:
+                    await asyncio.to_thread(lg.flush_rolled)
+                except Exception as exc:  # one log's failure must not keep the others' flushes
+                    log.warning("flushing the rolled segments of %s-%d failed: %s", key[0], key[1], exc)
             if lg.log_end_offset > lg.recovery_point and lg.config.flush_ms < FLUSH_NEVER_MS:
                 await asyncio.to_thread(lg.maybe_flush, now_ms())
 

@@ -57,6 +57,34 @@ async def test_flush_scheduler_fsyncs_only_due_logs_with_unflushed_data(tmp_path
     manager.close()
 
 
+async def test_the_scheduler_flushes_what_a_roll_sealed_whatever_flush_ms(tmp_path, monkeypatch) -> None:
+    """Kafka flushes a segment when a roll seals it: with flush.ms never (the default) the scheduler still
+    fsyncs the sealed segments and moves the recovery point to the active segment's base, and leaves the
+    active segment to the OS; a log with nothing rolled costs no thread hop."""
+    manager = LogManager(BrokerConfig(log_dirs=str(tmp_path)))
+    rolling = manager.get_or_create_log("rolling", 0, effective_topic_configs({"segment.bytes": "200"}))
+    for i in range(6):
+        rolling.append_as_leader(make_batch([f"value-{i}".encode() * 8]), 0)
+    sealed_up_to = rolling.segments()[-1].base_offset
+    assert rolling.num_segments >= 3 and 0 < sealed_up_to < rolling.log_end_offset
+    assert rolling.rolled_unflushed and rolling.recovery_point == 0
+    await manager.flush_dirty_logs()
+    assert rolling.recovery_point == sealed_up_to, "sealed segments fsynced; the active one left to the OS"
+    assert not rolling.rolled_unflushed
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn, *args):  # type: ignore[no-untyped-def]
+        hops.append(fn)
+        return await real_to_thread(fn, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    rolling.append_as_leader(make_batch([b"x"]), 0)  # into the active segment: nothing newly sealed
+    await manager.flush_dirty_logs()
+    assert hops == [] and rolling.recovery_point == sealed_up_to
+    manager.close()
+
+
 def test_partition_metadata_records_the_topic_id_and_another_id_is_quarantined(tmp_path) -> None:
     """KIP-516: a log dir carries its topic id; a log of another id (a deleted topic's) is renamed -stray,
     kept with its records, and a new empty log starts; a log from before ids adopts the id."""

@@ -63,6 +63,7 @@ class ClusterMembership:
         self.broker_epoch = -1
         self._on_registered = on_registered
         self._previous_lease = previous_lease
+        self._waiting_on_lease = 0  # the other registration being waited out, logged once per lease
         self._on_lease = on_lease
         self._registered = asyncio.Event()
         self._lease: ThreadedLease | None = None
@@ -136,6 +137,9 @@ class ClusterMembership:
             log.info("broker %d: revoked the registration lease %x of its previous process (its log dirs' lock "
                      "is ours, so that process is gone); registering now", self.broker_id, kv.lease)
             return True
+        if kv.lease == self._waiting_on_lease:
+            return False  # said once per lease: the loop retries every REGISTER_RETRY_S
+        self._waiting_on_lease = kv.lease
         if self._previous_lease:
             log.warning("broker %d: %s is registered with lease %x, not %x, the one our previous process recorded: "
                         "another live process may use broker id %d; waiting for that registration to go",

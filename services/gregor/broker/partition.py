@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 
 import gregor_native as native
@@ -98,6 +99,9 @@ class Partition:
     # Follower id -> (leader epoch, its log start offset) as its replica fetches report it (DeleteRecords'
     # low watermark); only entries of the current leader epoch count (Kafka resets them on becoming leader).
     _follower_log_starts: dict[int, tuple[int, int]] = field(init=False, default_factory=dict)
+    # This partition's LSO-lag gauge child, looked up once: labels() costs a lock and a dict per call, and
+    # last_stable_offset runs per partition per fetch.
+    _lso_lag: Any = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.state = ReplicationState(self.local_broker_id, self.replica_lag_time_max_ms, self.topic, self.partition)
@@ -438,7 +442,10 @@ class Partition:
         hw = self.high_watermark
         lso = self.state.last_stable_offset(self.producer_state_manager().first_unstable_offset(hw))
         if self.is_leader:
-            LSO_LAG.labels(topic=self.topic, partition=str(self.partition)).set(hw - lso)
+            gauge = self._lso_lag
+            if gauge is None:
+                gauge = self._lso_lag = LSO_LAG.labels(topic=self.topic, partition=str(self.partition))
+            gauge.set(hw - lso)
         return lso
 
     def fetch_upper_bound(self, is_follower: bool, isolation_level: int = 0) -> int:

@@ -1656,15 +1656,21 @@ fn a_log_holds_one_descriptor_per_segment() {
     assert_eq!(crate::index::tests::fds_under(dir.path()), 1);
 }
 
-#[test]
-fn a_rolled_flush_syncs_the_sealed_segments_and_moves_the_recovery_point_to_the_active_base() {
-    let dir = tempfile::tempdir().unwrap();
+/// Offsets 0-6 in segments of three records (bases 0, 3, 6), never flushed.
+fn seven_records_in_segments_of_three(dir: &Path) -> Log {
     let size = batch_with(1, T0, 100).len() as i64;
-    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
+    let mut log = open(dir, LogConfig { segment_bytes: size * 3, ..Default::default() });
     assert!(log.rolled_flush_plan().is_none(), "nothing rolled yet");
     for _ in 0..7 {
         log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
     }
+    log
+}
+
+#[test]
+fn a_rolled_flush_syncs_the_sealed_segments_and_moves_the_recovery_point_to_the_active_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = seven_records_in_segments_of_three(dir.path());
     assert_eq!(log.recovery_point(), 0);
     let plan = log.rolled_flush_plan().expect("two sealed segments unflushed");
     assert_eq!((plan.target, plan.segments.iter().map(|s| s.base_offset).collect::<Vec<_>>()), (6, vec![0, 3]));
@@ -1679,11 +1685,7 @@ fn a_rolled_flush_syncs_the_sealed_segments_and_moves_the_recovery_point_to_the_
 #[test]
 fn a_rolled_flush_planned_before_a_truncation_does_not_move_the_recovery_point() {
     let dir = tempfile::tempdir().unwrap();
-    let size = batch_with(1, T0, 100).len() as i64;
-    let mut log = open(dir.path(), LogConfig { segment_bytes: size * 3, ..Default::default() });
-    for _ in 0..7 {
-        log.append_as_leader(&batch_with(1, T0, 100), 0, T0).unwrap();
-    }
+    let mut log = seven_records_in_segments_of_three(dir.path());
     let plan = log.rolled_flush_plan().unwrap();
     crate::log::sync_rolled(&plan).unwrap();
     // A follower's truncation cuts into the synced segment 3; appends refill it to the same size and

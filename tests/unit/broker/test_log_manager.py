@@ -29,6 +29,19 @@ async def test_retention_is_bounded_by_the_high_watermark(tmp_path) -> None:
     manager.close()
 
 
+def count_thread_hops(monkeypatch) -> list[object]:  # type: ignore[no-untyped-def]
+    """From now on every asyncio.to_thread call appends the function it hands to a thread."""
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn, *args):  # type: ignore[no-untyped-def]
+        hops.append(fn)
+        return await real_to_thread(fn, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    return hops
+
+
 async def test_flush_scheduler_fsyncs_only_due_logs_with_unflushed_data(tmp_path, monkeypatch) -> None:
     """flush.ms=0 logs with new data are fsynced by the scheduler; default (never) logs and idle logs are left
     alone (no thread hop per log per second on an idle broker)."""
@@ -41,14 +54,7 @@ async def test_flush_scheduler_fsyncs_only_due_logs_with_unflushed_data(tmp_path
     await manager.flush_dirty_logs()
     assert eager.recovery_point == 2, "flush.ms=0: flushed"
     assert lazy.recovery_point == 0, "flush.ms never: left to the OS"
-    hops: list[object] = []
-    real_to_thread = asyncio.to_thread
-
-    async def counting_to_thread(fn, *args):  # type: ignore[no-untyped-def]
-        hops.append(fn)
-        return await real_to_thread(fn, *args)
-
-    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    hops = count_thread_hops(monkeypatch)
     await manager.flush_dirty_logs()
     assert hops == [], "nothing unflushed under a flush.ms: no thread hop at all"
     eager.append_as_leader(make_batch([b"c"]), 0)
@@ -71,14 +77,7 @@ async def test_the_scheduler_flushes_what_a_roll_sealed_whatever_flush_ms(tmp_pa
     await manager.flush_dirty_logs()
     assert rolling.recovery_point == sealed_up_to, "sealed segments fsynced; the active one left to the OS"
     assert not rolling.rolled_unflushed
-    hops: list[object] = []
-    real_to_thread = asyncio.to_thread
-
-    async def counting_to_thread(fn, *args):  # type: ignore[no-untyped-def]
-        hops.append(fn)
-        return await real_to_thread(fn, *args)
-
-    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    hops = count_thread_hops(monkeypatch)
     rolling.append_as_leader(make_batch([b"x"]), 0)  # into the active segment: nothing newly sealed
     await manager.flush_dirty_logs()
     assert hops == [] and rolling.recovery_point == sealed_up_to

@@ -565,7 +565,8 @@ class LogManager:
     async def flush_dirty_logs(self) -> None:
         """The segments a roll sealed, whatever the flush settings (Kafka schedules that flush at every roll):
         fsynced off the loop without blocking appends, the recovery point moved to the active segment, so a
-        clean shutdown syncs one segment per log and a crash recovers from there. Then flush.ms: a thread hop
+        clean shutdown syncs one segment per log (and recovery after a crash, which scans the active segment
+        only, finds the sealed ones on disk). Then flush.ms: a thread hop
         (the fsync may block) only for a log with unflushed data and a flush.ms other than never (Kafka's
         default); an idle broker used to make one hop per log per second (issue 15: idle cost). Both checks
         read lock-free counters."""

@@ -176,7 +176,8 @@ bench-spark: setup spark-deps
 # 100-member rebalance, one consumer over 1,000 partitions; docs/clients.png) and the data curve (one topic
 # 1 -> 20 GB, default and 64 MiB segments; docs/data_scaling.png), Gregor and Kafka alternating in each.
 # QUICK=1: the partitions curve at 100 and 1,000, the clients curve at 1 and 10, the data curve at 0.5 and
-# 2 GB, one round each (bench/README.md has the durations).
+# 2 GB, one round each, 7.5 min on a quiet 2-core machine; its charts go to bench/results/*_quick.png, the
+# full form's to docs/ (bench/README.md has the durations).
 bench-scaling: setup
 	$(VENV)/bin/pip install -q --disable-pip-version-check "matplotlib==3.11.2"
 	$(if $(QUICK),,$(PY) bench/bench_scaling.py --chart $(if $(MIB),--mib $(MIB)) $(if $(REPEAT),--repeat $(REPEAT)))

@@ -53,7 +53,7 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
-from bench.curves_report import MemberTimeline, Metric, chart, first_told, percentile, rebalance_time, side_by_side  # noqa: E402
+from bench.curves_report import MemberTimeline, Metric, chart, chart_path, first_told, percentile, rebalance_time, side_by_side  # noqa: E402
 from bench.kafka_dist import GROUP_SETTINGS, KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -489,7 +489,7 @@ def main() -> None:
     print(md)
     print(f"wall time {time.monotonic() - t_start:.0f} s")
     if args.chart:
-        path = ROOT / "docs" / "clients.png"
+        path = chart_path(ROOT, RESULTS_DIR, name, "clients")
         series = [("producers", [f"producers {n}" for n in counts], list(counts)),
                   ("consumers", [f"consumers {n}" for n in counts], list(counts))]
         metrics = [("produce MB/s", "MB/s", "higher"), ("p99 ms", "ms", "lower"),

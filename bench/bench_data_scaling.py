@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.bench_clients import KafkaSide as SingleBrokerKafkaSide  # noqa: E402
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
-from bench.curves_report import Metric, chart, side_by_side, spread  # noqa: E402
+from bench.curves_report import Metric, chart, chart_path, side_by_side, spread  # noqa: E402
 from bench.kafka_dist import ensure_kafka, proc_cpu_seconds, proc_system_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,7 +383,7 @@ def main() -> None:
     print(md)
     print(f"wall time {time.monotonic() - t_start:.0f} s")
     if args.chart:
-        path = ROOT / "docs" / "data_scaling.png"
+        path = chart_path(ROOT, RESULTS_DIR, name, "data_scaling")
         series = [(f"{'default' if not seg else f'{seg} MiB'} seg", [(seg, gb) for gb in sizes], list(sizes))
                   for seg in segments]
         chart(cells, series, METRICS, path, "One topic growing: Gregor vs Apache Kafka (same machine, same "

@@ -56,6 +56,7 @@ from typing import Any, Callable, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.common import RESULTS_DIR, write_results  # noqa: E402
+from bench.curves_report import chart_path  # noqa: E402
 from bench.kafka_dist import KafkaCluster, KafkaDist, ensure_kafka, proc_cpu_seconds, proc_status_kib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -677,8 +678,9 @@ def main() -> None:
         (RESULTS_DIR / f"{args.name or 'partitions'}.md").write_text(md)
         print(md)
         if args.chart:
-            chart(merged, all_counts, ROOT / "docs" / "partitions.png")
-            print(f"chart: {ROOT / 'docs' / 'partitions.png'}")
+            path = chart_path(ROOT, RESULTS_DIR, args.name or "partitions", "partitions")
+            chart(merged, all_counts, path)
+            print(f"chart: {path}")
         return
     globals()["STEP_TIMEOUT_S"] = args.step_timeout
     counts = tuple(args.partitions or (QUICK_PARTITIONS if args.quick else FULL_PARTITIONS))
@@ -711,8 +713,9 @@ def main() -> None:
                     save(name, params, cells, counts)  # after every cell: a run stopped midway keeps its cells
     print(save(name, params, cells, counts))
     if args.chart:
-        chart(cells, counts, ROOT / "docs" / "partitions.png")
-        print(f"chart: {ROOT / 'docs' / 'partitions.png'}")
+        path = chart_path(ROOT, RESULTS_DIR, name, "partitions")
+        chart(cells, counts, path)
+        print(f"chart: {path}")
 
 
 if __name__ == "__main__":

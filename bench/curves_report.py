@@ -70,6 +70,13 @@ def side_by_side(cells: Sequence[dict[str, Any]], points: Sequence[Any],
     return "\n".join(lines + ([""] + broken if broken else [])) + "\n"
 
 
+def chart_path(root: Path, results_dir: Path, name: str, curve: str) -> Path:
+    """Where a curve's PNG goes: docs/<curve>.png for the standard full run (results named `curve`), else
+    next to that run's results, bench/results/<name>.png: a QUICK or partial run must not overwrite the
+    chart docs/benchmarks.md shows (it did: `make bench-scaling QUICK=1` redrew all three)."""
+    return root / "docs" / f"{curve}.png" if name == curve else results_dir / f"{name}.png"
+
+
 def chart(cells: Sequence[dict[str, Any]], series: Sequence[tuple[str, Sequence[Any], Sequence[float]]],
           metrics: Sequence[Metric], path: Path, title: str, xlabel: str, xlog: bool = False) -> None:
     """One panel per metric; per panel one line per (system, series): series are (name, points, x values)

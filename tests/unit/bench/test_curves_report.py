@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from bench.curves_report import MemberTimeline, first_told, percentile, rebalance_time, side_by_side, spread  # noqa: E402
+from bench.curves_report import MemberTimeline, chart_path, first_told, percentile, rebalance_time, side_by_side, spread  # noqa: E402
 
 
 def test_spread_is_median_min_max_and_ignores_nan() -> None:
@@ -94,3 +94,11 @@ def test_first_told_is_the_earliest_revoke_after_t0() -> None:
     assert first_told(10.0, [late, early]) == pytest.approx(0.8)
     assert first_told(10.0, [MemberTimeline(revokes=[9.0])]) is None
     assert first_told(10.0, []) is None
+
+
+def test_chart_path_only_the_full_run_draws_into_docs(tmp_path) -> None:
+    results = tmp_path / "bench" / "results"
+    assert chart_path(tmp_path, results, "partitions", "partitions") == tmp_path / "docs" / "partitions.png"
+    # QUICK, partial and renamed runs keep their chart beside their results
+    assert chart_path(tmp_path, results, "partitions_quick", "partitions") == results / "partitions_quick.png"
+    assert chart_path(tmp_path, results, "clients_partial", "clients") == results / "clients_partial.png"

@@ -13,6 +13,7 @@ left on broker 1 (Kafka's updateLeaderAndIsr retry).
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
@@ -23,7 +24,8 @@ from gregor.common.etcd import Compare, Delete, EtcdClient, Put, TxnResult, vers
 from gregor.controller import metadata_store
 from gregor.controller.controller import Controller, LeaderBalanceConfig
 from gregor.controller.state import LeaderAndIsr, TopicPartition
-from tests.helpers.cluster import Process
+from gregor.cli.local_cluster import start_etcd
+from tests.helpers.cluster import Process, stop_process
 from tests.integration.test_controller_election import register_broker
 from tests.helpers.wait import until
 
@@ -45,7 +47,12 @@ class RacingEtcd(EtcdClient):
 
     before_next_write: Callable[[], Awaitable[None]] | None = None
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.puts_per_txn: list[int] = []
+
     async def guarded_txn(self, compares: Sequence[Compare], successes: Sequence[Put | Delete]) -> TxnResult:
+        self.puts_per_txn.append(len(successes))
         race, self.before_next_write = self.before_next_write, None
         if race is not None:
             await race()
@@ -90,6 +97,83 @@ async def test_controlled_shutdown_election_is_rerun_on_the_isr_the_leader_just_
             assert registry.get_sample_value("gregor_controller_shutting_down_brokers") == 1.0
         finally:
             await ctl.stop()
+
+
+async def test_a_batch_that_loses_one_compare_is_written_partition_by_partition(client: EtcdClient) -> None:
+    """Five partitions led by broker 1 go in one transaction when it shuts down (issue 24: a partition
+    each was 5,000 transactions for a 5,000-partition creation). The leader of t-2 shrinks its ISR
+    just before: the transaction applies nothing, then each partition is written on its own, t-2 re-run
+    on the ISR its leader wrote."""
+    epochs = {b: await register_broker(client, b) for b in (1, 2, 3)}
+    tps = [TopicPartition("t", p) for p in range(5)]
+    await client.put(metadata_store.topic_key(client, "t"),
+                     metadata_store.encode_assignment({tp.partition: [1, 2, 3] for tp in tps}, random_topic_id()))
+    for tp in tps:
+        await client.put(metadata_store.partition_state_key(client, tp),
+                         metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 2, 3))))
+    raced = metadata_store.partition_state_key(client, tps[2])
+    registry = CollectorRegistry()
+    async with RacingEtcd(client.endpoint, cluster="gregor") as own:
+        ctl = Controller(0, own, lease_ttl_ms=2000, registry=registry,
+                         leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+        await ctl.start()
+        try:
+            await until(lambda: _true(ctl.is_active and all(tp in ctl.ctx.partition_leadership_info for tp in tps)),
+                        5, "controller active with t-0..4 loaded")
+
+            async def leader_shrinks_isr() -> None:
+                await client.guarded_txn([version_is(raced, 1)], [Put(
+                    raced, metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 3), controller_epoch=1)))])
+
+            own.before_next_write = leader_shrinks_isr
+            own.puts_per_txn.clear()
+            assert await ctl.controlled_shutdown(1, epochs[1]) == set()
+            assert own.puts_per_txn[0] == 5, own.puts_per_txn  # the five partitions in one transaction, lost
+            assert sorted(own.puts_per_txn[1:]) == [1, 1, 1, 1, 1, 1]  # then one by one: t-2 twice
+            for tp in tps:
+                kv = await client.get(metadata_store.partition_state_key(client, tp))
+                assert kv is not None
+                stored = json.loads(kv.value)
+                want = (3, 1, [3]) if tp == tps[2] else (2, 1, [2, 3])
+                assert (stored["leader"], stored["leader_epoch"], stored["isr"]) == want, tp
+                assert kv.version == (3 if tp == tps[2] else 2)
+            assert registry.get_sample_value("gregor_controller_partition_state_write_retries_total") == 1.0
+        finally:
+            await ctl.stop()
+
+
+async def test_an_etcd_that_refuses_large_transactions_gets_one_partition_each(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An etcd run with --max-txn-ops 4 refuses the five-partition transaction ("too many operations in
+    txn request"): nothing of it applied, the controller writes each partition on its own and keeps doing
+    so (one warning), and every partition is led again."""
+    proc = start_etcd(str(tmp_path / "etcd"), extra_args=("--max-txn-ops", "4"))
+    try:
+        async with EtcdClient(f"http://{proc.grpc}", cluster="gregor") as setup:
+            epochs = {b: await register_broker(setup, b) for b in (1, 2, 3)}
+            tps = [TopicPartition("t", p) for p in range(5)]
+            await setup.put(metadata_store.topic_key(setup, "t"), metadata_store.encode_assignment(
+                {tp.partition: [1, 2, 3] for tp in tps}, random_topic_id()))
+            for tp in tps:
+                await setup.put(metadata_store.partition_state_key(setup, tp),
+                                metadata_store.encode_partition_state(LeaderAndIsr(1, 0, (1, 2, 3))))
+            async with RacingEtcd(setup.endpoint, cluster="gregor") as own:
+                ctl = Controller(0, own, lease_ttl_ms=2000, registry=CollectorRegistry(),
+                                 leader_balance=LeaderBalanceConfig(auto_leader_rebalance_enable=False))
+                await ctl.start()
+                try:
+                    await until(lambda: _true(ctl.is_active and all(
+                        tp in ctl.ctx.partition_leadership_info for tp in tps)), 5, "controller active")
+                    own.puts_per_txn.clear()
+                    assert await ctl.controlled_shutdown(1, epochs[1]) == set()
+                    assert own.puts_per_txn == [5, 1, 1, 1, 1, 1]
+                    assert ctl.partition_write_batch == 1
+                    for tp in tps:
+                        kv = await setup.get(metadata_store.partition_state_key(setup, tp))
+                        assert kv is not None and json.loads(kv.value)["leader"] == 2
+                finally:
+                    await ctl.stop()
+    finally:
+        stop_process(proc, signal.SIGTERM)
 
 
 async def test_failover_elects_again_when_the_leader_registered_anew(client: EtcdClient) -> None:

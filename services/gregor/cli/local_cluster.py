@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 READY_TIMEOUT_S = 30.0  # a cold broker imports grpc and opens logs well within this
@@ -181,14 +182,15 @@ class _PortTaken(ClusterError):
     """etcd could not bind a port free_port() had just found free (another process took it)."""
 
 
-def start_etcd(data_dir: str, host: str = "127.0.0.1", security: ClusterTls | None = None) -> Process:
-    """A single-member etcd on loopback, healthy. A port taken between free_port() and etcd's bind
-    is retried with new ports (up to three tries) when the member's data dir is new."""
+def start_etcd(data_dir: str, host: str = "127.0.0.1", security: ClusterTls | None = None,
+               extra_args: Sequence[str] = ()) -> Process:
+    """A single-member etcd on loopback, healthy (extra_args: more etcd flags). A port taken between
+    free_port() and etcd's bind is retried with new ports (up to three tries) when the member's data dir is new."""
     member_dir = os.path.join(data_dir, "etcd-0")
     fresh = not os.path.exists(member_dir)
     for attempt in range(3):
         try:
-            return _start_etcd_once(data_dir, host, security)
+            return _start_etcd_once(data_dir, host, security, extra_args)
         except _PortTaken:
             if not fresh or attempt == 2:
                 raise
@@ -196,7 +198,8 @@ def start_etcd(data_dir: str, host: str = "127.0.0.1", security: ClusterTls | No
     raise AssertionError("unreachable")
 
 
-def _start_etcd_once(data_dir: str, host: str, security: ClusterTls | None = None) -> Process:
+def _start_etcd_once(data_dir: str, host: str, security: ClusterTls | None = None,
+                     extra_args: Sequence[str] = ()) -> Process:
     client, peer = free_port(host), free_port(host)
     scheme = "https" if security else "http"
     name = "gregor-etcd-0"
@@ -206,7 +209,7 @@ def _start_etcd_once(data_dir: str, host: str, security: ClusterTls | None = Non
            "--listen-client-urls", f"{scheme}://{host}:{client}", "--advertise-client-urls", f"{scheme}://{host}:{client}",
            "--listen-peer-urls", f"{scheme}://{host}:{peer}", "--initial-advertise-peer-urls", f"{scheme}://{host}:{peer}",
            "--initial-cluster", f"{name}={scheme}://{host}:{peer}", "--log-level", "warn",
-           *(security.etcd_flags() if security else [])]
+           *(security.etcd_flags() if security else []), *extra_args]
     proc = _spawn(cmd, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -33,10 +33,9 @@ from gregor.controller.leader_balance import (ElectionOutcome, ElectionTrigger, 
                                               partitions_still_led, process_replica_leader_election)
 from gregor.controller.membership import (compute_broker_changes, on_broker_log_dir_failure, on_controller_failover,
                                          on_leader_and_isr_response, process_broker_change)
-from gregor.controller.requests import (PARTITION_STATE_WRITE_CONCURRENCY, ControllerActions, ControlRequestBatch,
-                                        PartitionStateConflict,
-                                        PartitionStateWrite, apply_writes_outcome,
-                                        perform_partition_state_writes)
+from gregor.controller.requests import (PARTITION_STATE_WRITE_BATCH, PARTITION_STATE_WRITE_CONCURRENCY,
+                                        ControllerActions, ControlRequestBatch, PartitionStateConflict,
+                                        PartitionStateWrite, apply_writes_outcome, perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, ControllerState, LeaderAndIsr, TopicPartition
 from gregor.controller.topics import (on_new_partition_creation, on_topic_deletion, process_partition_modifications,
                                      process_topic_change)
@@ -246,6 +245,9 @@ class Controller:
         self.ctx = ControllerContext()
         self.active_controller_id = NO_CONTROLLER
         self.metrics = ControllerMetrics(registry)
+        # Partitions per etcd transaction of an event's writes; 1 once etcd refused a batch (--max-txn-ops
+        # below its default 128).
+        self.partition_write_batch = PARTITION_STATE_WRITE_BATCH
         self.events = ControllerEventManager(registry=registry)
         self.channels = ControllerChannelManager(controller_id, registry)
         self.channels.on_leader_and_isr_response = self._leader_and_isr_answered
@@ -764,11 +766,36 @@ class Controller:
             except CompareFailed as exc:
                 raise PartitionStateConflict(str(exc)) from exc
 
+        async def write_many(ws: list[PartitionStateWrite]) -> None:
+            compares: list[Compare] = []
+            ops: list[Put | Delete] = []
+            for w in ws:
+                c, o = metadata_store.partition_state_write(self.etcd, w)
+                compares += c
+                ops += o
+            try:
+                await self.guarded_write(compares, ops)
+            except CompareFailed as exc:
+                raise PartitionStateConflict(str(exc)) from exc
+            except EtcdError as exc:
+                if "too many operations in txn request" not in str(exc):
+                    raise
+                # etcd runs with a --max-txn-ops below the batch: nothing applied; one partition per
+                # transaction from now on (the writes of this batch go one by one too).
+                log.warning("etcd refused a transaction of %d partition-state writes (%s); writing one "
+                            "partition per transaction (etcd's --max-txn-ops should be at least 128)", len(ws), exc)
+                self.partition_write_batch = 1
+                raise PartitionStateConflict(str(exc)) from exc
+
         async def load(tp: TopicPartition) -> LeaderAndIsr | None:
             return await metadata_store.load_partition_state(self.etcd, tp)
 
         outcome = await perform_partition_state_writes(actions.writes, self.ctx.epoch, write, load,
-                                                       concurrency=PARTITION_STATE_WRITE_CONCURRENCY)
+                                                       concurrency=PARTITION_STATE_WRITE_CONCURRENCY,
+                                                       write_many=write_many, batch=self.partition_write_batch)
+        if outcome.batch_fallbacks:
+            log.info("%d partition-state batches lost a compare and were written partition by partition",
+                     outcome.batch_fallbacks)
         self.metrics.partition_state_write_retries.inc(outcome.retries)
         apply_writes_outcome(self.ctx, actions, outcome)
         if actions.unclean_elections:

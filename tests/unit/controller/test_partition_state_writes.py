@@ -8,7 +8,7 @@ from gregor.controller.leader_balance import do_controlled_shutdown
 from gregor.controller.membership import on_controller_failover
 from gregor.controller import partition_state_machine as psm
 from gregor.controller.requests import (ControllerActions, LeaderAndIsrRequest, PartitionStateConflict,
-                                        PartitionStateWrite, perform_partition_state_writes)
+                                        PartitionStateWrite, WritesOutcome, perform_partition_state_writes)
 from gregor.controller.state import ControllerContext, LeaderAndIsr, PartitionReplica, PartitionState, ReplicaState, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -160,6 +160,7 @@ async def test_a_create_that_finds_the_key_is_not_rerun() -> None:
 # over a second per 1,000-partition batch of a creation) ---------------------------------------------------------
 
 import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
@@ -176,6 +177,34 @@ class ConcurrentStore(Store):
         self.in_flight = 0
         self.max_in_flight = 0
         self.order: list[TopicPartition] = []
+
+    transactions = 0
+
+    async def write_many(self, ws: list[PartitionStateWrite]) -> None:
+        """One transaction of several partitions: applied whole when every compare holds, else nothing (a
+        leader's write about to land on one of them loses it the compare). It takes no leader write itself:
+        the partition-by-partition fallback meets them as the one-at-a-time model does."""
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.transactions += 1
+        try:
+            for _ in range(self.pauses[self.transactions % len(self.pauses)]):
+                await asyncio.sleep(0)
+            assert len({w.topic_partition for w in ws}) == len(ws), "a transaction cannot put one key twice"
+
+            def holds(w: PartitionStateWrite) -> bool:
+                current = self.states.get(w.topic_partition)
+                if w.expected_partition_epoch is None:
+                    return current is None
+                return current is not None and current.partition_epoch == w.expected_partition_epoch
+
+            if any(self.per_partition.get(w.topic_partition) or not holds(w) for w in ws):
+                raise PartitionStateConflict("batch")
+            for w in ws:
+                self.order.append(w.topic_partition)
+                self.states[w.topic_partition] = w.new_state
+        finally:
+            self.in_flight -= 1
 
     async def write(self, w: PartitionStateWrite) -> None:
         self.in_flight += 1
@@ -233,23 +262,29 @@ def _plans(draw: st.DrawFn) -> tuple[dict[TopicPartition, LeaderAndIsr], list[Pa
     return stored, shuffled, interleave, pauses
 
 
-@settings(max_examples=150, deadline=None)
-@given(plan=_plans(), concurrency=st.integers(2, 16))
-def test_concurrent_writes_store_and_report_what_one_at_a_time_does(plan, concurrency: int) -> None:
-    """The model is the one-at-a-time run: writing up to `concurrency` partitions at once stores the same states
-    and reports the same re-runs and failures, keeps each partition's writes in order, and never has more
-    than `concurrency` writes in flight."""
+@settings(max_examples=200, deadline=None)
+@given(plan=_plans(), concurrency=st.integers(2, 16), batch=st.sampled_from([0, 1, 2, 3, 100]))
+def test_concurrent_writes_store_and_report_what_one_at_a_time_does(plan, concurrency: int, batch: int) -> None:
+    """The model is the one-at-a-time run: writing up to `concurrency` partitions at once, and (batch > 0)
+    the partitions written once `batch` to a transaction, stores the same states and reports the same
+    re-runs and failures, keeps each partition's writes in order, and never has more than `concurrency`
+    writes in flight."""
     stored, writes, interleave, pauses = plan
 
-    def run(c: int) -> tuple[ConcurrentStore, object]:
+    def run(c: int, b: int = 0) -> tuple[ConcurrentStore, WritesOutcome]:
         store = ConcurrentStore(stored, interleave, pauses)
-        out = asyncio.run(perform_partition_state_writes(writes, 4, store.write, store.load, concurrency=c))
+        out = asyncio.run(perform_partition_state_writes(writes, 4, store.write, store.load, concurrency=c,
+                                                         write_many=store.write_many if b else None, batch=b))
         return store, out
 
     model_store, model = run(1)
-    store, out = run(concurrency)
+    store, out = run(concurrency, batch)
     assert store.states == model_store.states
-    assert out == model
+    assert dataclasses.replace(out, batch_fallbacks=0) == model
+    once = sum(1 for tp in stored if sum(w.topic_partition == tp for w in writes) == 1)
+    expected_transactions = once // batch + (once % batch > 1) if batch > 1 else 0
+    assert store.transactions == expected_transactions  # a last batch of one goes the single way
+    assert out.batch_fallbacks <= store.transactions
     assert store.max_in_flight <= concurrency
     assert model_store.max_in_flight == 1
     for tp in stored:  # per partition, the same attempts in the same order
@@ -287,3 +322,42 @@ async def test_a_fenced_write_cancels_the_writes_in_flight_and_propagates() -> N
     else:
         raise AssertionError("the fenced write's error must propagate")
     assert len(started) == 8 and sorted(cancelled) == sorted(t for t in started if t.partition != 3)
+
+
+async def test_a_creation_goes_a_hundred_partitions_to_a_transaction_and_a_fenced_one_propagates() -> None:
+    """250 new partitions: three transactions (100, 100, 50), every state stored. Then a fenced transaction
+    (the controller lost its epoch) propagates and nothing of it is written one by one."""
+    class Fenced(Exception):
+        pass
+
+    stored: dict[TopicPartition, LeaderAndIsr] = {}
+    transactions: list[int] = []
+    singles: list[TopicPartition] = []
+
+    async def write_many(ws: list[PartitionStateWrite]) -> None:
+        transactions.append(len(ws))
+        if fenced:
+            raise Fenced()
+        stored.update({w.topic_partition: w.new_state for w in ws})
+
+    async def write(w: PartitionStateWrite) -> None:
+        singles.append(w.topic_partition)
+
+    async def load(tp: TopicPartition) -> LeaderAndIsr | None:
+        return stored.get(tp)
+
+    creates = [PartitionStateWrite(TopicPartition("big", p), None, LeaderAndIsr(p % 3, 0, (0, 1, 2)))
+               for p in range(250)]
+    fenced = False
+    out = await perform_partition_state_writes(creates, 4, write, load, concurrency=64, write_many=write_many)
+    assert sorted(transactions) == [50, 100, 100] and not singles and not out.failed and not out.batch_fallbacks
+    assert stored == {w.topic_partition: w.new_state for w in creates}
+    fenced, transactions[:] = True, []
+    again = [PartitionStateWrite(TopicPartition("other", p), None, LeaderAndIsr(0, 0, (0, 1))) for p in range(150)]
+    try:
+        await perform_partition_state_writes(again, 4, write, load, concurrency=64, write_many=write_many)
+    except Fenced:
+        pass
+    else:
+        raise AssertionError("a fenced transaction's error must propagate")
+    assert not singles and not any(tp.topic == "other" for tp in stored)

@@ -1,7 +1,7 @@
 """A large topic creation does not hold the controller's event queue (issue 24).
 
 etcd, one controller started with `--new-partitions-per-event 50`, three brokers. A
-CreateTopics of 400 partitions is sent; once its topic key is in etcd (the creation
+CreateTopics of 1,500 partitions is sent; once its topic key is in etcd (the creation
 is under way), a small CreateTopics and a DescribeConfigs are sent. Both are answered,
 and the controller's own record of processed events (DescribeControllerEvents) shows
 them processed before the large creation's last NewPartitionCreation batch: they did
@@ -9,7 +9,7 @@ not wait behind it. On a controller that creates every partition in one event th
 would run only after it (and there would be no batches at all).
 
 The large creation answers with the full assignment it was written with, and every
-broker converges on 400 partitions with leaders. It answers once its topic key is
+broker converges on 1,500 partitions with leaders. It answers once its topic key is
 written and its first batch is online, as Kafka answers CreateTopics once the topic
 is in the metadata: a 1,000-partition creation (twenty events) is answered while
 partitions are still to be created, and the controller answers a DescribeConfigs
@@ -35,9 +35,10 @@ from tests.helpers.cluster import running_cluster, with_controller_flags
 from tests.helpers.wait import until
 from tests.integration.test_cluster_topic_admin import admin, wait_converged
 
-LARGE = 400  # partitions of the large creation, RF 1 (few files per broker)
+LARGE = 1_500  # partitions of the large creation, RF 1 (few files per broker); thirty events: with the states
+# written 100 to an etcd transaction, 400 (eight events) were all created before a small request arrived
 ANSWERED = 1_000  # partitions of the creation answered before its last batch (twenty events)
-PER_EVENT = 50  # --new-partitions-per-event: the large creation takes eight events
+PER_EVENT = 50  # --new-partitions-per-event: the large creation takes thirty events
 FAILOVER_PER_EVENT = 10  # smaller batches for the failover test: forty events, time to kill the controller
 
 
@@ -102,7 +103,7 @@ async def test_small_requests_are_answered_between_the_batches_of_a_large_creati
     assert resp.results[0].error.code == 0, resp
     assert resp.results[0].num_partitions == LARGE
 
-    # 400 partitions at 50 per event: the first 50 inline, the other 350 in seven more events (the answer
+    # 1,500 partitions at 50 per event: the first 50 inline, the other 1,450 in 29 more events (the answer
     # came after the first).
     events: list[str] = []
 
@@ -111,7 +112,7 @@ async def test_small_requests_are_answered_between_the_batches_of_a_large_creati
         events = await processed_events(ctl)
         return events.count("NewPartitionCreation") >= LARGE // PER_EVENT - 1
 
-    await until(all_batches, 60, "the large creation's seven NewPartitionCreation events processed")
+    await until(all_batches, 60, "the large creation's 29 NewPartitionCreation events processed")
     batches = [i for i, name in enumerate(events) if name == "NewPartitionCreation"]
     assert len(batches) == LARGE // PER_EVENT - 1, events
     small_at = max(i for i, name in enumerate(events) if name == "CreateTopics" and i > events.index("CreateTopics"))

@@ -190,9 +190,9 @@ def main() -> None:
     if len(natives) != len(args.trees):
         ap.error(f"--native-paths needs one entry per tree ({len(args.trees)}), got {len(natives)}")
     cells = []
+    pairs = list(zip(args.trees, natives))
     with tempfile.TemporaryDirectory(prefix="bench-lai-") as tmp:
         for r, p in ((r, p) for r in range(args.repeat) for p in args.partitions):
-            pairs = list(zip(args.trees, natives))
             for tree, native in (pairs[::-1] if r % 2 else pairs):  # the trees alternate which goes first
                 print(f"{tree} at {p:,} partitions (load {os.getloadavg()[0]:.1f})", flush=True)
                 cell = run_cell(tree, p, args, Path(tmp), native)

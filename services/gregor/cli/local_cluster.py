@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 READY_TIMEOUT_S = 30.0  # a cold broker imports grpc and opens logs well within this

@@ -759,13 +759,6 @@ class Controller:
         requests are dropped. A fenced write raises ControllerMovedError and nothing is sent.
         """
 
-        async def write(w: PartitionStateWrite) -> None:
-            compares, ops = metadata_store.partition_state_write(self.etcd, w)
-            try:
-                await self.guarded_write(compares, ops)
-            except CompareFailed as exc:
-                raise PartitionStateConflict(str(exc)) from exc
-
         async def write_many(ws: list[PartitionStateWrite]) -> None:
             compares: list[Compare] = []
             ops: list[Put | Delete] = []
@@ -778,7 +771,7 @@ class Controller:
             except CompareFailed as exc:
                 raise PartitionStateConflict(str(exc)) from exc
             except EtcdError as exc:
-                if "too many operations in txn request" not in str(exc):
+                if len(ws) == 1 or "too many operations in txn request" not in str(exc):
                     raise
                 # etcd runs with a --max-txn-ops below the batch: nothing applied; one partition per
                 # transaction from now on (the writes of this batch go one by one too).
@@ -786,6 +779,9 @@ class Controller:
                             "partition per transaction (etcd's --max-txn-ops should be at least 128)", len(ws), exc)
                 self.partition_write_batch = 1
                 raise PartitionStateConflict(str(exc)) from exc
+
+        async def write(w: PartitionStateWrite) -> None:
+            await write_many([w])
 
         async def load(tp: TopicPartition) -> LeaderAndIsr | None:
             return await metadata_store.load_partition_state(self.etcd, tp)
